@@ -1,0 +1,1 @@
+"""Text in, token batches out, and back: corpora, tokenizers, the token cache and batching."""

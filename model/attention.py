@@ -1,0 +1,161 @@
+"""Multi-head causal self-attention, written as a lesson.
+
+Every tensor line says its shape. The letters are:
+
+    B  batch size            T  sequence length (tokens)
+    C  model width, n_embd   H  number of heads, n_head
+    D  head_dim = C // H     (each head works in its own D-dimensional subspace)
+
+The module computes, for every head h and every position t:
+
+    out_h[t] = sum over s <= t of softmax_s( q_h[t] . k_h[s] / sqrt(D) ) * v_h[s]
+
+and mixes the heads back together with one output projection.
+
+Two paths compute exactly that:
+    "manual"  the explicit math, one step per line; it can also hand back the
+              attention weights (B, H, T, T), which the TensorBoard maps are drawn from.
+    "sdpa"    torch.nn.functional.scaled_dot_product_attention: the same math in one
+              fused call that never stores the (T, T) weights. The training default.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATTENTION_PATHS = ("sdpa", "manual")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        attention: str = "sdpa",
+    ) -> None:
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(
+                f"n_embd={n_embd} is not divisible by n_head={n_head}: each head needs "
+                f"n_embd // n_head dimensions; pick n_head among {divisors(n_embd)}"
+            )
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention={attention!r} is not one of {ATTENTION_PATHS}")
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
+        self.attention = attention
+        self.dropout = dropout
+        # Q, K and V for all heads in one matrix: one (C, 3C) matmul instead of three
+        # (C, C) ones. Its rows [0:C] are W_q, [C:2C] are W_k, [2C:3C] are W_v.
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        # Mixes what the heads found back into the residual stream.
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend causally over x.
+
+        x:                (B, T, C)
+        key_padding_mask: optional (B, T) bool, True marks a padding key that no query
+                          may look at (the same convention as nn.MultiheadAttention).
+        need_weights:     also return the attention weights; this always takes the
+                          manual path, whichever path the module was built with.
+
+        Returns (out, weights): out is (B, T, C); weights is (B, H, T, T) or None.
+        A query that can see no key at all gets an output row of zeros.
+        """
+        B, T, C = x.shape
+        H, D = self.n_head, self.head_dim
+
+        # 1. Project every token to a query, a key and a value.
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+
+        # 2. Split the channels into H heads of D dims and move heads next to batch,
+        #    so each head becomes an independent attention over (T, D) matrices.
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
+        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+
+        # 3. Which keys may each query see? Its own position and earlier ones...
+        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
+        visible = visible.view(1, 1, T, T)  # (1, 1, T, T): the same for every batch row and head
+        no_key_visible = None
+        if key_padding_mask is not None:
+            # ...and never a padding key.
+            is_real_key = ~key_padding_mask.view(B, 1, 1, T)  # (B, 1, 1, T)
+            visible = visible & is_real_key  # (B, 1, T, T)
+            # A query with no visible key would softmax a row of -inf, i.e. 0/0 = NaN.
+            # Let such a row see every key (finite, harmless) and zero it afterwards.
+            no_key_visible = ~visible.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
+            visible = visible | no_key_visible  # (B, 1, T, T)
+
+        if need_weights or self.attention == "manual":
+            out, weights = self._manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, T)
+        else:
+            out, weights = self._sdpa(q, k, v, visible, key_padding_mask is None), None  # (B, H, T, D)
+            if no_key_visible is not None:
+                out = out.masked_fill(no_key_visible, 0.0)  # (B, H, T, D)
+
+        # 7. Merge the heads: undo the transpose, then lay the H x D values side by side.
+        #    transpose() only changes strides; contiguous() copies into the new order so
+        #    that view() can reinterpret the memory as (B, T, C).
+        out = out.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
+
+        # 8. Mix the heads and return to the residual stream.
+        out = self.resid_dropout(self.proj(out))  # (B, T, C)
+        return out, weights
+
+    def _manual(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        visible: torch.Tensor,
+        no_key_visible: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 4 to 6 spelt out; returns (out (B, H, T, D), weights (B, H, T, T))."""
+        # 4. Score every (query, key) pair by their dot product. Dividing by sqrt(D) keeps
+        #    the scores' spread near 1 whatever D is, so softmax does not saturate.
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, D) @ (B, H, D, T) -> (B, H, T, T)
+
+        # 5. Hide what a query may not see, then turn each query's row of scores into
+        #    weights over keys: softmax over the last dim (keys), so each row sums to 1.
+        #    exp(-inf) = 0, so hidden keys get exactly zero weight.
+        scores = scores.masked_fill(~visible, float("-inf"))  # (B, H, T, T)
+        weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+        if no_key_visible is not None:
+            weights = weights.masked_fill(no_key_visible, 0.0)  # (B, H, T, T): such rows attend to nothing
+
+        # 6. Each query's output is the weighted average of the values it attends to.
+        out = self.attn_dropout(weights) @ v  # (B, H, T, T) @ (B, H, T, D) -> (B, H, T, D)
+        return out, weights
+
+    def _sdpa(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        visible: torch.Tensor,
+        causal_only: bool,
+    ) -> torch.Tensor:
+        """Steps 4 to 6 as one fused call; returns out (B, H, T, D)."""
+        dropout_p = self.dropout if self.training else 0.0
+        if causal_only:
+            # is_causal lets PyTorch skip building the mask and use its fastest kernel.
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, H, T, D)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, H, T, D)
+
+
+def divisors(n: int) -> list[int]:
+    """The head counts that split n channels evenly, e.g. divisors(12) == [1, 2, 3, 4, 6, 12]."""
+    return [d for d in range(1, n + 1) if n % d == 0]

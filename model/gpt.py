@@ -1,0 +1,168 @@
+"""A small GPT: token and position embeddings, a stack of transformer blocks, a tied LM head.
+
+What is here:
+    GPTConfig  the shape of the network (the keys of the `model` config group, plus vocab_size)
+    MLP        position-wise feed-forward: Linear(C, 4C) -> GELU -> Linear(4C, C)
+    Block      pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))
+    GPT        the whole model; forward() gives logits and the loss, attention_weights()
+               the per-layer maps for a probe, generate() continues a prompt.
+
+Nothing here reads files or config: train.py and sample.py build a GPTConfig and pass it in.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import CausalSelfAttention
+from model.sampling import filter_logits
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 256  # the longest context the model sees (learned positions)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linear layers and LayerNorms
+    attention: str = "sdpa"  # "sdpa" (fused) or "manual" (explicit math)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.fc(x))  # (B, T, C) -> (B, T, 4C)
+        return self.dropout(self.proj(x))  # (B, T, 4C) -> (B, T, C)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(
+            config.n_embd, config.n_head, config.dropout, config.bias, config.attention
+        )
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # Pre-LayerNorm: each sublayer reads a normalised copy and adds its answer back,
+        # so the residual stream x itself is never normalised away.
+        attn_out, attn_weights = self.attn(self.ln_1(x), need_weights=need_weights)  # (B, T, C), (B, H, T, T)
+        x = x + attn_out  # (B, T, C)
+        x = x + self.mlp(self.ln_2(x))  # (B, T, C)
+        return x, attn_weights
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Weight tying: reading a token in and scoring it as the next token share one
+        # matrix (vocab_size, C). Fewer parameters, and it trains better at this size.
+        self.lm_head.weight = self.tok_emb.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02) weights, zero biases, and the two projections
+        that write into the residual stream scaled down by 1/sqrt(2 * n_layer), so the
+        stream's variance does not grow with depth."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                is_residual_projection = name.endswith("attn.proj") or name.endswith("mlp.proj")
+                nn.init.normal_(module.weight, mean=0.0, std=residual_std if is_residual_projection else 0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (the tied head/embedding matrix counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _run(self, idx: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        B, T = idx.shape
+        if self.config.block_size < T:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
+        positions = torch.arange(T, device=idx.device)  # (T,)
+        x = self.tok_emb(idx) + self.pos_emb(positions)  # (B, T, C) + (T, C) -> (B, T, C)
+        x = self.dropout(x)
+        all_weights = []
+        for block in self.blocks:
+            x, attn_weights = block(x, need_weights)  # (B, T, C), (B, H, T, T) or None
+            if need_weights:
+                all_weights.append(attn_weights)
+        return self.ln_f(x), all_weights  # (B, T, C)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx: (B, T) token ids; targets: (B, T) next-token ids or None.
+        Returns logits (B, T, vocab_size) and the mean cross-entropy loss (or None)."""
+        x, _ = self._run(idx, need_weights=False)  # (B, T, C)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, vocab_size) vs (B*T,)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
+        """The attention weights every head uses on idx (B, T), computed with the model's
+        own parameters in eval mode: (n_layer, B, H, T, T)."""
+        was_training = self.training
+        self.eval()
+        _, all_weights = self._run(idx, need_weights=True)
+        self.train(was_training)
+        return torch.stack(all_weights)  # (L, B, H, T, T)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue idx (B, T) by max_new_tokens tokens; returns (B, T + max_new_tokens).
+
+        temperature 0 is greedy decoding; top_k keeps the k likeliest tokens; top_p keeps
+        the smallest set whose probabilities add up to p. The model only ever sees the
+        last block_size tokens.
+        """
+        was_training = self.training
+        self.eval()
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size :]  # (B, <= block_size)
+            logits, _ = self(context)  # (B, T, vocab_size)
+            next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
+            if temperature == 0:
+                next_token = next_logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                next_logits = filter_logits(next_logits / temperature, top_k, top_p)  # (B, vocab_size)
+                probs = torch.softmax(next_logits, dim=-1)  # (B, vocab_size)
+                next_token = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+            idx = torch.cat([idx, next_token], dim=1)  # (B, T + 1)
+        self.train(was_training)
+        return idx

@@ -1,0 +1,36 @@
+"""Shared helpers: run the real CLIs as subprocesses, in a temporary working folder."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A model and run small enough to train in seconds, touching every logging path.
+TINY_RUN = [
+    "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+    "data.n_chars=20000", "train.max_steps=20", "train.batch_size=4",
+    "train.eval_interval=10", "train.eval_iters=2", "train.log_interval=5",
+    "train.attn_log_interval=10", "train.sample_interval=10", "train.sample_tokens=20",
+    "train.probe_tokens=24", "optim.warmup_steps=2", "optim.lr=1e-2", "optim.min_lr=1e-3",
+]
+
+
+def run_cli(script: str, *args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    """One tiny real training run, shared by the tests that inspect what it wrote."""
+    workdir = tmp_path_factory.mktemp("train")
+    result = run_cli("train.py", *TINY_RUN, "hydra.run.dir=run", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return workdir / "run"

@@ -1,0 +1,179 @@
+"""The attention module against independent references, masks and odd shapes.
+
+Tolerances: float32 paths that sum in a different order agree to about 1e-6 relative;
+we allow atol=1e-5, rtol=1e-4 throughout (a real bug is off by far more).
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from model.attention import CausalSelfAttention
+
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def make_pair(n_embd: int, n_head: int, bias: bool = True, seed: int = 0) -> tuple[CausalSelfAttention, CausalSelfAttention]:
+    """A manual and an sdpa module with the same weights."""
+    torch.manual_seed(seed)
+    manual = CausalSelfAttention(n_embd, n_head, bias=bias, attention="manual")
+    sdpa = CausalSelfAttention(n_embd, n_head, bias=bias, attention="sdpa")
+    sdpa.load_state_dict(manual.state_dict())
+    return manual, sdpa
+
+
+def per_head_loop_reference(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """Causal attention with explicit Python loops over batch rows, heads and positions,
+    built from per-head slices of the module's own weight matrices."""
+    B, T, C = x.shape
+    H, D = attn.n_head, attn.head_dim
+    W, b = attn.qkv.weight, attn.qkv.bias  # (3C, C), (3C,)
+    out = torch.zeros(B, T, C, dtype=x.dtype)
+    for batch in range(B):
+        for h in range(H):
+            rows = {name: slice(offset * C + h * D, offset * C + (h + 1) * D) for offset, name in enumerate("qkv")}
+            proj = {name: x[batch] @ W[r].T + (b[r] if b is not None else 0) for name, r in rows.items()}  # each (T, D)
+            for t in range(T):
+                scores = torch.stack([proj["q"][t] @ proj["k"][s] / math.sqrt(D) for s in range(t + 1)])  # (t+1,)
+                weights = torch.exp(scores - scores.max())
+                weights = weights / weights.sum()
+                out[batch, t, h * D : (h + 1) * D] = sum(weights[s] * proj["v"][s] for s in range(t + 1))
+    return attn.proj(out)
+
+
+def test_manual_and_sdpa_give_the_same_outputs_and_gradients():
+    manual, sdpa = make_pair(n_embd=48, n_head=6)
+    x = torch.randn(3, 17, 48)
+    x_manual, x_sdpa = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_manual, _ = manual(x_manual)
+    out_sdpa, _ = sdpa(x_sdpa)
+    torch.testing.assert_close(out_manual, out_sdpa, atol=ATOL, rtol=RTOL)
+
+    upstream = torch.randn_like(out_manual)
+    (out_manual * upstream).sum().backward()
+    (out_sdpa * upstream).sum().backward()
+    torch.testing.assert_close(x_manual.grad, x_sdpa.grad, atol=ATOL, rtol=RTOL)
+    for (name, p_manual), (_, p_sdpa) in zip(manual.named_parameters(), sdpa.named_parameters(), strict=True):
+        torch.testing.assert_close(p_manual.grad, p_sdpa.grad, atol=ATOL, rtol=RTOL, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_both_paths_equal_a_per_head_python_loop(attention):
+    manual, sdpa = make_pair(n_embd=12, n_head=3)
+    module = manual if attention == "manual" else sdpa
+    x = torch.randn(2, 6, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x)[0], per_head_loop_reference(module, x), atol=ATOL, rtol=RTOL)
+
+
+def test_equals_torch_multihead_attention_with_copied_weights_and_a_causal_mask():
+    manual, _ = make_pair(n_embd=32, n_head=4)
+    mha = nn.MultiheadAttention(32, 4, bias=True, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(manual.qkv.weight)  # the same [W_q; W_k; W_v] layout
+        mha.in_proj_bias.copy_(manual.qkv.bias)
+        mha.out_proj.weight.copy_(manual.proj.weight)
+        mha.out_proj.bias.copy_(manual.proj.bias)
+    x = torch.randn(2, 9, 32)
+    future = torch.ones(9, 9, dtype=torch.bool).triu(diagonal=1)  # True = may not attend
+    with torch.no_grad():
+        expected, expected_weights = mha(x, x, x, attn_mask=future, average_attn_weights=False)
+        out, weights = manual(x, need_weights=True)
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(weights, expected_weights, atol=ATOL, rtol=RTOL)
+
+
+def test_fused_qkv_equals_separate_projections():
+    manual, _ = make_pair(n_embd=20, n_head=4)
+    C = 20
+    separate = {name: nn.Linear(C, C) for name in "qkv"}
+    with torch.no_grad():
+        for offset, name in enumerate("qkv"):
+            separate[name].weight.copy_(manual.qkv.weight[offset * C : (offset + 1) * C])
+            separate[name].bias.copy_(manual.qkv.bias[offset * C : (offset + 1) * C])
+        x = torch.randn(2, 5, C)
+        q, k, v = manual.qkv(x).split(C, dim=2)
+        torch.testing.assert_close(q, separate["q"](x), atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(k, separate["k"](x), atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(v, separate["v"](x), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_changing_later_tokens_never_changes_earlier_outputs(attention):
+    module = make_pair(n_embd=16, n_head=2)[attention == "sdpa"]
+    x = torch.randn(2, 10, 16)
+    for t in range(10):
+        changed = x.clone()
+        changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
+        with torch.no_grad():
+            before, after = module(x)[0], module(changed)[0]
+        torch.testing.assert_close(after[:, : t + 1], before[:, : t + 1], atol=1e-6, rtol=0)
+        if t < 9:  # the changed positions themselves do see the change
+            assert not torch.allclose(after[:, t + 1 :], before[:, t + 1 :])
+
+
+def test_attention_weights_rows_sum_to_one_and_are_zero_in_the_future():
+    manual, _ = make_pair(n_embd=16, n_head=4)
+    with torch.no_grad():
+        _, weights = manual(torch.randn(2, 7, 16), need_weights=True)  # (B, H, T, T)
+    assert weights.shape == (2, 4, 7, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 7))
+    assert (weights.triu(diagonal=1) == 0).all()
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_fully_masked_row_gives_zeros_not_nan(attention):
+    module = make_pair(n_embd=16, n_head=2, bias=False)[attention == "sdpa"]
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[0, :2] = True  # row 0: keys 0 and 1 are padding, so queries 0 and 1 see no key at all
+    out, _ = module(x, key_padding_mask=padding)
+    assert not out.isnan().any()
+    assert (out[0, :2] == 0).all()
+    assert (out[0, 2:].abs() > 0).any() and (out[1].abs() > 0).any()
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_padding_mask_matches_in_both_paths_and_hides_padding_keys():
+    manual, sdpa = make_pair(n_embd=16, n_head=2, bias=False)
+    x = torch.randn(2, 6, 16)
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[1, 1] = True
+    with torch.no_grad():
+        out_manual, weights = manual(x, key_padding_mask=padding, need_weights=True)
+        out_sdpa, _ = sdpa(x, key_padding_mask=padding)
+    torch.testing.assert_close(out_manual, out_sdpa, atol=ATOL, rtol=RTOL)
+    assert (weights[1, :, :, 1] == 0).all()  # nobody looks at the padding key
+    assert (weights[0, :, 1:, 1] > 0).all()  # while the other row's key 1 is seen
+
+
+@pytest.mark.parametrize(
+    ("n_embd", "n_head", "T"),
+    [(8, 2, 1), (8, 1, 7), (15, 3, 4), (21, 7, 5), (30, 5, 2)],  # T=1, H=1, head_dim 5, 3, 6
+)
+def test_odd_sizes_agree_with_each_other_and_the_loop_reference(n_embd, n_head, T):
+    manual, sdpa = make_pair(n_embd, n_head)
+    x = torch.randn(2, T, n_embd)
+    with torch.no_grad():
+        reference = per_head_loop_reference(manual, x)
+        torch.testing.assert_close(manual(x)[0], reference, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(sdpa(x)[0], reference, atol=ATOL, rtol=RTOL)
+
+
+def test_n_embd_not_divisible_by_n_head_raises_a_clear_error():
+    with pytest.raises(ValueError, match=r"n_embd=10 is not divisible by n_head=4.*\[1, 2, 5, 10\]"):
+        CausalSelfAttention(10, 4)
+
+
+def test_need_weights_uses_the_manual_math_even_on_the_sdpa_path():
+    manual, sdpa = make_pair(n_embd=16, n_head=4)
+    x = torch.randn(1, 5, 16)
+    with torch.no_grad():
+        out_fast, _ = sdpa(x)
+        out_with_weights, weights = sdpa(x, need_weights=True)
+        _, manual_weights = manual(x, need_weights=True)
+    torch.testing.assert_close(out_with_weights, out_fast, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(weights, manual_weights)

@@ -1,0 +1,156 @@
+"""The real command lines, end to end: train.py, sample.py and a Hydra sweep, run as
+subprocesses in a temporary folder; logs are read back with TensorBoard's own reader."""
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_RUN, run_cli
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def read_events(run_dir: Path) -> EventAccumulator:
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
+    for name in ("ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra/config.yaml"):
+        assert (trained_run / name).is_file(), name
+    assert list(trained_run.glob("events.out.tfevents.*"))
+    checkpoint = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
+    assert checkpoint["step"] == 20
+    assert checkpoint["config"]["model"]["n_layer"] == 2
+    assert checkpoint["tokenizer"]["kind"] == "char"
+    log = (trained_run / "train.log").read_text()
+    assert "step 20: train loss" in log and "val loss" in log
+
+
+def test_tensorboard_has_attention_maps_for_every_layer_and_head(trained_run):
+    events = read_events(trained_run)
+    expected = {f"attention/layer_{layer}/head_{head}" for layer in range(2) for head in range(2)}
+    assert expected <= set(events.Tags()["images"])
+    for tag in expected:
+        images = events.Images(tag)
+        assert [image.step for image in images] == [0, 10, 20]
+        assert images[-1].width > 24 * 4 and images[-1].height > 24 * 4  # 24 probe tokens, labelled
+
+
+def test_attention_maps_show_a_causal_pattern(trained_run, tmp_path):
+    events = read_events(trained_run)
+    encoded = events.Images("attention/layer_0/head_0")[-1].encoded_image_string
+    (tmp_path / "map.png").write_bytes(encoded)
+    pixels = np.asarray(Image.open(tmp_path / "map.png").convert("RGB")).astype(int)
+    # The pale grey of "future" cells fills the upper-right triangle of the grid; the lower
+    # triangle is coloured by the weights. Count grey pixels in each half of the image.
+    grey = (np.abs(pixels - 236).sum(axis=-1) < 6)
+    height, width = grey.shape
+    upper_right = grey[: height // 2, width // 2 :].mean()
+    lower_left = grey[height // 2 :, : width // 2].mean()
+    assert upper_right > 0.3 and lower_left < 0.05
+
+
+def test_tensorboard_has_the_scalars_samples_and_config(trained_run):
+    events = read_events(trained_run)
+    scalars = set(events.Tags()["scalars"])
+    assert {"loss/train", "loss/val", "train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec"} <= scalars
+    assert [e.step for e in events.Scalars("loss/val")] == [0, 10, 20]
+    assert all(e.value > 0 for e in events.Scalars("train/tokens_per_sec"))
+    text_tags = set(events.Tags()["tensors"])
+    assert {"samples/text_summary", "config/text_summary"} <= text_tags
+    samples = events.Tensors("samples/text_summary")
+    assert [s.step for s in samples] == [0, 10, 20]
+    config_text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "n_layer: 2" in config_text
+
+
+def test_the_val_loss_falls_during_the_tiny_run(trained_run):
+    val = [e.value for e in read_events(trained_run).Scalars("loss/val")]
+    assert val[-1] < val[0] - 0.3
+
+
+def test_sample_loads_the_checkpoint_and_prints_text_without_writing(trained_run, tmp_path):
+    before = sorted(p.name for p in trained_run.iterdir())
+    args = [f"run={trained_run}", "prompt=Once upon a time", "max_new_tokens=40", "num_samples=2", "seed=1"]
+    first = run_cli("sample.py", *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    samples = re.split(r"--- sample \d of 2 ---\n", first.stdout)[1:]
+    assert len(samples) == 2
+    assert all(s.startswith("Once upon a time") and len(s.rstrip("\n")) >= len("Once upon a time") + 40 for s in samples)
+    again = run_cli("sample.py", *args, cwd=tmp_path)
+    assert again.stdout == first.stdout  # same seed, same text
+    assert sorted(p.name for p in trained_run.iterdir()) == before
+    assert list(tmp_path.iterdir()) == []  # and nothing in the folder it ran from
+
+
+def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_path):
+    greedy = ["max_new_tokens=10", "temperature=0"]
+    by_file = run_cli("sample.py", f"run={trained_run / 'ckpt_best.pt'}", *greedy, cwd=tmp_path)
+    assert by_file.returncode == 0 and by_file.stdout.strip(), by_file.stderr
+    by_dir = run_cli("sample.py", f"run={trained_run}", *greedy, cwd=tmp_path)
+    assert by_dir.stdout == by_file.stdout  # a run dir means its ckpt_best.pt
+    last = run_cli("sample.py", f"run={trained_run / 'ckpt_last.pt'}", *greedy, cwd=tmp_path)
+    assert last.returncode == 0 and last.stdout.strip(), last.stderr
+
+    workdir = tmp_path / "project"
+    shutil.copytree(trained_run, workdir / "outputs" / "2026-01-01" / "12-00-00")
+    latest = run_cli("sample.py", "run=latest", *greedy, cwd=workdir)
+    assert latest.returncode == 0, latest.stderr
+    assert latest.stdout == by_file.stdout
+
+
+def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
+    tiny_without_n_head = [arg for arg in TINY_RUN if not arg.startswith("model.n_head=")]
+    result = run_cli("train.py", "-m", "model.n_head=1,2", *tiny_without_n_head, "train.max_steps=4",
+                     "train.eval_interval=4", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert runs == ["0", "1"]
+    for run, n_head in (("0", 1), ("1", 2)):
+        run_dir = tmp_path / "sweep" / run
+        assert (run_dir / "ckpt_last.pt").is_file() and list(run_dir.glob("events.out.tfevents.*"))
+        assert torch.load(run_dir / "ckpt_last.pt", weights_only=True)["config"]["model"]["n_head"] == n_head
+        heads = {tag.split("/")[2] for tag in read_events(run_dir).Tags()["images"]}
+        assert heads == {f"head_{h}" for h in range(n_head)}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["model.n_layr=3"], "n_layr"),
+        (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
+        (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
+        (["optim.lr=-1"], "error: optim.lr=-1"),
+        (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),
+        (["data=text"], "error: data=text needs a corpus"),
+        (["data=text", "data.path=nowhere.txt"], "error: data.path=nowhere.txt does not exist"),
+        (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
+    ],
+)
+def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args, message):
+    result = run_cli("train.py", *args, cwd=tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run=nowhere"], "error: run=nowhere does not exist"),
+        (["prompt='Once upon a time ☃'"], "never saw in training: '☃'"),  # quoted, as Hydra needs for ☃
+        (["temperature=-1"], "error: temperature=-1"),
+        (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
+    ],
+)
+def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tmp_path, args, message):
+    run = [] if any(a.startswith("run=") for a in args) else [f"run={trained_run}"]
+    result = run_cli("sample.py", *run, *args, cwd=tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout

@@ -1,0 +1,136 @@
+"""Corpora, the story generator, the tokenizer, the token cache and batching."""
+
+import re
+
+import numpy as np
+import pytest
+
+from data.corpus import join_documents, read_text_documents
+from data.dataset import get_batch, prepare_tokens, probe_ids
+from data.errors import DataError
+from data.stories import ITEMS, generate_stories
+from data.tokenizer import CharTokenizer, tokenizer_from_state
+
+
+def stories_cfg(tmp_path, n_chars=30_000, seed=1337):
+    return {"source": "stories", "seed": seed, "n_chars": n_chars, "path": None, "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+
+
+def text_cfg(tmp_path, path):
+    return {"source": "text", "path": str(path), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+
+
+def test_the_story_generator_is_deterministic():
+    first = join_documents(generate_stories(seed=5, n_chars=50_000))
+    assert first == join_documents(generate_stories(seed=5, n_chars=50_000))
+    assert first != join_documents(generate_stories(seed=6, n_chars=50_000))
+
+
+def test_the_default_corpus_is_about_one_megabyte_of_plain_english():
+    text = join_documents(generate_stories(seed=1337, n_chars=1_000_000))
+    assert 1_000_000 <= len(text) < 1_003_000
+    assert set(text) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,!?\"'\n")
+
+
+def test_each_friends_problem_is_solved_by_an_item_the_hero_packed():
+    """The long-range structure attention must learn: items listed early come back later."""
+    names = "|".join(re.escape(item.with_article) for item in ITEMS)
+    for story in generate_stories(seed=3, n_chars=60_000):
+        packing_sentence = next(line for line in story.split(". ") if re.search(rf"({names}) and ({names})", line))
+        packed = {item.name for item in ITEMS if item.with_article in packing_sentence}
+        used = re.findall(r"remembered the (\w+) in|There was the (\w+)!|I have (?:a|an) ([\w ]+)!", story)
+        used_names = {next(n for n in group if n) for group in used}
+        used_items = {item.name for item in ITEMS if item.name in used_names or item.with_article[2:].strip() in used_names}
+        assert used_items, story
+        assert used_items <= packed, f"used {used_items} but packed {packed}:\n{story}"
+
+
+def test_pronouns_agree_with_the_hero():
+    for story in generate_stories(seed=11, n_chars=40_000):
+        hero_line = story.splitlines()[0]
+        is_girl = " girl " in hero_line.split(".")[0] + " "
+        wrong = "his" if is_girl else "her"
+        # The packing sentence is about the hero's own bag: "... in her bag" / "... into his backpack".
+        bag_phrase = re.search(r"(?:in|into|for) (her|his) (?:bag|basket|backpack|little red bag)", story)
+        assert bag_phrase and bag_phrase.group(1) != wrong, story
+
+
+def test_char_tokenizer_round_trips_and_rebuilds_from_its_state():
+    text = "Hello, world!\nCafé ñ 中文 🙂"
+    tokenizer = CharTokenizer.from_text(text)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.vocab_size == len(set(text))
+    rebuilt = tokenizer_from_state(tokenizer.state())
+    assert rebuilt.encode(text) == tokenizer.encode(text)
+    assert tokenizer.token_strings(tokenizer.encode("Hé")) == ["H", "é"]
+
+
+def test_char_tokenizer_names_characters_it_never_saw():
+    tokenizer = CharTokenizer.from_text("abc ")
+    with pytest.raises(DataError, match=r"never saw in training: 'xz'"):
+        tokenizer.encode("a xz")
+
+
+def test_targets_are_the_inputs_shifted_by_one():
+    tokens = np.arange(1000, dtype=np.uint16)
+    x, y = get_batch(tokens, batch_size=4, block_size=10, rng=np.random.default_rng(0))
+    assert x.shape == y.shape == (4, 10)
+    assert (y[:, :-1] == x[:, 1:]).all()
+    assert (y == x + 1).all()  # in this corpus each token's successor is itself + 1
+
+
+def test_prepare_tokens_splits_off_the_last_tenth_as_val(tmp_path):
+    data = prepare_tokens(stories_cfg(tmp_path), {"kind": "char"})
+    text = join_documents(generate_stories(seed=1337, n_chars=30_000))
+    n_val = int(len(text) * 0.1)
+    assert len(data.val) == n_val and len(data.train) == len(text) - n_val
+    assert data.tokenizer.decode(data.val.tolist()) == text[-n_val:]
+    assert data.train.dtype == np.uint16
+
+
+def test_the_token_cache_is_reused_and_keyed_by_corpus_and_tokenizer(tmp_path):
+    corpus = tmp_path / "book.txt"
+    corpus.write_text("one fish two fish\n" * 50)
+    entries = lambda: sorted(p.name for p in (tmp_path / "cache" / "tokens").iterdir())  # noqa: E731
+    first = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    assert len(entries()) == 1
+    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    assert len(entries()) == 1  # same corpus, same tokenizer: the entry is reused
+
+    corpus.write_text("red fish blue fish\n" * 50)
+    second = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    assert len(entries()) == 2  # changed bytes: tokenised again, never the stale ids
+    assert second.tokenizer.decode(second.train[:18].tolist()) == "red fish blue fish"
+    assert first.tokenizer.decode(first.train[:17].tolist()) == "one fish two fish"
+
+
+def test_a_folder_corpus_reads_every_txt_file_in_order(tmp_path):
+    (tmp_path / "b.txt").write_text("second")
+    (tmp_path / "a.txt").write_text("first")
+    (tmp_path / "notes.md").write_text("ignored")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.txt").write_text("third")
+    assert read_text_documents(str(tmp_path)) == ["first", "second", "third"]
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_byte_offset(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf" + "é".encode("latin-1") + b" au lait")
+    with pytest.raises(DataError, match=r"latin1\.txt is not UTF-8 text \(byte 3 is 0xe9\)"):
+        read_text_documents(str(bad))
+
+
+def test_a_missing_or_empty_corpus_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        read_text_documents(str(tmp_path / "nope.txt"))
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(DataError, match="holds no text"):
+        read_text_documents(str(tmp_path / "empty.txt"))
+
+
+def test_the_probe_starts_at_a_story_start_in_val(tmp_path):
+    data = prepare_tokens(stories_cfg(tmp_path, n_chars=60_000), {"kind": "char"})
+    probe = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, 64))
+    assert len(probe) == 64
+    assert re.match(r"(Once upon|There once|Long ago|[A-Z][a-z]+ was a)", probe), probe
+    assert probe in data.tokenizer.decode(data.val.tolist())

@@ -1,0 +1,117 @@
+"""The GPT as a whole: its loss at init, that it learns, tying, init, and generation."""
+
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.sampling import filter_logits
+
+
+def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    config = dict(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=32)
+    return GPT(GPTConfig(**{**config, **overrides}))
+
+
+def test_loss_at_init_is_close_to_ln_vocab_size():
+    # Small initial weights give near-uniform predictions: loss ~ ln(V). Allow 0.1 nats.
+    model = tiny_gpt(vocab_size=65)
+    idx = torch.randint(0, 65, (8, 16))
+    _, loss = model(idx, torch.randint(0, 65, (8, 16)))
+    assert abs(loss.item() - math.log(65)) < 0.1
+
+
+def test_a_few_dozen_steps_on_a_tiny_corpus_lower_the_loss_clearly():
+    text = "the cat sat on the mat. " * 40
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(c) for c in text])
+    model = tiny_gpt(vocab_size=len(chars))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(40):
+        starts = torch.randint(0, len(ids) - 17, (8,), generator=generator)
+        windows = torch.stack([ids[s : s + 17] for s in starts])  # (8, 17)
+        _, loss = model(windows[:, :-1], windows[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], f"loss went {losses[0]:.2f} -> {losses[-1]:.2f}"
+
+
+def test_lm_head_is_tied_to_the_token_embedding():
+    model = tiny_gpt()
+    assert model.lm_head.weight is model.tok_emb.weight
+    # Counted once: the tied matrix appears a single time among the parameters.
+    assert sum(p is model.tok_emb.weight for p in model.parameters()) == 1
+
+
+def test_residual_projections_start_smaller_as_gpt2_does():
+    model = tiny_gpt(n_layer=8, n_embd=256, n_head=4)
+    residual = model.blocks[0].attn.proj.weight.std().item()
+    regular = model.blocks[0].attn.qkv.weight.std().item()
+    assert regular == pytest.approx(0.02, rel=0.05)
+    assert residual == pytest.approx(0.02 / math.sqrt(2 * 8), rel=0.05)
+
+
+def test_generate_never_feeds_more_than_block_size_tokens():
+    model = tiny_gpt(block_size=8)
+    seen_lengths = []
+    model.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, temperature=1.0)
+    assert out.shape == (2, 23)
+    assert max(seen_lengths) == 8
+    assert seen_lengths[:6] == [3, 4, 5, 6, 7, 8]
+
+
+def test_temperature_zero_is_greedy_and_matches_top_k_one():
+    model = tiny_gpt()
+    prompt = torch.randint(0, 65, (1, 4))
+    greedy = model.generate(prompt, 12, temperature=0)
+    again = model.generate(prompt, 12, temperature=0)
+    top1 = model.generate(prompt, 12, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(greedy, again)
+    assert torch.equal(greedy, top1)
+
+
+def test_a_seeded_generator_makes_sampling_repeatable():
+    model = tiny_gpt()
+    prompt = torch.zeros(2, 1, dtype=torch.long)
+    first = model.generate(prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    second = model.generate(prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    other = model.generate(prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(first, second)
+    assert not torch.equal(first, other)
+
+
+def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[False, False, True, True]]
+    # top_p=0.7: 0.5 alone is not enough, 0.5 + 0.3 is; the rest go.
+    assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[False, False, True, True]]
+    # The likeliest token always survives, however small top_p is.
+    assert torch.isinf(filter_logits(logits, top_p=0.01)).tolist() == [[False, True, True, True]]
+    assert torch.equal(filter_logits(logits, top_k=0, top_p=1.0), logits)
+
+
+def test_attention_weights_are_the_models_own_and_leave_training_mode_alone():
+    model = tiny_gpt(attention="sdpa", dropout=0.1)
+    model.train()
+    idx = torch.randint(0, 65, (1, 9))
+    weights = model.attention_weights(idx)  # (L, B, H, T, T)
+    assert model.training
+    assert weights.shape == (2, 1, 2, 9, 9)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 1, 2, 9))
+    # The same parameters through the manual path give the same weights.
+    manual = tiny_gpt(attention="manual", dropout=0.1)
+    manual.load_state_dict(model.state_dict())
+    torch.testing.assert_close(manual.attention_weights(idx), weights)
+
+
+def test_a_sequence_longer_than_block_size_is_refused():
+    model = tiny_gpt(block_size=8)
+    with pytest.raises(ValueError, match="exceeds block_size=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))

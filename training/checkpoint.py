@@ -1,0 +1,105 @@
+"""Checkpoints: the one place that saves and loads them.
+
+A checkpoint is a plain dict that torch.load(weights_only=True) can read, so loading one
+never runs code from the file:
+
+    model          state_dict
+    optimizer      state_dict
+    step           optimizer updates done
+    best_val_loss  the lowest val loss seen so far
+    config         the run's resolved config as plain dicts (config["model"] rebuilds the net)
+    tokenizer      the tokenizer's state(): sample.py needs no corpus
+    vocab_size     int
+
+    save_checkpoint(path, ...)     written to a temporary file, fsynced, then renamed into
+                                   place: a crash mid-save leaves the previous file intact
+    resolve_checkpoint(run)        a run dir, a .pt file, or "latest" -> a checkpoint path
+    load_checkpoint(path)          -> dict, with clear errors for missing or broken files
+    model_from_checkpoint(ckpt)    -> (GPT, tokenizer)
+"""
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from data.tokenizer import Tokenizer, tokenizer_from_state
+from model import GPT
+from training.config import build_model
+from training.errors import UserError
+
+LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
+RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder
+
+
+def save_checkpoint(
+    path: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    best_val_loss: float,
+    config: dict[str, Any],
+    tokenizer: Tokenizer,
+) -> None:
+    checkpoint = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "best_val_loss": best_val_loss,
+        "config": config,
+        "tokenizer": tokenizer.state(),
+        "vocab_size": tokenizer.vocab_size,
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def resolve_checkpoint(run: str) -> Path:
+    """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt);
+    "latest" is the newest checkpoint under outputs/ and multirun/."""
+    if run == "latest":
+        found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
+        if not found:
+            raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
+        newest_dir = max(found, key=lambda p: p.stat().st_mtime).parent
+        return resolve_checkpoint(str(newest_dir))
+    path = Path(run).expanduser()
+    if path.is_dir():
+        for name in (BEST, LAST):
+            if (path / name).is_file():
+                return path / name
+        raise UserError(f"run={run} has no {BEST} or {LAST}; point run= at a training run dir or a .pt file")
+    if not path.is_file():
+        raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
+    return path
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path} is not a readable checkpoint ({first_line}); it may be truncated or not a checkpoint") from None
+    required = ("model", "config", "tokenizer", "vocab_size", "step")
+    if not isinstance(checkpoint, dict) or any(key not in checkpoint for key in required):
+        raise UserError(f"{path} is not a checkpoint of this project (it lacks {', '.join(required)})")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any]) -> tuple[GPT, Tokenizer]:
+    model = build_model(checkpoint["config"]["model"], checkpoint["vocab_size"])
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except RuntimeError as err:
+        detail = str(err).strip().splitlines()[1].strip() if len(str(err).strip().splitlines()) > 1 else "shapes differ"
+        raise UserError(f"the checkpoint's weights do not fit the model its config describes ({detail})") from None
+    return model, tokenizer_from_state(checkpoint["tokenizer"])

@@ -1,0 +1,73 @@
+"""From config to objects, with every value checked first.
+
+    validate_train_config(cfg)     raises UserError naming the first bad value and a fix
+    build_model(model_cfg, vocab)  the one place a GPT is built from config (train and sample)
+    pick_device(name)              "auto" -> cuda when present, else cpu
+    seed_everything(seed)          python, numpy and torch
+"""
+
+import random
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from model import GPT, GPTConfig
+from model.attention import ATTENTION_PATHS, divisors
+from training.errors import UserError
+
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
+
+
+def validate_train_config(cfg: Any) -> None:
+    model, optim, train = cfg.model, cfg.optim, cfg.train
+    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+        require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
+    require(
+        model.n_embd % model.n_head == 0,
+        f"model.n_embd={model.n_embd} is not divisible by model.n_head={model.n_head}; "
+        f"pick model.n_head from {divisors(model.n_embd)}",
+    )
+    require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
+    require(model.attention in ATTENTION_PATHS, f"model.attention={model.attention} must be one of {', '.join(ATTENTION_PATHS)}")
+    require(optim.lr > 0, f"optim.lr={optim.lr} must be greater than 0, e.g. optim.lr=1e-3")
+    require(0 <= optim.min_lr <= optim.lr, f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr}")
+    require(optim.weight_decay >= 0, f"optim.weight_decay={optim.weight_decay} must be 0 or more")
+    require(optim.warmup_steps >= 0, f"optim.warmup_steps={optim.warmup_steps} must be 0 or more")
+    require(optim.grad_clip >= 0, f"optim.grad_clip={optim.grad_clip} must be 0 (off) or more")
+    for key in ("max_steps", "batch_size", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
+        require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
+    for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
+        require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
+    require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
+    return GPT(GPTConfig(vocab_size=vocab_size, **{key: model_cfg[key] for key in MODEL_KEYS}))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"train.device={name} is not a device; use auto, cpu, cuda or cuda:<index>") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"train.device={name} but PyTorch sees no CUDA GPU here; use train.device=cpu (or auto)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"train.device={name} but only {torch.cuda.device_count()} CUDA GPU(s) are visible")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA too

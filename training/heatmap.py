@@ -1,0 +1,105 @@
+"""Attention weights as a labelled heatmap image, drawn with Pillow (a few ms per map).
+
+    render_attention_map(weights, labels, title) -> (H, W, 3) uint8 array
+
+Rows are queries (the token doing the looking), columns are keys (the tokens looked at),
+both labelled with their token text. Colour is the weight on a fixed 0..1 viridis scale,
+so maps compare across heads and steps; cells a query cannot see (the future) are pale
+grey, which tells "cannot look" apart from "chose not to look".
+"""
+
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+# Matplotlib's viridis at 0, 0.25, 0.5, 0.75 and 1; the table interpolates between them.
+VIRIDIS_ANCHORS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64)
+COLORMAP = np.stack(
+    [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(VIRIDIS_ANCHORS)), VIRIDIS_ANCHORS[:, c]) for c in range(3)],
+    axis=1,
+).astype(np.uint8)  # (256, 3)
+FUTURE = (236, 236, 236)
+BACKGROUND, INK = (255, 255, 255), (20, 20, 20)
+# Fonts with wide coverage, tried in order; Pillow's built-in font (ASCII only) is the fallback.
+FONT_FILES = ("DejaVuSansMono.ttf", "DejaVuSans.ttf", "Menlo.ttc", "Consolas.ttf")
+FONT_SIZE = 11
+
+
+@lru_cache(maxsize=1)
+def label_font() -> tuple[ImageFont.FreeTypeFont | ImageFont.ImageFont, bool]:
+    """(font, covers_unicode)."""
+    for name in FONT_FILES:
+        try:
+            return ImageFont.truetype(name, FONT_SIZE), True
+        except OSError:
+            continue
+    return ImageFont.load_default(size=FONT_SIZE), False
+
+
+def readable_token(piece: str, unicode_ok: bool = True) -> str:
+    """Make a token visible as a label: a space shows as '·', a newline as '\\n', a tab as
+    '\\t', other control characters (and, without a Unicode font, non-ASCII) as escapes."""
+    out = []
+    for ch in piece:
+        if ch == " ":
+            out.append("·")
+        elif ch in "\n\t\r":
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
+        elif not ch.isprintable() or (not unicode_ok and not ch.isascii()):
+            out.append(ascii(ch)[1:-1])
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def render_attention_map(weights: np.ndarray, labels: list[str], title: str) -> np.ndarray:
+    """weights: (T, T), rows = queries, columns = keys; labels: T token strings."""
+    T = weights.shape[0]
+    font, unicode_ok = label_font()
+    labels = [readable_token(label, unicode_ok)[:12] for label in labels]
+    cell = int(np.clip(720 // T, 4, 16))
+    pad = 6
+    label_width = max(text_width(font, label) for label in labels) + pad
+    title_height = FONT_SIZE + 2 * pad
+    colorbar_width = 44
+    grid = T * cell
+    top = title_height + label_width
+    width = label_width + grid + pad + colorbar_width
+    height = top + grid + pad
+
+    # The grid: each weight becomes a cell x cell block of its colour.
+    shade = COLORMAP[np.clip(np.rint(weights * 255), 0, 255).astype(np.int64)]  # (T, T, 3)
+    shade[np.triu(np.ones((T, T), dtype=bool), k=1)] = FUTURE
+    cells = shade.repeat(cell, axis=0).repeat(cell, axis=1)  # (T * cell, T * cell, 3)
+
+    image = Image.new("RGB", (width, height), BACKGROUND)
+    image.paste(Image.fromarray(cells), (label_width, top))
+    draw = ImageDraw.Draw(image)
+    draw.text((pad, pad), title, font=font, fill=INK)
+    # Row labels (queries), right-aligned against the grid.
+    for i, label in enumerate(labels):
+        y = top + i * cell + cell // 2
+        draw.text((label_width - pad // 2, y), label, font=font, fill=INK, anchor="rm")
+    # Column labels (keys): written left to right in a strip, one row per column, then the
+    # strip is turned 90 degrees so each label reads bottom-up above its column.
+    strip = Image.new("RGB", (label_width, grid), BACKGROUND)
+    strip_draw = ImageDraw.Draw(strip)
+    for j, label in enumerate(labels):
+        strip_draw.text((pad // 2, j * cell + cell // 2), label, font=font, fill=INK, anchor="lm")
+    image.paste(strip.rotate(90, expand=True), (label_width, title_height))
+    draw_colorbar(draw, x=label_width + grid + pad, top=top, height=grid, font=font)
+    return np.asarray(image)
+
+
+def draw_colorbar(draw: ImageDraw.ImageDraw, x: int, top: int, height: int, font: ImageFont.ImageFont) -> None:
+    for y in range(height):
+        level = 255 - int(255 * y / max(1, height - 1))
+        draw.line([(x, top + y), (x + 10, top + y)], fill=tuple(int(c) for c in COLORMAP[level]))
+    draw.text((x + 14, top), "1.0", font=font, fill=INK, anchor="lt")
+    draw.text((x + 14, top + height), "0.0", font=font, fill=INK, anchor="lb")
+
+
+def text_width(font: ImageFont.ImageFont, text: str) -> int:
+    left, _, right, _ = font.getbbox(text)
+    return int(right - left)

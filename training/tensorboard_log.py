@@ -1,0 +1,48 @@
+"""Everything a run writes to TensorBoard, under fixed tag names:
+
+    loss/train, loss/val                  mean losses at each evaluation
+    train/loss, train/lr, train/grad_norm, train/tokens_per_sec   every log_interval steps
+    attention/layer_{l}/head_{h}          heatmaps of the probe text, every attn_log_interval steps
+    samples                               generated text, every sample_interval steps
+    config                                the run's resolved config (YAML), once
+"""
+
+from pathlib import Path
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from training.heatmap import render_attention_map
+
+
+def attention_tag(layer: int, head: int) -> str:
+    return f"attention/layer_{layer}/head_{head}"
+
+
+class RunLogger:
+    def __init__(self, log_dir: Path) -> None:
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        # TensorBoard renders text as Markdown: indenting by 4 spaces makes it a code
+        # block, which keeps line breaks and shows the text exactly as generated.
+        self.writer.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+
+    def attention_maps(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
+        """weights: (n_layer, n_head, T, T) for one probe sequence; labels: T token strings."""
+        weights_np = weights.float().cpu().numpy()
+        for layer in range(weights_np.shape[0]):
+            for head in range(weights_np.shape[1]):
+                title = f"layer {layer} · head {head} · step {step}    rows: queries, columns: keys"
+                image = render_attention_map(weights_np[layer, head], labels, title)
+                self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
