@@ -3,9 +3,10 @@
     render_attention_map(weights, labels, title) -> (H, W, 3) uint8 array
 
 Rows are queries (the token doing the looking), columns are keys (the tokens looked at),
-both labelled with their token text. Colour is the weight on a fixed 0..1 viridis scale,
-so maps compare across heads and steps; cells a query cannot see (the future) are pale
-grey, which tells "cannot look" apart from "chose not to look".
+both labelled with their token text. Colour is the weight on a fixed viridis scale, the
+same for every head and step so maps compare; the scale is square-root (the colour bar is
+ticked in true weights), because most weights are small and a linear scale hides them.
+Cells a query cannot see (the future) are pale grey: "cannot look" is not "chose not to".
 """
 
 from functools import lru_cache
@@ -24,6 +25,7 @@ BACKGROUND, INK = (255, 255, 255), (20, 20, 20)
 # Fonts with wide coverage, tried in order; Pillow's built-in font (ASCII only) is the fallback.
 FONT_FILES = ("DejaVuSansMono.ttf", "DejaVuSans.ttf", "Menlo.ttc", "Consolas.ttf")
 FONT_SIZE = 11
+COLORBAR_TICKS = (1.0, 0.5, 0.25, 0.1, 0.02, 0.0)
 
 
 @lru_cache(maxsize=1)
@@ -69,7 +71,7 @@ def render_attention_map(weights: np.ndarray, labels: list[str], title: str) -> 
     height = top + grid + pad
 
     # The grid: each weight becomes a cell x cell block of its colour.
-    shade = COLORMAP[np.clip(np.rint(weights * 255), 0, 255).astype(np.int64)]  # (T, T, 3)
+    shade = COLORMAP[colour_level(weights)]  # (T, T, 3)
     shade[np.triu(np.ones((T, T), dtype=bool), k=1)] = FUTURE
     cells = shade.repeat(cell, axis=0).repeat(cell, axis=1)  # (T * cell, T * cell, 3)
 
@@ -92,12 +94,19 @@ def render_attention_map(weights: np.ndarray, labels: list[str], title: str) -> 
     return np.asarray(image)
 
 
+def colour_level(weights: np.ndarray) -> np.ndarray:
+    """Weights in [0, 1] -> colormap rows 0..255 on the square-root scale."""
+    return np.clip(np.rint(np.sqrt(np.clip(weights, 0, 1)) * 255), 0, 255).astype(np.int64)
+
+
 def draw_colorbar(draw: ImageDraw.ImageDraw, x: int, top: int, height: int, font: ImageFont.ImageFont) -> None:
     for y in range(height):
         level = 255 - int(255 * y / max(1, height - 1))
         draw.line([(x, top + y), (x + 10, top + y)], fill=tuple(int(c) for c in COLORMAP[level]))
-    draw.text((x + 14, top), "1.0", font=font, fill=INK, anchor="lt")
-    draw.text((x + 14, top + height), "0.0", font=font, fill=INK, anchor="lb")
+    for weight in COLORBAR_TICKS:
+        y = top + round((1 - float(np.sqrt(weight))) * (height - 1))
+        draw.line([(x + 10, y), (x + 13, y)], fill=INK)
+        draw.text((x + 15, y), f"{weight:g}", font=font, fill=INK, anchor="lm")
 
 
 def text_width(font: ImageFont.ImageFont, text: str) -> int:

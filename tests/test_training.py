@@ -1,0 +1,126 @@
+"""The helpers train.py wires together: schedule, optimizer groups, heatmaps, checkpoints."""
+
+import numpy as np
+import pytest
+import torch
+
+from data.tokenizer import CharTokenizer
+from model import GPT, GPTConfig
+from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, save_checkpoint
+from training.errors import UserError
+from training.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
+from training.lr_schedule import lr_at
+from training.optimizer import build_optimizer
+from training.progress import format_duration
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
+    kwargs = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
+    assert lr_at(0, **kwargs) == pytest.approx(1e-4)
+    assert lr_at(4, **kwargs) == pytest.approx(5e-4)
+    assert lr_at(10, **kwargs) == pytest.approx(1e-3)
+    assert lr_at(60, **kwargs) == pytest.approx(0.5 * (1e-3 + 1e-4))  # half way down the cosine
+    assert lr_at(110, **kwargs) == pytest.approx(1e-4)
+    assert lr_at(500, **kwargs) == pytest.approx(1e-4)
+    lrs = [lr_at(s, **kwargs) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+
+
+def test_weight_decay_applies_to_matrices_only():
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=True))
+    optimizer = build_optimizer(model, {"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99]}, torch.device("cpu"))
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_readable_token_marks_spaces_and_newlines():
+    assert readable_token(" the") == "·the"
+    assert readable_token("\n") == "\\n"
+    assert readable_token("a\tb") == "a\\tb"
+    assert readable_token("é", unicode_ok=False) == "\\xe9"
+    assert readable_token("é", unicode_ok=True) == "é"
+    assert readable_token("") == "∅"
+
+
+def test_colour_scale_is_square_root_from_0_to_1():
+    assert colour_level(np.array([0.0, 0.25, 1.0])).tolist() == [0, 128, 255]
+
+
+def test_heatmap_colours_each_cell_by_its_weight_and_greys_the_future():
+    weights = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+    image = render_attention_map(weights, ["a", "b", "c"], "title")
+    # The grid is the block of non-white pixels whose colours are colormap or FUTURE entries;
+    # find the top-left cell's colour (weight 1.0) and the top-right cell's colour (future).
+    bright, future = tuple(COLORMAP[255]), FUTURE
+    pixels = {tuple(p) for p in image.reshape(-1, 3)}
+    assert bright in pixels and future in pixels and tuple(COLORMAP[0]) in pixels
+    ys, xs = np.nonzero((image == bright).all(-1))
+    fy, fx = np.nonzero((image == future).all(-1))
+    assert fx.mean() > xs.min() and fy.mean() < ys.max()  # the future sits up and to the right
+
+
+def test_format_duration():
+    assert format_duration(5) == "0:05"
+    assert format_duration(125) == "2:05"
+    assert format_duration(3725) == "1:02:05"
+
+
+def small_checkpoint(tmp_path, name="ckpt_last.pt"):
+    tokenizer = CharTokenizer.from_text("abc \n")
+    model_cfg = dict(n_layer=1, n_head=2, n_embd=8, block_size=8, dropout=0.0, bias=False, attention="sdpa")
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **model_cfg))
+    optimizer = torch.optim.AdamW(model.parameters())
+    path = tmp_path / name
+    save_checkpoint(path, model=model, optimizer=optimizer, step=7, best_val_loss=1.5,
+                    config={"model": model_cfg}, tokenizer=tokenizer)
+    return path, model
+
+
+def test_a_checkpoint_round_trips_the_model_and_tokenizer(tmp_path):
+    path, model = small_checkpoint(tmp_path)
+    checkpoint = load_checkpoint(path)
+    assert checkpoint["step"] == 7 and checkpoint["best_val_loss"] == 1.5
+    loaded, tokenizer = model_from_checkpoint(checkpoint)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert tokenizer.decode(tokenizer.encode("cab")) == "cab"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt_last.pt"]  # no temporary file left behind
+
+
+def test_saving_over_a_checkpoint_replaces_it_whole(tmp_path):
+    path, _ = small_checkpoint(tmp_path)
+    first = path.read_bytes()
+    small_checkpoint(tmp_path)
+    assert load_checkpoint(path)["step"] == 7
+    assert len(path.read_bytes()) == len(first)
+
+
+def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
+    path, _ = small_checkpoint(tmp_path)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(UserError, match="truncated.pt is not a readable checkpoint"):
+        load_checkpoint(truncated)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    with pytest.raises(UserError, match="notes.pt is not a readable checkpoint"):
+        load_checkpoint(text)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(UserError, match="not a checkpoint of this project"):
+        load_checkpoint(foreign)
+
+
+def test_resolve_checkpoint_prefers_best_in_a_run_dir(tmp_path):
+    small_checkpoint(tmp_path, "ckpt_last.pt")
+    assert resolve_checkpoint(str(tmp_path)).name == "ckpt_last.pt"
+    small_checkpoint(tmp_path, "ckpt_best.pt")
+    assert resolve_checkpoint(str(tmp_path)).name == "ckpt_best.pt"
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_checkpoint(str(tmp_path / "missing"))
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    with pytest.raises(UserError, match="has no ckpt_best.pt or ckpt_last.pt"):
+        resolve_checkpoint(str(empty))
