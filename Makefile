@@ -18,13 +18,18 @@ ARGS ?=
 
 setup: $(VENV)/.installed
 
-# torch first, pinned, so that the torch range in requirements.txt is already met and
-# pip never swaps in a different (multi-GB CUDA) build.
-$(VENV)/.installed: requirements.txt requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+# torch first, pinned, so that the torch range in requirements.txt is already met and no
+# other torch build is pulled in later. Which build the pin gets is pip's choice: a local
+# CPU wheel where pip is set up to find one; TORCH_PIP_ARGS can point it at a CPU index.
+$(VENV)/.installed: requirements.txt requirements-dev.txt Makefile
+	@echo "setup: creating $(VENV) (once; about a minute)"
+	@$(PYTHON) -m venv $(VENV)
+	@echo "setup: installing torch==$(TORCH_VERSION)"
+	@$(PY) -m pip install -qq --disable-pip-version-check torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
+	@echo "setup: installing requirements-dev.txt (hydra-core, tensorboard, tiktoken, pytest, ruff, ...)"
+	@$(PY) -m pip install -qq --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
+	@echo "setup: done"
 
 train: setup
 	$(PY) train.py $(ARGS)

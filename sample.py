@@ -8,7 +8,6 @@ Every option is in configs/sample.yaml. Nothing is written anywhere.
 """
 
 import hydra
-import torch
 from omegaconf import DictConfig
 
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
@@ -32,7 +31,7 @@ def sample(cfg: DictConfig) -> None:
         raise UserError(f"num_samples={cfg.num_samples} must be at least 1")
     device = pick_device(cfg.device)
     path = resolve_checkpoint(str(cfg.run))
-    model, tokenizer = model_from_checkpoint(load_checkpoint(path, map_location=device))
+    model, tokenizer = model_from_checkpoint(load_checkpoint(path))
     model.to(device)
     if cfg.top_k and not 0 < cfg.top_k <= tokenizer.vocab_size:
         raise UserError(f"top_k={cfg.top_k} must be between 1 and the vocabulary size {tokenizer.vocab_size} (or 0: off)")
@@ -51,5 +50,4 @@ def sample(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

@@ -8,7 +8,10 @@
     get_batch(tokens, batch_size, block_size, rng) -> (x, y)
         Random contiguous windows of block_size + 1 ids; y is x shifted left by one.
     probe_ids(tokens, tokenizer, n) -> list[int]
-        n ids from the start of the first whole document in tokens (the attention probe).
+        n ids from the start of the first document in tokens (the attention probe); a
+        document starts after a separator (a blank line), or at the start of tokens.
+    check_splits_fit(data, block_size)
+        DataError unless each split holds a window of block_size + 1 tokens.
 """
 
 import hashlib
@@ -42,7 +45,8 @@ def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]
     if not text.strip():
         raise DataError("the corpus is empty; give data.path a file with text in it")
     entry = Path(data_cfg["cache_dir"]) / "tokens" / cache_key(text, tokenizer_cfg)
-    if not (entry / "meta.json").exists():
+    if not is_complete(entry):
+        shutil.rmtree(entry, ignore_errors=True)
         write_cache_entry(entry, text, tokenizer_cfg)
     meta = json.loads((entry / "meta.json").read_text())
     ids = np.memmap(entry / "tokens.bin", dtype=meta["dtype"], mode="r")
@@ -55,6 +59,15 @@ def cache_key(text: str, tokenizer_cfg: Mapping[str, Any]) -> str:
     digest = hashlib.sha256(settings.encode())
     digest.update(text.encode("utf-8"))
     return digest.hexdigest()[:24]
+
+
+def is_complete(entry: Path) -> bool:
+    """A cache entry is used only if its meta.json exists and its ids file has every token."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        return (entry / "tokens.bin").stat().st_size == meta["n_tokens"] * np.dtype(meta["dtype"]).itemsize
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def write_cache_entry(entry: Path, text: str, tokenizer_cfg: Mapping[str, Any]) -> None:
@@ -70,8 +83,10 @@ def write_cache_entry(entry: Path, text: str, tokenizer_cfg: Mapping[str, Any]) 
     (staging / "meta.json").write_text(json.dumps(meta))
     try:
         os.replace(staging, entry)
-    except OSError:  # another run finished the same entry first; theirs is as good
+    except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+        if not is_complete(entry):  # not a race lost to another run writing the same entry
+            raise
 
 
 def get_batch(
@@ -93,3 +108,13 @@ def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
     start = next((i + k for i in range(len(head) - k) if k and head[i : i + k] == separator), 0)
     start = min(start, max(len(tokens) - n, 0))  # keep n ids when the split is short
     return [int(t) for t in tokens[start : start + n]]
+
+
+def check_splits_fit(data: TokenData, block_size: int) -> None:
+    """Each split must hold at least one training window of block_size + 1 tokens."""
+    for split, tokens in (("train", data.train), ("val", data.val)):
+        if len(tokens) <= block_size:
+            raise DataError(
+                f"model.block_size={block_size} needs more than {block_size} tokens in each split, but the "
+                f"{split} split has {len(tokens)}; use a longer corpus or a smaller model.block_size"
+            )

@@ -9,7 +9,7 @@ TensorBoard labels never care which one is in use:
     decode(ids)             -> str
     token_strings(ids)      -> list[str], the text of each token on its own (heatmap labels)
     state()                 -> plain dict (str, int, list) that rebuilds it: stored in
-                               checkpoints and used in the token cache key
+                               checkpoints and in the token cache
 
     build_tokenizer(cfg, text)  a new tokenizer for a corpus, from the `tokenizer` config
     tokenizer_from_state(state) the tokenizer a checkpoint or cache entry stored

@@ -91,6 +91,8 @@ class CausalSelfAttention(nn.Module):
         visible = visible.view(1, 1, T, T)  # (1, 1, T, T): the same for every batch row and head
         no_key_visible = None
         if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, T):
+                raise ValueError(f"key_padding_mask must be a bool tensor of shape {(B, T)}, not {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
             # ...and never a padding key.
             is_real_key = ~key_padding_mask.view(B, 1, 1, T)  # (B, 1, 1, T)
             visible = visible & is_real_key  # (B, 1, T, T)
@@ -102,7 +104,8 @@ class CausalSelfAttention(nn.Module):
         if need_weights or self.attention == "manual":
             out, weights = self._manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, T)
         else:
-            out, weights = self._sdpa(q, k, v, visible, key_padding_mask is None), None  # (B, H, T, D)
+            out = self._sdpa(q, k, v, visible, causal_only=key_padding_mask is None)  # (B, H, T, D)
+            weights = None
             if no_key_visible is not None:
                 out = out.masked_fill(no_key_visible, 0.0)  # (B, H, T, D)
 

@@ -99,7 +99,7 @@ class GPT(nn.Module):
         """Distinct parameters (the tied head/embedding matrix counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def _run(self, idx: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def hidden_states(self, idx: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         B, T = idx.shape
         if self.config.block_size < T:
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
@@ -118,7 +118,7 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids; targets: (B, T) next-token ids or None.
         Returns logits (B, T, vocab_size) and the mean cross-entropy loss (or None)."""
-        x, _ = self._run(idx, need_weights=False)  # (B, T, C)
+        x, _ = self.hidden_states(idx, need_weights=False)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
@@ -131,7 +131,7 @@ class GPT(nn.Module):
         own parameters in eval mode: (n_layer, B, H, T, T)."""
         was_training = self.training
         self.eval()
-        _, all_weights = self._run(idx, need_weights=True)
+        _, all_weights = self.hidden_states(idx, need_weights=True)
         self.train(was_training)
         return torch.stack(all_weights)  # (L, B, H, T, T)
 

@@ -58,7 +58,7 @@ def test_attention_maps_show_a_causal_pattern(trained_run, tmp_path):
 def test_tensorboard_has_the_scalars_samples_and_config(trained_run):
     events = read_events(trained_run)
     scalars = set(events.Tags()["scalars"])
-    assert {"loss/train", "loss/val", "train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec"} <= scalars
+    assert {"loss/train", "loss/val", "train/batch_loss", "train/lr", "train/grad_norm", "train/tokens_per_sec"} <= scalars
     assert [e.step for e in events.Scalars("loss/val")] == [0, 10, 20]
     assert all(e.value > 0 for e in events.Scalars("train/tokens_per_sec"))
     text_tags = set(events.Tags()["tensors"])

@@ -104,6 +104,17 @@ def test_the_token_cache_is_reused_and_keyed_by_corpus_and_tokenizer(tmp_path):
     assert first.tokenizer.decode(first.train[:17].tolist()) == "one fish two fish"
 
 
+def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path):
+    corpus = tmp_path / "book.txt"
+    corpus.write_text("one fish two fish\n" * 50)
+    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    (entry,) = (tmp_path / "cache" / "tokens").iterdir()
+    ids_file = entry / "tokens.bin"
+    ids_file.write_bytes(ids_file.read_bytes()[:10])  # as if a crash cut it short
+    data = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    assert data.tokenizer.decode(data.train.tolist() + data.val.tolist()) == "one fish two fish\n" * 50
+
+
 def test_a_folder_corpus_reads_every_txt_file_in_order(tmp_path):
     (tmp_path / "b.txt").write_text("second")
     (tmp_path / "a.txt").write_text("first")

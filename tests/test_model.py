@@ -94,6 +94,7 @@ def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
     assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[False, False, True, True]]
     # The likeliest token always survives, however small top_p is.
     assert torch.isinf(filter_logits(logits, top_p=0.01)).tolist() == [[False, True, True, True]]
+    assert torch.isinf(filter_logits(logits, top_p=0.0)).tolist() == [[False, True, True, True]]
     assert torch.equal(filter_logits(logits, top_k=0, top_p=1.0), logits)
 
 

@@ -15,12 +15,13 @@ from training.progress import format_duration
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
-    kwargs = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
+    kwargs = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=111)  # updates 0..110
     assert lr_at(0, **kwargs) == pytest.approx(1e-4)
     assert lr_at(4, **kwargs) == pytest.approx(5e-4)
+    assert lr_at(9, **kwargs) == pytest.approx(1e-3)  # warmup's last step reaches lr
     assert lr_at(10, **kwargs) == pytest.approx(1e-3)
     assert lr_at(60, **kwargs) == pytest.approx(0.5 * (1e-3 + 1e-4))  # half way down the cosine
-    assert lr_at(110, **kwargs) == pytest.approx(1e-4)
+    assert lr_at(110, **kwargs) == pytest.approx(1e-4)  # the last update uses min_lr
     assert lr_at(500, **kwargs) == pytest.approx(1e-4)
     lrs = [lr_at(s, **kwargs) for s in range(10, 111)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))

@@ -9,11 +9,11 @@ never runs code from the file:
     best_val_loss  the lowest val loss seen so far
     config         the run's resolved config as plain dicts (config["model"] rebuilds the net)
     tokenizer      the tokenizer's state(): sample.py needs no corpus
-    vocab_size     int
 
     save_checkpoint(path, ...)     written to a temporary file, fsynced, then renamed into
                                    place: a crash mid-save leaves the previous file intact
-    resolve_checkpoint(run)        a run dir, a .pt file, or "latest" -> a checkpoint path
+    resolve_checkpoint(run)        a run dir, a .pt file, or "latest" (the run dir holding the
+                                   newest checkpoint) -> a checkpoint path
     load_checkpoint(path)          -> dict, with clear errors for missing or broken files
     model_from_checkpoint(ckpt)    -> (GPT, tokenizer)
 """
@@ -51,7 +51,6 @@ def save_checkpoint(
         "best_val_loss": best_val_loss,
         "config": config,
         "tokenizer": tokenizer.state(),
-        "vocab_size": tokenizer.vocab_size,
     }
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
@@ -63,7 +62,7 @@ def save_checkpoint(
 
 def resolve_checkpoint(run: str) -> Path:
     """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt);
-    "latest" is the newest checkpoint under outputs/ and multirun/."""
+    "latest" is the run dir under outputs/ and multirun/ whose checkpoint was written last."""
     if run == "latest":
         found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
         if not found:
@@ -87,17 +86,18 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     except Exception as err:  # a broken file fails in many ways (zip, unpickler, storage): all mean the same
         detail = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:120]}" if str(err).strip() else type(err).__name__
         raise UserError(f"{path} is not a readable checkpoint ({detail}); it may be truncated or not a checkpoint") from None
-    required = ("model", "config", "tokenizer", "vocab_size", "step")
+    required = ("model", "config", "tokenizer", "step")
     if not isinstance(checkpoint, dict) or any(key not in checkpoint for key in required):
         raise UserError(f"{path} is not a checkpoint of this project (it lacks {', '.join(required)})")
     return checkpoint
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> tuple[GPT, Tokenizer]:
-    model = build_model(checkpoint["config"]["model"], checkpoint["vocab_size"])
+    tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
+    model = build_model(checkpoint["config"]["model"], tokenizer.vocab_size)
     try:
         model.load_state_dict(checkpoint["model"])
     except RuntimeError as err:
         detail = str(err).strip().splitlines()[1].strip() if len(str(err).strip().splitlines()) > 1 else "shapes differ"
         raise UserError(f"the checkpoint's weights do not fit the model its config describes ({detail})") from None
-    return model, tokenizer_from_state(checkpoint["tokenizer"])
+    return model, tokenizer

@@ -2,8 +2,9 @@
 
 On a terminal it redraws in place (step, bar, loss, tokens/s, time left), and console log
 lines print above it. Records logged with extra={"progress": True} (the per-step lines)
-then go to the log file only, since the bar already shows them. When stderr is not a
-terminal (CI, a pipe, a file) the bar is off and every log line is printed as usual.
+then go to the log file only, since the bar already shows them. When the bar's stream or
+the console log's stream is not a terminal (CI, a pipe, `> out.txt`), the bar is off and
+every log line is printed as usual.
 """
 
 import logging
@@ -15,7 +16,6 @@ from typing import TextIO
 class ProgressBar:
     def __init__(self, total: int, start: int = 0, stream: TextIO = sys.stderr, width: int = 24) -> None:
         self.total, self.start, self.stream, self.width = total, start, stream, width
-        self.enabled = stream.isatty()
         self.started_at = time.perf_counter()
         self.last_draw = 0.0
         self.line = ""
@@ -24,6 +24,7 @@ class ProgressBar:
             for handler in logging.getLogger().handlers
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
         ]
+        self.enabled = stream.isatty() and all(h.stream.isatty() for h in self.console_handlers)
         for handler in self.console_handlers:
             handler.addFilter(self.before_console_record)
 
