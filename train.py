@@ -13,6 +13,7 @@ ckpt_best.pt. Watch it with `tensorboard --logdir outputs`; sample from it with
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def main(cfg: DictConfig) -> float:
 def train(cfg: DictConfig) -> float:
     """One training run; returns the best val loss (what a sweeper would minimise)."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    shown_dir = os.path.relpath(run_dir)  # as the user would type it
     validate_train_config(cfg)
     device = pick_device(cfg.train.device)
     seed_everything(cfg.train.seed)
@@ -67,7 +69,7 @@ def train(cfg: DictConfig) -> float:
         f"data: {cfg.data.source}, {len(data.train):,} train and {len(data.val):,} val tokens, "
         f"vocab {data.tokenizer.vocab_size} ({data.tokenizer.kind}) | device: {device}"
     )
-    log.info(f"run dir: {run_dir}")
+    log.info(f"run dir: {shown_dir}")
 
     # What gets watched: TensorBoard, and a fixed probe text from val for the attention maps.
     tb = RunLogger(run_dir)
@@ -151,9 +153,9 @@ def train(cfg: DictConfig) -> float:
 
     bar.close()
     tb.close()
-    log.info(f"done: best val loss {best_val_loss:.4f}; checkpoints, logs and TensorBoard events in {run_dir}")
-    log.info(f"  watch:  tensorboard --logdir {run_dir.parent}")
-    log.info(f"  sample: python sample.py run={run_dir} prompt=\"...\"")
+    log.info(f"done: best val loss {best_val_loss:.4f}; checkpoints, logs and TensorBoard events in {shown_dir}")
+    log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown_dir)}")
+    log.info(f"  sample: .venv/bin/python sample.py run={shown_dir} prompt='Once upon a time'")
     return best_val_loss
 
 
