@@ -107,7 +107,9 @@ def train(cfg: DictConfig) -> float:
 
         # A sample, to read how the model writes.
         if cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):
-            sample = generate_text(model, data.tokenizer, "", cfg.train.sample_tokens, seed=cfg.train.seed)[0]
+            sample = generate_text(
+                model, data.tokenizer, "", cfg.train.sample_tokens, temperature=cfg.train.sample_temperature, seed=cfg.train.seed
+            )[0]
             tb.text("samples", sample, step)
             log.info(f"sample at step {step}:\n{sample}\n")
         tb.flush()

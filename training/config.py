@@ -41,6 +41,7 @@ def validate_train_config(cfg: Any) -> None:
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
+    require(train.sample_temperature >= 0, f"train.sample_temperature={train.sample_temperature} must be 0 (greedy) or more")
     require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
 
 

@@ -12,7 +12,7 @@ def generate_text(
     tokenizer: Tokenizer,
     prompt: str,
     max_new_tokens: int,
-    temperature: float = 0.8,
+    temperature: float = 0.6,
     top_k: int | None = None,
     top_p: float | None = None,
     num_samples: int = 1,
