@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from training.config import pick_device
+from training.config import check_types, pick_device
 from training.errors import UserError, exit_on_user_error
 from training.generation import generate_text
 
@@ -22,7 +22,14 @@ def main(cfg: DictConfig) -> None:
         sample(cfg)
 
 
+SAMPLE_KEY_TYPES = {int: ("max_new_tokens", "num_samples", "seed"), float: ("temperature",)}
+
+
 def sample(cfg: DictConfig) -> None:
+    check_types(cfg, SAMPLE_KEY_TYPES)
+    for key in ("top_k", "top_p"):  # these two may also be null (off)
+        if cfg[key] is not None:
+            check_types(cfg, {int if key == "top_k" else float: (key,)})
     if cfg.max_new_tokens < 0:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
     if cfg.temperature < 0:

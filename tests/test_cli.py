@@ -130,6 +130,13 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["data=text"], "error: data=text needs a corpus"),
         (["data=text", "data.path=nowhere.txt"], "error: data.path=nowhere.txt does not exist"),
         (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
+        (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
+        (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),
+        (["model.dropout=x"], "error: model.dropout=x must be a number"),
+        (["optim.betas=[2,0.9]"], "error: optim.betas=[2, 0.9] must be two numbers in [0, 1)"),
+        (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
+        (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or more"),
+        (["train.device=tpu9"], "error: train.device=tpu9"),
     ],
 )
 def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args, message):
@@ -146,6 +153,10 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
         (["prompt='Once upon a time ☃'"], "never saw in training: '☃'"),  # quoted, as Hydra needs for ☃
         (["temperature=-1"], "error: temperature=-1"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
+        (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
+        (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be 0 or more"),
+        (["max_new_tokens=abc"], "error: max_new_tokens=abc must be a whole number"),
+        (["top_k=lots"], "error: top_k=lots must be a whole number"),
     ],
 )
 def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tmp_path, args, message):

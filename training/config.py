@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from model import GPT, GPTConfig
 from model.attention import ATTENTION_PATHS, divisors
@@ -21,7 +22,36 @@ from training.errors import UserError
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
 
+# The type every numeric or boolean key must have; the range checks below assume it.
+TRAIN_KEY_TYPES = {
+    int: (
+        "model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "optim.warmup_steps",
+        "train.max_steps", "train.batch_size", "train.eval_interval", "train.eval_iters", "train.log_interval",
+        "train.attn_log_interval", "train.sample_interval", "train.sample_tokens", "train.probe_tokens", "train.seed",
+    ),
+    float: (
+        "model.dropout", "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.grad_clip",
+        "train.sample_temperature", "data.val_fraction",
+    ),
+    bool: ("model.bias",),
+}
+TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def check_types(cfg: Any, key_types: dict[type, tuple[str, ...]]) -> None:
+    """UserError for the first key whose value is not of its type (e.g. train.max_steps=abc)."""
+    for kind, keys in key_types.items():
+        for key in keys:
+            value = OmegaConf.select(cfg, key)
+            if kind is bool:
+                ok = isinstance(value, bool)
+            else:  # bool is an int in Python, but true is no step count; an int is a fine float
+                ok = isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+            require(ok, f"{key}={value} must be {TYPE_NAMES[kind]}")
+
+
 def validate_train_config(cfg: Any) -> None:
+    check_types(cfg, TRAIN_KEY_TYPES)
     model, optim, train = cfg.model, cfg.optim, cfg.train
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
@@ -37,12 +67,23 @@ def validate_train_config(cfg: Any) -> None:
     require(optim.weight_decay >= 0, f"optim.weight_decay={optim.weight_decay} must be 0 or more")
     require(optim.warmup_steps >= 0, f"optim.warmup_steps={optim.warmup_steps} must be 0 or more")
     require(optim.grad_clip >= 0, f"optim.grad_clip={optim.grad_clip} must be 0 (off) or more")
+    betas = OmegaConf.to_container(optim.betas) if OmegaConf.is_list(optim.betas) else optim.betas
+    require(
+        isinstance(betas, list) and len(betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas),
+        f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]",
+    )
     for key in ("max_steps", "batch_size", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
     require(train.sample_temperature >= 0, f"train.sample_temperature={train.sample_temperature} must be 0 (greedy) or more")
     require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
+    if cfg.data.source == "stories":
+        n_chars = cfg.data.n_chars
+        require(
+            isinstance(n_chars, int) and not isinstance(n_chars, bool) and n_chars >= 10_000,
+            f"data.n_chars={n_chars} must be a whole number of at least 10000 (the default is 1000000)",
+        )
 
 
 def require(ok: bool, message: str) -> None:
