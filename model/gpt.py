@@ -131,8 +131,10 @@ class GPT(nn.Module):
         own parameters in eval mode: (n_layer, B, H, T, T)."""
         was_training = self.training
         self.eval()
-        _, all_weights = self.hidden_states(idx, need_weights=True)
-        self.train(was_training)
+        try:
+            _, all_weights = self.hidden_states(idx, need_weights=True)
+        finally:
+            self.train(was_training)
         return torch.stack(all_weights)  # (L, B, H, T, T)
 
     @torch.no_grad()
@@ -153,16 +155,18 @@ class GPT(nn.Module):
         """
         was_training = self.training
         self.eval()
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size :]  # (B, <= block_size)
-            logits, _ = self(context)  # (B, T, vocab_size)
-            next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
-            if temperature == 0:
-                next_token = next_logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:
-                next_logits = filter_logits(next_logits / temperature, top_k, top_p)  # (B, vocab_size)
-                probs = torch.softmax(next_logits, dim=-1)  # (B, vocab_size)
-                next_token = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-            idx = torch.cat([idx, next_token], dim=1)  # (B, T + 1)
-        self.train(was_training)
+        try:
+            for _ in range(max_new_tokens):
+                context = idx[:, -self.config.block_size :]  # (B, <= block_size)
+                logits, _ = self(context)  # (B, T, vocab_size)
+                next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
+                if temperature == 0:
+                    next_token = next_logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+                else:
+                    next_logits = filter_logits(next_logits / temperature, top_k, top_p)  # (B, vocab_size)
+                    probs = torch.softmax(next_logits, dim=-1)  # (B, vocab_size)
+                    next_token = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+                idx = torch.cat([idx, next_token], dim=1)  # (B, T + 1)
+        finally:
+            self.train(was_training)
         return idx
