@@ -77,6 +77,7 @@ def train(cfg: DictConfig) -> float:
     probe = probe_ids(data.val, data.tokenizer, min(cfg.train.probe_tokens, block_size))
     probe_batch = torch.tensor([probe], device=device)  # (1, T_probe)
     probe_labels = data.tokenizer.token_strings(probe)
+    tb.probe_tokens(probe_labels)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
 
     batch_rng = np.random.default_rng(cfg.train.seed)  # draws every training batch

@@ -1,15 +1,16 @@
 """Token ids on disk, the train/val split, and random training windows.
 
     prepare_tokens(data_cfg, tokenizer_cfg) -> TokenData
-        Loads the corpus, builds the tokenizer and encodes the text once; the ids are
-        cached under data.cache_dir in a folder named by a hash of the corpus text and the
-        tokenizer settings, so a second run starts at once and a changed corpus or
-        tokenizer never reuses stale ids. The last val_fraction of the ids is val.
+        Loads the corpus, cuts off its last val_fraction of characters as val, builds the
+        tokenizer (BPE learns from the train part only) and encodes both parts once. Every
+        document follows an <|endoftext|> token. The ids are cached under data.cache_dir in
+        a folder named by a hash of the corpus, the split and the tokenizer settings, so a
+        second run starts at once and a changed corpus or tokenizer never reuses stale ids.
+        Ids are stored as uint16 when the vocabulary fits, else uint32.
     get_batch(tokens, batch_size, block_size, rng) -> (x, y)
         Random contiguous windows of block_size + 1 ids; y is x shifted left by one.
     probe_ids(tokens, tokenizer, n) -> list[int]
-        n ids from the start of the first document in tokens (the attention probe); a
-        document starts after a separator (a blank line), or at the start of tokens.
+        n ids from the start of the first whole document in tokens (the attention probe).
     check_splits_fit(data, block_size)
         DataError unless each split holds a window of block_size + 1 tokens.
 """
@@ -26,11 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.corpus import join_documents, load_documents
+from data.corpus import load_documents, split_documents
 from data.errors import DataError
-from data.tokenizer import Tokenizer, build_tokenizer, document_start_ids, tokenizer_from_state
+from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
 
-CACHE_FORMAT = 1  # bump when the cache layout changes, so old entries are not read
+CACHE_FORMAT = 2  # bump when the cache layout changes, so old entries are not read
+SPLITS = ("train", "val")
 
 
 @dataclass
@@ -41,45 +43,67 @@ class TokenData:
 
 
 def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]) -> TokenData:
-    text = join_documents(load_documents(data_cfg))
-    if not text.strip():
+    documents = load_documents(data_cfg)
+    if not any(doc.strip() for doc in documents):
         raise DataError("the corpus is empty; give data.path a file with text in it")
-    entry = Path(data_cfg["cache_dir"]) / "tokens" / cache_key(text, tokenizer_cfg)
+    cache_dir = Path(data_cfg["cache_dir"])
+    entry = cache_dir / "tokens" / cache_key(documents, data_cfg["val_fraction"], tokenizer_cfg)
     if not is_complete(entry):
         shutil.rmtree(entry, ignore_errors=True)
-        write_cache_entry(entry, text, tokenizer_cfg)
+        write_cache_entry(entry, documents, data_cfg["val_fraction"], tokenizer_cfg, cache_dir)
     meta = json.loads((entry / "meta.json").read_text())
-    ids = np.memmap(entry / "tokens.bin", dtype=meta["dtype"], mode="r")
-    n_val = int(len(ids) * data_cfg["val_fraction"])
-    return TokenData(tokenizer_from_state(meta["tokenizer"]), train=ids[: len(ids) - n_val], val=ids[len(ids) - n_val :])
+    splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") for split in SPLITS}
+    return TokenData(tokenizer_from_state(meta["tokenizer"], cache_dir), train=splits["train"], val=splits["val"])
 
 
-def cache_key(text: str, tokenizer_cfg: Mapping[str, Any]) -> str:
-    settings = json.dumps({"format": CACHE_FORMAT, "tokenizer": dict(tokenizer_cfg)}, sort_keys=True)
-    digest = hashlib.sha256(settings.encode())
-    digest.update(text.encode("utf-8"))
+def cache_key(documents: list[str], val_fraction: float, tokenizer_cfg: Mapping[str, Any]) -> str:
+    settings = {"format": CACHE_FORMAT, "val_fraction": val_fraction, "tokenizer": dict(tokenizer_cfg)}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for doc in documents:  # the length first, so document boundaries count too
+        raw = doc.encode("utf-8")
+        digest.update(len(raw).to_bytes(8, "little") + raw)
     return digest.hexdigest()[:24]
 
 
 def is_complete(entry: Path) -> bool:
-    """A cache entry is used only if its meta.json exists and its ids file has every token."""
+    """A cache entry is used only if its meta.json exists and its ids files hold every token."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
-        return (entry / "tokens.bin").stat().st_size == meta["n_tokens"] * np.dtype(meta["dtype"]).itemsize
-    except (OSError, ValueError, KeyError):
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        return all((entry / f"{split}.bin").stat().st_size == meta[f"n_{split}"] * itemsize for split in SPLITS)
+    except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def write_cache_entry(entry: Path, text: str, tokenizer_cfg: Mapping[str, Any]) -> None:
-    tokenizer = build_tokenizer(tokenizer_cfg, text)
+def encode_documents(tokenizer: Tokenizer, documents: list[str], starts_mid_document: bool = False) -> list[int]:
+    """<|endoftext|> doc <|endoftext|> doc ...: every document follows an end-of-text token,
+    so generation from <|endoftext|> starts a new one. A leading piece that continues a
+    document cut in two gets no token before it."""
+    ids: list[int] = []
+    for i, doc in enumerate(documents):
+        if not (i == 0 and starts_mid_document):
+            ids.append(tokenizer.eot_id)
+        ids.extend(tokenizer.encode(doc))
+    return ids
+
+
+def write_cache_entry(
+    entry: Path, documents: list[str], val_fraction: float, tokenizer_cfg: Mapping[str, Any], cache_dir: Path
+) -> None:
+    train_docs, val_docs, val_continues = split_documents(documents, val_fraction)
+    tokenizer = build_tokenizer(tokenizer_cfg, train_text="".join(train_docs), full_text="".join(documents), cache_dir=cache_dir)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    ids = np.array(tokenizer.encode(text), dtype=dtype)
+    ids = {
+        "train": np.array(encode_documents(tokenizer, train_docs), dtype=dtype),
+        "val": np.array(encode_documents(tokenizer, val_docs, starts_mid_document=val_continues), dtype=dtype),
+    }
     # Build the entry in a temporary folder and rename it into place, so a run that is
     # stopped half-way never leaves a partial entry that a later run would trust.
     staging = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
     staging.mkdir(parents=True, exist_ok=True)
-    ids.tofile(staging / "tokens.bin")
-    meta = {"tokenizer": tokenizer.state(), "dtype": np.dtype(dtype).name, "n_tokens": len(ids)}
+    for split in SPLITS:
+        ids[split].tofile(staging / f"{split}.bin")
+    meta = {"tokenizer": tokenizer.state(), "dtype": np.dtype(dtype).name, **{f"n_{s}": len(ids[s]) for s in SPLITS}}
     (staging / "meta.json").write_text(json.dumps(meta))
     try:
         os.replace(staging, entry)
@@ -100,12 +124,11 @@ def get_batch(
 
 
 def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
-    """The first n ids of the first document that starts in tokens (or of tokens itself,
-    when no document separator is found near the start)."""
-    separator = document_start_ids(tokenizer)
-    k = len(separator)
-    head = tokens[:50_000].tolist()
-    start = next((i + k for i in range(len(head) - k) if k and head[i : i + k] == separator), 0)
+    """The first n ids of the first document that starts in tokens, after its
+    <|endoftext|> (or of tokens itself, when no document starts near the start)."""
+    head = tokens[:50_000]
+    starts = np.flatnonzero(head == tokenizer.eot_id)
+    start = int(starts[0]) + 1 if len(starts) else 0
     start = min(start, max(len(tokens) - n, 0))  # keep n ids when the split is short
     return [int(t) for t in tokens[start : start + n]]
 

@@ -136,14 +136,14 @@ class Character:
 
 
 def generate_stories(seed: int = 1337, n_chars: int = 1_000_000) -> list[str]:
-    """Stories until their total length (with one blank line between each) reaches n_chars."""
+    """Stories until their total length reaches n_chars characters."""
     rng = random.Random(seed)
     stories: list[str] = []
     total = 0
     while total < n_chars:
         story = write_story(rng)
         stories.append(story)
-        total += len(story) + 2
+        total += len(story)
     return stories
 
 

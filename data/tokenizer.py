@@ -3,31 +3,44 @@
 Every tokenizer offers the same small interface, so train.py, sample.py and the
 TensorBoard labels never care which one is in use:
 
-    kind                    the name used in config (`tokenizer=char`)
-    vocab_size              ids run from 0 to vocab_size - 1
-    encode(text)            -> list[int]
-    decode(ids)             -> str
+    kind                    the name used in config (`tokenizer=char`, `bpe`, `gpt2`)
+    vocab_size              ids run from 0 to vocab_size - 1, <|endoftext|> included
+    eot_id                  the id of <|endoftext|>, the token before every document
+    encode(text)            -> list[int]; plain text never produces eot_id, even if it
+                               contains the characters "<|endoftext|>"
+    decode(ids)             -> str (eot_id decodes to "<|endoftext|>")
     token_strings(ids)      -> list[str], the text of each token on its own (heatmap labels)
-    state()                 -> plain dict (str, int, list) that rebuilds it: stored in
+    state()                 -> plain dict (str, int) that rebuilds it: stored in
                                checkpoints and in the token cache
 
-    build_tokenizer(cfg, text)  a new tokenizer for a corpus, from the `tokenizer` config
-    tokenizer_from_state(state) the tokenizer a checkpoint or cache entry stored
-    document_start_ids(tokenizer)  the ids a new document follows (generation starts there)
+The three kinds:
+    char   one token per character of the corpus, plus <|endoftext|>.
+    bpe    byte-level BPE learned from the training split (data/bpe.py), run by tiktoken.
+    gpt2   tiktoken's GPT-2 encoding (50,257 tokens); its files are downloaded once.
+
+    build_tokenizer(cfg, train_text, full_text, cache_dir)  a new one, from the config
+    tokenizer_from_state(state, cache_dir)                   the one a checkpoint stored
 """
 
+import hashlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
-from data.errors import DataError
+import tiktoken
 
-# Documents (stories, files) are joined with a blank line; generation starts after one.
-DOCUMENT_SEPARATOR = "\n\n"
+from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
+from data.errors import DataError
+from data.gpt2_files import load_gpt2_encoding
+
+EOT = "<|endoftext|>"
+KINDS = ("char", "bpe", "gpt2")
 
 
 class Tokenizer(Protocol):
     kind: str
     vocab_size: int
+    eot_id: int
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -36,13 +49,15 @@ class Tokenizer(Protocol):
 
 
 class CharTokenizer:
-    """One token per character; the vocabulary is every character of the corpus, sorted."""
+    """One token per character; the vocabulary is every character of the corpus, sorted,
+    then <|endoftext|> as the last id."""
 
     kind = "char"
 
     def __init__(self, chars: Sequence[str]) -> None:
         self.chars = list(chars)
-        self.vocab_size = len(self.chars)
+        self.eot_id = len(self.chars)
+        self.vocab_size = len(self.chars) + 1
         self.char_to_id = {ch: i for i, ch in enumerate(self.chars)}
 
     @classmethod
@@ -60,32 +75,95 @@ class CharTokenizer:
             ) from None
 
     def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
+        return "".join(self.token_strings(ids))
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        return [self.chars[i] for i in ids]
+        return [EOT if i == self.eot_id else self.chars[i] for i in ids]
 
     def state(self) -> dict[str, Any]:
         return {"kind": self.kind, "chars": "".join(self.chars)}
 
 
-def build_tokenizer(cfg: Mapping[str, Any], text: str) -> Tokenizer:
-    """A tokenizer for this corpus, as the `tokenizer` config group asks."""
+class TiktokenTokenizer:
+    """A tiktoken Encoding behind the common interface (the bpe and gpt2 kinds)."""
+
+    def __init__(self, kind: str, encoding: tiktoken.Encoding) -> None:
+        self.kind = kind
+        self.encoding = encoding
+        self.eot_id = encoding.eot_token
+        self.vocab_size = encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        # encode_ordinary never emits special tokens: "<|endoftext|>" in the text is
+        # spelt out as ordinary bytes.
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.encoding.decode(list(ids))
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        # A token can hold part of a multi-byte character; show such bytes as \xNN.
+        return [self.encoding.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
+
+    def state(self) -> dict[str, Any]:
+        if self.kind == "gpt2":
+            return {"kind": "gpt2", "name": self.encoding.name, "ranks_sha256": ranks_digest(self.encoding)}
+        return {"kind": "bpe", "pattern": self.encoding._pat_str, "ranks": ranks_to_text(self.encoding._mergeable_ranks)}
+
+
+def bpe_encoding(ranks: Mapping[bytes, int], pattern: str) -> tiktoken.Encoding:
+    return tiktoken.Encoding(
+        name=f"bpe_{len(ranks)}", pat_str=pattern, mergeable_ranks=dict(ranks), special_tokens={EOT: len(ranks)}
+    )
+
+
+def ranks_digest(encoding: tiktoken.Encoding) -> str:
+    """A fingerprint of an encoding's vocabulary, to tell a changed cached file apart."""
+    digest = hashlib.sha256()
+    for token, rank in sorted(encoding._mergeable_ranks.items(), key=lambda kv: kv[1]):
+        digest.update(rank.to_bytes(4, "little") + len(token).to_bytes(2, "little") + token)
+    return digest.hexdigest()
+
+
+def build_tokenizer(cfg: Mapping[str, Any], train_text: str, full_text: str, cache_dir: Path) -> Tokenizer:
+    """A tokenizer for this corpus, as the `tokenizer` config group asks. BPE learns its
+    merges from train_text only; the char vocabulary is every character of full_text."""
     if cfg["kind"] == "char":
-        return CharTokenizer.from_text(text)
-    raise DataError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char")
+        return CharTokenizer.from_text(full_text)
+    if cfg["kind"] == "bpe":
+        return TiktokenTokenizer("bpe", bpe_encoding(learned_ranks(train_text, cfg, cache_dir), GPT2_PATTERN))
+    if cfg["kind"] == "gpt2":
+        return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=cfg.get("url")))
+    raise DataError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
 
 
-def tokenizer_from_state(state: dict[str, Any]) -> Tokenizer:
-    if state.get("kind") == "char":
+def learned_ranks(train_text: str, cfg: Mapping[str, Any], cache_dir: Path) -> dict[bytes, int]:
+    """BPE ranks for train_text, learned once and kept as a .tiktoken file in the cache."""
+    vocab_size = cfg["vocab_size"]  # checked by the config validation
+    key = hashlib.sha256(f"{GPT2_PATTERN}\n{vocab_size}\n".encode() + train_text.encode("utf-8")).hexdigest()[:24]
+    path = cache_dir / "bpe" / f"{key}.tiktoken"
+    if path.is_file():
+        return ranks_from_text(path.read_text())
+    ranks = train_bpe(train_text, vocab_size)  # <|endoftext|> comes on top of these
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(ranks_to_text(ranks))
+    staging.replace(path)
+    return ranks
+
+
+def tokenizer_from_state(state: Mapping[str, Any], cache_dir: Path = Path(".cache")) -> Tokenizer:
+    kind = state.get("kind")
+    if kind == "char":
         return CharTokenizer(list(state["chars"]))
-    raise DataError(f"a stored tokenizer of kind {state.get('kind')!r} is not known to this version")
-
-
-def document_start_ids(tokenizer: Tokenizer) -> list[int]:
-    """What a new document follows in the training text: the separator's ids (empty when
-    the vocabulary cannot spell it, e.g. a corpus of one single-line file)."""
-    try:
-        return tokenizer.encode(DOCUMENT_SEPARATOR)
-    except DataError:
-        return []
+    if kind == "bpe":
+        return TiktokenTokenizer("bpe", bpe_encoding(ranks_from_text(state["ranks"]), state["pattern"]))
+    if kind == "gpt2":
+        encoding = load_gpt2_encoding(cache_dir)
+        if ranks_digest(encoding) != state["ranks_sha256"]:
+            raise DataError(
+                "the cached GPT-2 encoding differs from the one this model was trained with; "
+                f"delete {cache_dir / 'tiktoken'} so it is downloaded again"
+            )
+        return TiktokenTokenizer("gpt2", encoding)
+    raise DataError(f"a stored tokenizer of kind {kind!r} is not known to this version; use a checkpoint made with tokenizer={'|'.join(KINDS)}")

@@ -1,8 +1,12 @@
 """Shared helpers: run the real CLIs as subprocesses, in a temporary working folder."""
 
+import functools
 import os
+import socket
 import subprocess
 import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,3 +38,29 @@ def trained_run(tmp_path_factory) -> Path:
     result = run_cli("train.py", *TINY_RUN, "hydra.run.dir=run", cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir / "run"
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep the test output clean
+        pass
+
+
+@pytest.fixture
+def file_server(tmp_path_factory):
+    """A real HTTP server on 127.0.0.1 serving a temporary folder: (folder, base URL)."""
+    folder = tmp_path_factory.mktemp("served")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """The URL of a port on 127.0.0.1 where nothing listens: a server that is down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

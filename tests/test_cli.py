@@ -19,6 +19,11 @@ def read_events(run_dir: Path) -> EventAccumulator:
     return events
 
 
+def text_of(events: EventAccumulator, tag: str) -> str:
+    """The first text logged under tag, without RunLogger's 4-space code-block indent."""
+    return events.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()[4:]
+
+
 def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
     for name in ("ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra/config.yaml"):
         assert (trained_run / name).is_file(), name
@@ -62,10 +67,12 @@ def test_tensorboard_has_the_scalars_samples_and_config(trained_run):
     assert [e.step for e in events.Scalars("loss/val")] == [0, 10, 20]
     assert all(e.value > 0 for e in events.Scalars("train/tokens_per_sec"))
     text_tags = set(events.Tags()["tensors"])
-    assert {"samples/text_summary", "config/text_summary"} <= text_tags
+    assert {"samples/text_summary", "config/text_summary", "attention/probe/text_summary"} <= text_tags
+    probe = "".join(text_of(events, "attention/probe").split(" | ")).replace("·", " ")
+    assert len(probe) == 24 and re.match(r"(Once upon|There once|Long ago|[A-Z][a-z]+ was a)", probe), probe
     samples = events.Tensors("samples/text_summary")
     assert [s.step for s in samples] == [0, 10, 20]
-    config_text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    config_text = text_of(events, "config")
     assert "n_layer: 2" in config_text
 
 
@@ -89,19 +96,35 @@ def test_sample_loads_the_checkpoint_and_prints_text_without_writing(trained_run
 
 
 def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_path):
-    greedy = ["max_new_tokens=10", "temperature=0"]
+    greedy = ["max_new_tokens=10", "temperature=0", "prompt=The"]
     by_file = run_cli("sample.py", f"run={trained_run / 'ckpt_best.pt'}", *greedy, cwd=tmp_path)
-    assert by_file.returncode == 0 and by_file.stdout.strip(), by_file.stderr
+    assert by_file.returncode == 0 and len(by_file.stdout) > len("The\n"), by_file.stderr
     by_dir = run_cli("sample.py", f"run={trained_run}", *greedy, cwd=tmp_path)
     assert by_dir.stdout == by_file.stdout  # a run dir means its ckpt_best.pt
     last = run_cli("sample.py", f"run={trained_run / 'ckpt_last.pt'}", *greedy, cwd=tmp_path)
-    assert last.returncode == 0 and last.stdout.strip(), last.stderr
+    assert last.returncode == 0 and last.stdout.startswith("The"), last.stderr
 
     workdir = tmp_path / "project"
     shutil.copytree(trained_run, workdir / "outputs" / "2026-01-01" / "12-00-00")
     latest = run_cli("sample.py", "run=latest", *greedy, cwd=workdir)
     assert latest.returncode == 0, latest.stderr
     assert latest.stdout == by_file.stdout
+
+
+def test_a_tiny_bpe_run_trains_logs_labelled_maps_and_samples(tmp_path):
+    result = run_cli("train.py", *TINY_RUN, "tokenizer=bpe", "tokenizer.vocab_size=400", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = tmp_path / "run"
+    assert "(bpe)" in (run_dir / "train.log").read_text()
+    assert len(list((tmp_path / ".cache" / "bpe").glob("*.tiktoken"))) == 1
+    events = read_events(run_dir)
+    assert {f"attention/layer_{layer}/head_{h}" for layer in range(2) for h in range(2)} <= set(events.Tags()["images"])
+    probe = text_of(events, "attention/probe")
+    assert "·was" in probe.split(" | ")  # whole BPE words, the leading space shown as ·
+    losses = [e.value for e in events.Scalars("loss/val")]
+    assert losses[-1] < losses[0]
+    sampled = run_cli("sample.py", f"run={run_dir}", "prompt=Once upon", "max_new_tokens=20", cwd=tmp_path)
+    assert sampled.returncode == 0 and sampled.stdout.startswith("Once upon") and len(sampled.stdout) > 15, sampled.stderr
 
 
 def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
@@ -137,6 +160,11 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
         (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or more"),
         (["train.device=tpu9"], "error: train.device=tpu9"),
+        (["tokenizer=bpe", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size=100 must be a whole number from 256"),
+        (["tokenizer=gpt2", "tokenizer.url=http://127.0.0.1:9/gpt2", "data.cache_dir=c"],
+         "error: could not download http://127.0.0.1:9/gpt2/vocab.bpe"),
+        (["data=shakespeare", "data.url=http://127.0.0.1:9/input.txt", "data.cache_dir=c"],
+         "error: could not download http://127.0.0.1:9/input.txt"),
     ],
 )
 def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args, message):

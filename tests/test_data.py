@@ -5,11 +5,11 @@ import re
 import numpy as np
 import pytest
 
-from data.corpus import join_documents, read_text_documents
-from data.dataset import get_batch, prepare_tokens, probe_ids
+from data.corpus import read_text_documents, split_documents
+from data.dataset import encode_documents, get_batch, prepare_tokens, probe_ids
 from data.errors import DataError
 from data.stories import ITEMS, generate_stories
-from data.tokenizer import CharTokenizer, tokenizer_from_state
+from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
 
 
 def stories_cfg(tmp_path, n_chars=30_000, seed=1337):
@@ -21,13 +21,13 @@ def text_cfg(tmp_path, path):
 
 
 def test_the_story_generator_is_deterministic():
-    first = join_documents(generate_stories(seed=5, n_chars=50_000))
-    assert first == join_documents(generate_stories(seed=5, n_chars=50_000))
-    assert first != join_documents(generate_stories(seed=6, n_chars=50_000))
+    first = generate_stories(seed=5, n_chars=50_000)
+    assert first == generate_stories(seed=5, n_chars=50_000)
+    assert first != generate_stories(seed=6, n_chars=50_000)
 
 
 def test_the_default_corpus_is_about_one_megabyte_of_plain_english():
-    text = join_documents(generate_stories(seed=1337, n_chars=1_000_000))
+    text = "".join(generate_stories(seed=1337, n_chars=1_000_000))
     assert 1_000_000 <= len(text) < 1_003_000
     assert set(text) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,!?\"'\n")
 
@@ -59,7 +59,8 @@ def test_char_tokenizer_round_trips_and_rebuilds_from_its_state():
     text = "Hello, world!\nCafé ñ 中文 🙂"
     tokenizer = CharTokenizer.from_text(text)
     assert tokenizer.decode(tokenizer.encode(text)) == text
-    assert tokenizer.vocab_size == len(set(text))
+    assert tokenizer.vocab_size == len(set(text)) + 1  # every character, and <|endoftext|>
+    assert tokenizer.eot_id == tokenizer.vocab_size - 1
     rebuilt = tokenizer_from_state(tokenizer.state())
     assert rebuilt.encode(text) == tokenizer.encode(text)
     assert tokenizer.token_strings(tokenizer.encode("Hé")) == ["H", "é"]
@@ -79,13 +80,35 @@ def test_targets_are_the_inputs_shifted_by_one():
     assert (y == x + 1).all()  # in this corpus each token's successor is itself + 1
 
 
-def test_prepare_tokens_splits_off_the_last_tenth_as_val(tmp_path):
+def test_char_tokenizer_spells_out_the_eot_text_and_never_emits_the_token():
+    tokenizer = CharTokenizer.from_text("ab<|endoftext|>")
+    ids = tokenizer.encode("a<|endoftext|>b")
+    assert tokenizer.eot_id not in ids and len(ids) == 15
+    assert tokenizer.decode([tokenizer.eot_id]) == EOT
+
+
+def test_prepare_tokens_splits_off_the_last_tenth_of_the_text_as_val(tmp_path):
     data = prepare_tokens(stories_cfg(tmp_path), {"kind": "char"})
-    text = join_documents(generate_stories(seed=1337, n_chars=30_000))
+    stories = generate_stories(seed=1337, n_chars=30_000)
+    text = "".join(stories)
     n_val = int(len(text) * 0.1)
-    assert len(data.val) == n_val and len(data.train) == len(text) - n_val
-    assert data.tokenizer.decode(data.val.tolist()) == text[-n_val:]
+    decoded = lambda ids: data.tokenizer.decode([i for i in ids.tolist() if i != data.tokenizer.eot_id])  # noqa: E731
+    assert decoded(data.val) == text[-n_val:]
+    assert decoded(data.train) == text[:-n_val]
+    # <|endoftext|> comes before every story: the train split starts with one.
+    assert data.train[0] == data.tokenizer.eot_id
+    assert (data.train == data.tokenizer.eot_id).sum() + (data.val == data.tokenizer.eot_id).sum() == len(stories)
     assert data.train.dtype == np.uint16
+
+
+def test_split_documents_cuts_inside_a_document_and_says_so():
+    train, val, continues = split_documents(["aaaa", "bbbb", "cc"], 0.3)  # 10 chars: the last 3 are val
+    assert (train, val, continues) == (["aaaa", "bbb"], ["b", "cc"], True)
+    assert split_documents(["aaaa", "bbbbb", "c"], 0.1) == (["aaaa", "bbbbb"], ["c"], False)
+    tokenizer = CharTokenizer.from_text("abc")
+    eot = tokenizer.eot_id
+    assert encode_documents(tokenizer, ["b", "cc"], starts_mid_document=True) == [1, eot, 2, 2]
+    assert encode_documents(tokenizer, ["aa", "b"]) == [eot, 0, 0, eot, 1]
 
 
 def test_the_token_cache_is_reused_and_keyed_by_corpus_and_tokenizer(tmp_path):
@@ -100,8 +123,13 @@ def test_the_token_cache_is_reused_and_keyed_by_corpus_and_tokenizer(tmp_path):
     corpus.write_text("red fish blue fish\n" * 50)
     second = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
     assert len(entries()) == 2  # changed bytes: tokenised again, never the stale ids
-    assert second.tokenizer.decode(second.train[:18].tolist()) == "red fish blue fish"
-    assert first.tokenizer.decode(first.train[:17].tolist()) == "one fish two fish"
+    assert second.tokenizer.decode(second.train[1:19].tolist()) == "red fish blue fish"
+    assert first.tokenizer.decode(first.train[1:18].tolist()) == "one fish two fish"
+
+    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "bpe", "vocab_size": 260})
+    assert len(entries()) == 3  # same corpus, another tokenizer: tokenised again
+    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "bpe", "vocab_size": 270})
+    assert len(entries()) == 4  # another tokenizer setting: tokenised again
 
 
 def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path):
@@ -109,10 +137,10 @@ def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path):
     corpus.write_text("one fish two fish\n" * 50)
     prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
     (entry,) = (tmp_path / "cache" / "tokens").iterdir()
-    ids_file = entry / "tokens.bin"
+    ids_file = entry / "train.bin"
     ids_file.write_bytes(ids_file.read_bytes()[:10])  # as if a crash cut it short
     data = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
-    assert data.tokenizer.decode(data.train.tolist() + data.val.tolist()) == "one fish two fish\n" * 50
+    assert data.tokenizer.decode(data.train.tolist() + data.val.tolist()) == EOT + "one fish two fish\n" * 50
 
 
 def test_a_folder_corpus_reads_every_txt_file_in_order(tmp_path):

@@ -93,7 +93,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> tuple[GPT, Tokenizer]:
-    tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
+    cache_dir = Path(checkpoint["config"].get("data", {}).get("cache_dir", ".cache"))  # gpt2's files live there
+    tokenizer = tokenizer_from_state(checkpoint["tokenizer"], cache_dir)
     model = build_model(checkpoint["config"]["model"], tokenizer.vocab_size)
     try:
         model.load_state_dict(checkpoint["model"])

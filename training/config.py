@@ -78,6 +78,13 @@ def validate_train_config(cfg: Any) -> None:
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
     require(train.sample_temperature >= 0, f"train.sample_temperature={train.sample_temperature} must be 0 (greedy) or more")
     require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
+    if cfg.tokenizer.kind == "bpe":
+        vocab_size = cfg.tokenizer.vocab_size
+        require(
+            isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and 256 <= vocab_size <= 2**20,
+            f"tokenizer.vocab_size={vocab_size} must be a whole number from 256 (the single bytes) to 1048576, "
+            "e.g. tokenizer.vocab_size=2048",
+        )
     if cfg.data.source == "stories":
         n_chars = cfg.data.n_chars
         require(

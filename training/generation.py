@@ -3,7 +3,7 @@ used by train.py (logged samples) and sample.py."""
 
 import torch
 
-from data.tokenizer import Tokenizer, document_start_ids
+from data.tokenizer import Tokenizer
 from model import GPT
 
 
@@ -21,9 +21,9 @@ def generate_text(
     """num_samples continuations of prompt, each returned as prompt + new text. The same
     seed gives the same samples."""
     device = next(model.parameters()).device
-    # Start as a new document would, so the model knows where it is; that context is not
-    # part of the output. With no separator in the vocabulary, token 0 stands in for it.
-    context = document_start_ids(tokenizer) or [0]
+    # Start where every training document starts, after <|endoftext|>, so the model knows
+    # it is at the beginning; that token is not part of the output.
+    context = [tokenizer.eot_id]
     ids = context + tokenizer.encode(prompt)
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T0)
     generator = torch.Generator(device=device).manual_seed(seed)

@@ -14,6 +14,8 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from data.tokenizer import EOT
+
 # Matplotlib's viridis at 0, 0.25, 0.5, 0.75 and 1; the table interpolates between them.
 VIRIDIS_ANCHORS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64)
 COLORMAP = np.stack(
@@ -41,7 +43,10 @@ def label_font() -> tuple[ImageFont.FreeTypeFont | ImageFont.ImageFont, bool]:
 
 def readable_token(piece: str, unicode_ok: bool = True) -> str:
     """Make a token visible as a label: a space shows as '·', a newline as '\\n', a tab as
-    '\\t', other control characters (and, without a Unicode font, non-ASCII) as escapes."""
+    '\\t', other control characters (and, without a Unicode font, non-ASCII) as escapes;
+    <|endoftext|> is shortened to <eot>."""
+    if piece == EOT:
+        return "<eot>"
     out = []
     for ch in piece:
         if ch == " ":

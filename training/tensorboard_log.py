@@ -3,6 +3,7 @@
     loss/train, loss/val                  mean losses at each evaluation
     train/loss, train/lr, train/grad_norm, train/tokens_per_sec   every log_interval steps
     attention/layer_{l}/head_{h}          heatmaps of the probe text, every attn_log_interval steps
+    attention/probe                       the probe's tokens, as the heatmaps label them, once
     samples                               generated text, every sample_interval steps
     config                                the run's resolved config (YAML), once
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from training.heatmap import render_attention_map
+from training.heatmap import readable_token, render_attention_map
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -40,6 +41,10 @@ class RunLogger:
                 title = f"layer {layer} · head {head} · step {step}    rows: queries, columns: keys"
                 image = render_attention_map(weights_np[layer, head], labels, title)
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
+
+    def probe_tokens(self, labels: list[str]) -> None:
+        """The probe text, token by token, so a heatmap's axes can be read in full."""
+        self.text("attention/probe", " | ".join(readable_token(label) for label in labels), 0)
 
     def flush(self) -> None:
         self.writer.flush()

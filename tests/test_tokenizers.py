@@ -1,0 +1,148 @@
+"""Byte-level BPE (our trainer, tiktoken's encoder), the GPT-2 encoding's offline errors,
+and the special <|endoftext|> token."""
+
+import time
+
+import numpy as np
+import pytest
+import regex
+import tiktoken.load
+
+from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
+from data.dataset import prepare_tokens
+from data.errors import DataError
+from data.gpt2_files import load_gpt2_encoding
+from data.stories import generate_stories
+from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state
+from training.heatmap import readable_token
+
+HARD_TEXT = "Café naïve, Ærøskøbing! Emoji 🙂👍🏽 and 中文字符 and कि\n\n\ttabs   spaces\r\n 'quotes' don't 1234"
+STORIES = "".join(generate_stories(seed=7, n_chars=60_000))
+
+
+def bpe(text: str, vocab_size: int, tmp_path):
+    return build_tokenizer({"kind": "bpe", "vocab_size": vocab_size}, train_text=text, full_text=text, cache_dir=tmp_path)
+
+
+def test_a_hand_worked_example_gives_the_expected_merges_and_tiktoken_applies_them():
+    # "aaabdaaabac": pair counts aa=4, ab=2, ... so 'aa' is merged first. Then
+    # (aa, a) and (a, b) both occur twice; the tie goes to the smaller bytes, 'ab'.
+    # Then (aa, ab) occurs twice: 'aaab'.
+    ranks = train_bpe("aaabdaaabac", vocab_size=259)
+    learned = sorted((rank, token) for token, rank in ranks.items() if rank >= 256)
+    assert learned == [(256, b"aa"), (257, b"ab"), (258, b"aaab")]
+    encoding = bpe_encoding(ranks, GPT2_PATTERN)
+    assert encoding.encode_ordinary("aaabdaaabac") == [258, ord("d"), 258, ord("a"), ord("c")]
+
+
+def lowest_rank_first(chunk: str, ranks: dict[bytes, int]) -> list[int]:
+    """An independent, slow byte-pair encoder: merge the adjacent pair whose glued bytes
+    have the lowest rank until none is in the vocabulary."""
+    parts = [bytes([b]) for b in chunk.encode("utf-8")]
+    while True:
+        candidates = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False)) if a + b in ranks]
+        if not candidates:
+            return [ranks[p] for p in parts]
+        _, i = min(candidates)
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+
+
+def test_tiktoken_encodes_exactly_as_the_learned_merges_say():
+    ranks = train_bpe(STORIES, vocab_size=600)
+    assert len(ranks) == 600
+    encoding = bpe_encoding(ranks, GPT2_PATTERN)
+    sample = STORIES[-5000:] + HARD_TEXT
+    expected = [i for chunk in regex.findall(GPT2_PATTERN, sample) for i in lowest_rank_first(chunk, ranks)]
+    assert encoding.encode_ordinary(sample) == expected
+    assert len(expected) < len(sample.encode("utf-8")) / 2  # and the merges do compress
+
+
+def test_bpe_training_is_deterministic_and_stops_when_merges_run_out():
+    assert train_bpe(STORIES, 700) == train_bpe(STORIES, 700)
+    tiny = train_bpe("abab abab", vocab_size=5000)
+    assert len(tiny) < 300  # only a few merges exist in so little text
+
+
+def test_bpe_round_trips_any_text_and_rebuilds_from_its_state(tmp_path):
+    tokenizer = bpe(STORIES, 512, tmp_path)
+    assert tokenizer.vocab_size == 513 and tokenizer.eot_id == 512  # 512 byte tokens, then <|endoftext|>
+    for text in (HARD_TEXT, STORIES[:3000], ""):
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    rebuilt = tokenizer_from_state(tokenizer.state())
+    assert rebuilt.encode(HARD_TEXT) == tokenizer.encode(HARD_TEXT)
+    assert rebuilt.vocab_size == tokenizer.vocab_size
+
+
+def test_bpe_ranks_are_kept_as_a_tiktoken_file_in_the_cache_and_reused(tmp_path):
+    tokenizer = bpe(STORIES, 400, tmp_path)
+    (ranks_file,) = (tmp_path / "bpe").glob("*.tiktoken")
+    assert tiktoken.load.load_tiktoken_bpe(str(ranks_file)) == tokenizer.encoding._mergeable_ranks
+    assert ranks_from_text(ranks_to_text(tokenizer.encoding._mergeable_ranks)) == tokenizer.encoding._mergeable_ranks
+    mtime = ranks_file.stat().st_mtime_ns
+    again = bpe(STORIES, 400, tmp_path)
+    assert ranks_file.stat().st_mtime_ns == mtime and again.encode(STORIES[:500]) == tokenizer.encode(STORIES[:500])
+
+
+def test_learning_2048_tokens_from_the_default_corpus_is_quick(tmp_path):
+    text = "".join(generate_stories(seed=1337, n_chars=1_000_000))[:900_000]
+    start = time.perf_counter()
+    bpe(text, 2048, tmp_path)
+    assert time.perf_counter() - start < 30  # the issue's limit on 2 cores; typically well under 2 s
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_end_of_text_token_round_trips_and_plain_text_cannot_inject_it(kind, tmp_path):
+    text = STORIES[:2000] + EOT
+    if kind == "char":
+        tokenizer = build_tokenizer({"kind": "char"}, train_text=text, full_text=text, cache_dir=tmp_path)
+    else:
+        tokenizer = bpe(text, 300, tmp_path)
+    ids = tokenizer.encode("The end." + EOT + "Once")
+    assert tokenizer.eot_id not in ids
+    assert tokenizer.decode(ids) == "The end." + EOT + "Once"
+    assert tokenizer.decode([tokenizer.eot_id]) == EOT
+    assert tokenizer.decode(tokenizer.encode("The end.") + [tokenizer.eot_id]) == "The end." + EOT
+
+
+def test_bpe_pieces_are_labelled_readably(tmp_path):
+    tokenizer = bpe(STORIES, 1000, tmp_path)
+    pieces = tokenizer.token_strings(tokenizer.encode("Once upon a time,\nthe"))
+    assert "".join(pieces) == "Once upon a time,\nthe"
+    assert " upon" in pieces  # a whole word with its leading space
+    labels = [readable_token(p) for p in pieces]
+    assert "·upon" in labels and "\\n" in "".join(labels)
+    assert readable_token(EOT) == "<eot>"
+    # A token can hold part of a character: its bytes are shown, not a crash or a blank.
+    split = tokenizer.token_strings(tokenizer.encode("中"))
+    assert split == ["\\xe4", "\\xb8", "\\xad"]
+
+
+def test_ids_are_stored_as_uint32_when_the_vocabulary_needs_it(tmp_path):
+    corpus = tmp_path / "wide.txt"
+    corpus.write_text("".join(chr(0x4E00 + i) for i in range(20_000)) + "".join(chr(0x20000 + i) for i in range(50_000)))
+    cfg = {"source": "text", "path": str(corpus), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+    data = prepare_tokens(cfg, {"kind": "char"})
+    assert data.tokenizer.vocab_size == 70_001 and data.train.dtype == np.uint32
+    assert data.tokenizer.decode(data.val[-3:].tolist()) == "".join(chr(0x20000 + i) for i in range(49_997, 50_000))
+    assert prepare_tokens(cfg, {"kind": "bpe", "vocab_size": 300}).train.dtype == np.uint16
+
+
+def test_gpt2_without_network_or_cached_files_fails_fast_with_one_clear_line(tmp_path, closed_port_url):
+    start = time.perf_counter()
+    with pytest.raises(DataError) as caught:
+        load_gpt2_encoding(tmp_path, mirror=closed_port_url)
+    message = str(caught.value)
+    assert time.perf_counter() - start < 5
+    assert "\n" not in message
+    assert "tokenizer=gpt2 needs its files from the internet once" in message
+    assert "tokenizer=bpe and tokenizer=char work offline" in message
+    assert list(tmp_path.rglob("*")) in ([], [tmp_path / "tiktoken"])  # nothing downloaded, nothing kept
+
+
+def test_gpt2_files_with_the_wrong_hash_are_refused_and_not_kept(tmp_path, file_server):
+    server_dir, url = file_server
+    (server_dir / "vocab.bpe").write_text("#version: 0.2\nh e\n")
+    (server_dir / "encoder.json").write_text("{}")
+    with pytest.raises(DataError, match=r"vocab\.bpe has sha256 .* not the expected 1ce16647.*nothing was kept"):
+        load_gpt2_encoding(tmp_path, mirror=url)
+    assert list(tmp_path.rglob("*")) in ([], [tmp_path / "tiktoken"])
