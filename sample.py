@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from training.config import check_types, pick_device
-from training.errors import UserError, exit_on_user_error
+from training.errors import UserError, exit_on_user_error, run_cli
 from training.generation import generate_text
 
 
@@ -57,4 +57,4 @@ def sample(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

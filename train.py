@@ -14,6 +14,7 @@ ckpt_best.pt. Watch it with `tensorboard --logdir outputs`; sample from it with
 import logging
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -24,30 +25,76 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from data.dataset import TokenData, check_splits_fit, get_batch, prepare_tokens, probe_ids
+from data.errors import DataError
 from model import GPT
-from training.checkpoint import BEST, LAST, save_checkpoint
-from training.config import build_model, pick_device, seed_everything, validate_train_config
-from training.errors import exit_on_user_error
+from training.checkpoint import BEST, LAST, load_checkpoint, load_weights, resolve_resume, save_checkpoint
+from training.config import build_model, pick_device, resumed_config, seed_everything, validate_train_config
+from training.errors import UserError, exit_on_user_error, run_cli
 from training.generation import generate_text
+from training.interrupt import StopSignals
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
 from training.progress import ProgressBar
+from training.run_state import capture_rng_states, restore_rng_states
 from training.tensorboard_log import RunLogger
 
 log = logging.getLogger("train")
 
 
+def run_dir_for(resume: str | None, fresh_dir: str) -> str:
+    """hydra.run.dir: a resumed run goes on in its own folder, a new one gets fresh_dir."""
+    return str(resolve_resume(resume).parent) if resume else fresh_dir
+
+
+def config_subdir_for(resume: str | None, stamp: str) -> str:
+    """hydra.output_subdir: a resumed run records its config beside the original one."""
+    return f".hydra/resumed-{stamp}" if resume else ".hydra"
+
+
+OmegaConf.register_new_resolver("run_dir_for", run_dir_for)
+OmegaConf.register_new_resolver("config_subdir_for", config_subdir_for)
+
+
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     with exit_on_user_error():
-        return train(cfg)
+        try:
+            return train(cfg)
+        except (UserError, DataError):
+            forget_refused_run(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().output_subdir)
+            raise
+
+
+def forget_refused_run(run_dir: Path, record: str) -> None:
+    """Hydra writes the config record (.hydra/, or .hydra/resumed-<time>/ on resume) and a log
+    before train() can check anything. When the run was refused before it trained a step, take
+    back that record, and a new run dir left with nothing else in it."""
+    config_file = run_dir / record / "config.yaml"
+    if not config_file.is_file():
+        return
+    if any(events.stat().st_mtime_ns >= config_file.stat().st_mtime_ns for events in run_dir.glob("events.out.*")):
+        return  # it did train: keep the record of how
+    shutil.rmtree(run_dir / record)
+    if {path.name for path in run_dir.iterdir()} <= {"train.log"}:
+        shutil.rmtree(run_dir)
 
 
 def train(cfg: DictConfig) -> float:
     """One training run; returns the best val loss (what a sweeper would minimise)."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     shown_dir = os.path.relpath(run_dir)  # as the user would type it
+    resumed = None
+    if cfg.resume:
+        resumed = load_checkpoint(resolve_resume(cfg.resume))
+        cfg, changes = resumed_config(cfg, resumed["config"], HydraConfig.get().overrides.task)
+        if "run_state" not in resumed:
+            raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
+                            "saved by an older version); start a new run, or sample from it")
+        log.info(f"resuming {shown_dir} at step {resumed['step']}" + "".join(f"; {change}" for change in changes))
     validate_train_config(cfg)
+    if resumed and resumed["step"] >= cfg.train.max_steps:
+        raise UserError(f"resume={cfg.resume}: the run is already at step {resumed['step']}, and "
+                        f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
     device = pick_device(cfg.train.device)
     seed_everything(cfg.train.seed)
     if device.type == "cuda":
@@ -71,91 +118,151 @@ def train(cfg: DictConfig) -> float:
     )
     log.info(f"run dir: {shown_dir}")
 
+    # Where the loop starts: step 0, or exactly where a saved run stopped.
+    batch_rng = np.random.default_rng(cfg.train.seed)  # draws every training batch
+    step, best_val_loss, skipped = 0, math.inf, 0
+    window_loss, window_steps = 0.0, 0  # the train loss logged every log_interval steps
+    timed_steps, window_time = 0, 0.0  # tokens/s over the same window
+    evaluated_already = False  # True when resuming at a step whose evaluation was logged and saved
+    if resumed:
+        load_weights(model, resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        state = resumed["run_state"]
+        restore_rng_states(state["rng"], batch_rng)
+        step, best_val_loss, skipped = resumed["step"], resumed["best_val_loss"], state["skipped"]
+        window_loss, window_steps = state["window_loss"], state["window_steps"]
+        evaluated_already = state["evaluated"]
+
     # What gets watched: TensorBoard, and a fixed probe text from val for the attention maps.
-    tb = RunLogger(run_dir)
-    tb.text("config", OmegaConf.to_yaml(cfg), 0)
+    # Everything up to the checkpoint's step was logged before it was saved; a resumed run hides
+    # what the old run logged after that, so no step appears twice and none goes missing.
+    tb = RunLogger(run_dir, purge_step=step + 1 if resumed else None)
+    if not resumed:
+        tb.text("config", OmegaConf.to_yaml(cfg), 0)
     probe = probe_ids(data.val, data.tokenizer, min(cfg.train.probe_tokens, block_size))
     probe_batch = torch.tensor([probe], device=device)  # (1, T_probe)
     probe_labels = data.tokenizer.token_strings(probe)
-    tb.probe_tokens(probe_labels)
+    if not resumed:
+        tb.probe_tokens(probe_labels)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
 
-    batch_rng = np.random.default_rng(cfg.train.seed)  # draws every training batch
-    best_val_loss = math.inf
+    def save(path: Path, evaluated: bool) -> None:
+        run_state = dict(
+            rng=capture_rng_states(batch_rng), evaluated=evaluated, skipped=skipped,
+            window_loss=window_loss, window_steps=window_steps,
+        )
+        save_checkpoint(
+            path, model=model, optimizer=optimizer, step=step, best_val_loss=best_val_loss,
+            config=config_dict, tokenizer=data.tokenizer, run_state=run_state,
+        )
+
     max_steps = cfg.train.max_steps
     tokens_per_step = batch_size * block_size
-    window_loss, window_steps, window_time = 0.0, 0, 0.0
-    bar = ProgressBar(total=max_steps)
-    step = 0
-    while True:
-        last_step = step == max_steps
+    bar = ProgressBar(total=max_steps, start=step)
+    with StopSignals() as stop:
+        while True:
+            last_step = step >= max_steps
 
-        # Evaluate, and keep the last and the best model.
-        if step % cfg.train.eval_interval == 0 or last_step:
-            losses = evaluate(model, data, batch_size, block_size, cfg.train.eval_iters, device, cfg.train.seed)
-            tb.scalars(step, {"loss/train": losses["train"], "loss/val": losses["val"]})
-            log.info(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            if step > 0:
-                state = dict(model=model, optimizer=optimizer, step=step, config=config_dict, tokenizer=data.tokenizer)
-                if losses["val"] < best_val_loss:
-                    best_val_loss = losses["val"]
-                    save_checkpoint(run_dir / BEST, best_val_loss=best_val_loss, **state)
-                save_checkpoint(run_dir / LAST, best_val_loss=best_val_loss, **state)
+            if not evaluated_already:
+                # Evaluate.
+                is_eval_step = step % cfg.train.eval_interval == 0 or last_step
+                if is_eval_step:
+                    losses = evaluate(model, data, batch_size, block_size, cfg.train.eval_iters, device, cfg.train.seed)
+                    tb.scalars(step, {"loss/train": losses["train"], "loss/val": losses["val"]})
+                    log.info(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
 
-        # Attention maps of the probe, drawn from the weights the model uses right now.
-        if cfg.train.attn_log_interval and (step % cfg.train.attn_log_interval == 0 or last_step):
-            tb.attention_maps(step, model.attention_weights(probe_batch)[:, 0], probe_labels)  # (L, H, T, T)
+                # Attention maps of the probe, drawn from the weights the model uses right now.
+                if cfg.train.attn_log_interval and (step % cfg.train.attn_log_interval == 0 or last_step):
+                    tb.attention_maps(step, model.attention_weights(probe_batch)[:, 0], probe_labels)  # (L, H, T, T)
 
-        # A sample, to read how the model writes.
-        if cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):
-            sample = generate_text(
-                model, data.tokenizer, "", cfg.train.sample_tokens, temperature=cfg.train.sample_temperature, seed=cfg.train.seed
-            )[0]
-            tb.text("samples", sample, step)
-            log.info(f"sample at step {step}:\n{sample}\n")
-        tb.flush()
-        if last_step:
-            break
+                # A sample, to read how the model writes.
+                if cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):
+                    sample = generate_text(
+                        model, data.tokenizer, "", cfg.train.sample_tokens,
+                        temperature=cfg.train.sample_temperature, seed=cfg.train.seed,
+                    )[0]
+                    tb.text("samples", sample, step)
+                    log.info(f"sample at step {step}:\n{sample}\n")
 
-        # One optimizer update.
-        started = time.perf_counter()
-        lr = lr_at(step, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, max_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        x, y = get_batch(data.train, batch_size, block_size, batch_rng)  # (B, T), (B, T)
-        x, y = x.to(device), y.to(device)
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
-        optimizer.step()
-        step += 1
+                # Keep the last and the best model.
+                if is_eval_step and step > 0:
+                    if losses["val"] < best_val_loss:
+                        best_val_loss = losses["val"]
+                        save(run_dir / BEST, evaluated=True)
+                    save(run_dir / LAST, evaluated=True)
+                tb.flush()
+            evaluated_already = False
+            if last_step:
+                break
 
-        # Report: TensorBoard and the log every log_interval steps, the bar every step.
-        # loss.item() waits for the step to finish (on a GPU too), so the clock read after it is honest.
-        loss_value = loss.item()
-        window_loss += loss_value
-        window_steps += 1
-        window_time += time.perf_counter() - started
-        tokens_per_sec = window_steps * tokens_per_step / window_time
-        if step % cfg.train.log_interval == 0 or step == max_steps:
-            mean_loss = window_loss / window_steps
-            tb.scalars(step, {
-                "train/batch_loss": mean_loss,
-                "train/lr": lr,
-                "train/grad_norm": grad_norm.item(),
-                "train/tokens_per_sec": tokens_per_sec,
-            })
-            log.info(
-                f"step {step}/{max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
-                f"grad norm {grad_norm.item():.2f} | {tokens_per_sec:,.0f} tok/s",
-                extra={"progress": True},
-            )
-            window_loss, window_steps, window_time = 0.0, 0, 0.0
-        bar.update(step, loss_value, tokens_per_sec)
+            # One optimizer update.
+            started = time.perf_counter()
+            lr = lr_at(step, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, max_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = get_batch(data.train, batch_size, block_size, batch_rng)  # (B, T), (B, T)
+            x, y = x.to(device), y.to(device)
+            _, loss = model(x, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
+            # .item() waits for the step to finish (on a GPU too), so the clock read after it is honest.
+            loss_value, grad_norm_value = loss.item(), grad_norm.item()
+            finite = math.isfinite(loss_value) and math.isfinite(grad_norm_value)
+            if finite:
+                optimizer.step()
+            elif cfg.train.skip_nonfinite:
+                skipped += 1  # this batch changes nothing; count it and go on
+                tb.scalars(step + 1, {"train/skipped_nonfinite": skipped})
+            else:
+                what, bad = ("loss", loss_value) if not math.isfinite(loss_value) else ("gradient norm", grad_norm_value)
+                kept = (f"{os.path.join(shown_dir, LAST)} from before it is kept" if (run_dir / LAST).exists()
+                        else "no checkpoint had been saved yet")
+                raise UserError(
+                    f"the {what} became {bad} at step {step + 1}; "
+                    f"stopped without saving, and {kept}. Lower optim.lr, or set train.skip_nonfinite=true "
+                    "to skip such batches"
+                )
+            step += 1
+
+            # Report: TensorBoard and the log every log_interval steps, the bar every step.
+            if finite:
+                window_loss += loss_value
+                window_steps += 1
+            timed_steps += 1
+            window_time += time.perf_counter() - started
+            tokens_per_sec = timed_steps * tokens_per_step / window_time
+            if (step % cfg.train.log_interval == 0 or step == max_steps) and window_steps:
+                mean_loss = window_loss / window_steps
+                tb.scalars(step, {
+                    "train/batch_loss": mean_loss,
+                    "train/lr": lr,
+                    "train/grad_norm": grad_norm_value,
+                    "train/tokens_per_sec": tokens_per_sec,
+                })
+                log.info(
+                    f"step {step}/{max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
+                    f"grad norm {grad_norm_value:.2f} | {tokens_per_sec:,.0f} tok/s",
+                    extra={"progress": True},
+                )
+                window_loss, window_steps, timed_steps, window_time = 0.0, 0, 0, 0.0
+            bar.update(step, loss_value, tokens_per_sec)
+
+            # Ctrl-C or kill: the step is done; save it and say how to go on.
+            if stop.requested and step < max_steps:
+                save(run_dir / LAST, evaluated=False)
+                bar.close()
+                tb.close()
+                log.info(
+                    f"stopped by {stop.name} after step {step}; saved {os.path.join(shown_dir, LAST)}. "
+                    f"Resume with: .venv/bin/python train.py resume={shown_dir}"
+                )
+                raise SystemExit(128 + stop.requested)
 
     bar.close()
     tb.close()
+    if skipped:
+        log.info(f"warning: {skipped} of {max_steps} batches were skipped for a non-finite loss or gradient")
     log.info(f"done: best val loss {best_val_loss:.4f}; checkpoints, logs and TensorBoard events in {shown_dir}")
     log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown_dir)}")
     log.info(f"  sample: .venv/bin/python sample.py run={shown_dir} prompt='Once upon a time'")
@@ -182,4 +289,4 @@ def evaluate(
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

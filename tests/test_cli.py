@@ -145,13 +145,26 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["model.n_layr=3"], "n_layr"),
+        (["model.n_layr=3"], "error: model.n_layr is not an option; check its spelling (`python train.py --help`"),
+        (["n_layer=3"], "error: n_layer is not an option"),
+        (["+model.n_layr=3"], "error: +model.n_layr=3 adds model.n_layr, which is not an option here"),
+        (["model=huge"], "error: model=huge is not an option of model; choose one of: gpt"),
+        (["optimizer=sgd"], "error: optimizer is not an option; check its spelling"),
+        (["model.n_layer=[1,"], "error: no viable alternative at input '[1,'"),
+        (["model.n_layer=${oops}"], "error: model.n_layer: Interpolation key 'oops' not found"),
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
         (["optim.lr=-1"], "error: optim.lr=-1"),
         (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),
         (["data=text"], "error: data=text needs a corpus"),
         (["data=text", "data.path=nowhere.txt"], "error: data.path=nowhere.txt does not exist"),
+        (["data=text", "data.path=empty.txt"], "error: data.path=empty.txt holds no text"),
+        (["data=text", "data.path=binary.txt"], "error: binary.txt looks binary (it holds NUL bytes at 5)"),
+        (["data=text", "data.path=latin1.txt"], "error: latin1.txt is not UTF-8 text (byte 3 is 0xe9)"),
+        pytest.param(["train.device=cuda"], "error: train.device=cuda but PyTorch sees no CUDA GPU here",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
+        (["optim.lr=0"], "error: optim.lr=0"),
+        (["resume=nowhere"], "error: resume=nowhere does not exist"),
         (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
         (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
         (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),
@@ -168,8 +181,16 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
     ],
 )
 def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args, message):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "binary.txt").write_bytes(b"hello\0\0\0world")
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
     result = run_cli("train.py", *args, cwd=tmp_path)
-    assert result.returncode != 0
+    assert_one_error_line(result, message)
+
+
+def assert_one_error_line(result, message: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr  # one line
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
@@ -178,6 +199,12 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
     ("args", "message"),
     [
         (["run=nowhere"], "error: run=nowhere does not exist"),
+        (["run=empty_run"], "error: run=empty_run has no ckpt_best.pt or ckpt_last.pt"),
+        (["run=truncated.pt"], "error: truncated.pt is not a readable checkpoint"),
+        (["run=notes.pt"], "error: notes.pt is not a readable checkpoint"),
+        (["run=mismatched.pt"], "error: the checkpoint's weights do not fit the model its config describes"),
+        (["top_p=0"], "error: top_p=0 must be in (0, 1]"),
+        (["topk=5"], "error: topk is not an option; check its spelling (`python sample.py --help`"),
         (["prompt='Once upon a time ☃'"], "never saw in training: '☃'"),  # quoted, as Hydra needs for ☃
         (["temperature=-1"], "error: temperature=-1"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
@@ -188,8 +215,15 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
     ],
 )
 def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tmp_path, args, message):
+    checkpoint = (trained_run / "ckpt_last.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(checkpoint[: len(checkpoint) // 2])
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    (tmp_path / "empty_run").mkdir()
+    wrong = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
+    wrong["config"]["model"]["n_embd"] = 64  # the config now describes another model than the weights
+    torch.save(wrong, tmp_path / "mismatched.pt")
     run = [] if any(a.startswith("run=") for a in args) else [f"run={trained_run}"]
+    before = sorted(p.name for p in trained_run.rglob("*"))
     result = run_cli("sample.py", *run, *args, cwd=tmp_path)
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
+    assert_one_error_line(result, message)
+    assert sorted(p.name for p in trained_run.rglob("*")) == before  # nothing written into the run dir

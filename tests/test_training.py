@@ -1,5 +1,7 @@
 """The helpers train.py wires together: schedule, optimizer groups, heatmaps, checkpoints."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from training.heatmap import COLORMAP, FUTURE, colour_level, readable_token, ren
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
 from training.progress import format_duration
+from training.run_state import capture_rng_states, restore_rng_states
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
@@ -75,7 +78,8 @@ def small_checkpoint(tmp_path, name="ckpt_last.pt"):
     optimizer = torch.optim.AdamW(model.parameters())
     path = tmp_path / name
     save_checkpoint(path, model=model, optimizer=optimizer, step=7, best_val_loss=1.5,
-                    config={"model": model_cfg}, tokenizer=tokenizer)
+                    config={"model": model_cfg}, tokenizer=tokenizer,
+                    run_state={"rng": capture_rng_states(np.random.default_rng(0))})
     return path, model
 
 
@@ -88,6 +92,26 @@ def test_a_checkpoint_round_trips_the_model_and_tokenizer(tmp_path):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert tokenizer.decode(tokenizer.encode("cab")) == "cab"
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt_last.pt"]  # no temporary file left behind
+
+
+def test_every_random_generator_draws_the_same_after_a_checkpoint_round_trip(tmp_path):
+    def draws(batch_rng):
+        return (random.random(), np.random.rand(), batch_rng.integers(1 << 30), torch.rand(1).item(),
+                torch.nn.functional.dropout(torch.ones(64), 0.5).tolist())
+
+    batch_rng = np.random.default_rng(3)
+    batch_rng.integers(10, size=5)  # move it away from its seed
+    path = tmp_path / "ckpt_last.pt"
+    model = GPT(GPTConfig(vocab_size=5, n_layer=1, n_head=1, n_embd=4, block_size=4))
+    save_checkpoint(path, model=model, optimizer=torch.optim.AdamW(model.parameters()), step=1, best_val_loss=1.0,
+                    config={}, tokenizer=CharTokenizer.from_text("abcd"),
+                    run_state={"rng": capture_rng_states(batch_rng)})
+    expected = draws(batch_rng)
+    assert draws(batch_rng) != expected  # the generators really moved on
+
+    fresh_rng = np.random.default_rng(99)
+    restore_rng_states(load_checkpoint(path)["run_state"]["rng"], fresh_rng)  # weights_only=True inside
+    assert draws(fresh_rng) == expected
 
 
 def test_saving_over_a_checkpoint_replaces_it_whole(tmp_path):

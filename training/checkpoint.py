@@ -9,13 +9,17 @@ never runs code from the file:
     best_val_loss  the lowest val loss seen so far
     config         the run's resolved config as plain dicts (config["model"] rebuilds the net)
     tokenizer      the tokenizer's state(): sample.py needs no corpus
+    run_state      what an exact resume needs besides: RNG states, where in the step the
+                   loop stopped, the open log window (training/run_state.py)
 
     save_checkpoint(path, ...)     written to a temporary file, fsynced, then renamed into
                                    place: a crash mid-save leaves the previous file intact
     resolve_checkpoint(run)        a run dir, a .pt file, or "latest" (the run dir holding the
                                    newest checkpoint) -> a checkpoint path
+    resolve_resume(resume)         a run dir (its ckpt_last.pt) or a .pt file -> a checkpoint path
     load_checkpoint(path)          -> dict, with clear errors for missing or broken files
     model_from_checkpoint(ckpt)    -> (GPT, tokenizer)
+    load_weights(model, weights)   load_state_dict, with a clear error when the shapes differ
 """
 
 import os
@@ -43,6 +47,7 @@ def save_checkpoint(
     best_val_loss: float,
     config: dict[str, Any],
     tokenizer: Tokenizer,
+    run_state: dict[str, Any],
 ) -> None:
     checkpoint = {
         "model": model.state_dict(),
@@ -51,13 +56,19 @@ def save_checkpoint(
         "best_val_loss": best_val_loss,
         "config": config,
         "tokenizer": tokenizer.state(),
+        "run_state": run_state,
     }
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:  # a full disk, a file size limit, a folder gone read-only
+        tmp.unlink(missing_ok=True)
+        kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written"
+        raise UserError(f"could not save {os.path.relpath(path)} ({err.strerror or err}); {kept}. Free some disk space and resume") from None
 
 
 def resolve_checkpoint(run: str) -> Path:
@@ -80,6 +91,17 @@ def resolve_checkpoint(run: str) -> Path:
     return path
 
 
+def resolve_resume(resume: str) -> Path:
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        if not (path / LAST).is_file():
+            raise UserError(f"resume={resume} has no {LAST}; give the run dir of a run that saved one, or a .pt file")
+        return path / LAST
+    if not path.is_file():
+        raise UserError(f"resume={resume} does not exist; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
+    return path
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
@@ -96,9 +118,13 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> tuple[GPT, Tokenizer]:
     cache_dir = Path(checkpoint["config"].get("data", {}).get("cache_dir", ".cache"))  # gpt2's files live there
     tokenizer = tokenizer_from_state(checkpoint["tokenizer"], cache_dir)
     model = build_model(checkpoint["config"]["model"], tokenizer.vocab_size)
+    load_weights(model, checkpoint["model"])
+    return model, tokenizer
+
+
+def load_weights(model: GPT, weights: dict[str, torch.Tensor]) -> None:
     try:
-        model.load_state_dict(checkpoint["model"])
+        model.load_state_dict(weights)
     except RuntimeError as err:
         detail = str(err).strip().splitlines()[1].strip() if len(str(err).strip().splitlines()) > 1 else "shapes differ"
         raise UserError(f"the checkpoint's weights do not fit the model its config describes ({detail})") from None
-    return model, tokenizer

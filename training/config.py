@@ -1,6 +1,7 @@
 """From config to objects, with every value checked first.
 
     validate_train_config(cfg)     raises UserError naming the first bad value and a fix
+    resumed_config(cfg, saved, overrides)  a checkpoint's config with the allowed new overrides
     build_model(model_cfg, vocab)  the one place a GPT is built from config (train and sample)
     pick_device(name)              "auto" -> cuda when present, else cpu
     seed_everything(seed)          python, numpy and torch
@@ -33,7 +34,7 @@ TRAIN_KEY_TYPES = {
         "model.dropout", "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.grad_clip",
         "train.sample_temperature", "data.val_fraction",
     ),
-    bool: ("model.bias",),
+    bool: ("model.bias", "train.skip_nonfinite"),
 }
 TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false"}
 
@@ -91,6 +92,38 @@ def validate_train_config(cfg: Any) -> None:
             isinstance(n_chars, int) and not isinstance(n_chars, bool) and n_chars >= 10_000,
             f"data.n_chars={n_chars} must be a whole number of at least 10000 (the default is 1000000)",
         )
+
+
+# What a resumed run may not change: the network, its tokens, and the text it learns from.
+FIXED_ON_RESUME = ("model", "tokenizer", "data")
+
+
+def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tuple[Any, list[str]]:
+    """The saved run's config, with the command line's overrides that differ from it applied.
+    Returns (config, ["train.max_steps 1500 -> 3000", ...]); UserError for an override
+    that would change the model, tokenizer or data."""
+    resumed = OmegaConf.create(saved)
+    changes = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key == "resume" or key.startswith("hydra"):
+            continue
+        new, old = plain(OmegaConf.select(cfg, key)), plain(OmegaConf.select(resumed, key))
+        if new == old:
+            continue
+        require(
+            key.split(".")[0] not in FIXED_ON_RESUME,
+            f"resume: {override} would change the {key.split('.')[0]} this run was trained with "
+            f"({old if '.' in key else 'a different ' + key}); start a new run for that instead",
+        )
+        OmegaConf.update(resumed, key, new, merge=False, force_add=True)
+        changes.append(f"{key} {old} -> {new}")
+    resumed.resume = cfg.resume
+    return resumed, changes
+
+
+def plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def require(ok: bool, message: str) -> None:

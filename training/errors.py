@@ -2,11 +2,18 @@
 
     UserError             raised for bad config, paths, checkpoints or prompts
     exit_on_user_error()  wraps a CLI's work: prints "error: <message>" and exits 2
+    run_cli(main)         runs a @hydra.main function so that Hydra's own complaints (a
+                          misspelt key, an unknown option, an override it cannot parse) are
+                          one such line too, instead of Hydra's several
 """
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf.errors import OmegaConfBaseException
 
 from data.errors import DataError
 
@@ -22,3 +29,50 @@ def exit_on_user_error() -> Iterator[None]:
     except (UserError, DataError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except OmegaConfBaseException as err:  # e.g. an override that interpolates a key that does not exist
+        print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop's own handling
+        print("stopped: interrupted (files already saved are whole)", file=sys.stderr, flush=True)
+        sys.exit(130)
+
+
+def run_cli(hydra_main: Callable[[], object]) -> None:
+    wants_full_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its errors for us to word, not prints them
+    try:
+        for arg in sys.argv[1:]:
+            if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):
+                key = arg.lstrip("+").split("=", 1)[0]
+                raise UserError(f"{arg} adds {key}, which is not an option here; {options_hint()}")
+        hydra_main()
+    except (HydraException, OmegaConfBaseException, UserError) as err:
+        if wants_full_errors and not isinstance(err, UserError):
+            raise
+        print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def options_hint() -> str:
+    return f"`python {os.path.basename(sys.argv[0])} --help` lists every option"
+
+
+def config_error_line(err: Exception) -> str:
+    """One line for an error Hydra or OmegaConf raised while building or reading the config."""
+    inner = err
+    while inner is not None:  # a UserError raised by a resolver, e.g. for a resume= that does not exist
+        if isinstance(inner, UserError):
+            return str(inner)
+        inner = inner.__cause__ or inner.__context__
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    full_key = getattr(cause, "full_key", None)
+    if full_key and "not in struct" in str(cause):
+        return f"{full_key} is not an option; check its spelling ({options_hint()})"
+    if isinstance(err, MissingConfigException) and err.options is not None:
+        group, _, option = (err.missing_cfg_file or "").rpartition("/")
+        return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
+    if isinstance(err, UserError):
+        return str(err)
+    lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
+    where = f"{full_key}: " if full_key else ""
+    return where + "; ".join(lines) + f" ({options_hint()})"

@@ -1,7 +1,8 @@
 """Everything a run writes to TensorBoard, under fixed tag names:
 
     loss/train, loss/val                  mean losses at each evaluation
-    train/loss, train/lr, train/grad_norm, train/tokens_per_sec   every log_interval steps
+    train/batch_loss, train/lr, train/grad_norm, train/tokens_per_sec   every log_interval steps
+    train/skipped_nonfinite               batches skipped for a NaN/inf loss (train.skip_nonfinite)
     attention/layer_{l}/head_{h}          heatmaps of the probe text, every attn_log_interval steps
     attention/probe                       the probe's tokens, as the heatmaps label them, once
     samples                               generated text, every sample_interval steps
@@ -21,8 +22,10 @@ def attention_tag(layer: int, head: int) -> str:
 
 
 class RunLogger:
-    def __init__(self, log_dir: Path) -> None:
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
+        # purge_step: TensorBoard hides events of this step and later from earlier files in
+        # the folder, which a resumed run is about to write again.
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():

@@ -1,0 +1,227 @@
+"""Nothing trained is lost: real signals on real training processes, exact resume, non-finite
+losses, a full disk, and checkpoints crafted to run code."""
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, TINY_RUN, run_cli
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from training.checkpoint import load_checkpoint
+
+# TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
+EXACT_RUN = [a for a in TINY_RUN if not a.startswith(("train.max_steps", "train.log_interval"))] + [
+    "train.max_steps=40", "train.log_interval=1", "model.dropout=0.1",
+]
+SHORT_RUN = [a for a in TINY_RUN if not a.startswith("train.max_steps")] + ["train.max_steps=10"]
+
+
+def start_training(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def signal_after_line(process: subprocess.Popen, marker: str, signum: int) -> str:
+    """Reads the process's output until a line holding marker, sends signum, returns all output."""
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line:
+            process.send_signal(signum)
+            break
+    seen.append(process.stdout.read())
+    process.wait(timeout=120)
+    return "".join(seen)
+
+
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def image_steps(run_dir: Path, tag: str) -> list[int]:
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
+    events.Reload()
+    return [image.step for image in events.Images(tag)]
+
+
+def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_path):
+    alone = run_cli("train.py", *EXACT_RUN, "hydra.run.dir=alone", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr
+
+    stopped = start_training(*EXACT_RUN, "hydra.run.dir=stopped", cwd=tmp_path)
+    output = signal_after_line(stopped, "step 15/40", signal.SIGINT)
+    assert stopped.returncode == 128 + signal.SIGINT, output
+    assert "Traceback" not in output
+    step = load_checkpoint(tmp_path / "stopped" / "ckpt_last.pt")["step"]
+    assert 15 <= step < 40  # stopped between evaluations, after finishing its step
+    assert f"stopped by SIGINT after step {step}; saved stopped/ckpt_last.pt" in output
+    assert "Resume with: .venv/bin/python train.py resume=stopped" in output
+
+    resumed = run_cli("train.py", "resume=stopped", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming stopped at step {step}" in resumed.stdout
+
+    a = load_checkpoint(tmp_path / "alone" / "ckpt_last.pt")
+    b = load_checkpoint(tmp_path / "stopped" / "ckpt_last.pt")
+    assert a["step"] == b["step"] == 40
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for tag in ("train/batch_loss", "loss/train", "loss/val"):
+        assert scalars(tmp_path / "stopped", tag) == scalars(tmp_path / "alone", tag), tag  # bitwise, every step once
+    assert [s for s, _ in scalars(tmp_path / "stopped", "train/batch_loss")] == list(range(1, 41))
+    assert image_steps(tmp_path / "stopped", "attention/layer_1/head_1") == [0, 10, 20, 30, 40]
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
+    process = start_training(*EXACT_RUN, "hydra.run.dir=run", cwd=tmp_path)
+    output = signal_after_line(process, "step 5/40", signal.SIGTERM)
+    assert process.returncode == 128 + signal.SIGTERM, output
+    assert "Traceback" not in output
+    assert re.search(r"stopped by SIGTERM after step \d+; saved run/ckpt_last.pt", output), output
+    assert 5 <= load_checkpoint(tmp_path / "run" / "ckpt_last.pt")["step"] < 10
+
+
+def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_path):
+    # A model big enough (3.2M parameters, ~38 MB with AdamW's state) that a save takes a
+    # while, saving at every step: kill -9 the moment a new ckpt_last.pt is being written.
+    run = tmp_path / "run"
+    args = [
+        *TINY_RUN, "model.n_embd=256", "model.n_layer=4", "train.max_steps=300", "train.eval_interval=1",
+        "train.eval_iters=1", "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run",
+    ]
+    process = start_training(*args, cwd=tmp_path)
+    partial = run / ".ckpt_last.pt.tmp"
+    deadline = time.monotonic() + 120
+    while not ((run / "ckpt_last.pt").exists() and partial.exists()) and time.monotonic() < deadline:
+        pass  # poll as fast as possible
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    assert partial.exists(), "the kill did not land during a save"
+
+    saved = load_checkpoint(run / "ckpt_last.pt")  # whole, and loads
+    assert saved["step"] >= 1
+    resumed = run_cli("train.py", "resume=run", f"train.max_steps={saved['step'] + 2}", "train.eval_interval=1000",
+                      cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert load_checkpoint(run / "ckpt_last.pt")["step"] == saved["step"] + 2
+    assert not partial.exists()
+
+
+@pytest.fixture
+def ten_step_run(tmp_path) -> Path:
+    """A finished 10-step run, with both checkpoints saved at step 10."""
+    result = run_cli("train.py", *SHORT_RUN, "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "run"
+
+
+def checkpoint_bytes(run_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(run_dir.glob("*.pt"))}
+
+
+def test_a_nonfinite_loss_stops_naming_the_step_and_keeps_the_checkpoints(ten_step_run):
+    before = checkpoint_bytes(ten_step_run)
+    # A learning rate of 1000 blows the weights up within a step or two of resuming.
+    result = run_cli("train.py", "resume=run", "optim.lr=1000", "train.max_steps=20", cwd=ten_step_run.parent)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.fullmatch(
+        r"error: the (loss|gradient norm) became (nan|inf) at step 1[1-9]; stopped without saving, and "
+        r"run/ckpt_last.pt from before it is kept\. Lower optim.lr, or set train.skip_nonfinite=true to skip such batches\n",
+        result.stderr,
+    ), result.stderr
+    assert checkpoint_bytes(ten_step_run) == before
+
+
+def test_skip_nonfinite_skips_and_counts_the_bad_batches(ten_step_run):
+    result = run_cli("train.py", "resume=run", "optim.lr=1000", "train.max_steps=20", "train.skip_nonfinite=true",
+                     cwd=ten_step_run.parent)
+    assert result.returncode == 0, result.stderr
+    skipped = scalars(ten_step_run, "train/skipped_nonfinite")
+    assert skipped and skipped[-1][1] == len(skipped) and skipped[-1][0] <= 20
+    assert f"warning: {len(skipped)} of 20 batches were skipped" in result.stdout
+
+
+def limit_file_size(max_bytes: int):
+    def limit() -> None:  # runs in the child: files may grow to max_bytes, then writes fail
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error (EFBIG) instead of a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+    return limit
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(ten_step_run):
+    before = checkpoint_bytes(ten_step_run)
+    room = len(before["ckpt_last.pt"]) // 2  # the event files fit; a checkpoint no longer does
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "resume=run", "train.max_steps=20"],
+        cwd=ten_step_run.parent, capture_output=True, text=True, preexec_fn=limit_file_size(room), timeout=300,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.fullmatch(
+        r"error: could not save run/ckpt_(best|last)\.pt \(File too large\); the previous ckpt_(best|last)\.pt "
+        r"is kept\. Free some disk space and resume\n", result.stderr,
+    ), result.stderr
+    assert checkpoint_bytes(ten_step_run) == before
+    assert not list(ten_step_run.glob(".*.tmp"))
+
+
+class RunsCodeWhenUnpickled:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('this ran')",))
+
+
+def test_a_checkpoint_crafted_to_run_code_is_refused_and_the_code_never_runs(ten_step_run):
+    marker = ten_step_run.parent / "it-ran"
+    evil = ten_step_run.parent / "evil.pt"
+    checkpoint = torch.load(ten_step_run / "ckpt_last.pt", weights_only=True)
+    checkpoint["tokenizer"] = RunsCodeWhenUnpickled(marker)
+    torch.save(checkpoint, evil)
+    torch.load(evil, weights_only=False)  # the file really is dangerous when loaded unsafely
+    assert marker.exists()
+    marker.unlink()
+
+    for script, arg in (("sample.py", "run=evil.pt"), ("train.py", "resume=evil.pt")):
+        result = run_cli(script, arg, cwd=ten_step_run.parent)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith("error: evil.pt is not a readable checkpoint (UnpicklingError")
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+        assert not marker.exists(), script
+
+
+def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_run):
+    before = checkpoint_bytes(ten_step_run)
+    refused = run_cli("train.py", "resume=run", "model.n_layer=3", "train.max_steps=20", cwd=ten_step_run.parent)
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        "error: resume: model.n_layer=3 would change the model this run was trained with (2); "
+        "start a new run for that instead\n"
+    )
+    assert checkpoint_bytes(ten_step_run) == before
+
+    finished = run_cli("train.py", "resume=run", cwd=ten_step_run.parent)
+    assert finished.returncode == 2
+    assert "error: resume=run: the run is already at step 10, and train.max_steps=10" in finished.stderr
+
+    longer = run_cli("train.py", "resume=run/ckpt_last.pt", "train.max_steps=20", cwd=ten_step_run.parent)
+    assert longer.returncode == 0, longer.stderr
+    assert "resuming run at step 10; train.max_steps 10 -> 20" in longer.stdout
+    assert load_checkpoint(ten_step_run / "ckpt_last.pt")["step"] == 20
+    assert [step for step, _ in scalars(ten_step_run, "loss/val")] == [0, 10, 20]
+    assert (ten_step_run / ".hydra" / "config.yaml").read_text().count("max_steps: 10") == 1  # the original kept
+    assert len(list((ten_step_run / ".hydra").glob("resumed-*/config.yaml"))) == 1
