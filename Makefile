@@ -3,6 +3,7 @@
 #   make test             run the test suite
 #   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
 #   make tensorboard      open TensorBoard on every run
+#   make bench            speed figures for this machine (bench.py), as a table and JSON
 #   make lint             ruff
 # Extra arguments go through ARGS, e.g. make train ARGS="model.n_layer=6 train.max_steps=500"
 
@@ -14,7 +15,7 @@ TORCH_VERSION := 2.13.0
 TORCH_PIP_ARGS ?=
 ARGS ?=
 
-.PHONY: setup train test sample tensorboard lint clean
+.PHONY: setup train test sample tensorboard bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +43,9 @@ sample: setup
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir_spec outputs:outputs,multirun:multirun $(ARGS)
+
+bench: setup
+	$(PY) bench.py $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

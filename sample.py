@@ -22,7 +22,7 @@ def main(cfg: DictConfig) -> None:
         sample(cfg)
 
 
-SAMPLE_KEY_TYPES = {int: ("max_new_tokens", "num_samples", "seed"), float: ("temperature",)}
+SAMPLE_KEY_TYPES = {int: ("max_new_tokens", "num_samples", "seed"), float: ("temperature",), bool: ("use_kv_cache",)}
 
 
 def sample(cfg: DictConfig) -> None:
@@ -48,7 +48,7 @@ def sample(cfg: DictConfig) -> None:
     texts = generate_text(
         model, tokenizer, cfg.prompt, cfg.max_new_tokens,
         temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
-        num_samples=cfg.num_samples, seed=cfg.seed,
+        num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache,
     )
     for i, text in enumerate(texts):
         if cfg.num_samples > 1:

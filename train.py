@@ -90,11 +90,12 @@ def train(cfg: DictConfig) -> float:
         if "run_state" not in resumed:
             raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
                             "saved by an older version); start a new run, or sample from it")
-        log.info(f"resuming {shown_dir} at step {resumed['step']}" + "".join(f"; {change}" for change in changes))
     validate_train_config(cfg)
-    if resumed and resumed["step"] >= cfg.train.max_steps:
-        raise UserError(f"resume={cfg.resume}: the run is already at step {resumed['step']}, and "
-                        f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
+    if resumed:
+        if resumed["step"] >= cfg.train.max_steps:
+            raise UserError(f"resume={cfg.resume}: the run is already at step {resumed['step']}, and "
+                            f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
+        log.info(f"resuming {shown_dir} at step {resumed['step']}" + "".join(f"; {change}" for change in changes))
     device = pick_device(cfg.train.device)
     seed_everything(cfg.train.seed)
     if device.type == "cuda":

@@ -5,6 +5,7 @@ Every tensor line says its shape. The letters are:
     B  batch size            T  sequence length (tokens)
     C  model width, n_embd   H  number of heads, n_head
     D  head_dim = C // H     (each head works in its own D-dimensional subspace)
+    S  number of keys: T, plus the earlier tokens held in a KV cache (S == T without one)
 
 The module computes, for every head h and every position t:
 
@@ -17,6 +18,9 @@ Two paths compute exactly that:
               attention weights (B, H, T, T), which the TensorBoard maps are drawn from.
     "sdpa"    torch.nn.functional.scaled_dot_product_attention: the same math in one
               fused call that never stores the (T, T) weights. The training default.
+
+KVCache keeps the keys and values of the tokens seen so far, so that generating one more
+token computes only that token's query, key and value (see KVCache below).
 """
 
 import math
@@ -26,6 +30,39 @@ import torch.nn.functional as F
 from torch import nn
 
 ATTENTION_PATHS = ("sdpa", "manual")
+
+
+class KVCache:
+    """The keys and values one attention layer has computed for the tokens so far.
+
+    When text is generated one token at a time, each new token attends over all earlier
+    ones, whose keys and values never change (causal attention: earlier tokens never see
+    later ones). Keeping them means each step computes the new token's q, k, v only and
+    one (1, S) row of scores instead of the whole (S, S) square again.
+
+    The keys and values go into buffers of max_length slots, allocated on first use, so
+    adding a token writes one slot instead of copying everything held so far.
+    """
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+        self.length = 0  # how many tokens' keys and values are held
+        self.k: torch.Tensor | None = None  # (B, H, max_length, D)
+        self.v: torch.Tensor | None = None  # (B, H, max_length, D)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this call's keys and values (B, H, T, D); return all of them (B, H, S, D)."""
+        B, H, T, D = k.shape
+        if self.k is None:
+            self.k = k.new_empty(B, H, self.max_length, D)  # (B, H, max_length, D)
+            self.v = v.new_empty(B, H, self.max_length, D)  # (B, H, max_length, D)
+        start, end = self.length, self.length + T
+        if end > self.max_length:
+            raise ValueError(f"the KV cache holds {self.max_length} tokens; {end} do not fit")
+        self.k[:, :, start:end] = k  # (B, H, T, D) into slots start..end-1
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, H, S, D), (B, H, S, D)
 
 
 class CausalSelfAttention(nn.Module):
@@ -62,16 +99,19 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend causally over x.
 
         x:                (B, T, C)
-        key_padding_mask: optional (B, T) bool, True marks a padding key that no query
+        key_padding_mask: optional (B, S) bool, True marks a padding key that no query
                           may look at (the same convention as nn.MultiheadAttention).
         need_weights:     also return the attention weights; this always takes the
                           manual path, whichever path the module was built with.
+        cache:            optional KVCache holding the earlier tokens' keys and values:
+                          x then holds the T tokens that come after them. It is extended.
 
-        Returns (out, weights): out is (B, T, C); weights is (B, H, T, T) or None.
+        Returns (out, weights): out is (B, T, C); weights is (B, H, T, S) or None.
         A query that can see no key at all gets an output row of zeros.
         """
         B, T, C = x.shape
@@ -86,25 +126,32 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
 
-        # 3. Which keys may each query see? Its own position and earlier ones...
-        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
-        visible = visible.view(1, 1, T, T)  # (1, 1, T, T): the same for every batch row and head
+        #    When generating with a cache, the earlier tokens' keys and values are already
+        #    there: add this call's after them. The queries are only this call's T tokens.
+        if cache is not None:
+            k, v = cache.extend(k, v)  # (B, H, S, D), (B, H, S, D)
+        S = k.shape[2]  # keys: these T tokens and any cached earlier ones
+
+        # 3. Which keys may each query see? Its own position and earlier ones: query t is
+        #    token S - T + t of the sequence, so it sees keys 0 .. S - T + t...
+        visible = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)  # (T, S)
+        visible = visible.view(1, 1, T, S)  # (1, 1, T, S): the same for every batch row and head
         no_key_visible = None
         if key_padding_mask is not None:
-            if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, T):
-                raise ValueError(f"key_padding_mask must be a bool tensor of shape {(B, T)}, not {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+            if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, S):
+                raise ValueError(f"key_padding_mask must be a bool tensor of shape {(B, S)}, not {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
             # ...and never a padding key.
-            is_real_key = ~key_padding_mask.view(B, 1, 1, T)  # (B, 1, 1, T)
-            visible = visible & is_real_key  # (B, 1, T, T)
+            is_real_key = ~key_padding_mask.view(B, 1, 1, S)  # (B, 1, 1, S)
+            visible = visible & is_real_key  # (B, 1, T, S)
             # A query with no visible key would softmax a row of -inf, i.e. 0/0 = NaN.
             # Let such a row see every key (finite, harmless) and zero it afterwards.
             no_key_visible = ~visible.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
-            visible = visible | no_key_visible  # (B, 1, T, T)
+            visible = visible | no_key_visible  # (B, 1, T, S)
 
         if need_weights or self.attention == "manual":
-            out, weights = self._manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, T)
+            out, weights = self._manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, S)
         else:
-            out = self._sdpa(q, k, v, visible, causal_only=key_padding_mask is None)  # (B, H, T, D)
+            out = self._sdpa(q, k, v, visible, only_causal=key_padding_mask is None)  # (B, H, T, D)
             weights = None
             if no_key_visible is not None:
                 out = out.masked_fill(no_key_visible, 0.0)  # (B, H, T, D)
@@ -126,21 +173,21 @@ class CausalSelfAttention(nn.Module):
         visible: torch.Tensor,
         no_key_visible: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Steps 4 to 6 spelt out; returns (out (B, H, T, D), weights (B, H, T, T))."""
+        """Steps 4 to 6 spelt out; returns (out (B, H, T, D), weights (B, H, T, S))."""
         # 4. Score every (query, key) pair by their dot product. Dividing by sqrt(D) keeps
         #    the scores' spread near 1 whatever D is, so softmax does not saturate.
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, D) @ (B, H, D, T) -> (B, H, T, T)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
 
         # 5. Hide what a query may not see, then turn each query's row of scores into
         #    weights over keys: softmax over the last dim (keys), so each row sums to 1.
         #    exp(-inf) = 0, so hidden keys get exactly zero weight.
-        scores = scores.masked_fill(~visible, float("-inf"))  # (B, H, T, T)
-        weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+        scores = scores.masked_fill(~visible, float("-inf"))  # (B, H, T, S)
+        weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
         if no_key_visible is not None:
-            weights = weights.masked_fill(no_key_visible, 0.0)  # (B, H, T, T): such rows attend to nothing
+            weights = weights.masked_fill(no_key_visible, 0.0)  # (B, H, T, S): such rows attend to nothing
 
         # 6. Each query's output is the weighted average of the values it attends to.
-        out = self.attn_dropout(weights) @ v  # (B, H, T, T) @ (B, H, T, D) -> (B, H, T, D)
+        out = self.attn_dropout(weights) @ v  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
         return out, weights
 
     def _sdpa(
@@ -149,13 +196,18 @@ class CausalSelfAttention(nn.Module):
         k: torch.Tensor,
         v: torch.Tensor,
         visible: torch.Tensor,
-        causal_only: bool,
+        only_causal: bool,
     ) -> torch.Tensor:
-        """Steps 4 to 6 as one fused call; returns out (B, H, T, D)."""
+        """Steps 4 to 6 as one fused call; returns out (B, H, T, D). only_causal: no padding
+        mask, so the fused kernels' own causal handling can stand in for `visible`."""
         dropout_p = self.dropout if self.training else 0.0
-        if causal_only:
-            # is_causal lets PyTorch skip building the mask and use its fastest kernel.
+        T, S = q.shape[2], k.shape[2]
+        if only_causal and T == S:
+            # is_causal lets PyTorch skip reading a mask and use its fastest kernel.
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, H, T, D)
+        if only_causal and T == 1:
+            # One new token after a KV cache sees every key: no mask at all.
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, H, 1, D)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, H, T, D)
 
 

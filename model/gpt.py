@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import CausalSelfAttention
+from model.attention import CausalSelfAttention, KVCache
 from model.sampling import filter_logits
 
 
@@ -56,11 +56,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, need_weights: bool = False
+        self, x: torch.Tensor, need_weights: bool = False, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Pre-LayerNorm: each sublayer reads a normalised copy and adds its answer back,
         # so the residual stream x itself is never normalised away.
-        attn_out, attn_weights = self.attn(self.ln_1(x), need_weights=need_weights)  # (B, T, C), (B, H, T, T)
+        attn_out, attn_weights = self.attn(self.ln_1(x), need_weights=need_weights, cache=cache)  # (B, T, C), (B, H, T, S)
         x = x + attn_out  # (B, T, C)
         x = x + self.mlp(self.ln_2(x))  # (B, T, C)
         return x, attn_weights
@@ -99,26 +99,30 @@ class GPT(nn.Module):
         """Distinct parameters (the tied head/embedding matrix counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(self, idx: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def hidden_states(
+        self, idx: torch.Tensor, need_weights: bool, caches: list[KVCache] | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         B, T = idx.shape
-        if self.config.block_size < T:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
-        positions = torch.arange(T, device=idx.device)  # (T,)
+        start = caches[0].length if caches else 0  # tokens already in the KV caches come first
+        if self.config.block_size < start + T:
+            raise ValueError(f"sequence length {start + T} exceeds block_size={self.config.block_size}")
+        positions = torch.arange(start, start + T, device=idx.device)  # (T,)
         x = self.tok_emb(idx) + self.pos_emb(positions)  # (B, T, C) + (T, C) -> (B, T, C)
         x = self.dropout(x)
         all_weights = []
-        for block in self.blocks:
-            x, attn_weights = block(x, need_weights)  # (B, T, C), (B, H, T, T) or None
+        for layer, block in enumerate(self.blocks):
+            x, attn_weights = block(x, need_weights, caches[layer] if caches else None)  # (B, T, C), (B, H, T, S) or None
             if need_weights:
                 all_weights.append(attn_weights)
         return self.ln_f(x), all_weights  # (B, T, C)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, caches: list[KVCache] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx: (B, T) token ids; targets: (B, T) next-token ids or None.
+        """idx: (B, T) token ids; targets: (B, T) next-token ids or None; caches: one KVCache
+        per layer holding the tokens before idx (generation), or None.
         Returns logits (B, T, vocab_size) and the mean cross-entropy loss (or None)."""
-        x, _ = self.hidden_states(idx, need_weights=False)  # (B, T, C)
+        x, _ = self.hidden_states(idx, need_weights=False, caches=caches)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
@@ -137,7 +141,7 @@ class GPT(nn.Module):
             self.train(was_training)
         return torch.stack(all_weights)  # (L, B, H, T, T)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # like no_grad, with less bookkeeping per op: decoding runs many tiny ops
     def generate(
         self,
         idx: torch.Tensor,
@@ -146,19 +150,37 @@ class GPT(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
+        use_kv_cache: bool = True,
     ) -> torch.Tensor:
         """Continue idx (B, T) by max_new_tokens tokens; returns (B, T + max_new_tokens).
 
         temperature 0 is greedy decoding; top_k keeps the k likeliest tokens; top_p keeps
         the smallest set whose probabilities add up to p. The model only ever sees the
         last block_size tokens.
+
+        use_kv_cache: feed each new token alone, with the earlier tokens' keys and values
+        kept in a KVCache per layer. While everything fits in block_size this gives the same
+        tokens as recomputing the whole context every step, many times faster. Once the
+        cache is full, the window must slide, and with learned positions every kept token
+        moves to a new position, so its cached keys and values are stale: the cache is
+        rebuilt from the last 3/4 of block_size tokens, and fills up again one token at a
+        time. (Without the cache, each step sees the last block_size tokens exactly.)
         """
+        block_size = self.config.block_size
+        refill = max(1, block_size * 3 // 4)  # tokens kept when the window slides
+        caches = None
         was_training = self.training
         self.eval()
         try:
             for _ in range(max_new_tokens):
-                context = idx[:, -self.config.block_size :]  # (B, <= block_size)
-                logits, _ = self(context)  # (B, T, vocab_size)
+                if not use_kv_cache:
+                    logits, _ = self(idx[:, -block_size:])  # (B, T, vocab_size): the whole context, again
+                elif caches is None or caches[0].length == block_size:
+                    context = idx[:, -block_size:] if caches is None else idx[:, -refill:]  # (B, <= block_size)
+                    caches = [KVCache(block_size) for _ in self.blocks]  # (re)start, filled from the context
+                    logits, _ = self(context, caches=caches)  # (B, T, vocab_size)
+                else:
+                    logits, _ = self(idx[:, -1:], caches=caches)  # (B, 1, vocab_size): the newest token alone
                 next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
                 if temperature == 0:
                     next_token = next_logits.argmax(dim=-1, keepdim=True)  # (B, 1)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.attention import CausalSelfAttention
+from model.attention import CausalSelfAttention, KVCache
 
 ATOL, RTOL = 1e-5, 1e-4
 
@@ -177,3 +177,28 @@ def test_need_weights_uses_the_manual_math_even_on_the_sdpa_path():
         _, manual_weights = manual(x, need_weights=True)
     torch.testing.assert_close(out_with_weights, out_fast, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(weights, manual_weights)
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_a_kv_cache_fed_in_pieces_gives_the_full_sequences_outputs(attention):
+    manual, sdpa = make_pair(n_embd=24, n_head=4)
+    module = manual if attention == "manual" else sdpa
+    x = torch.randn(2, 11, 24)
+    with torch.no_grad():
+        full, _ = module(x)  # (2, 11, 24)
+        cache = KVCache(max_length=16)
+        pieces = [module(x[:, a:b], cache=cache)[0] for a, b in ((0, 4), (4, 5), (5, 9), (9, 10), (10, 11))]
+    assert cache.length == 11 and cache.k[:, :, :11].shape == (2, 4, 11, 6)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=ATOL, rtol=RTOL)
+
+
+def test_with_a_cache_the_weights_cover_earlier_tokens_and_hide_later_ones():
+    manual, _ = make_pair(n_embd=8, n_head=2)
+    cache = KVCache(max_length=16)
+    with torch.no_grad():
+        manual(torch.randn(1, 3, 8), cache=cache)
+        _, weights = manual(torch.randn(1, 2, 8), need_weights=True, cache=cache)  # 2 queries, 5 keys
+    assert weights.shape == (1, 2, 2, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 2))
+    assert (weights[..., 0, 4] == 0).all()  # the first new token (position 3) cannot see position 4
+    assert (weights[..., 1, :] > 0).all()  # the second (position 4) sees everything before it

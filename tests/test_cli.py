@@ -95,6 +95,15 @@ def test_sample_loads_the_checkpoint_and_prints_text_without_writing(trained_run
     assert list(tmp_path.iterdir()) == []  # and nothing in the folder it ran from
 
 
+def test_sampling_with_and_without_the_kv_cache_gives_the_same_text(trained_run, tmp_path):
+    # <eot> + 16 prompt characters + 15 new ones fill the tiny run's block_size of 32 exactly.
+    args = [f"run={trained_run}", "prompt=Once upon a time", "max_new_tokens=15", "num_samples=3", "temperature=1"]
+    cached = run_cli("sample.py", *args, cwd=tmp_path)
+    recomputed = run_cli("sample.py", *args, "use_kv_cache=false", cwd=tmp_path)
+    assert cached.returncode == 0 and recomputed.returncode == 0, cached.stderr + recomputed.stderr
+    assert cached.stdout == recomputed.stdout and cached.stdout.count("Once upon a time") == 3
+
+
 def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_path):
     greedy = ["max_new_tokens=10", "temperature=0", "prompt=The"]
     by_file = run_cli("sample.py", f"run={trained_run / 'ckpt_best.pt'}", *greedy, cwd=tmp_path)
@@ -212,6 +221,7 @@ def assert_one_error_line(result, message: str) -> None:
         (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be 0 or more"),
         (["max_new_tokens=abc"], "error: max_new_tokens=abc must be a whole number"),
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
+        (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false"),
     ],
 )
 def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tmp_path, args, message):
@@ -227,3 +237,19 @@ def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tm
     result = run_cli("sample.py", *run, *args, cwd=tmp_path)
     assert_one_error_line(result, message)
     assert sorted(p.name for p in trained_run.rglob("*")) == before  # nothing written into the run dir
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_help_lists_the_options_with_the_projects_own_text(tmp_path, script):
+    result = run_cli(script, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{script}: ")
+    assert f"Usage: python {script} [key=value ...]" in result.stdout
+    if script == "train.py":
+        assert "tokenizer: bpe, char, gpt2" in result.stdout  # the groups and their options
+        assert "  n_head: 4\n" in result.stdout and "resume: null" in result.stdout
+        overridden = run_cli(script, "model.n_head=8", "--help", cwd=tmp_path)
+        assert "  n_head: 8\n" in overridden.stdout  # the values this command line would use
+    else:
+        assert "use_kv_cache: true" in result.stdout
+    assert list(tmp_path.iterdir()) == []  # asking for help writes nothing

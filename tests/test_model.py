@@ -61,10 +61,54 @@ def test_generate_never_feeds_more_than_block_size_tokens():
     model = tiny_gpt(block_size=8)
     seen_lengths = []
     model.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, temperature=1.0)
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, temperature=1.0, use_kv_cache=False)
     assert out.shape == (2, 23)
     assert max(seen_lengths) == 8
     assert seen_lengths[:6] == [3, 4, 5, 6, 7, 8]
+
+
+def test_with_a_kv_cache_each_step_feeds_only_the_new_token_and_refills_when_full():
+    model = tiny_gpt(block_size=8)
+    seen_lengths = []
+    model.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=12, temperature=1.0)
+    assert out.shape == (2, 15)
+    # The prompt, then one token at a time until the cache holds 8; then 6 (3/4 of 8) again.
+    assert seen_lengths == [3, 1, 1, 1, 1, 1, 6, 1, 1, 6, 1, 1]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_kv_cache_generation_equals_recomputing_the_context_while_it_fits(attention, temperature):
+    model = tiny_gpt(block_size=24, attention=attention)
+    prompt = torch.randint(0, 65, (3, 5), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(max_new_tokens=19, temperature=temperature, top_k=20 if temperature else None)  # fills all 24
+    cached = model.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(5))
+    recomputed = model.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(5), use_kv_cache=False)
+    assert torch.equal(cached, recomputed)
+
+
+def sliding_window_reference(model: GPT, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy decoding without a cache, over the window the cached path documents: it starts
+    at the context's first token and, once block_size tokens are in it and one more is due,
+    jumps to the last 3/4 of block_size tokens."""
+    block_size = model.config.block_size
+    start = max(0, idx.shape[1] - block_size)
+    for _ in range(max_new_tokens):
+        if idx.shape[1] - start > block_size:
+            start = idx.shape[1] - block_size * 3 // 4
+        logits, _ = model(idx[:, start:])
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+def test_past_block_size_the_cached_window_slides_as_documented():
+    model = tiny_gpt(block_size=8).eval()
+    prompt = torch.randint(0, 65, (2, 5), generator=torch.Generator().manual_seed(1))
+    cached = model.generate(prompt, max_new_tokens=40, temperature=0)
+    assert torch.equal(cached, sliding_window_reference(model, prompt, 40))
+    long_prompt = torch.randint(0, 65, (1, 20), generator=torch.Generator().manual_seed(2))  # longer than block_size
+    assert torch.equal(model.generate(long_prompt, 10, temperature=0), sliding_window_reference(model, long_prompt, 10))
 
 
 def test_temperature_zero_is_greedy_and_matches_top_k_one():

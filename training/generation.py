@@ -17,6 +17,7 @@ def generate_text(
     top_p: float | None = None,
     num_samples: int = 1,
     seed: int = 0,
+    use_kv_cache: bool = True,
 ) -> list[str]:
     """num_samples continuations of prompt, each returned as prompt + new text. The same
     seed gives the same samples."""
@@ -27,5 +28,5 @@ def generate_text(
     ids = context + tokenizer.encode(prompt)
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T0)
     generator = torch.Generator(device=device).manual_seed(seed)
-    tokens = model.generate(batch, max_new_tokens, temperature, top_k, top_p, generator=generator)
+    tokens = model.generate(batch, max_new_tokens, temperature, top_k, top_p, generator=generator, use_kv_cache=use_kv_cache)
     return [tokenizer.decode(row[len(context) :].tolist()) for row in tokens]

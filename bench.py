@@ -1,0 +1,254 @@
+"""How fast is this project on this machine? Prints a table and writes the figures to JSON.
+
+    python bench.py                              every section (a few minutes on 2 CPU cores)
+    python bench.py --only sampling,attention    some sections
+    make bench                                   the same as python bench.py
+
+Sections (each figure is the median of --repeats runs):
+    peak       fp32 matmul rate of this machine (1024 x 1024 x 1024), the yardstick for MFU
+    training   train.py itself on nanoGPT's CPU recipe shape (char-level tiny shakespeare,
+               4 layers, 4 heads, 128 dims, block 64, batch 12, AdamW): tokens/s from its
+               own log, model FLOP/s and MFU against the measured peak, peak memory
+    sampling   1,000 new tokens at block_size 256, with and without the KV cache
+    attention  forward + backward of the sdpa and manual paths against the same projections
+               around a bare scaled_dot_product_attention call
+
+Results go to bench_results/bench-<date>_<time>.json (git-ignored) unless --out says otherwise;
+the training section's run dirs go beside it.
+"""
+
+import argparse
+import json
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig
+from model.attention import CausalSelfAttention
+from training.checkpoint import load_checkpoint, model_from_checkpoint
+
+ROOT = Path(__file__).resolve().parent
+SECTIONS = ("peak", "training", "sampling", "attention")
+
+# nanoGPT's README CPU recipe, as this project's config overrides.
+NANOGPT_CPU_SHAPE = [
+    "model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64", "model.dropout=0.0",
+    "train.batch_size=12", "optim.lr=1e-3", "optim.min_lr=1e-4",
+]
+TOKENS_PER_STEP = 12 * 64  # batch x block
+
+
+def median_time(run: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of run() in seconds, after warmup calls."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def bench_peak(repeats: int) -> dict:
+    n, calls = 1024, 20
+    a, b = torch.randn(n, n), torch.randn(n, n)
+
+    def matmuls() -> None:
+        for _ in range(calls):
+            a @ b
+
+    seconds = median_time(matmuls, repeats)
+    return {"matmul_gflops": 2 * n**3 * calls / seconds / 1e9}
+
+
+def matmul_params(model: GPT) -> int:
+    """Weights used in matrix multiplies: every Linear (the tied LM head once); embedding
+    lookups are not multiplies."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def training_flops_per_token(model: GPT) -> float:
+    """6 FLOPs per matmul weight (forward 2, backward 4), plus the attention's own
+    matmuls, Q K^T and weights @ V, over the full T x T square: 12 * layers * T * C."""
+    c = model.config
+    return 6 * matmul_params(model) + 12 * c.n_layer * c.block_size * c.n_embd
+
+
+def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | None, work: Path) -> dict:
+    if not corpus.is_file():
+        sys.exit(f"error: --corpus {corpus} does not exist; give tiny shakespeare's input.txt")
+    rates, max_rss = [], 0
+    for i in range(repeats):
+        run_dir = work / f"throughput-{i}"
+        args = [
+            *NANOGPT_CPU_SHAPE, "data=text", f"data.path={corpus}", f"train.max_steps={steps}",
+            f"train.eval_interval={steps}", "train.eval_iters=1", "train.log_interval=50",
+            "train.attn_log_interval=0", "train.sample_interval=0", f"hydra.run.dir={run_dir}",
+        ]
+        result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"error: the training benchmark run failed:\n{result.stderr}")
+        windows = [float(r.replace(",", "")) for r in re.findall(r"\| ([\d,]+) tok/s", result.stdout)]
+        rates.append(statistics.median(windows[1:]))  # the first window includes warm-up
+        max_rss = max(max_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    model, _ = model_from_checkpoint(load_checkpoint(run_dir / "ckpt_last.pt"))
+    tokens_per_sec = statistics.median(rates)
+    model_gflops = tokens_per_sec * training_flops_per_token(model) / 1e9
+    return {
+        "tokens_per_sec": tokens_per_sec,
+        "ms_per_step": TOKENS_PER_STEP / tokens_per_sec * 1e3,
+        "model_gflops": model_gflops,
+        "mfu": model_gflops / peak_gflops if peak_gflops else None,
+        "params": model.num_parameters(),
+        "peak_rss_mib": max_rss / 1024,
+    }
+
+
+def bench_sampling(repeats: int, new_tokens: int) -> dict:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=66, block_size=256, n_layer=4, n_head=4, n_embd=128)).eval()
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+
+    def tokens_per_sec(use_kv_cache: bool) -> float:
+        def generate() -> None:
+            generator = torch.Generator().manual_seed(1)
+            model.generate(prompt, new_tokens, temperature=1.0, generator=generator, use_kv_cache=use_kv_cache)
+        # Recomputing takes seconds per run, so one-off start-up costs do not matter there.
+        return new_tokens / median_time(generate, repeats, warmup=1 if use_kv_cache else 0)
+
+    cached, recomputed = tokens_per_sec(True), tokens_per_sec(False)
+    return {"kv_cache_tokens_per_sec": cached, "recompute_tokens_per_sec": recomputed, "speedup": cached / recomputed}
+
+
+def bare_sdpa(module: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """The same projections as the module around one scaled_dot_product_attention call:
+    the floor the module's sdpa path is measured against."""
+    B, T, C = x.shape
+    H, D = module.n_head, module.head_dim
+    q, k, v = module.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))  # 3 x (B, H, T, D)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+    return module.proj(out.transpose(1, 2).contiguous().view(B, T, C))  # (B, T, C)
+
+
+def attention_timings(B: int, T: int, C: int, H: int, repeats: int, iterations: int = 20) -> dict:
+    """Milliseconds per forward + backward of each path on x (B, T, C), same weights."""
+    torch.manual_seed(0)
+    sdpa = CausalSelfAttention(C, H, bias=False, attention="sdpa")
+    manual = CausalSelfAttention(C, H, bias=False, attention="manual")
+    manual.load_state_dict(sdpa.state_dict())
+    x = torch.randn(B, T, C, requires_grad=True)
+    upstream = torch.randn(B, T, C)
+    paths = {"bare_sdpa": lambda: bare_sdpa(sdpa, x), "sdpa": lambda: sdpa(x)[0], "manual": lambda: manual(x)[0]}
+    ms = {}
+    for name, forward in paths.items():
+        def run(forward: Callable[[], torch.Tensor] = forward) -> None:
+            for _ in range(iterations):
+                (forward() * upstream).sum().backward()
+        ms[name] = median_time(run, repeats) / iterations * 1e3
+    return {
+        **{f"{name}_ms": value for name, value in ms.items()},
+        "sdpa_vs_bare": ms["sdpa"] / ms["bare_sdpa"],
+        "manual_vs_bare": ms["manual"] / ms["bare_sdpa"],
+    }
+
+
+def bench_attention(repeats: int) -> dict:
+    return {f"B{B}_T{T}_C{C}_H{H}": attention_timings(B, T, C, H, repeats) for B, T, C, H in ((8, 256, 384, 6), (12, 64, 128, 4))}
+
+
+def print_table(results: dict) -> None:
+    rows = []
+    if "peak" in results:
+        rows.append(("fp32 matmul peak (1024^3)", f"{results['peak']['matmul_gflops']:.1f} GFLOP/s"))
+    if "training" in results:
+        t = results["training"]
+        mfu = f", MFU {t['mfu']:.0%}" if t["mfu"] else ""
+        rows += [
+            ("training, nanoGPT CPU shape", f"{t['tokens_per_sec']:,.0f} tokens/s ({t['ms_per_step']:.1f} ms/step)"),
+            ("  model FLOP/s", f"{t['model_gflops']:.1f} GFLOP/s{mfu}"),
+            ("  peak memory (train.py)", f"{t['peak_rss_mib']:.0f} MiB"),
+        ]
+    if "sampling" in results:
+        s = results["sampling"]
+        rows += [
+            ("sampling 1,000 tokens, block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache"),
+            ("  recomputing the context", f"{s['recompute_tokens_per_sec']:,.0f} tokens/s ({s['speedup']:.1f}x slower)"),
+        ]
+    for shape, a in results.get("attention", {}).items():
+        rows.append((
+            f"attention fwd+bwd {shape}",
+            f"bare {a['bare_sdpa_ms']:.2f} ms, sdpa {a['sdpa_ms']:.2f} ms ({a['sdpa_vs_bare']:.2f}x), "
+            f"manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)",
+        ))
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
+    parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")
+    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
+                        help="tiny shakespeare's input.txt, for the training section")
+    parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
+    args = parser.parse_args()
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or args.repeats < 1:
+        sys.exit(f"error: --only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
+                 if unknown else f"error: --repeats {args.repeats} must be at least 1")
+
+    stamp = datetime.now()
+    out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
+    work = out.parent / f"runs-{stamp:%Y-%m-%d_%H-%M-%S}"  # the training section's run dirs
+    results: dict = {}
+    if "peak" in sections:
+        results["peak"] = bench_peak(args.repeats)
+    if "training" in sections:
+        peak = results.get("peak", {}).get("matmul_gflops")
+        results["training"] = bench_training(args.repeats, args.steps, args.corpus.resolve(), peak, work)
+    if "sampling" in sections:
+        results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
+    if "attention" in sections:
+        results["attention"] = bench_attention(args.repeats)
+
+    print_table(results)
+    record = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
+                    "python": platform.python_version()},
+        "repeats": args.repeats,
+        "results": results,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written: {out}")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
