@@ -1,7 +1,8 @@
 """How fast is this project on this machine? Prints a table and writes the figures to JSON.
 
-    python bench.py                              every section (a few minutes on 2 CPU cores)
+    python bench.py                              the default sections (about 6 minutes on 2 CPU cores)
     python bench.py --only sampling,attention    some sections
+    python bench.py --only recipe                nanoGPT's full recipe in this trainer (slow)
     make bench                                   the same as python bench.py
 
 Sections (each figure is the median of --repeats runs):
@@ -9,6 +10,11 @@ Sections (each figure is the median of --repeats runs):
     training   train.py itself on nanoGPT's CPU recipe shape (char-level tiny shakespeare,
                4 layers, 4 heads, 128 dims, block 64, batch 12, AdamW): tokens/s from its
                own log, model FLOP/s and MFU against the measured peak, peak memory
+    quality    time to quality: wall time of `train.py experiment=shakespeare_char_cpu`, start
+               to exit, and the val loss it ends with (200 batches); the target is 1.886,
+               nanoGPT's README CPU recipe's val loss
+    recipe     (not by default) nanoGPT's CPU recipe itself in this trainer: 2,000 steps of
+               AdamW at lr 1e-3 with a cosine schedule, learned positions, GELU; wall time and val loss
     sampling   1,000 new tokens at block_size 256, with and without the KV cache
     attention  forward + backward of the sdpa and manual paths against the same projections
                around a bare scaled_dot_product_attention call
@@ -38,7 +44,9 @@ from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parent
-SECTIONS = ("peak", "training", "sampling", "attention")
+SECTIONS = ("peak", "training", "quality", "recipe", "sampling", "attention")
+DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention")
+TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
 # nanoGPT's README CPU recipe, as this project's config overrides.
 NANOGPT_CPU_SHAPE = [
@@ -115,6 +123,39 @@ def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | 
     }
 
 
+def timed_training_runs(name: str, args: list[str], repeats: int, corpus: Path, work: Path) -> dict:
+    """Runs train.py repeats times; median wall time (start to exit) and final val loss."""
+    if not corpus.is_file():
+        sys.exit(f"error: --corpus {corpus} does not exist; give tiny shakespeare's input.txt")
+    seconds, losses = [], []
+    for i in range(repeats):
+        command = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={work / f'{name}-{i}'}"]
+        started = time.perf_counter()
+        result = subprocess.run(command, capture_output=True, text=True)
+        seconds.append(time.perf_counter() - started)
+        if result.returncode != 0:
+            sys.exit(f"error: the {name} benchmark run failed:\n{result.stderr}")
+        losses.append(float(re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", result.stdout)[-1]))
+    val_loss = statistics.median(losses)
+    return {"seconds": statistics.median(seconds), "val_loss": val_loss, "val_losses": losses,
+            "reached_target": val_loss <= TARGET_VAL_LOSS}
+
+
+def bench_quality(repeats: int, corpus: Path, work: Path, steps: int | None) -> dict:
+    # data=text reads the file as it is (data=shakespeare would insist on the exact bytes).
+    args = ["experiment=shakespeare_char_cpu", "data=text", f"data.path={corpus}", "train.attn_log_interval=0"]
+    if steps:
+        args += [f"train.max_steps={steps}", f"train.eval_interval={steps}"]
+    return timed_training_runs("quality", args, repeats, corpus, work)
+
+
+def bench_recipe(repeats: int, corpus: Path, work: Path) -> dict:
+    args = [*NANOGPT_CPU_SHAPE, "data=text", f"data.path={corpus}", "optim.warmup_steps=100", "train.max_steps=2000",
+            "train.eval_interval=2000", "train.eval_iters=200", "train.eval_at_start=false",
+            "train.attn_log_interval=0", "train.sample_interval=0", "train.log_interval=100"]
+    return timed_training_runs("recipe", args, repeats, corpus, work)
+
+
 def bench_sampling(repeats: int, new_tokens: int) -> dict:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=66, block_size=256, n_layer=4, n_head=4, n_embd=128)).eval()
@@ -180,6 +221,11 @@ def print_table(results: dict) -> None:
             ("  model FLOP/s", f"{t['model_gflops']:.1f} GFLOP/s{mfu}"),
             ("  peak memory (train.py)", f"{t['peak_rss_mib']:.0f} MiB"),
         ]
+    for key, label in (("quality", "time to quality (preset)"), ("recipe", "nanoGPT's recipe, this trainer")):
+        if key in results:
+            q = results[key]
+            rows.append((label, f"{q['seconds']:.1f} s wall, val loss {q['val_loss']:.4f} "
+                                f"({'reaches' if q['reached_target'] else 'misses'} {TARGET_VAL_LOSS})"))
     if "sampling" in results:
         s = results["sampling"]
         rows += [
@@ -199,12 +245,14 @@ def print_table(results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
+    parser.add_argument("--preset-steps", type=int, help="a quick check: override the preset's train.max_steps "
+                        "(the quality figure then no longer measures time to quality)")
     parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
-                        help="tiny shakespeare's input.txt, for the training section")
+                        help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
     args = parser.parse_args()
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -222,6 +270,10 @@ def main() -> None:
     if "training" in sections:
         peak = results.get("peak", {}).get("matmul_gflops")
         results["training"] = bench_training(args.repeats, args.steps, args.corpus.resolve(), peak, work)
+    if "quality" in sections:
+        results["quality"] = bench_quality(args.repeats, args.corpus.resolve(), work, args.preset_steps)
+    if "recipe" in sections:
+        results["recipe"] = bench_recipe(args.repeats, args.corpus.resolve(), work)
     if "sampling" in sections:
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
     if "attention" in sections:

@@ -166,7 +166,7 @@ def train(cfg: DictConfig) -> float:
 
             if not evaluated_already:
                 # Evaluate.
-                is_eval_step = step % cfg.train.eval_interval == 0 or last_step
+                is_eval_step = (step % cfg.train.eval_interval == 0 and (step > 0 or cfg.train.eval_at_start)) or last_step
                 if is_eval_step:
                     losses = evaluate(model, data, batch_size, block_size, cfg.train.eval_iters, device, cfg.train.seed)
                     tb.scalars(step, {"loss/train": losses["train"], "loss/val": losses["val"]})
@@ -198,9 +198,10 @@ def train(cfg: DictConfig) -> float:
 
             # One optimizer update.
             started = time.perf_counter()
-            lr = lr_at(step, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, max_steps)
+            lr = lr_at(step, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, max_steps,
+                       cfg.optim.schedule, cfg.optim.decay_fraction)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr  # AdamW and Muon alike: Muon scales its own update to match
             x, y = get_batch(data.train, batch_size, block_size, batch_rng)  # (B, T), (B, T)
             x, y = x.to(device), y.to(device)
             _, loss = model(x, y)

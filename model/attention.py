@@ -73,7 +73,9 @@ class CausalSelfAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         attention: str = "sdpa",
+        rope_length: int = 0,
     ) -> None:
+        """rope_length > 0 turns on rotary positions for up to that many tokens (see rotate)."""
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(
@@ -93,6 +95,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
+        self.rope_length = rope_length
+        if rope_length:
+            # Pair i of a head's D dims turns by position * 10000^(-2i / D): fast for the first
+            # pairs, slow for the last. Not parameters, and not saved: derived from the sizes.
+            speeds = 10000.0 ** (-torch.arange(0, self.head_dim, 2) / self.head_dim)  # (D/2,)
+            angles = torch.arange(rope_length).view(-1, 1) * speeds.view(1, -1)  # (rope_length, D/2)
+            self.register_buffer("rope_cos", angles.cos(), persistent=False)  # (rope_length, D/2)
+            self.register_buffer("rope_sin", angles.sin(), persistent=False)  # (rope_length, D/2)
 
     def forward(
         self,
@@ -125,6 +135,13 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+
+        #    With rotary positions, turn each query and key by its token's position, so that
+        #    q . k depends on how far apart two tokens are, not on where they are.
+        if self.rope_length:
+            start = cache.length if cache is not None else 0  # cached tokens come first
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, D/2) each
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, H, T, D)
 
         #    When generating with a cache, the earlier tokens' keys and values are already
         #    there: add this call's after them. The queries are only this call's T tokens.
@@ -209,6 +226,13 @@ class CausalSelfAttention(nn.Module):
             # One new token after a KV cache sees every key: no mask at all.
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, H, 1, D)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, H, T, D)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding: treat dims (i, i + D/2) of x (B, H, T, D) as a point in a
+    plane and turn it by the angle whose cos and sin (T, D/2) are given for each position."""
+    x1, x2 = x.chunk(2, dim=-1)  # 2 x (B, H, T, D/2)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, D)
 
 
 def divisors(n: int) -> list[int]:

@@ -31,6 +31,19 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in Linear layers and LayerNorms
     attention: str = "sdpa"  # "sdpa" (fused) or "manual" (explicit math)
+    pos: str = "learned"  # "learned" position embeddings (GPT-2), or "rope": rotary, in attention
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
+    mlp: str = "gelu"  # "gelu" (GPT-2) or "relu2": ReLU(x)^2
+    tie_head: bool = True  # the LM head shares the token embedding matrix
+
+
+POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2")
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
 class MLP(nn.Module):
@@ -39,20 +52,23 @@ class MLP(nn.Module):
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.relu2 = config.mlp == "relu2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.fc(x))  # (B, T, C) -> (B, T, 4C)
+        x = self.fc(x)  # (B, T, C) -> (B, T, 4C)
+        x = F.relu(x).square() if self.relu2 else F.gelu(x)  # (B, T, 4C)
         return self.dropout(self.proj(x))  # (B, T, 4C) -> (B, T, C)
 
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(
-            config.n_embd, config.n_head, config.dropout, config.bias, config.attention
+            config.n_embd, config.n_head, config.dropout, config.bias, config.attention,
+            rope_length=config.block_size if config.pos == "rope" else 0,
         )
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
     def forward(
@@ -71,14 +87,16 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        # With rope, positions enter inside attention instead (model/attention.py).
+        self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # Weight tying: reading a token in and scoring it as the next token share one
-        # matrix (vocab_size, C). Fewer parameters, and it trains better at this size.
-        self.lm_head.weight = self.tok_emb.weight
+        if config.tie_head:
+            # Weight tying: reading a token in and scoring it as the next token share one
+            # matrix (vocab_size, C). Fewer parameters, and it trains better at this size.
+            self.lm_head.weight = self.tok_emb.weight
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -106,8 +124,10 @@ class GPT(nn.Module):
         start = caches[0].length if caches else 0  # tokens already in the KV caches come first
         if self.config.block_size < start + T:
             raise ValueError(f"sequence length {start + T} exceeds block_size={self.config.block_size}")
-        positions = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = self.tok_emb(idx) + self.pos_emb(positions)  # (B, T, C) + (T, C) -> (B, T, C)
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is not None:
+            positions = torch.arange(start, start + T, device=idx.device)  # (T,)
+            x = x + self.pos_emb(positions)  # (B, T, C) + (T, C) -> (B, T, C)
         x = self.dropout(x)
         all_weights = []
         for layer, block in enumerate(self.blocks):

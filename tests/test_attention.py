@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.attention import CausalSelfAttention, KVCache
+from model.attention import CausalSelfAttention, KVCache, rotate
 
 ATOL, RTOL = 1e-5, 1e-4
 
@@ -202,3 +202,18 @@ def test_with_a_cache_the_weights_cover_earlier_tokens_and_hide_later_ones():
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 2))
     assert (weights[..., 0, 4] == 0).all()  # the first new token (position 3) cannot see position 4
     assert (weights[..., 1, :] > 0).all()  # the second (position 4) sees everything before it
+
+
+def test_rotary_positions_make_scores_depend_only_on_the_distance_between_tokens():
+    module = CausalSelfAttention(16, 2, attention="manual", rope_length=32)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)  # one head's query and key, D = 8
+
+    def score(query_position: int, key_position: int) -> float:
+        def at(x, p):
+            return rotate(x, module.rope_cos[p : p + 1], module.rope_sin[p : p + 1])
+        return (at(q, query_position) * at(k, key_position)).sum().item()
+
+    assert score(7, 3) == pytest.approx(score(27, 23), abs=1e-5)  # 4 apart, wherever they are
+    assert score(7, 3) != pytest.approx(score(7, 5), abs=1e-3)  # a different distance, another score
+    assert rotate(q, module.rope_cos[:1], module.rope_sin[:1]).equal(q)  # position 0 is not turned
+    assert rotate(q, module.rope_cos[5:6], module.rope_sin[5:6]).norm() == pytest.approx(q.norm().item(), rel=1e-5)

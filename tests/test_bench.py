@@ -10,7 +10,7 @@ def test_the_benchmark_runs_every_section_and_writes_json(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400)
     out = tmp_path / "results" / "bench.json"
-    result = run_cli("bench.py", "--repeats", "1", "--steps", "60", "--new-tokens", "20",
+    result = run_cli("bench.py", "--repeats", "1", "--steps", "60", "--new-tokens", "20", "--preset-steps", "20",
                      "--corpus", str(corpus), "--out", str(out), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     record = json.loads(out.read_text())
@@ -19,6 +19,9 @@ def test_the_benchmark_runs_every_section_and_writes_json(tmp_path):
     training = figures["training"]
     assert training["tokens_per_sec"] > 0 and 0 < training["mfu"] < 1.5
     assert 780_000 < training["params"] < 820_000  # nanoGPT's CPU shape: about 0.8 M parameters
+    quality = figures["quality"]
+    assert quality["seconds"] > 0 and 0 < quality["val_loss"] < 5
+    assert quality["reached_target"] == (quality["val_loss"] <= 1.886)
     assert figures["sampling"]["kv_cache_tokens_per_sec"] > 0 and figures["sampling"]["recompute_tokens_per_sec"] > 0
     assert set(figures["attention"]) == {"B8_T256_C384_H6", "B12_T64_C128_H4"}
     assert "tokens/s with KV cache" in result.stdout and f"written: {out}" in result.stdout
@@ -28,4 +31,6 @@ def test_the_benchmark_runs_every_section_and_writes_json(tmp_path):
 def test_an_unknown_section_is_one_clear_line(tmp_path):
     result = run_cli("bench.py", "--only", "speed", cwd=tmp_path)
     assert result.returncode == 1
-    assert result.stderr == "error: --only speed is not a section (choose from peak, training, sampling, attention)\n"
+    assert result.stderr == (
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, sampling, attention)\n"
+    )

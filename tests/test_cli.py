@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import TINY_RUN, run_cli
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -173,6 +174,12 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         pytest.param(["train.device=cuda"], "error: train.device=cuda but PyTorch sees no CUDA GPU here",
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
         (["optim.lr=0"], "error: optim.lr=0"),
+        (["model.pos=alibi"], "error: model.pos=alibi must be one of learned, rope"),
+        (["model.pos=rope", "model.n_embd=36", "model.n_head=4"], "error: model.pos=rope needs an even head size"),
+        (["model.mlp=swish"], "error: model.mlp=swish must be one of gelu, relu2"),
+        (["optim.name=sgd"], "error: optim.name=sgd must be one of adamw, muon"),
+        (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),
+        (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: shakespeare_char_cpu"),
         (["resume=nowhere"], "error: resume=nowhere does not exist"),
         (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
         (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
@@ -253,3 +260,15 @@ def test_help_lists_the_options_with_the_projects_own_text(tmp_path, script):
     else:
         assert "use_kv_cache: true" in result.stdout
     assert list(tmp_path.iterdir()) == []  # asking for help writes nothing
+
+
+def test_the_time_to_quality_preset_resolves_to_nanogpts_shape_with_its_levers(tmp_path):
+    result = run_cli("train.py", "experiment=shakespeare_char_cpu", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    assert config["data"]["source"] == "shakespeare" and config["tokenizer"]["kind"] == "char"
+    model = config["model"]
+    assert (model["n_layer"], model["n_head"], model["n_embd"], model["block_size"]) == (4, 4, 128, 64)
+    assert (model["pos"], model["mlp"], config["optim"]["schedule"]) == ("rope", "relu2", "wsd")
+    assert config["train"]["batch_size"] == 12 and config["train"]["eval_iters"] >= 200
+    assert list(tmp_path.iterdir()) == []

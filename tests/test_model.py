@@ -23,11 +23,17 @@ def test_loss_at_init_is_close_to_ln_vocab_size():
     assert abs(loss.item() - math.log(65)) < 0.1
 
 
-def test_a_few_dozen_steps_on_a_tiny_corpus_lower_the_loss_clearly():
+# Every architecture option (model.pos, norm, mlp, tie_head) against the GPT-2 defaults.
+ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False},
+                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False}]
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")
+def test_a_few_dozen_steps_on_a_tiny_corpus_lower_the_loss_clearly(options):
     text = "the cat sat on the mat. " * 40
     chars = sorted(set(text))
     ids = torch.tensor([chars.index(c) for c in text])
-    model = tiny_gpt(vocab_size=len(chars))
+    model = tiny_gpt(vocab_size=len(chars), **options)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
     losses = []
@@ -160,3 +166,33 @@ def test_a_sequence_longer_than_block_size_is_refused():
     model = tiny_gpt(block_size=8)
     with pytest.raises(ValueError, match="exceeds block_size=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS[1:], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_each_architecture_option_gives_the_same_outputs_and_gradients_on_both_attention_paths(options):
+    manual, sdpa = tiny_gpt(attention="manual", **options), tiny_gpt(attention="sdpa", **options)
+    sdpa.load_state_dict(manual.state_dict())
+    idx = torch.randint(0, 65, (2, 16), generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(0, 65, (2, 16), generator=torch.Generator().manual_seed(1))
+    (logits_manual, loss_manual), (logits_sdpa, loss_sdpa) = manual(idx, targets), sdpa(idx, targets)
+    torch.testing.assert_close(logits_manual, logits_sdpa, atol=1e-5, rtol=1e-4)
+    loss_manual.backward()
+    loss_sdpa.backward()
+    for (name, a), (_, b) in zip(manual.named_parameters(), sdpa.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS[1:], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_each_architecture_option_samples_the_same_with_and_without_the_kv_cache(options):
+    model = tiny_gpt(block_size=16, **options)
+    prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.generate(prompt, 12, temperature=0), model.generate(prompt, 12, temperature=0, use_kv_cache=False))
+
+
+def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():
+    rope = tiny_gpt(pos="rope")
+    assert rope.pos_emb is None and "pos_emb.weight" not in rope.state_dict()
+    assert not any("rope" in name for name in rope.state_dict())  # derived from the sizes, not saved
+    untied = tiny_gpt(tie_head=False)
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    assert untied.num_parameters() == tiny_gpt().num_parameters() + 65 * 32

@@ -30,10 +30,34 @@ def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
 
 
+def test_wsd_holds_lr_flat_then_decays_in_a_straight_line_over_the_last_fifth():
+    kwargs = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=111, schedule="wsd", decay_fraction=0.2)
+    assert lr_at(9, **kwargs) == pytest.approx(1e-3)
+    assert lr_at(50, **kwargs) == lr_at(88, **kwargs) == pytest.approx(1e-3)  # stable
+    assert lr_at(98, **kwargs) == pytest.approx(1e-3 + (1e-4 - 1e-3) * 10 / 22)  # decay: steps 88..110
+    assert lr_at(110, **kwargs) == pytest.approx(1e-4)
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_and_both_save_and_load():
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99]}
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"))
+    adamw, muon = optimizer.optimizers
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    hidden = {id(p) for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2}
+    assert {id(p) for g in muon.param_groups for p in g["params"]} == hidden  # qkv, proj, fc, proj of each block
+    assert len(hidden) == 8
+    model(torch.randint(0, 10, (2, 8)), torch.randint(0, 10, (2, 8)))[1].backward()
+    optimizer.step()
+    again = build_optimizer(model, cfg, torch.device("cpu"))
+    again.load_state_dict(optimizer.state_dict())
+    assert again.state_dict()["optimizers"][1]["state"].keys() == muon.state_dict()["state"].keys()
+
+
 def test_weight_decay_applies_to_matrices_only():
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=True))
     optimizer = build_optimizer(model, {"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99]}, torch.device("cpu"))
-    decayed, plain = optimizer.param_groups
+    decayed, plain = optimizer.param_groups  # one AdamW, two groups
     assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))

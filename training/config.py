@@ -18,7 +18,10 @@ from omegaconf import OmegaConf
 
 from model import GPT, GPTConfig
 from model.attention import ATTENTION_PATHS, divisors
+from model.gpt import MLPS, NORMS, POSITIONS
 from training.errors import UserError
+from training.lr_schedule import SCHEDULES
+from training.optimizer import OPTIMIZERS
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
@@ -32,9 +35,9 @@ TRAIN_KEY_TYPES = {
     ),
     float: (
         "model.dropout", "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.grad_clip",
-        "train.sample_temperature", "data.val_fraction",
+        "train.sample_temperature", "data.val_fraction", "optim.decay_fraction",
     ),
-    bool: ("model.bias", "train.skip_nonfinite"),
+    bool: ("model.bias", "model.tie_head", "train.skip_nonfinite", "train.eval_at_start"),
 }
 TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false"}
 
@@ -63,7 +66,14 @@ def validate_train_config(cfg: Any) -> None:
     )
     require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
     require(model.attention in ATTENTION_PATHS, f"model.attention={model.attention} must be one of {', '.join(ATTENTION_PATHS)}")
+    for key, choices in (("pos", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
+        require(model[key] in choices, f"model.{key}={model[key]} must be one of {', '.join(choices)}")
+    require(model.pos != "rope" or (model.n_embd // model.n_head) % 2 == 0,
+            f"model.pos=rope needs an even head size; n_embd // n_head is {model.n_embd // model.n_head}")
     require(optim.lr > 0, f"optim.lr={optim.lr} must be greater than 0, e.g. optim.lr=1e-3")
+    require(optim.name in OPTIMIZERS, f"optim.name={optim.name} must be one of {', '.join(OPTIMIZERS)}")
+    require(optim.schedule in SCHEDULES, f"optim.schedule={optim.schedule} must be one of {', '.join(SCHEDULES)}")
+    require(0 < optim.decay_fraction <= 1, f"optim.decay_fraction={optim.decay_fraction} must be in (0, 1], e.g. 0.2")
     require(0 <= optim.min_lr <= optim.lr, f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr}")
     require(optim.weight_decay >= 0, f"optim.weight_decay={optim.weight_decay} must be 0 or more")
     require(optim.warmup_steps >= 0, f"optim.warmup_steps={optim.warmup_steps} must be 0 or more")
@@ -94,8 +104,9 @@ def validate_train_config(cfg: Any) -> None:
         )
 
 
-# What a resumed run may not change: the network, its tokens, and the text it learns from.
-FIXED_ON_RESUME = ("model", "tokenizer", "data")
+# What a resumed run may not change: the network, its tokens, the text it learns from, and
+# which optimizer holds its state.
+FIXED_ON_RESUME = ("model", "tokenizer", "data", "optim.name")
 
 
 def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tuple[Any, list[str]]:
@@ -111,9 +122,10 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
         new, old = plain(OmegaConf.select(cfg, key)), plain(OmegaConf.select(resumed, key))
         if new == old:
             continue
+        fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
         require(
-            key.split(".")[0] not in FIXED_ON_RESUME,
-            f"resume: {override} would change the {key.split('.')[0]} this run was trained with "
+            fixed is None,
+            f"resume: {override} would change the {fixed} this run was trained with "
             f"({old if '.' in key else 'a different ' + key}); start a new run for that instead",
         )
         OmegaConf.update(resumed, key, new, merge=False, force_add=True)
@@ -132,7 +144,8 @@ def require(ok: bool, message: str) -> None:
 
 
 def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
-    return GPT(GPTConfig(vocab_size=vocab_size, **{key: model_cfg[key] for key in MODEL_KEYS}))
+    # A key missing from an older checkpoint's config keeps GPTConfig's default.
+    return GPT(GPTConfig(vocab_size=vocab_size, **{key: model_cfg[key] for key in MODEL_KEYS if key in model_cfg}))
 
 
 def pick_device(name: str) -> torch.device:

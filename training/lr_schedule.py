@@ -1,16 +1,31 @@
-"""The learning rate at each step: linear warmup, then cosine decay down to min_lr."""
+"""The learning rate at each step: linear warmup, then one of two shapes down to min_lr.
+
+    cosine  a half cosine from lr to min_lr over all the steps after warmup (the default)
+    wsd     warmup-stable-decay: lr held flat, then a straight line to min_lr over the last
+            decay_fraction of the steps; the flat part learns fast, the decay settles it
+"""
 
 import math
 
+SCHEDULES = ("cosine", "wsd")
 
-def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
+
+def lr_at(
+    step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int,
+    schedule: str = "cosine", decay_fraction: float = 0.2,
+) -> float:
     """The lr for update number step (0 to max_steps - 1). Warmup rises linearly from
-    lr / warmup_steps to lr at step warmup_steps - 1; then a half cosine falls to min_lr,
+    lr / warmup_steps to lr at step warmup_steps - 1; then the schedule falls to min_lr,
     which the last update (step max_steps - 1) uses, and any step after it."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     last = max_steps - 1
     if step >= last:
         return min_lr
+    if schedule == "wsd":
+        decay_start = max(warmup_steps, last - round(decay_fraction * max_steps))
+        if step < decay_start:
+            return lr
+        return lr + (min_lr - lr) * (step - decay_start) / max(1, last - decay_start)
     progress = (step - warmup_steps) / max(1, last - warmup_steps)  # 0 -> 1
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
