@@ -3,6 +3,7 @@
     python bench.py                              the default sections (about 6 minutes on 2 CPU cores)
     python bench.py --only sampling,attention    some sections
     python bench.py --only recipe                nanoGPT's full recipe in this trainer (slow)
+    python bench.py --only compile               train.compile=true against eager (slow)
     make bench                                   the same as python bench.py
 
 Sections (each figure is the median of --repeats runs):
@@ -15,7 +16,11 @@ Sections (each figure is the median of --repeats runs):
                nanoGPT's README CPU recipe's val loss
     recipe     (not by default) nanoGPT's CPU recipe itself in this trainer: 2,000 steps of
                AdamW at lr 1e-3 with a cosine schedule, learned positions, GELU; wall time and val loss
-    sampling   1,000 new tokens at block_size 256, with and without the KV cache
+    compile    (not by default) the training section's runs eager and with train.compile=true:
+               tokens/s after the first log window, and wall time with compiling from scratch
+    sampling   1,000 new tokens at block_size 256, with and without the KV cache, for
+               nanoGPT's shakespeare-char model (6 layers, 6 heads, 384 dims) and this
+               project's default model (4 layers, 4 heads, 128 dims)
     attention  forward + backward of the sdpa and manual paths against the same projections
                around a bare scaled_dot_product_attention call
 
@@ -25,6 +30,7 @@ the training section's run dirs go beside it.
 
 import argparse
 import json
+import os
 import platform
 import re
 import resource
@@ -44,7 +50,7 @@ from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parent
-SECTIONS = ("peak", "training", "quality", "recipe", "sampling", "attention")
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention")
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
@@ -93,22 +99,29 @@ def training_flops_per_token(model: GPT) -> float:
     return 6 * matmul_params(model) + 12 * c.n_layer * c.block_size * c.n_embd
 
 
-def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | None, work: Path) -> dict:
+def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | None, work: Path,
+                   extra: tuple[str, ...] = (), name: str = "throughput") -> dict:
+    """train.py on nanoGPT's CPU shape: tokens/s from its own log (the first window, which
+    holds the start-up and any compiling, left out), wall time start to exit, peak memory."""
     if not corpus.is_file():
         sys.exit(f"error: --corpus {corpus} does not exist; give tiny shakespeare's input.txt")
-    rates, max_rss = [], 0
+    rates, seconds, max_rss = [], [], 0
     for i in range(repeats):
-        run_dir = work / f"throughput-{i}"
+        run_dir = work / f"{name}-{i}"
         args = [
             *NANOGPT_CPU_SHAPE, "data=text", f"data.path={corpus}", f"train.max_steps={steps}",
             f"train.eval_interval={steps}", "train.eval_iters=1", "train.log_interval=50",
-            "train.attn_log_interval=0", "train.sample_interval=0", f"hydra.run.dir={run_dir}",
+            "train.attn_log_interval=0", "train.sample_interval=0", f"hydra.run.dir={run_dir}", *extra,
         ]
-        result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True)
+        # Each run compiles from scratch (an empty kernel cache), as a first run does.
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / f"{name}-{i}-inductor-cache")}
+        started = time.perf_counter()
+        result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, env=env)
+        seconds.append(time.perf_counter() - started)
         if result.returncode != 0:
-            sys.exit(f"error: the training benchmark run failed:\n{result.stderr}")
+            sys.exit(f"error: the {name} benchmark run failed:\n{result.stderr}")
         windows = [float(r.replace(",", "")) for r in re.findall(r"\| ([\d,]+) tok/s", result.stdout)]
-        rates.append(statistics.median(windows[1:]))  # the first window includes warm-up
+        rates.append(statistics.median(windows[1:]))
         max_rss = max(max_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     model, _ = model_from_checkpoint(load_checkpoint(run_dir / "ckpt_last.pt"))
     tokens_per_sec = statistics.median(rates)
@@ -119,8 +132,17 @@ def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | 
         "model_gflops": model_gflops,
         "mfu": model_gflops / peak_gflops if peak_gflops else None,
         "params": model.num_parameters(),
-        "peak_rss_mib": max_rss / 1024,
+        "steps": steps,
+        "seconds": statistics.median(seconds),
+        "peak_rss_mib": max_rss / 1024,  # the largest train.py run so far (getrusage keeps the maximum)
     }
+
+
+def bench_compile(repeats: int, steps: int, corpus: Path, peak_gflops: float | None, work: Path) -> dict:
+    """The training section's runs once eager and once with train.compile=true, side by side."""
+    eager = bench_training(repeats, steps, corpus, peak_gflops, work, name="eager")
+    compiled = bench_training(repeats, steps, corpus, peak_gflops, work, ("train.compile=true",), name="compiled")
+    return {"eager": eager, "compiled": compiled, "speedup": compiled["tokens_per_sec"] / eager["tokens_per_sec"]}
 
 
 def timed_training_runs(name: str, args: list[str], repeats: int, corpus: Path, work: Path) -> dict:
@@ -156,20 +178,31 @@ def bench_recipe(repeats: int, corpus: Path, work: Path) -> dict:
     return timed_training_runs("recipe", args, repeats, corpus, work)
 
 
+# The models sampled from, both at block_size 256: nanoGPT's shakespeare-char model (its
+# train_shakespeare_char config: 6 layers, 6 heads, 384 dims, 10.7 M parameters) and this
+# project's default model (4 layers, 4 heads, 128 dims, 0.8 M), whose cached steps are so small
+# that per-operation overhead, not arithmetic, sets their speed.
+SAMPLING_MODELS = {"L6_H6_C384": (6, 6, 384), "L4_H4_C128": (4, 4, 128)}
+
+
 def bench_sampling(repeats: int, new_tokens: int) -> dict:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=66, block_size=256, n_layer=4, n_head=4, n_embd=128)).eval()
-    prompt = torch.zeros(1, 1, dtype=torch.long)
+    results = {}
+    for name, (n_layer, n_head, n_embd) in SAMPLING_MODELS.items():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=n_layer, n_head=n_head, n_embd=n_embd)).eval()
+        prompt = torch.zeros(1, 1, dtype=torch.long)
 
-    def tokens_per_sec(use_kv_cache: bool) -> float:
-        def generate() -> None:
-            generator = torch.Generator().manual_seed(1)
-            model.generate(prompt, new_tokens, temperature=1.0, generator=generator, use_kv_cache=use_kv_cache)
-        # Recomputing takes seconds per run, so one-off start-up costs do not matter there.
-        return new_tokens / median_time(generate, repeats, warmup=1 if use_kv_cache else 0)
+        def tokens_per_sec(use_kv_cache: bool, model: GPT = model, prompt: torch.Tensor = prompt) -> float:
+            def generate() -> None:
+                generator = torch.Generator().manual_seed(1)
+                model.generate(prompt, new_tokens, temperature=1.0, generator=generator, use_kv_cache=use_kv_cache)
+            # Recomputing takes seconds per run, so one-off start-up costs do not matter there.
+            return new_tokens / median_time(generate, repeats, warmup=1 if use_kv_cache else 0)
 
-    cached, recomputed = tokens_per_sec(True), tokens_per_sec(False)
-    return {"kv_cache_tokens_per_sec": cached, "recompute_tokens_per_sec": recomputed, "speedup": cached / recomputed}
+        cached, recomputed = tokens_per_sec(True), tokens_per_sec(False)
+        results[name] = {"params": model.num_parameters(), "kv_cache_tokens_per_sec": cached,
+                         "recompute_tokens_per_sec": recomputed, "speedup": cached / recomputed}
+    return results
 
 
 def bare_sdpa(module: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
@@ -226,11 +259,17 @@ def print_table(results: dict) -> None:
             q = results[key]
             rows.append((label, f"{q['seconds']:.1f} s wall, val loss {q['val_loss']:.4f} "
                                 f"({'reaches' if q['reached_target'] else 'misses'} {TARGET_VAL_LOSS})"))
-    if "sampling" in results:
-        s = results["sampling"]
+    if "compile" in results:
+        e, c = results["compile"]["eager"], results["compile"]["compiled"]
         rows += [
-            ("sampling 1,000 tokens, block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache"),
-            ("  recomputing the context", f"{s['recompute_tokens_per_sec']:,.0f} tokens/s ({s['speedup']:.1f}x slower)"),
+            ("training, train.compile=true", f"{c['tokens_per_sec']:,.0f} tokens/s ({results['compile']['speedup']:.2f}x "
+                                             f"eager's {e['tokens_per_sec']:,.0f})"),
+            (f"  wall time, {c['steps']} steps", f"{c['seconds']:.1f} s compiled, {e['seconds']:.1f} s eager"),
+        ]
+    for shape, s in results.get("sampling", {}).items():
+        rows += [
+            (f"sampling, {shape} block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache, "
+                                             f"{s['recompute_tokens_per_sec']:,.0f} recomputing ({s['speedup']:.1f}x)"),
         ]
     for shape, a in results.get("attention", {}).items():
         rows.append((
@@ -274,6 +313,9 @@ def main() -> None:
         results["quality"] = bench_quality(args.repeats, args.corpus.resolve(), work, args.preset_steps)
     if "recipe" in sections:
         results["recipe"] = bench_recipe(args.repeats, args.corpus.resolve(), work)
+    if "compile" in sections:
+        peak = results.get("peak", {}).get("matmul_gflops")
+        results["compile"] = bench_compile(args.repeats, args.steps, args.corpus.resolve(), peak, work)
     if "sampling" in sections:
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
     if "attention" in sections:

@@ -11,7 +11,8 @@ import hydra
 from omegaconf import DictConfig
 
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from training.config import check_types, pick_device
+from training.config import check_types
+from training.distributed import pick_device
 from training.errors import UserError, exit_on_user_error, run_cli
 from training.generation import generate_text
 

@@ -4,6 +4,8 @@
     python train.py model.n_head=8 optim.lr=3e-3      any config value
     python train.py data=text data.path=book.txt      your own text
     python train.py -m model.n_head=1,2,4             a sweep: one run dir per value
+    torchrun --standalone --nproc_per_node=4 train.py one run on 4 processes (GPUs), see
+                                                      training/distributed.py
 
 The run dir (outputs/<date>/<time>, or multirun/<date>/<time>/<n> in a sweep) receives
 .hydra/ (the resolved config), train.log, TensorBoard event files, ckpt_last.pt and
@@ -15,25 +17,31 @@ import logging
 import math
 import os
 import shutil
+import signal
+import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 
 from data.dataset import TokenData, check_splits_fit, get_batch, prepare_tokens, probe_ids
 from data.errors import DataError
-from model import GPT
 from training.checkpoint import BEST, LAST, load_checkpoint, load_weights, resolve_resume, save_checkpoint
-from training.config import build_model, pick_device, resumed_config, seed_everything, validate_train_config
+from training.config import build_model, resumed_config, seed_everything, validate_train_config
+from training.distributed import Ranks, dist_backend, env_rank, env_world_size, leave_process_group, lost_contact
 from training.errors import UserError, exit_on_user_error, run_cli
 from training.generation import generate_text
 from training.interrupt import StopSignals
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
+from training.precision import Precision
 from training.progress import ProgressBar
 from training.run_state import capture_rng_states, restore_rng_states
 from training.tensorboard_log import RunLogger
@@ -42,13 +50,23 @@ log = logging.getLogger("train")
 
 
 def run_dir_for(resume: str | None, fresh_dir: str) -> str:
-    """hydra.run.dir: a resumed run goes on in its own folder, a new one gets fresh_dir."""
+    """hydra.run.dir: a resumed run goes on in its own folder, a new one gets fresh_dir.
+    Under torchrun only rank 0 writes the run; the others get a scratch folder Hydra can use."""
+    if env_rank() > 0:
+        return scratch_dir_of_rank()
     return str(resolve_resume(resume).parent) if resume else fresh_dir
 
 
-def config_subdir_for(resume: str | None, stamp: str) -> str:
-    """hydra.output_subdir: a resumed run records its config beside the original one."""
+def config_subdir_for(resume: str | None, stamp: str) -> str | None:
+    """hydra.output_subdir: a resumed run records its config beside the original one.
+    Ranks other than 0 record nothing (None)."""
+    if env_rank() > 0:
+        return None
     return f".hydra/resumed-{stamp}" if resume else ".hydra"
+
+
+def scratch_dir_of_rank() -> str:
+    return os.path.join(tempfile.gettempdir(), f"tinyattn-rank{env_rank()}-{os.getpid()}")
 
 
 OmegaConf.register_new_resolver("run_dir_for", run_dir_for)
@@ -57,12 +75,37 @@ OmegaConf.register_new_resolver("config_subdir_for", config_subdir_for)
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    if env_rank() > 0:
+        quiet_other_rank()
     with exit_on_user_error():
         try:
             return train(cfg)
         except (UserError, DataError):
-            forget_refused_run(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().output_subdir)
+            if env_rank() == 0:  # the other ranks have no record to take back
+                forget_refused_run(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().output_subdir)
             raise
+        except torch._dynamo.exc.BackendCompilerFailed as error:  # only train.compile=true gets here
+            reason = str(error).strip().splitlines()[0]
+            raise UserError(f"train.compile=true: torch.compile could not build the model ({reason}); "
+                            "run with train.compile=false") from None
+        except RuntimeError as error:
+            if not lost_contact(error):
+                raise
+            raise UserError(f"rank {env_rank()} lost contact with the other processes: one of them stopped "
+                            "(its own message says why)") from None
+        finally:
+            leave_process_group()
+            if env_rank() > 0:
+                shutil.rmtree(scratch_dir_of_rank(), ignore_errors=True)
+
+
+def quiet_other_rank() -> None:
+    """Ranks other than 0 print errors only, and write no log file (rank 0 logs for all)."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(logging.ERROR)
 
 
 def forget_refused_run(run_dir: Path, record: str) -> None:
@@ -96,14 +139,29 @@ def train(cfg: DictConfig) -> float:
             raise UserError(f"resume={cfg.resume}: the run is already at step {resumed['step']}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
         log.info(f"resuming {shown_dir} at step {resumed['step']}" + "".join(f"; {change}" for change in changes))
-    device = pick_device(cfg.train.device)
-    seed_everything(cfg.train.seed)
+    if HydraConfig.get().mode == RunMode.MULTIRUN and env_world_size() > 1:
+        raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
+
+    # Where this process runs: alone, or as one rank of several started by torchrun.
+    ranks = Ranks.join(cfg.train.device)
+    device = ranks.device
+    precision = Precision(cfg.train.dtype, device)
+    if precision.warning:
+        log.warning(f"warning: {precision.warning}")
+    # Each rank its own seed, so dropout masks differ between ranks; the model itself starts
+    # as rank 0's everywhere, since DistributedDataParallel copies rank 0's weights to all.
+    seed_everything(cfg.train.seed + ranks.rank)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: much faster, ample precision here
 
     # Data: the corpus as token ids, split into train and val, and the tokenizer that made them.
+    # On each machine one process tokenizes (and downloads) first; the others then read its cache.
+    if ranks.local_rank != 0:
+        ranks.barrier()
     data = prepare_tokens(cfg.data, cfg.tokenizer)
-    block_size, batch_size = cfg.model.block_size, cfg.train.batch_size
+    if ranks.local_rank == 0:
+        ranks.barrier()
+    block_size, batch_size, accum = cfg.model.block_size, cfg.train.batch_size, cfg.train.grad_accum_steps
     check_splits_fit(data, block_size)
 
     # Model and optimizer.
@@ -116,11 +174,24 @@ def train(cfg: DictConfig) -> float:
     log.info(
         f"data: {cfg.data.source}, {len(data.train):,} train and {len(data.val):,} val tokens, "
         f"vocab {data.tokenizer.vocab_size} ({data.tokenizer.kind}) | device: {device}"
+        + (f" | {ranks.world_size} processes ({dist_backend()})" if ranks.distributed else "")
     )
     log.info(f"run dir: {shown_dir}")
+    # What trains: the model itself, or under torchrun DistributedDataParallel around it, which
+    # averages the gradients over all ranks during backward() so that every rank takes the same
+    # step. Its buffers (RoPE tables) are constants: no need to re-send them before every forward.
+    ddp = DistributedDataParallel(model, forward_sync_buffers=False) if ranks.distributed else None
+    step_model, eval_model = ddp or model, model
+    # train.compile: torch.compile turns the training and evaluation steps into generated
+    # kernels. The compiled modules share `model`'s parameters, so checkpoints, attention maps
+    # and samples keep using `model` itself.
+    if cfg.train.compile:
+        step_model, eval_model = torch.compile(step_model), torch.compile(model)
+        log.info("train.compile=true: the first training step and the first evaluation compile first")
 
-    # Where the loop starts: step 0, or exactly where a saved run stopped.
-    batch_rng = np.random.default_rng(cfg.train.seed)  # draws every training batch
+    # Where the loop starts: step 0, or exactly where a saved run stopped. Every rank draws the
+    # same batches, each then taking its own share of them (see the training step).
+    batch_rng = np.random.default_rng(cfg.train.seed)
     step, best_val_loss, skipped = 0, math.inf, 0
     window_loss, window_steps = 0.0, 0  # the train loss logged every log_interval steps
     timed_steps, window_time = 0, 0.0  # tokens/s over the same window
@@ -129,15 +200,21 @@ def train(cfg: DictConfig) -> float:
         load_weights(model, resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         state = resumed["run_state"]
-        restore_rng_states(state["rng"], batch_rng)
+        rng_states = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # one per rank
+        restore_rng_states(rng_states[ranks.rank % len(rng_states)], batch_rng)
+        if state.get("grad_scaler"):
+            precision.scaler.load_state_dict(state["grad_scaler"])
         step, best_val_loss, skipped = resumed["step"], resumed["best_val_loss"], state["skipped"]
         window_loss, window_steps = state["window_loss"], state["window_steps"]
         evaluated_already = state["evaluated"]
+        if state.get("world_size", 1) != ranks.world_size:
+            log.info(f"note: the run was saved by {state.get('world_size', 1)} process(es) and goes on with "
+                     f"{ranks.world_size}, so its batches differ from here on")
 
-    # What gets watched: TensorBoard, and a fixed probe text from val for the attention maps.
-    # Everything up to the checkpoint's step was logged before it was saved; a resumed run hides
-    # what the old run logged after that, so no step appears twice and none goes missing.
-    tb = RunLogger(run_dir, purge_step=step + 1 if resumed else None)
+    # What gets watched: TensorBoard (rank 0 only), and a fixed probe text from val for the
+    # attention maps. Everything up to the checkpoint's step was logged before it was saved; a
+    # resumed run hides what the old run logged after that, so no step appears twice.
+    tb = RunLogger(run_dir if ranks.is_main else None, purge_step=step + 1 if resumed else None)
     if not resumed:
         tb.text("config", OmegaConf.to_yaml(cfg), 0)
     probe = probe_ids(data.val, data.tokenizer, min(cfg.train.probe_tokens, block_size))
@@ -148,9 +225,12 @@ def train(cfg: DictConfig) -> float:
     config_dict = OmegaConf.to_container(cfg, resolve=True)
 
     def save(path: Path, evaluated: bool) -> None:
+        rng_states = ranks.gather(capture_rng_states(batch_rng))  # every rank's, for an exact resume
+        if not ranks.is_main:
+            return  # one copy of the model is enough: rank 0 saves it
         run_state = dict(
-            rng=capture_rng_states(batch_rng), evaluated=evaluated, skipped=skipped,
-            window_loss=window_loss, window_steps=window_steps,
+            rng=rng_states, world_size=ranks.world_size, grad_scaler=precision.scaler.state_dict(),
+            evaluated=evaluated, skipped=skipped, window_loss=window_loss, window_steps=window_steps,
         )
         save_checkpoint(
             path, model=model, optimizer=optimizer, step=step, best_val_loss=best_val_loss,
@@ -158,8 +238,8 @@ def train(cfg: DictConfig) -> float:
         )
 
     max_steps = cfg.train.max_steps
-    tokens_per_step = batch_size * block_size
-    bar = ProgressBar(total=max_steps, start=step)
+    tokens_per_step = accum * ranks.world_size * batch_size * block_size
+    bar = ProgressBar(total=max_steps, start=step) if ranks.is_main else None
     with StopSignals() as stop:
         while True:
             last_step = step >= max_steps
@@ -168,16 +248,17 @@ def train(cfg: DictConfig) -> float:
                 # Evaluate.
                 is_eval_step = (step % cfg.train.eval_interval == 0 and (step > 0 or cfg.train.eval_at_start)) or last_step
                 if is_eval_step:
-                    losses = evaluate(model, data, batch_size, block_size, cfg.train.eval_iters, device, cfg.train.seed)
+                    losses = evaluate(eval_model, data, batch_size, block_size, cfg.train.eval_iters, ranks,
+                                      precision, cfg.train.seed)
                     tb.scalars(step, {"loss/train": losses["train"], "loss/val": losses["val"]})
                     log.info(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
 
                 # Attention maps of the probe, drawn from the weights the model uses right now.
-                if cfg.train.attn_log_interval and (step % cfg.train.attn_log_interval == 0 or last_step):
+                if ranks.is_main and cfg.train.attn_log_interval and (step % cfg.train.attn_log_interval == 0 or last_step):
                     tb.attention_maps(step, model.attention_weights(probe_batch)[:, 0], probe_labels)  # (L, H, T, T)
 
                 # A sample, to read how the model writes.
-                if cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):
+                if ranks.is_main and cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):
                     sample = generate_text(
                         model, data.tokenizer, "", cfg.train.sample_tokens,
                         temperature=cfg.train.sample_temperature, seed=cfg.train.seed,
@@ -185,7 +266,7 @@ def train(cfg: DictConfig) -> float:
                     tb.text("samples", sample, step)
                     log.info(f"sample at step {step}:\n{sample}\n")
 
-                # Keep the last and the best model.
+                # Keep the last and the best model (every rank has the same losses: they are summed over ranks).
                 if is_eval_step and step > 0:
                     if losses["val"] < best_val_loss:
                         best_val_loss = losses["val"]
@@ -202,17 +283,35 @@ def train(cfg: DictConfig) -> float:
                        cfg.optim.schedule, cfg.optim.decay_fraction)
             for group in optimizer.param_groups:
                 group["lr"] = lr  # AdamW and Muon alike: Muon scales its own update to match
-            x, y = get_batch(data.train, batch_size, block_size, batch_rng)  # (B, T), (B, T)
-            x, y = x.to(device), y.to(device)
-            _, loss = model(x, y)
+            # The step's batch: every rank draws the same global batch of accum x ranks x batch_size
+            # sequences, and takes its own batch_size rows for each of its accum micro-steps. So
+            # 2 ranks x batch b, or 2 micro-steps x b, see exactly the sequences one batch of 2b would.
+            x, y = get_batch(data.train, accum * ranks.world_size * batch_size, block_size, batch_rng)  # (A*W*B, T) each
+            x = x.view(accum, ranks.world_size, batch_size, block_size)[:, ranks.rank]  # (A, B, T): this rank's share
+            y = y.view(accum, ranks.world_size, batch_size, block_size)[:, ranks.rank]  # (A, B, T)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                # Gradients add up over the micro-steps; DDP averages them over ranks only in the
+                # last one's backward(), not in every one.
+                syncs = ddp is None or micro == accum - 1
+                with nullcontext() if syncs else ddp.no_sync():
+                    with precision.autocast():
+                        _, loss = step_model(x[micro].to(device), y[micro].to(device))  # loss: mean over B x T
+                    # Dividing by accum makes the summed gradient that of the mean over all micro-batches.
+                    precision.scaler.scale(loss / accum).backward()
+                loss_sum += loss.detach()
+            precision.scaler.unscale_(optimizer)  # fp16: back to true gradients before clipping
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
             # .item() waits for the step to finish (on a GPU too), so the clock read after it is honest.
-            loss_value, grad_norm_value = loss.item(), grad_norm.item()
-            finite = math.isfinite(loss_value) and math.isfinite(grad_norm_value)
+            loss_value = ranks.sum(loss_sum.item()) / (accum * ranks.world_size)  # mean over every rank's batches
+            grad_norm_value = grad_norm.item()  # the same on every rank: DDP averaged the gradients
+            # fp16's loss scale makes an overflowing gradient routine: the scaler skips that update
+            # and lowers the scale. Anywhere else a NaN or inf stops the run (or is skipped).
+            finite = math.isfinite(loss_value) and (math.isfinite(grad_norm_value) or precision.scaler.is_enabled())
             if finite:
-                optimizer.step()
+                precision.scaler.step(optimizer)  # optimizer.step(), unless fp16's gradient overflowed
+                precision.scaler.update()
             elif cfg.train.skip_nonfinite:
                 skipped += 1  # this batch changes nothing; count it and go on
                 tb.scalars(step + 1, {"train/skipped_nonfinite": skipped})
@@ -248,44 +347,54 @@ def train(cfg: DictConfig) -> float:
                     extra={"progress": True},
                 )
                 window_loss, window_steps, timed_steps, window_time = 0.0, 0, 0, 0.0
-            bar.update(step, loss_value, tokens_per_sec)
+            if bar:
+                bar.update(step, loss_value, tokens_per_sec)
 
-            # Ctrl-C or kill: the step is done; save it and say how to go on.
-            if stop.requested and step < max_steps:
+            # Ctrl-C or kill: the step is done; save it and say how to go on. Under torchrun the
+            # ranks agree first, so that all of them stop after the same step.
+            stop_signal = int(ranks.max(stop.requested or 0))
+            if stop_signal and step < max_steps:
                 save(run_dir / LAST, evaluated=False)
-                bar.close()
+                if bar:
+                    bar.close()
                 tb.close()
                 log.info(
-                    f"stopped by {stop.name} after step {step}; saved {os.path.join(shown_dir, LAST)}. "
-                    f"Resume with: .venv/bin/python train.py resume={shown_dir}"
+                    f"stopped by {signal.Signals(stop_signal).name} after step {step}; saved "
+                    f"{os.path.join(shown_dir, LAST)}. Resume with: .venv/bin/python train.py resume={shown_dir}"
                 )
-                raise SystemExit(128 + stop.requested)
+                raise SystemExit(128 + stop_signal)
 
-    bar.close()
+    if bar:
+        bar.close()
     tb.close()
     if skipped:
         log.info(f"warning: {skipped} of {max_steps} batches were skipped for a non-finite loss or gradient")
     log.info(f"done: best val loss {best_val_loss:.4f}; checkpoints, logs and TensorBoard events in {shown_dir}")
-    log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown_dir)}")
+    log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown_dir) or '.'}")
     log.info(f"  sample: .venv/bin/python sample.py run={shown_dir} prompt='Once upon a time'")
     return best_val_loss
 
 
 @torch.no_grad()
 def evaluate(
-    model: GPT, data: TokenData, batch_size: int, block_size: int, eval_iters: int, device: torch.device, seed: int
+    model: torch.nn.Module, data: TokenData, batch_size: int, block_size: int, eval_iters: int, ranks: Ranks,
+    precision: Precision, seed: int,
 ) -> dict[str, float]:
     """Mean loss over eval_iters batches of each split. The batches are the same at every
-    evaluation (a fixed seed), so the curve shows the model changing, not the batches."""
+    evaluation (a fixed seed), so the curve shows the model changing, not the batches. Under
+    torchrun the ranks share them out (batch i to rank i mod ranks) and add up their sums, so
+    the result does not depend on how many processes there are."""
     model.eval()
     rng = np.random.default_rng(seed + 1)
     losses = {}
     for split, tokens in (("train", data.train), ("val", data.val)):
         total = 0.0
-        for _ in range(eval_iters):
-            x, y = get_batch(tokens, batch_size, block_size, rng)
-            total += model(x.to(device), y.to(device))[1].item()
-        losses[split] = total / eval_iters
+        for i in range(eval_iters):
+            x, y = get_batch(tokens, batch_size, block_size, rng)  # every rank draws every batch: the rng stays in step
+            if i % ranks.world_size == ranks.rank:
+                with precision.autocast():
+                    total += model(x.to(ranks.device), y.to(ranks.device))[1].item()
+        losses[split] = ranks.sum(total) / eval_iters
     model.train()
     return losses
 

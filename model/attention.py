@@ -74,8 +74,10 @@ class CausalSelfAttention(nn.Module):
         bias: bool = True,
         attention: str = "sdpa",
         rope_length: int = 0,
+        qk_norm: bool = False,
     ) -> None:
-        """rope_length > 0 turns on rotary positions for up to that many tokens (see rotate)."""
+        """rope_length > 0 turns on rotary positions for up to that many tokens (see rotate);
+        qk_norm scales every query and key to a fixed RMS (with a learned gain per dim) first."""
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(
@@ -95,6 +97,10 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
+        # QK-norm: RMS-normalise each head's queries and keys, so that a score can only grow
+        # through the learned gains, not because q or k drifted large. Shared by all heads.
+        self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else None
         self.rope_length = rope_length
         if rope_length:
             # Pair i of a head's D dims turns by position * 10000^(-2i / D): fast for the first
@@ -135,6 +141,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), each (q or k) vector at RMS 1, times a gain
 
         #    With rotary positions, turn each query and key by its token's position, so that
         #    q . k depends on how far apart two tokens are, not on where they are.

@@ -35,6 +35,7 @@ class GPTConfig:
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
     mlp: str = "gelu"  # "gelu" (GPT-2) or "relu2": ReLU(x)^2
     tie_head: bool = True  # the LM head shares the token embedding matrix
+    qk_norm: bool = False  # RMS-normalise queries and keys in every head before scoring
 
 
 POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2")
@@ -66,7 +67,7 @@ class Block(nn.Module):
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(
             config.n_embd, config.n_head, config.dropout, config.bias, config.attention,
-            rope_length=config.block_size if config.pos == "rope" else 0,
+            rope_length=config.block_size if config.pos == "rope" else 0, qk_norm=config.qk_norm,
         )
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)

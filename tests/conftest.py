@@ -23,8 +23,8 @@ TINY_RUN = [
 ]
 
 
-def run_cli(script: str, *args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,

@@ -217,3 +217,15 @@ def test_rotary_positions_make_scores_depend_only_on_the_distance_between_tokens
     assert score(7, 3) != pytest.approx(score(7, 5), abs=1e-3)  # a different distance, another score
     assert rotate(q, module.rope_cos[:1], module.rope_sin[:1]).equal(q)  # position 0 is not turned
     assert rotate(q, module.rope_cos[5:6], module.rope_sin[5:6]).norm() == pytest.approx(q.norm().item(), rel=1e-5)
+
+
+def test_qk_norm_makes_the_weights_blind_to_the_size_of_queries_and_keys():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16)
+    for qk_norm, same in ((True, True), (False, False)):
+        module = CausalSelfAttention(16, 2, bias=False, attention="manual", qk_norm=qk_norm)
+        _, before = module(x, need_weights=True)
+        with torch.no_grad():
+            module.qkv.weight[:32] *= 10  # rows [0:C] make queries, [C:2C] keys: both 10x longer
+        _, after = module(x, need_weights=True)
+        assert torch.allclose(before, after, atol=1e-5) == same

@@ -184,6 +184,8 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
         (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
         (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),
+        (["model.qk_norm=1.5"], "error: model.qk_norm=1.5 must be true or false"),
+        (["train.compile=yes please"], "error: train.compile=yes please must be true or false"),
         (["model.dropout=x"], "error: model.dropout=x must be a number"),
         (["optim.betas=[2,0.9]"], "error: optim.betas=[2, 0.9] must be two numbers in [0, 1)"),
         (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
@@ -272,3 +274,31 @@ def test_the_time_to_quality_preset_resolves_to_nanogpts_shape_with_its_levers(t
     assert (model["pos"], model["mlp"], config["optim"]["schedule"]) == ("rope", "relu2", "wsd")
     assert config["train"]["batch_size"] == 12 and config["train"]["eval_iters"] >= 200
     assert list(tmp_path.iterdir()) == []
+
+
+def logged_losses(stdout: str) -> list[float]:
+    return [float(v) for v in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in v]
+
+
+def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
+    quick = [*TINY_RUN, "train.attn_log_interval=0", "train.sample_interval=0"]
+    eager = run_cli("train.py", *quick, "hydra.run.dir=eager", cwd=tmp_path)
+    compiled = run_cli("train.py", *quick, "train.compile=true", "hydra.run.dir=compiled", cwd=tmp_path, timeout=600)
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stdout + compiled.stderr
+    assert "train.compile=true: the first training step and the first evaluation compile first" in compiled.stdout
+    eager_losses, compiled_losses = logged_losses(eager.stdout), logged_losses(compiled.stdout)
+    assert len(compiled_losses) == 6  # train and val at steps 0, 10, 20
+    assert compiled_losses == pytest.approx(eager_losses, abs=2e-3)  # the same model, only the kernels differ
+    assert compiled_losses[-1] < compiled_losses[1] - 0.3  # and it did learn
+    saved = torch.load(tmp_path / "compiled" / "ckpt_last.pt", weights_only=True)["model"]
+    assert not any(key.startswith("_orig_mod") for key in saved)  # plain weights that sample.py loads
+
+
+def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path):
+    # A real failure: inductor is pointed at a C++ compiler that does not exist, with an
+    # empty kernel cache so that nothing compiled earlier is reused.
+    env = {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    result = run_cli("train.py", *TINY_RUN, "train.compile=true", "hydra.run.dir=run", cwd=tmp_path, env=env)
+    assert_one_error_line(result, "error: train.compile=true: torch.compile could not build the model (")
+    assert "run with train.compile=false" in result.stderr
+    assert not (tmp_path / "run" / "ckpt_last.pt").exists()

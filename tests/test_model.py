@@ -23,9 +23,9 @@ def test_loss_at_init_is_close_to_ln_vocab_size():
     assert abs(loss.item() - math.log(65)) < 0.1
 
 
-# Every architecture option (model.pos, norm, mlp, tie_head) against the GPT-2 defaults.
-ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False},
-                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False}]
+# Every architecture option (model.pos, norm, mlp, tie_head, qk_norm) against the GPT-2 defaults.
+ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False}, {"qk_norm": True},
+                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True}]
 
 
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")

@@ -3,7 +3,6 @@
     validate_train_config(cfg)     raises UserError naming the first bad value and a fix
     resumed_config(cfg, saved, overrides)  a checkpoint's config with the allowed new overrides
     build_model(model_cfg, vocab)  the one place a GPT is built from config (train and sample)
-    pick_device(name)              "auto" -> cuda when present, else cpu
     seed_everything(seed)          python, numpy and torch
 """
 
@@ -22,6 +21,7 @@ from model.gpt import MLPS, NORMS, POSITIONS
 from training.errors import UserError
 from training.lr_schedule import SCHEDULES
 from training.optimizer import OPTIMIZERS
+from training.precision import DTYPES
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
@@ -30,14 +30,14 @@ MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 TRAIN_KEY_TYPES = {
     int: (
         "model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "optim.warmup_steps",
-        "train.max_steps", "train.batch_size", "train.eval_interval", "train.eval_iters", "train.log_interval",
+        "train.max_steps", "train.batch_size", "train.grad_accum_steps", "train.eval_interval", "train.eval_iters", "train.log_interval",
         "train.attn_log_interval", "train.sample_interval", "train.sample_tokens", "train.probe_tokens", "train.seed",
     ),
     float: (
         "model.dropout", "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.grad_clip",
         "train.sample_temperature", "data.val_fraction", "optim.decay_fraction",
     ),
-    bool: ("model.bias", "model.tie_head", "train.skip_nonfinite", "train.eval_at_start"),
+    bool: ("model.bias", "model.tie_head", "model.qk_norm", "train.skip_nonfinite", "train.eval_at_start", "train.compile"),
 }
 TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false"}
 
@@ -83,7 +83,8 @@ def validate_train_config(cfg: Any) -> None:
         isinstance(betas, list) and len(betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas),
         f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]",
     )
-    for key in ("max_steps", "batch_size", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
+    require(train.dtype in DTYPES, f"train.dtype={train.dtype} must be one of {', '.join(DTYPES)}")
+    for key in ("max_steps", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
@@ -146,20 +147,6 @@ def require(ok: bool, message: str) -> None:
 def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
     # A key missing from an older checkpoint's config keeps GPTConfig's default.
     return GPT(GPTConfig(vocab_size=vocab_size, **{key: model_cfg[key] for key in MODEL_KEYS if key in model_cfg}))
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"train.device={name} is not a device; use auto, cpu, cuda or cuda:<index>") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"train.device={name} but PyTorch sees no CUDA GPU here; use train.device=cpu (or auto)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"train.device={name} but only {torch.cuda.device_count()} CUDA GPU(s) are visible")
-    return device
 
 
 def seed_everything(seed: int) -> None:

@@ -22,22 +22,30 @@ def attention_tag(layer: int, head: int) -> str:
 
 
 class RunLogger:
-    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
+    """Writes one run's events to log_dir; with log_dir None (a rank other than 0 under
+    torchrun: one process logs for all) every method does nothing."""
+
+    def __init__(self, log_dir: Path | None, purge_step: int | None = None) -> None:
         # purge_step: TensorBoard hides events of this step and later from earlier files in
         # the folder, which a resumed run is about to write again.
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step) if log_dir else None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
+        if not self.writer:
+            return
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
     def text(self, tag: str, text: str, step: int) -> None:
         # TensorBoard renders text as Markdown: indenting by 4 spaces makes it a code
         # block, which keeps line breaks and shows the text exactly as generated.
-        self.writer.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+        if self.writer:
+            self.writer.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
 
     def attention_maps(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
         """weights: (n_layer, n_head, T, T) for one probe sequence; labels: T token strings."""
+        if not self.writer:
+            return
         weights_np = weights.float().cpu().numpy()
         for layer in range(weights_np.shape[0]):
             for head in range(weights_np.shape[1]):
@@ -50,7 +58,9 @@ class RunLogger:
         self.text("attention/probe", " | ".join(readable_token(label) for label in labels), 0)
 
     def flush(self) -> None:
-        self.writer.flush()
+        if self.writer:
+            self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer:
+            self.writer.close()

@@ -1,0 +1,204 @@
+"""Several processes through torchrun (gloo on CPU), gradient accumulation, and train.dtype:
+real `torchrun` runs of train.py, read back from their checkpoints, logs and event files."""
+
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, TINY_RUN, run_cli
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+QUICK = [*TINY_RUN, "train.attn_log_interval=0", "train.sample_interval=0"]
+
+
+def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
+    """python -m torch.distributed.run is the torchrun command: n processes on this machine."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+               str(ROOT / "train.py"), *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=preexec_fn)
+
+
+def weights(run_dir) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]
+
+
+def logged_losses(stdout: str) -> list[float]:
+    return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
+
+
+def test_two_processes_write_one_run_and_their_loss_falls(tmp_path):
+    result = torchrun(2, *TINY_RUN, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dirs = list((tmp_path / "outputs").glob("*/*"))
+    assert len(run_dirs) == 1  # rank 1 made no run dir of its own
+    run = run_dirs[0]
+    assert {"ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra"} <= {p.name for p in run.iterdir()}
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1  # one TensorBoard run
+    assert not list(tmp_path.glob("tinyattn-rank*"))  # rank 1's scratch folder is gone
+    # Only rank 0 speaks: each line of the run's story appears once.
+    assert result.stdout.count("model: ") == 1 and result.stdout.count("done: best val loss") == 1
+    assert "| 2 processes (gloo)" in result.stdout
+    log_lines = (run / "train.log").read_text().splitlines()
+    assert sum("run dir:" in line for line in log_lines) == 1
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0}).Reload()
+    val = [e.value for e in events.Scalars("loss/val")]
+    assert val[-1] < val[0] - 0.3, val
+    assert events.Images("attention/layer_1/head_1")  # rank 0 drew the attention maps
+    assert len(torch.load(run / "ckpt_last.pt", weights_only=True)["run_state"]["rng"]) == 2  # both ranks' RNGs
+
+
+# One optimizer step, then the saved weights. The first AdamW step moves every weight by
+# about lr, so any difference in the data or the gradient averaging shows at that scale;
+# float sums in another order differ by far less than the 1e-6 allowed.
+ONE_STEP = [*QUICK, "train.max_steps=1", "train.eval_iters=4", "optim.warmup_steps=0", "optim.lr=1e-2"]
+TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def one_batch_of_8(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("batch8")
+    result = run_cli("train.py", *ONE_STEP, "train.batch_size=8", "hydra.run.dir=run", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    # The step did change the weights, so that comparing with them is not comparing two fresh models.
+    fresh = run_cli("train.py", *ONE_STEP, "train.batch_size=8", "optim.lr=1e-9", "optim.min_lr=0",
+                    "hydra.run.dir=fresh", cwd=workdir)
+    assert fresh.returncode == 0, fresh.stderr
+    stepped = weights(workdir / "run")
+    assert max((weights(workdir / "fresh")[k] - stepped[k]).abs().max().item() for k in stepped) > 1e-3
+    return stepped
+
+
+@pytest.mark.parametrize(
+    ("processes", "args"),
+    [
+        (2, ["train.batch_size=4"]),  # DDP: 2 ranks x 4
+        (1, ["train.batch_size=4", "train.grad_accum_steps=2"]),  # accumulation: 2 micro-steps x 4
+        (2, ["train.batch_size=2", "train.grad_accum_steps=2"]),  # both: 2 ranks x 2 micro-steps x 2
+    ],
+    ids=["2 ranks x 4", "1 rank x 2 micro-steps x 4", "2 ranks x 2 micro-steps x 2"],
+)
+def test_the_first_step_equals_one_process_with_the_whole_batch(one_batch_of_8, tmp_path, processes, args):
+    expected_weights = one_batch_of_8
+    if processes == 1:
+        result = run_cli("train.py", *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
+    else:
+        result = torchrun(processes, *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    got = weights(tmp_path / "run")
+    moved = max((got[k] - expected_weights[k]).abs().max().item() for k in got)
+    assert moved < TOLERANCE, f"largest weight difference {moved:.2e}"
+
+
+def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(tmp_path):
+    # 5 evaluation batches: rank 0 takes 3 of them, rank 1 takes 2, and the sums are added.
+    # The same update both ways (2 micro-steps of 4 = 2 ranks x 4), and the same eval batches of 4.
+    args = [*ONE_STEP, "train.batch_size=4", "train.eval_iters=5"]
+    one = run_cli("train.py", *args, "train.grad_accum_steps=2", "hydra.run.dir=one", cwd=tmp_path)
+    two = torchrun(2, *args, "hydra.run.dir=two", cwd=tmp_path)
+    assert one.returncode == 0 and two.returncode == 0, two.stdout + two.stderr
+    assert len(logged_losses(one.stdout)) == 4  # train and val, before and after the step
+    assert logged_losses(two.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
+
+
+def limit_file_size(max_bytes: int):
+    def limit() -> None:  # in the child and its children: files may grow to max_bytes, then writes fail
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+    return limit
+
+
+def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
+    # Rank 0 alone writes checkpoints, so a file size limit fails rank 0 alone, at its first
+    # save (step 10); rank 1 is left waiting for it. The run must end, not hang, and say why.
+    result = torchrun(2, *QUICK, "hydra.run.dir=run", cwd=tmp_path, timeout=180, preexec_fn=limit_file_size(150_000))
+    assert result.returncode != 0
+    assert "error: could not save run/ckpt_best.pt (File too large)" in result.stderr
+    assert "rank 1 lost contact with the other processes: one of them stopped" in result.stderr
+    assert "[rank" not in result.stderr  # no rank died of an uncaught exception (torch prefixes their tracebacks)
+    assert not (tmp_path / "run" / "ckpt_best.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train.dtype=fp8"], "error: train.dtype=fp8 must be one of fp32, bf16, fp16"),
+        (["train.dtype=fp16"], "error: train.dtype=fp16 needs a CUDA GPU, and this run is on cpu"),
+        (["train.grad_accum_steps=0"], "error: train.grad_accum_steps=0 must be at least 1"),
+    ],
+)
+def test_bad_precision_and_accumulation_values_get_one_line(tmp_path, args, message):
+    result = run_cli("train.py", *QUICK, *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
+    result = run_cli("train.py", *QUICK, "train.max_steps=10", "train.dtype=bf16", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warning: train.dtype=bf16 on a CPU: bf16 matmuls are much slower than fp32" in result.stdout
+    losses = logged_losses(result.stdout)
+    assert losses[-1] < losses[1]  # val loss fell
+
+
+def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path):
+    exact = [*QUICK, "train.max_steps=40", "train.log_interval=1", "model.dropout=0.1"]  # dropout: the RNGs matter
+    alone = torchrun(2, *exact, "hydra.run.dir=alone", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+
+    # Ctrl-C in a terminal signals the whole foreground process group: torchrun and both ranks.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "train.py"), *exact, "hydra.run.dir=stopped"]
+    process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if "step 15/40" in line:
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    seen.append(process.stdout.read())
+    process.wait(timeout=120)
+    output = "".join(seen)
+    stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
+    assert stopped, output
+    assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
+    step = int(stopped.group(1))
+    assert torch.load(tmp_path / "stopped" / "ckpt_last.pt", weights_only=True)["step"] == step < 40
+
+    resumed = torchrun(2, "resume=stopped", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming stopped at step {step}" in resumed.stdout
+    a, b = weights(tmp_path / "alone"), weights(tmp_path / "stopped")
+    for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), name
+
+
+def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path):
+    # The README's multi-machine command, with both "machines" here: node 0 and node 1, one
+    # process each, in folders of their own, meeting at node 0's rendezvous endpoint.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodes = []
+    for node_rank in (0, 1):
+        folder = tmp_path / f"machine{node_rank}"
+        folder.mkdir()
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+                   "--nproc_per_node=1", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"), *QUICK,
+                   "hydra.run.dir=run"]
+        nodes.append(subprocess.Popen(command, cwd=folder, env={**os.environ, "TMPDIR": str(folder)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert "| 2 processes (gloo)" in outputs[0][0] and outputs[1][0] == ""  # node 1's rank prints nothing
+    assert (tmp_path / "machine0" / "run" / "ckpt_last.pt").is_file()
+    assert not (tmp_path / "machine1" / "run").exists() or not any((tmp_path / "machine1" / "run").iterdir())

@@ -1,0 +1,122 @@
+"""One process or many: what train.py needs to know about the other processes.
+
+`torchrun --nproc_per_node=N train.py ...` starts N copies of train.py, one per "rank", and
+tells each its place through environment variables: RANK (0 .. WORLD_SIZE-1 over all
+machines), LOCAL_RANK (its index on this machine) and WORLD_SIZE. Started without torchrun,
+train.py is rank 0 of 1 and none of this costs anything.
+
+    ranks = Ranks.join(device_name)   this process's rank and device; joins the process group
+                                      when WORLD_SIZE > 1 (gloo on CPU, NCCL on CUDA)
+    ranks.is_main                     rank 0: the only one that logs, samples and saves
+    ranks.sum(x) / ranks.max(x)       a number summed / maximised over all ranks
+    ranks.gather(obj)                 every rank's obj, as a list on rank 0 (None elsewhere)
+    ranks.barrier()                   wait here until every rank has arrived
+    leave_process_group()             at the end, under torchrun
+
+DistributedDataParallel (train.py) averages the gradients over ranks during backward(), so
+every rank takes the same optimizer step, and the ranks stay identical copies of one model.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from training.errors import UserError
+
+
+def env_rank() -> int:
+    """This process's rank as torchrun set it (0 when started without torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def env_world_size() -> int:
+    """How many processes torchrun started in all (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class Ranks:
+    def __init__(self, rank: int, local_rank: int, world_size: int, device: torch.device) -> None:
+        self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
+
+    @classmethod
+    def join(cls, device_name: str) -> "Ranks":
+        rank, world_size = env_rank(), env_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = pick_device(device_name, local_rank, world_size)
+        if world_size > 1:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)  # NCCL talks through the current device
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        return cls(rank, local_rank, world_size, device)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def sum(self, value: float) -> float:
+        return self._all_reduce(value, dist.ReduceOp.SUM)
+
+    def max(self, value: float) -> float:
+        return self._all_reduce(value, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, value: float, op: dist.ReduceOp) -> float:
+        if not self.distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.item()
+
+    def gather(self, obj: object) -> list | None:
+        if not self.distributed:
+            return [obj]
+        gathered = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def lost_contact(err: BaseException) -> bool:
+    """Whether err is a collective failing because another rank is gone (it failed or was stopped)."""
+    return isinstance(err, dist.DistError) or any(
+        words in str(err) for words in ("Connection closed by peer", "Connection reset by peer", "remote worker")
+    )
+
+
+def dist_backend() -> str:
+    return dist.get_backend() if dist.is_initialized() else "none"
+
+
+def leave_process_group() -> None:
+    """The last thing a process does under torchrun (a no-op without it)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def pick_device(name: str, local_rank: int = 0, world_size: int = 1) -> torch.device:
+    """train.device: auto (CUDA when PyTorch sees a GPU, else the CPU), cpu, cuda, cuda:<i>.
+    Under torchrun, auto and cuda give each process on a machine its own GPU: cuda:LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"train.device={name} is not a device; use auto, cpu, cuda or cuda:<index>") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"train.device={name} but PyTorch sees no CUDA GPU here; use train.device=cpu (or auto)")
+    if device.type == "cuda" and world_size > 1:
+        if device.index is not None:
+            raise UserError(f"train.device={name} names one GPU, but torchrun started {world_size} processes; "
+                            "use train.device=auto (or cuda): each process then takes GPU LOCAL_RANK")
+        device = torch.device("cuda", local_rank)
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"train.device={name} but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
+                        + (f" to local rank {local_rank}" if world_size > 1 else ""))
+    return device
