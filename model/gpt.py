@@ -176,30 +176,34 @@ class GPT(nn.Module):
         """Continue idx (B, T) by max_new_tokens tokens; returns (B, T + max_new_tokens).
 
         temperature 0 is greedy decoding; top_k keeps the k likeliest tokens; top_p keeps
-        the smallest set whose probabilities add up to p. The model only ever sees the
-        last block_size tokens.
+        the smallest set whose probabilities add up to p.
 
-        use_kv_cache: feed each new token alone, with the earlier tokens' keys and values
-        kept in a KVCache per layer. While everything fits in block_size this gives the same
-        tokens as recomputing the whole context every step, many times faster. Once the
-        cache is full, the window must slide, and with learned positions every kept token
-        moves to a new position, so its cached keys and values are stale: the cache is
-        rebuilt from the last 3/4 of block_size tokens, and fills up again one token at a
-        time. (Without the cache, each step sees the last block_size tokens exactly.)
+        The model sees a window of the text, idx[:, start:], at most block_size tokens: the
+        whole text while it fits, and once one more token would not fit, the window slides by
+        jumping to the last 3/4 of block_size tokens, then grows again one token at a time.
+
+        use_kv_cache: feed each new token alone, with the window's earlier keys and values
+        kept in a KVCache per layer, instead of recomputing the whole window every step. It
+        changes the speed, never the tokens: both ways see the same window. (The window jumps
+        rather than moving one token at a time because, with learned positions, moving it
+        would give every kept token a new position and make its cached keys and values
+        stale; jumping by a quarter rebuilds the cache once per block_size / 4 new tokens.)
         """
         block_size = self.config.block_size
-        refill = max(1, block_size * 3 // 4)  # tokens kept when the window slides
-        caches = None
+        keep = max(1, block_size * 3 // 4)  # tokens the window keeps when it slides
+        start = max(0, idx.shape[1] - block_size)  # the window is idx[:, start:]
+        caches = None  # one KVCache per layer, for the current window
         was_training = self.training
         self.eval()
         try:
             for _ in range(max_new_tokens):
+                if idx.shape[1] - start > block_size:  # the window is full: slide it, start a new cache
+                    start, caches = idx.shape[1] - keep, None
                 if not use_kv_cache:
-                    logits, _ = self(idx[:, -block_size:])  # (B, T, vocab_size): the whole context, again
-                elif caches is None or caches[0].length == block_size:
-                    context = idx[:, -block_size:] if caches is None else idx[:, -refill:]  # (B, <= block_size)
-                    caches = [KVCache(block_size) for _ in self.blocks]  # (re)start, filled from the context
-                    logits, _ = self(context, caches=caches)  # (B, T, vocab_size)
+                    logits, _ = self(idx[:, start:])  # (B, T, vocab_size): the whole window, again
+                elif caches is None:
+                    caches = [KVCache(block_size) for _ in self.blocks]
+                    logits, _ = self(idx[:, start:], caches=caches)  # (B, T, vocab_size), filling the caches
                 else:
                     logits, _ = self(idx[:, -1:], caches=caches)  # (B, 1, vocab_size): the newest token alone
                 next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts

@@ -70,7 +70,7 @@ def test_generate_never_feeds_more_than_block_size_tokens():
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, temperature=1.0, use_kv_cache=False)
     assert out.shape == (2, 23)
     assert max(seen_lengths) == 8
-    assert seen_lengths[:6] == [3, 4, 5, 6, 7, 8]
+    assert seen_lengths[:9] == [3, 4, 5, 6, 7, 8, 6, 7, 8]  # full at 8: the window jumps back to 3/4 of it
 
 
 def test_with_a_kv_cache_each_step_feeds_only_the_new_token_and_refills_when_full():
@@ -85,17 +85,18 @@ def test_with_a_kv_cache_each_step_feeds_only_the_new_token_and_refills_when_ful
 
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_kv_cache_generation_equals_recomputing_the_context_while_it_fits(attention, temperature):
+@pytest.mark.parametrize("new_tokens", [19, 70], ids=["fills block_size", "slides past it 3 times"])
+def test_kv_cache_generation_equals_recomputing_the_context_token_for_token(attention, temperature, new_tokens):
     model = tiny_gpt(block_size=24, attention=attention)
     prompt = torch.randint(0, 65, (3, 5), generator=torch.Generator().manual_seed(0))
-    kwargs = dict(max_new_tokens=19, temperature=temperature, top_k=20 if temperature else None)  # fills all 24
+    kwargs = dict(max_new_tokens=new_tokens, temperature=temperature, top_k=20 if temperature else None)
     cached = model.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(5))
     recomputed = model.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(5), use_kv_cache=False)
     assert torch.equal(cached, recomputed)
 
 
 def sliding_window_reference(model: GPT, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Greedy decoding without a cache, over the window the cached path documents: it starts
+    """Greedy decoding written out, over the window generate() documents: it starts
     at the context's first token and, once block_size tokens are in it and one more is due,
     jumps to the last 3/4 of block_size tokens."""
     block_size = model.config.block_size
@@ -108,13 +109,15 @@ def sliding_window_reference(model: GPT, idx: torch.Tensor, max_new_tokens: int)
     return idx
 
 
-def test_past_block_size_the_cached_window_slides_as_documented():
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_past_block_size_the_window_slides_as_documented(use_kv_cache):
     model = tiny_gpt(block_size=8).eval()
     prompt = torch.randint(0, 65, (2, 5), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(prompt, max_new_tokens=40, temperature=0)
-    assert torch.equal(cached, sliding_window_reference(model, prompt, 40))
+    generated = model.generate(prompt, max_new_tokens=40, temperature=0, use_kv_cache=use_kv_cache)
+    assert torch.equal(generated, sliding_window_reference(model, prompt, 40))
     long_prompt = torch.randint(0, 65, (1, 20), generator=torch.Generator().manual_seed(2))  # longer than block_size
-    assert torch.equal(model.generate(long_prompt, 10, temperature=0), sliding_window_reference(model, long_prompt, 10))
+    generated = model.generate(long_prompt, 10, temperature=0, use_kv_cache=use_kv_cache)
+    assert torch.equal(generated, sliding_window_reference(model, long_prompt, 10))
 
 
 def test_temperature_zero_is_greedy_and_matches_top_k_one():
@@ -186,7 +189,7 @@ def test_each_architecture_option_gives_the_same_outputs_and_gradients_on_both_a
 def test_each_architecture_option_samples_the_same_with_and_without_the_kv_cache(options):
     model = tiny_gpt(block_size=16, **options)
     prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(model.generate(prompt, 12, temperature=0), model.generate(prompt, 12, temperature=0, use_kv_cache=False))
+    assert torch.equal(model.generate(prompt, 30, temperature=0), model.generate(prompt, 30, temperature=0, use_kv_cache=False))
 
 
 def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():
