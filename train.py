@@ -38,12 +38,14 @@ from training.config import build_model, resumed_config, seed_everything, valida
 from training.distributed import Ranks, dist_backend, env_rank, env_world_size, leave_process_group, lost_contact
 from training.errors import UserError, exit_on_user_error, run_cli
 from training.generation import generate_text
+from training.head_metrics import head_metrics, induction_probe, induction_score
 from training.interrupt import StopSignals
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
 from training.precision import Precision
 from training.progress import ProgressBar
 from training.run_state import capture_rng_states, restore_rng_states
+from training.shape_trace import trace_shapes
 from training.tensorboard_log import RunLogger
 
 log = logging.getLogger("train")
@@ -110,8 +112,8 @@ def quiet_other_rank() -> None:
 
 def forget_refused_run(run_dir: Path, record: str) -> None:
     """Hydra writes the config record (.hydra/, or .hydra/resumed-<time>/ on resume) and a log
-    before train() can check anything. When the run was refused before it trained a step, take
-    back that record, and a new run dir left with nothing else in it."""
+    before train() can check anything. When the run was refused (or only traced its shapes)
+    before it trained a step, take back that record, and a new run dir left with nothing else."""
     config_file = run_dir / record / "config.yaml"
     if not config_file.is_file():
         return
@@ -120,6 +122,8 @@ def forget_refused_run(run_dir: Path, record: str) -> None:
     shutil.rmtree(run_dir / record)
     if {path.name for path in run_dir.iterdir()} <= {"train.log"}:
         shutil.rmtree(run_dir)
+        if run_dir.parent.name != "outputs" and not any(run_dir.parent.iterdir()):
+            run_dir.parent.rmdir()  # outputs/<date>/, when this was its only run
 
 
 def train(cfg: DictConfig) -> float:
@@ -166,6 +170,12 @@ def train(cfg: DictConfig) -> float:
 
     # Model and optimizer.
     model = build_model(cfg.model, data.tokenizer.vocab_size).to(device)
+    if cfg.debug == "shapes":  # the shape walk of this model instead of a run
+        x, y = get_batch(data.train, 2, block_size, np.random.default_rng(cfg.train.seed))  # (2, T) each
+        if ranks.is_main:
+            print("\n".join(trace_shapes(model, x.to(device), y.to(device))))
+            forget_refused_run(run_dir, HydraConfig.get().output_subdir)
+        return math.nan
     optimizer = build_optimizer(model, cfg.optim, device)
     log.info(
         f"model: {model.num_parameters() / 1e6:.2f}M parameters, {cfg.model.n_layer} layers x "
@@ -222,6 +232,11 @@ def train(cfg: DictConfig) -> float:
     probe_labels = data.tokenizer.token_strings(probe)
     if not resumed:
         tb.probe_tokens(probe_labels)
+    # The induction probe: random tokens, repeated once (see training/head_metrics.py).
+    n_induction = min(cfg.train.probe_tokens, block_size) // 2
+    induction_batch = torch.tensor(
+        [induction_probe(data.tokenizer.vocab_size, n_induction, cfg.train.seed, avoid=data.tokenizer.eot_id)], device=device,
+    ) if n_induction >= 2 else None  # (1, 2n)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
 
     def save(path: Path, evaluated: bool) -> None:
@@ -253,9 +268,17 @@ def train(cfg: DictConfig) -> float:
                     tb.scalars(step, {"loss/train": losses["train"], "loss/val": losses["val"]})
                     log.info(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
 
-                # Attention maps of the probe, drawn from the weights the model uses right now.
+                # Attention maps of the probe, drawn from the weights the model uses right now, and
+                # what each head does in numbers: on the probe, and on the induction probe.
                 if ranks.is_main and cfg.train.attn_log_interval and (step % cfg.train.attn_log_interval == 0 or last_step):
-                    tb.attention_maps(step, model.attention_weights(probe_batch)[:, 0], probe_labels)  # (L, H, T, T)
+                    weights = model.attention_weights(probe_batch)[:, 0]  # (L, H, T, T)
+                    tb.attention_maps(step, weights, probe_labels)
+                    tb.head_grid(step, weights)
+                    metrics = head_metrics(weights)
+                    if induction_batch is not None:
+                        induction_weights = model.attention_weights(induction_batch)[:, 0]  # (L, H, 2n, 2n)
+                        metrics["induction"] = induction_score(induction_weights, induction_batch.shape[1] // 2)
+                    tb.head_metrics(step, metrics)
 
                 # A sample, to read how the model writes.
                 if ranks.is_main and cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):
@@ -366,6 +389,7 @@ def train(cfg: DictConfig) -> float:
 
     if bar:
         bar.close()
+    tb.hparams(hyperparameters(config_dict, ranks.world_size), {"hparams/best_val_loss": best_val_loss})
     tb.close()
     if skipped:
         log.info(f"warning: {skipped} of {max_steps} batches were skipped for a non-finite loss or gradient")
@@ -373,6 +397,14 @@ def train(cfg: DictConfig) -> float:
     log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown_dir) or '.'}")
     log.info(f"  sample: .venv/bin/python sample.py run={shown_dir} prompt='Once upon a time'")
     return best_val_loss
+
+
+def hyperparameters(config: dict, world_size: int) -> dict[str, int | float | str | bool]:
+    """The settings a sweep compares, flattened ("model.n_head": 4, ...), for the HParams tab."""
+    flat = {f"{group}.{key}": value for group in ("model", "optim", "train") for key, value in config[group].items()
+            if isinstance(value, (int, float, str, bool))}
+    return {**flat, "data.source": config["data"]["source"], "tokenizer.kind": config["tokenizer"]["kind"],
+            "processes": world_size}
 
 
 @torch.no_grad()

@@ -1,6 +1,7 @@
 """The real command lines, end to end: train.py, sample.py and a Hydra sweep, run as
 subprocesses in a temporary folder; logs are read back with TensorBoard's own reader."""
 
+import math
 import re
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 from conftest import TINY_RUN, run_cli
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 
 def read_events(run_dir: Path) -> EventAccumulator:
@@ -45,6 +47,25 @@ def test_tensorboard_has_attention_maps_for_every_layer_and_head(trained_run):
         images = events.Images(tag)
         assert [image.step for image in images] == [0, 10, 20]
         assert images[-1].width > 24 * 4 and images[-1].height > 24 * 4  # 24 probe tokens, labelled
+
+
+def test_every_head_has_its_metrics_and_all_heads_share_one_grid_image(trained_run, tmp_path):
+    events = read_events(trained_run)
+    scalars = set(events.Tags()["scalars"])
+    for metric in ("entropy", "distance", "previous_token", "induction"):
+        for layer in range(2):
+            for head in range(2):
+                values = events.Scalars(f"head_{metric}/layer_{layer}/head_{head}")
+                assert [v.step for v in values] == [0, 10, 20], (metric, layer, head)
+                assert all(math.isfinite(v.value) and v.value >= 0 for v in values)
+    assert all(v.value <= 1 for v in events.Scalars("head_previous_token/layer_0/head_0"))
+    assert not any(tag.startswith("head_") and "layer_2" in tag for tag in scalars)  # 2 layers only
+    grids = events.Images("attention/all_heads")
+    assert [g.step for g in grids] == [0, 10, 20]
+    (tmp_path / "grid.png").write_bytes(grids[-1].encoded_image_string)
+    pixels = np.asarray(Image.open(tmp_path / "grid.png").convert("RGB")).astype(int)
+    grey = (np.abs(pixels - 236).sum(axis=-1) < 6)  # the future cells of 2 x 2 maps
+    assert grey.mean() > 0.15 and pixels.shape[0] > 2 * 24 * 6  # two rows of maps of 24 tokens
 
 
 def test_attention_maps_show_a_causal_pattern(trained_run, tmp_path):
@@ -148,8 +169,19 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         run_dir = tmp_path / "sweep" / run
         assert (run_dir / "ckpt_last.pt").is_file() and list(run_dir.glob("events.out.tfevents.*"))
         assert torch.load(run_dir / "ckpt_last.pt", weights_only=True)["config"]["model"]["n_head"] == n_head
-        heads = {tag.split("/")[2] for tag in read_events(run_dir).Tags()["images"]}
+        heads = {tag.split("/")[2] for tag in read_events(run_dir).Tags()["images"] if tag.startswith("attention/layer_")}
         assert heads == {f"head_{h}" for h in range(n_head)}
+        # The HParams tab's data, read back as TensorBoard reads it: this run's settings and result.
+        events = read_events(run_dir)
+        content = events.PluginTagToContent("hparams")
+        assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(content)
+        start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+        assert start.hparams["model.n_head"].number_value == n_head
+        assert start.hparams["optim.name"].string_value == "adamw"
+        experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+        assert "hparams/best_val_loss" in {m.name.tag for m in experiment.metric_infos}
+        best = events.Scalars("hparams/best_val_loss")[-1].value
+        assert best == pytest.approx(min(e.value for e in events.Scalars("loss/val")[1:]), rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -302,3 +334,52 @@ def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path
     assert_one_error_line(result, "error: train.compile=true: torch.compile could not build the model (")
     assert "run with train.compile=false" in result.stderr
     assert not (tmp_path / "run" / "ckpt_last.pt").exists()
+
+
+def trace_steps(stdout: str) -> dict[str, str]:
+    """The shape trace as {code of a line: the shape printed under it} (the first time each appears)."""
+    lines = stdout.splitlines()
+    steps = {}
+    for code, shape in zip(lines, lines[1:], strict=False):
+        if shape.strip().startswith("-> ") and ".py:" in code:
+            steps.setdefault(code.split(maxsplit=1)[1].split("  #")[0], shape.strip()[3:])
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=16"], {
+            "x = self.tok_emb(idx)": "(2, 16, 32)",
+            "q, k, v = self.qkv(x).split(C, dim=2)": "3 x (2, 16, 32)",
+            "q = q.view(B, T, H, D).transpose(1, 2)": "(2, 4, 16, 8)",
+            "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)": "(2, 4, 16, 16)",
+            "weights = torch.softmax(scores, dim=-1)": "(2, 4, 16, 16)",
+            "out = self.attn_dropout(weights) @ v": "(2, 4, 16, 8)",
+            "out = out.transpose(1, 2).contiguous().view(B, T, C)": "(2, 16, 32)",
+            "x = self.fc(x)": "(2, 16, 128)",
+            "logits = self.lm_head(x)": "(2, 16, 50)",
+        }),
+        (["model.n_layer=3", "model.n_head=2", "model.n_embd=48", "model.block_size=12", "model.pos=rope",
+          "model.qk_norm=true", "model.attention=manual"], {
+            "q = q.view(B, T, H, D).transpose(1, 2)": "(2, 2, 12, 24)",
+            "q, k = self.q_norm(q), self.k_norm(k)": "(2, 2, 12, 24)",
+            "x1, x2 = x.chunk(2, dim=-1)": "2 x (2, 2, 12, 12)",
+            "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)": "(2, 2, 12, 12)",
+            "x = self.fc(x)": "(2, 12, 192)",
+            "logits = self.lm_head(x)": "(2, 12, 50)",
+        }),
+    ],
+    ids=["4 heads of 8", "rope and qk-norm, 2 heads of 24"],
+)
+def test_debug_shapes_walks_one_forward_of_the_configured_model_and_writes_nothing(tmp_path, args, expected):
+    result = run_cli("train.py", "debug=shapes", "data.n_chars=20000", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = trace_steps(result.stdout)
+    for code, shape in expected.items():
+        assert steps.get(code) == shape, (code, steps.get(code))
+    assert "self.pos_emb(positions)" in result.stdout if "model.pos=rope" not in args else "pos_emb" not in result.stdout
+    n_layer = int(args[0].split("=")[1])
+    later = "blocks.1" if n_layer == 2 else f"blocks.1 to blocks.{n_layer - 1}"
+    assert f"{later}: the same steps and shapes as blocks.0" in result.stdout
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())  # no run was made

@@ -83,6 +83,7 @@ def validate_train_config(cfg: Any) -> None:
         isinstance(betas, list) and len(betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas),
         f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]",
     )
+    require(cfg.debug in (None, "shapes"), f"debug={cfg.debug} is not a debug mode; the one there is: debug=shapes")
     require(train.dtype in DTYPES, f"train.dtype={train.dtype} must be one of {', '.join(DTYPES)}")
     for key in ("max_steps", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")

@@ -1,6 +1,8 @@
 """Attention weights as a labelled heatmap image, drawn with Pillow (a few ms per map).
 
     render_attention_map(weights, labels, title) -> (H, W, 3) uint8 array
+    render_head_grid(weights, title) -> (H, W, 3) uint8 array: every head of every layer,
+        one small unlabelled map each, layers as rows and heads as columns
 
 Rows are queries (the token doing the looking), columns are keys (the tokens looked at),
 both labelled with their token text. Colour is the weight on a fixed viridis scale, the
@@ -96,6 +98,31 @@ def render_attention_map(weights: np.ndarray, labels: list[str], title: str) -> 
         strip_draw.text((pad // 2, j * cell + cell // 2), label, font=font, fill=INK, anchor="lm")
     image.paste(strip.rotate(90, expand=True), (label_width, title_height))
     draw_colorbar(draw, x=label_width + grid + pad, top=top, height=grid, font=font)
+    return np.asarray(image)
+
+
+def render_head_grid(weights: np.ndarray, title: str) -> np.ndarray:
+    """weights: (L, H, T, T). The same colours as render_attention_map, without token labels."""
+    L, H, T, _ = weights.shape
+    font, _ = label_font()
+    cell = max(1, 160 // T)  # pixels per weight: each map about 160 px wide
+    side, gap, pad = T * cell, 8, 6
+    left = text_width(font, f"layer {L - 1}") + 2 * pad
+    top = 2 * (FONT_SIZE + 2 * pad)  # the title, then the head numbers
+    image = Image.new("RGB", (left + H * (side + gap), top + L * (side + gap)), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    draw.text((pad, pad), title, font=font, fill=INK)
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    for head in range(H):
+        draw.text((left + head * (side + gap) + side // 2, top - pad), f"head {head}", font=font, fill=INK, anchor="mb")
+    for layer in range(L):
+        y = top + layer * (side + gap)
+        draw.text((left - pad, y + side // 2), f"layer {layer}", font=font, fill=INK, anchor="rm")
+        for head in range(H):
+            shade = COLORMAP[colour_level(weights[layer, head])]  # (T, T, 3)
+            shade[future] = FUTURE
+            cells = shade.repeat(cell, axis=0).repeat(cell, axis=1)  # (T * cell, T * cell, 3)
+            image.paste(Image.fromarray(cells), (left + head * (side + gap), y))
     return np.asarray(image)
 
 

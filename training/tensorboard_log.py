@@ -4,17 +4,24 @@
     train/batch_loss, train/lr, train/grad_norm, train/tokens_per_sec   every log_interval steps
     train/skipped_nonfinite               batches skipped for a NaN/inf loss (train.skip_nonfinite)
     attention/layer_{l}/head_{h}          heatmaps of the probe text, every attn_log_interval steps
+    attention/all_heads                   every head of every layer in one image, at the same steps
+    head_{metric}/layer_{l}/head_{h}      entropy, distance, previous_token and induction of each
+                                          head (training/head_metrics.py), at the same steps
     attention/probe                       the probe's tokens, as the heatmaps label them, once
     samples                               generated text, every sample_interval steps
     config                                the run's resolved config (YAML), once
+    HParams dashboard                     the run's hyperparameters and final metrics, when it
+                                          ends: runs of a sweep side by side (hparams below)
+    hparams/best_val_loss                 the metric that goes with them
 """
 
 from pathlib import Path
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-from training.heatmap import readable_token, render_attention_map
+from training.heatmap import readable_token, render_attention_map, render_head_grid
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -52,6 +59,29 @@ class RunLogger:
                 title = f"layer {layer} · head {head} · step {step}    rows: queries, columns: keys"
                 image = render_attention_map(weights_np[layer, head], labels, title)
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
+
+    def head_grid(self, step: int, weights: torch.Tensor) -> None:
+        """weights: (n_layer, n_head, T, T): all heads in one image, to scrub through time."""
+        if self.writer:
+            image = render_head_grid(weights.float().cpu().numpy(), f"all heads · step {step}    rows: queries, columns: keys")
+            self.writer.add_image("attention/all_heads", image, step, dataformats="HWC")
+
+    def head_metrics(self, step: int, metrics: dict[str, torch.Tensor]) -> None:
+        """metrics: {name: (n_layer, n_head)}, one scalar per head under head_{name}/."""
+        for name, values in metrics.items():
+            self.scalars(step, {
+                f"head_{name}/layer_{layer}/head_{head}": values[layer, head].item()
+                for layer in range(values.shape[0]) for head in range(values.shape[1])
+            })
+
+    def hparams(self, params: dict[str, int | float | str | bool], metrics: dict[str, float]) -> None:
+        """The run's hyperparameters and final metrics, for TensorBoard's HParams tab. Written
+        into this run's own event file (SummaryWriter.add_hparams would start a new sub-run)."""
+        if not self.writer:
+            return
+        for summary in hparams_summaries(params, metrics):  # the experiment, the session's start and end
+            self.writer.file_writer.add_summary(summary)
+        self.scalars(0, metrics)
 
     def probe_tokens(self, labels: list[str]) -> None:
         """The probe text, token by token, so a heatmap's axes can be read in full."""

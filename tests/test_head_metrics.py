@@ -1,0 +1,88 @@
+"""The head metrics on hand-built attention patterns whose answers are known."""
+
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from training.head_metrics import head_metrics, induction_probe, induction_score
+
+T = 12
+
+
+def as_heads(*patterns: torch.Tensor) -> torch.Tensor:
+    """Patterns (T, T) -> weights (1 layer, len(patterns) heads, T, T)."""
+    return torch.stack(patterns).unsqueeze(0)
+
+
+def previous_token_head(T: int) -> torch.Tensor:
+    w = torch.zeros(T, T)
+    w[0, 0] = 1.0  # the first token has nothing before it
+    w[torch.arange(1, T), torch.arange(T - 1)] = 1.0
+    return w
+
+
+def uniform_causal_head(T: int) -> torch.Tensor:
+    visible = torch.ones(T, T).tril()
+    return visible / visible.sum(dim=-1, keepdim=True)
+
+
+def self_head(T: int) -> torch.Tensor:
+    return torch.eye(T)
+
+
+def random_causal_head(T: int, seed: int) -> torch.Tensor:
+    scores = torch.randn(T, T, generator=torch.Generator().manual_seed(seed)) * 3
+    return torch.softmax(scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), dim=-1)
+
+
+def test_a_pure_previous_token_head_scores_1_looks_1_back_with_no_uncertainty():
+    m = head_metrics(as_heads(previous_token_head(T)))
+    assert m["previous_token"].item() == pytest.approx(1.0)
+    assert m["distance"].item() == pytest.approx((T - 1) / T)  # query 0 can only look at itself
+    assert m["entropy"].item() == pytest.approx(0.0)
+
+
+def test_uniform_attention_has_the_largest_entropy_a_causal_head_can_have():
+    m = head_metrics(as_heads(uniform_causal_head(T), *(random_causal_head(T, seed) for seed in range(5))))
+    most = sum(math.log(t + 1) for t in range(T)) / T  # query t spreads evenly over t + 1 tokens
+    assert m["entropy"][0, 0].item() == pytest.approx(most)
+    assert (m["entropy"][0, 1:] < most - 0.05).all()
+    assert m["distance"][0, 0].item() == pytest.approx(sum(t / 2 for t in range(T)) / T)  # mean of 0..t is t/2
+    assert m["previous_token"][0, 0].item() == pytest.approx(sum(1 / (t + 1) for t in range(1, T)) / (T - 1))
+
+
+def test_a_head_that_attends_to_itself_looks_0_back():
+    m = head_metrics(as_heads(self_head(T)))
+    assert m["distance"].item() == 0 and m["previous_token"].item() == 0 and m["entropy"].item() == 0
+
+
+def test_an_ideal_induction_head_scores_1_and_other_heads_do_not():
+    n = 8
+    ideal = torch.zeros(2 * n, 2 * n)
+    ideal[:n] = previous_token_head(2 * n)[:n]  # the first copy has nothing to copy from
+    ideal[n + torch.arange(n), torch.arange(n) + 1] = 1.0  # then: the token after the earlier occurrence
+    scores = induction_score(as_heads(ideal, previous_token_head(2 * n), uniform_causal_head(2 * n)), n)
+    assert scores[0, 0].item() == pytest.approx(1.0)
+    assert scores[0, 1].item() == 0.0
+    assert 0 < scores[0, 2].item() < 0.1  # uniform: 1 / (number of visible tokens)
+
+
+def test_the_induction_probe_is_a_random_sequence_repeated_twice():
+    probe = induction_probe(vocab_size=50, n=10, seed=3, avoid=0)
+    assert len(probe) == 20 and probe[:10] == probe[10:]
+    assert 0 not in probe and len(set(probe)) > 5
+    assert probe == induction_probe(vocab_size=50, n=10, seed=3, avoid=0)  # fixed by the seed
+
+
+def test_metrics_of_a_real_model_have_one_value_per_layer_and_head_in_range():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=3, n_head=2, n_embd=16))
+    weights = model.attention_weights(torch.randint(0, 30, (1, 16)))[:, 0]  # (L, H, T, T)
+    m = head_metrics(weights)
+    assert set(m) == {"entropy", "distance", "previous_token"}
+    for value in m.values():
+        assert value.shape == (3, 2)
+    assert ((m["previous_token"] >= 0) & (m["previous_token"] <= 1)).all()
+    assert (m["entropy"] <= sum(math.log(t + 1) for t in range(16)) / 16 + 1e-9).all()

@@ -1,0 +1,55 @@
+"""What each attention head does, in four numbers, computed from its attention weights.
+
+A heatmap shows one head at one step; these numbers follow every head through training
+(TensorBoard scalars), so a head can be seen to specialise.
+
+    head_metrics(weights)                 weights (L, H, T, T) of one text -> {name: (L, H)}
+        entropy          mean over queries of -sum_s w[t, s] log w[t, s], in nats. 0: each query
+                         looks at a single token; the most a causal head can reach is uniform
+                         attention over everything visible, log(t + 1) for query t.
+        distance         mean over queries of sum_s w[t, s] (t - s): how many tokens back a head
+                         looks, on average. 0: each token attends to itself.
+        previous_token   mean over queries t >= 1 of w[t, t - 1]: 1 for a head that always
+                         looks at the token just before.
+    induction_probe(vocab_size, n, seed)  n random token ids, then the same n again: (2n,)
+    induction_score(weights, n)           weights (L, H, 2n, 2n) of that probe -> (L, H):
+                         the mean weight a query in the second copy puts on the token just
+                         after its own token's earlier occurrence (the token to copy next).
+                         1 for an ideal induction head; near 0 for the others.
+"""
+
+import torch
+
+METRICS = ("entropy", "distance", "previous_token", "induction")
+
+
+def head_metrics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """weights: (L, H, T, T), each row a query's weights over keys (rows sum to 1)."""
+    T = weights.shape[-1]
+    weights = weights.double()  # (L, H, T, T)
+    # xlogy(w, w) = w log w, and 0 where w == 0 (the masked future), as the limit says.
+    entropy = -torch.special.xlogy(weights, weights).sum(dim=-1)  # (L, H, T): one number per query
+    positions = torch.arange(T, dtype=weights.dtype)  # (T,)
+    back = (positions.view(T, 1) - positions.view(1, T)).clamp(min=0)  # (T, T): t - s, and 0 for the future
+    distance = (weights * back).sum(dim=-1)  # (L, H, T)
+    previous = weights.diagonal(offset=-1, dim1=-2, dim2=-1)  # (L, H, T - 1): w[t, t - 1] for t >= 1
+    return {
+        "entropy": entropy.mean(dim=-1),  # (L, H)
+        "distance": distance.mean(dim=-1),  # (L, H)
+        "previous_token": previous.mean(dim=-1) if T > 1 else torch.zeros(weights.shape[:2]),  # (L, H)
+    }
+
+
+def induction_probe(vocab_size: int, n: int, seed: int = 0, avoid: int | None = None) -> list[int]:
+    """n random ids (never `avoid`, e.g. the end-of-text token), then the same n again."""
+    generator = torch.Generator().manual_seed(seed)
+    choices = torch.tensor([i for i in range(vocab_size) if i != avoid])
+    first = choices[torch.randint(len(choices), (n,), generator=generator)]  # (n,)
+    return first.repeat(2).tolist()  # (2n,)
+
+
+def induction_score(weights: torch.Tensor, n: int) -> torch.Tensor:
+    """weights: (L, H, 2n, 2n) on an induction_probe. Query n + i holds the token first seen
+    at position i, which was followed by position i + 1: its weight there, averaged over i."""
+    i = torch.arange(n)  # (n,)
+    return weights.double()[..., n + i, i + 1].mean(dim=-1)  # (L, H, n) -> (L, H)

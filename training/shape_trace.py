@@ -1,0 +1,123 @@
+"""`python train.py debug=shapes`: every tensor's shape through one forward of your model.
+
+The trace watches the real forward pass, so it cannot disagree with the code: a
+TorchFunctionMode sees each torch operation as it runs, and the trace prints the line of
+model/ that asked for it (with its shape comment), followed by the shape that line actually
+produced, in numbers. Attention runs its "manual" path here, so the steps the fused sdpa call
+hides (scores, mask, softmax, weights @ V) are shown one by one. The first block is shown in
+full; the later ones repeat it exactly, and are summarised.
+
+    trace_shapes(model, idx, targets) -> list of lines to print
+"""
+
+import linecache
+import sys
+from pathlib import Path
+from types import FrameType
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from model import GPT
+
+MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
+
+
+def shape_of(value: object) -> str | None:
+    if isinstance(value, torch.Tensor):
+        return str(tuple(value.shape))
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        shapes = {tuple(v.shape) for v in value}
+        return f"{len(value)} x {shapes.pop()}" if len(shapes) == 1 else ", ".join(str(tuple(v.shape)) for v in value)
+    return None
+
+
+def lesson_frame() -> FrameType | None:
+    """The innermost frame running code from model/ (the line that asked for the operation)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if Path(frame.f_code.co_filename).resolve().parent == MODEL_DIR:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+class LineShapes(TorchFunctionMode):
+    """Records, per line of model/ code, the shape of the last tensor that line produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[str, str, int, str]] = []  # (module, file, line, shape)
+        self.modules: list[str] = ["(model)"]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shape = shape_of(out)
+        frame = lesson_frame()
+        if shape is not None and frame is not None:
+            where = (self.modules[-1], frame.f_code.co_filename, frame.f_lineno)
+            if self.steps and self.steps[-1][:3] == where:
+                self.steps[-1] = (*where, shape)  # a later operation on the same line: keep its result
+            else:
+                self.steps.append((*where, shape))
+        return out
+
+
+@torch.no_grad()
+def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[str]:
+    """One forward of model on idx (B, T) and targets (B, T); returns the trace as lines."""
+    c = model.config
+    B, T = idx.shape
+    recorder = LineShapes()
+    # Steps are filed under the innermost module of model/ running them (GPT, Block, MLP,
+    # CausalSelfAttention), not under the torch layers (Linear, LayerNorm) they call.
+    names = {module: name or "GPT" for name, module in model.named_modules() if type(module).__module__.startswith("model.")}
+    def enter(module: nn.Module, args: tuple) -> None:
+        recorder.modules.append(names[module])
+
+    def leave(module: nn.Module, args: tuple, out: object) -> None:  # returns None: the output stays as it is
+        recorder.modules.pop()
+
+    hooks = []
+    for module in names:
+        hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    paths = {}
+    for block in model.blocks:
+        paths[block.attn] = block.attn.attention
+        block.attn.attention = "manual"  # the explicit math, one step per line
+    was_training = model.training
+    model.eval()
+    try:
+        with recorder:
+            model(idx, targets)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for attn, path in paths.items():
+            attn.attention = path
+        model.train(was_training)
+
+    lines = [
+        f"One forward of the configured model ({model.num_parameters() / 1e6:.2f}M parameters, "
+        f"attention path {c.attention!r}, traced through 'manual' to show every step):",
+        f"  B={B} sequences, T={T} tokens, C={c.n_embd} channels, H={c.n_head} heads of D={c.n_embd // c.n_head} dims, "
+        f"{c.n_layer} blocks, vocab {c.vocab_size}",
+        "",
+    ]
+    shown_module, summarised = None, False
+    for module, filename, lineno, shape in recorder.steps:
+        if any(module == f"blocks.{i}" or module.startswith(f"blocks.{i}.") for i in range(1, c.n_layer)):
+            if not summarised:  # the later blocks repeat blocks.0 exactly
+                later = "blocks.1" if c.n_layer == 2 else f"blocks.1 to blocks.{c.n_layer - 1}"
+                lines.append(f"{later}: the same steps and shapes as blocks.0")
+                shown_module, summarised = None, True
+            continue
+        if module != shown_module:
+            kind = type(model.get_submodule("" if module == "GPT" else module)).__name__
+            lines.append(f"{module} ({kind})")
+            shown_module = module
+        code = linecache.getline(filename, lineno).strip()
+        lines.append(f"  {Path(filename).name}:{lineno:<4} {code}")
+        lines.append(f"  {'':>{len(Path(filename).name) + 5}} -> {shape}")
+    return lines
