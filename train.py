@@ -44,6 +44,7 @@ from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
 from training.precision import Precision
 from training.progress import ProgressBar
+from training.recall_probe import RecallProbe
 from training.run_state import capture_rng_states, restore_rng_states
 from training.shape_trace import trace_shapes
 from training.tensorboard_log import RunLogger
@@ -237,6 +238,11 @@ def train(cfg: DictConfig) -> float:
     induction_batch = torch.tensor(
         [induction_probe(data.tokenizer.vocab_size, n_induction, cfg.train.seed, avoid=data.tokenizer.eot_id)], device=device,
     ) if n_induction >= 2 else None  # (1, 2n)
+    # The recall probe: held-out stories (another seed), where names and items come back.
+    recall = (RecallProbe.build(data.tokenizer, block_size, seed=cfg.data.seed + 1)
+              if ranks.is_main and cfg.train.attn_log_interval and cfg.data.source == "stories" else None)
+    if recall is not None and not recall.targets:
+        recall = None  # block_size too short for a name to come back inside one window
     config_dict = OmegaConf.to_container(cfg, resolve=True)
 
     def save(path: Path, evaluated: bool) -> None:
@@ -279,6 +285,8 @@ def train(cfg: DictConfig) -> float:
                         induction_weights = model.attention_weights(induction_batch)[:, 0]  # (L, H, 2n, 2n)
                         metrics["induction"] = induction_score(induction_weights, induction_batch.shape[1] // 2)
                     tb.head_metrics(step, metrics)
+                    if recall is not None:
+                        tb.recall(step, recall.evaluate(model))
 
                 # A sample, to read how the model writes.
                 if ranks.is_main and cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):

@@ -60,6 +60,11 @@ def test_every_head_has_its_metrics_and_all_heads_share_one_grid_image(trained_r
                 assert all(math.isfinite(v.value) and v.value >= 0 for v in values)
     assert all(v.value <= 1 for v in events.Scalars("head_previous_token/layer_0/head_0"))
     assert not any(tag.startswith("head_") and "layer_2" in tag for tag in scalars)  # 2 layers only
+    # The recall probe (the stories corpus): accuracy on repeated names, and every head's look back.
+    assert [v.step for v in events.Scalars("recall/accuracy")] == [0, 10, 20]
+    assert all(0 <= v.value <= 1 for v in events.Scalars("recall/accuracy"))
+    assert {f"recall_heads/layer_{layer}/head_{head}" for layer in range(2) for head in range(2)} <= scalars
+    assert "weight on the earlier mention: layer " in text_of(events, "recall/top_heads")
     grids = events.Images("attention/all_heads")
     assert [g.step for g in grids] == [0, 10, 20]
     (tmp_path / "grid.png").write_bytes(grids[-1].encoded_image_string)
@@ -154,6 +159,7 @@ def test_a_tiny_bpe_run_trains_logs_labelled_maps_and_samples(tmp_path):
     assert "·was" in probe.split(" | ")  # whole BPE words, the leading space shown as ·
     losses = [e.value for e in events.Scalars("loss/val")]
     assert losses[-1] < losses[0]
+    assert "recall/accuracy_name" in events.Tags()["scalars"]  # the recall probe finds names in BPE tokens too
     sampled = run_cli("sample.py", f"run={run_dir}", "prompt=Once upon", "max_new_tokens=20", cwd=tmp_path)
     assert sampled.returncode == 0 and sampled.stdout.startswith("Once upon") and len(sampled.stdout) > 15, sampled.stderr
 

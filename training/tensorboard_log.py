@@ -10,6 +10,10 @@
     attention/probe                       the probe's tokens, as the heatmaps label them, once
     samples                               generated text, every sample_interval steps
     config                                the run's resolved config (YAML), once
+    recall/accuracy, recall/accuracy_name, recall/accuracy_item   the recall probe (stories corpus:
+                                          training/recall_probe.py), at the attention steps
+    recall_heads/layer_{l}/head_{h}       each head's weight on the earlier mention there
+    recall/top_heads                      the heads that look back at it most (text)
     HParams dashboard                     the run's hyperparameters and final metrics, when it
                                           ends: runs of a sweep side by side (hparams below)
     hparams/best_val_loss                 the metric that goes with them
@@ -22,6 +26,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
 from training.heatmap import readable_token, render_attention_map, render_head_grid
+from training.recall_probe import RecallScores
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -82,6 +87,17 @@ class RunLogger:
         for summary in hparams_summaries(params, metrics):  # the experiment, the session's start and end
             self.writer.file_writer.add_summary(summary)
         self.scalars(0, metrics)
+
+    def recall(self, step: int, scores: RecallScores) -> None:
+        weight = scores.head_weight  # (L, H)
+        self.scalars(step, {"recall/accuracy": scores.accuracy,
+                            **{f"recall/accuracy_{kind}": value for kind, value in scores.accuracy_by_kind.items()}})
+        L, H = weight.shape
+        self.scalars(step, {f"recall_heads/layer_{layer}/head_{head}": weight[layer, head].item()
+                            for layer in range(L) for head in range(H)})
+        order = weight.flatten().argsort(descending=True)[:3].tolist()
+        top = ", ".join(f"layer {i // H} head {i % H}: {weight.flatten()[i]:.2f}" for i in order)
+        self.text("recall/top_heads", f"weight on the earlier mention: {top}", step)
 
     def probe_tokens(self, labels: list[str]) -> None:
         """The probe text, token by token, so a heatmap's axes can be read in full."""

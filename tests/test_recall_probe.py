@@ -1,0 +1,56 @@
+"""The recall probe: where names and items come back, and how its scores are read."""
+
+import pytest
+import torch
+
+from data.stories import generate_stories
+from data.tokenizer import CharTokenizer
+from training.recall_probe import RecallProbe, recall_points
+
+
+def test_recall_points_are_the_repeated_names_and_the_packed_items_named_again():
+    text = "Mia met a fox named Tom. Mia packed a rope and a lamp. The lamp was old. Tom fell. Mia took the rope."
+    points = [(text[p.start : p.end], p.kind, p.earlier_start) for p in recall_points(text)]
+    assert points == [
+        ("Mia", "name", 0),
+        ("Tom", "name", text.index("Tom")),
+        ("Mia", "name", text.index("Mia packed")),  # the latest earlier mention
+        ("rope", "item", text.index("rope")),  # "the rope", first packed as "a rope"
+    ]  # "The lamp" (capital, a new sentence) is not counted; a first mention never is
+    assert recall_points("Mia and Tom went home.") == []
+
+
+@pytest.fixture(scope="module")
+def char_probe():
+    tokenizer = CharTokenizer(sorted(set("".join(generate_stories(1337, 100_000)))))
+    return tokenizer, RecallProbe.build(tokenizer, block_size=128, seed=1338)
+
+
+def test_each_recall_point_is_a_mention_whose_word_appears_earlier_in_the_same_window(char_probe):
+    tokenizer, probe = char_probe
+    assert probe.windows.shape == (96, 128)
+    assert len(probe.targets) > 50 and {kind for *_, kind in probe.targets} == {"name", "item"}
+    for window, position, first, end, _ in probe.targets:
+        ids = probe.windows[window].tolist()
+        earlier = "".join(tokenizer.token_strings(ids[first:end]))
+        later = "".join(tokenizer.token_strings(ids[position : position + len(earlier)]))
+        assert earlier.isalpha() and later and earlier.startswith(later)  # the window may cut the later one short
+        assert 0 <= first < end <= position < 128
+
+
+def test_scores_read_a_perfect_predictor_and_a_head_that_looks_back(char_probe):
+    tokenizer, probe = char_probe
+    N, T = probe.windows.shape
+    vocab = tokenizer.vocab_size
+    logits = torch.zeros(N, T, vocab)
+    logits[:, :-1].scatter_(-1, probe.windows[:, 1:].unsqueeze(-1), 1.0)  # always predicts the true next token
+    weights = torch.zeros(1, N, 2, T, T)
+    weights[0, :, 1] = torch.ones(T, T).tril() / torch.arange(1, T + 1).view(T, 1)  # head 1: uniform
+    for window, position, first, _, _ in probe.targets:
+        weights[0, window, 0, position - 1, first] = 1.0  # head 0: all weight on the earlier mention
+    scores = probe.scores(logits, weights)
+    assert scores.accuracy == 1.0 and scores.accuracy_by_kind == {"item": 1.0, "name": 1.0}
+    assert scores.head_weight[0, 0].item() == pytest.approx(1.0)
+    assert 0 < scores.head_weight[0, 1].item() < 0.2
+    wrong = probe.scores(logits.roll(1, dims=-1), weights)  # every prediction off by one id
+    assert wrong.accuracy == 0.0
