@@ -36,7 +36,7 @@ train: setup
 	$(PY) train.py $(ARGS)
 
 test: setup
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n auto $(ARGS)
 
 sample: setup
 	$(PY) sample.py run=latest $(ARGS)
