@@ -223,6 +223,7 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
         (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),
         (["model.qk_norm=1.5"], "error: model.qk_norm=1.5 must be true or false"),
+        (["debug=shape"], "error: debug=shape is not a debug mode; the one there is: debug=shapes"),
         (["train.compile=yes please"], "error: train.compile=yes please must be true or false"),
         (["model.dropout=x"], "error: model.dropout=x must be a number"),
         (["optim.betas=[2,0.9]"], "error: optim.betas=[2, 0.9] must be two numbers in [0, 1)"),
