@@ -36,7 +36,7 @@ from data.errors import DataError
 from training.checkpoint import BEST, LAST, load_checkpoint, load_weights, resolve_resume, save_checkpoint
 from training.config import build_model, resumed_config, seed_everything, validate_train_config
 from training.distributed import Ranks, dist_backend, env_rank, env_world_size, leave_process_group, lost_contact
-from training.errors import UserError, exit_on_user_error, run_cli
+from training.errors import UserError, exit_on_user_error, run_cli, said_once_per_machine
 from training.generation import generate_text
 from training.head_metrics import head_metrics, induction_probe, induction_score
 from training.interrupt import StopSignals
@@ -132,20 +132,21 @@ def train(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     shown_dir = os.path.relpath(run_dir)  # as the user would type it
     resumed = None
-    if cfg.resume:
-        resumed = load_checkpoint(resolve_resume(cfg.resume))
-        cfg, changes = resumed_config(cfg, resumed["config"], HydraConfig.get().overrides.task)
-        if "run_state" not in resumed:
-            raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
-                            "saved by an older version); start a new run, or sample from it")
-    validate_train_config(cfg)
-    if resumed:
-        if resumed["step"] >= cfg.train.max_steps:
+    with said_once_per_machine():  # checks of the config alone: every process would fail them alike
+        if cfg.resume:
+            resumed = load_checkpoint(resolve_resume(cfg.resume))
+            cfg, changes = resumed_config(cfg, resumed["config"], HydraConfig.get().overrides.task)
+            if "run_state" not in resumed:
+                raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
+                                "saved by an older version); start a new run, or sample from it")
+        validate_train_config(cfg)
+        if resumed and resumed["step"] >= cfg.train.max_steps:
             raise UserError(f"resume={cfg.resume}: the run is already at step {resumed['step']}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
+        if HydraConfig.get().mode == RunMode.MULTIRUN and env_world_size() > 1:
+            raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
+    if resumed:
         log.info(f"resuming {shown_dir} at step {resumed['step']}" + "".join(f"; {change}" for change in changes))
-    if HydraConfig.get().mode == RunMode.MULTIRUN and env_world_size() > 1:
-        raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
 
     # Where this process runs: alone, or as one rank of several started by torchrun.
     ranks = Ranks.join(cfg.train.device)

@@ -127,6 +127,22 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("train.eval_every=20", "error: train.eval_every is not an option; check its spelling"),  # Hydra refuses it
+        ("train.dtype=fp8", "error: train.dtype=fp8 must be one of fp32, bf16, fp16"),  # train() refuses it
+    ],
+)
+def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, message):
+    result = torchrun(2, *QUICK, bad, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
+    assert result.returncode != 0
+    our_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(our_lines) == 1 and message in our_lines[0], result.stderr
+    assert not list(tmp_path.glob("run/*"))  # nothing written (an empty run/ of rank 1's Hydra may be left)
+    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 2" in result.stderr  # torchrun names rank 0 as the cause
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["train.dtype=fp8"], "error: train.dtype=fp8 must be one of fp32, bf16, fp16"),

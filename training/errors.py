@@ -5,10 +5,14 @@
     run_cli(main)         runs a @hydra.main function so that Hydra's own complaints (a
                           misspelt key, an unknown option, an override it cannot parse) are
                           one such line too, instead of Hydra's several
+    said_once_per_machine()
+                          wraps the checks of the config alone: under torchrun, their error
+                          is said by one process per machine, not by every process
 """
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -49,8 +53,32 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
     except (HydraException, OmegaConfBaseException, UserError) as err:
         if wants_full_errors and not isinstance(err, UserError):
             raise
+        leave_it_to_local_rank_zero(config_error_line(err))
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+@contextmanager
+def said_once_per_machine() -> Iterator[None]:
+    """Under torchrun every process on a machine reads the same command line and config files,
+    so a check of the config alone fails the same way in each of them. The first process on
+    the machine (LOCAL_RANK 0) says why; the others leave it to that one."""
+    try:
+        yield
+    except (UserError, DataError) as err:
+        leave_it_to_local_rank_zero(str(err))
+        raise
+
+
+def leave_it_to_local_rank_zero(message: str) -> None:
+    """In a process other than the first on its machine, wait for torchrun to stop it: torchrun
+    stops every process once one has failed, so local rank 0 says the error and is reported as
+    the cause. (Were this one to exit first, torchrun could stop local rank 0 before it spoke.)"""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        return
+    time.sleep(60)
+    print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
+    sys.exit(2)
 
 
 def options_hint() -> str:
