@@ -94,6 +94,39 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
     assert 5 <= load_checkpoint(tmp_path / "run" / "ckpt_last.pt")["step"] < 10
 
 
+STUCK_IN_ONE_OPERATION = """
+import sys, time, torch
+sys.path.insert(0, sys.argv[1])
+from training.interrupt import StopSignals
+matrix = torch.randn(7000, 7000)
+with StopSignals():
+    print("ready", flush=True)
+    started = time.perf_counter()
+    torch.linalg.eigvals(matrix)  # one PyTorch operation of about 30 s on 2 cores
+    print(f"finished after {time.perf_counter() - started:.1f} s", flush=True)
+"""
+
+
+def test_a_second_signal_stops_at_once_even_inside_one_long_operation(tmp_path):
+    # Python runs signal handlers only between bytecodes; this process sits inside one
+    # operation for about 30 s, so only StopSignals' watcher thread can end it sooner.
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_IN_ONE_OPERATION)
+    process = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)  # the first: stop cleanly, when the step is done
+    time.sleep(1.5)  # more than a second later: a second request, not torchrun's relay of the first
+    second_at = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert "finished" not in stdout  # the operation was still running
+    assert process.returncode == 128 + signal.SIGINT
+    assert stderr == "stopped: interrupted in the middle of an operation (files already saved are whole)\n"
+    assert time.monotonic() - second_at < 10  # the watcher's 2 s of grace, plus start-up slack
+
+
 def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     # A model big enough (3.2M parameters, ~38 MB with AdamW's state) that a save takes a
     # while, saving at every step: kill -9 the moment a new ckpt_last.pt is being written.

@@ -5,9 +5,18 @@ from the terminal and relayed by torchrun, and that is still one request to stop
 
     with StopSignals() as stop:
         ... if stop.requested: save and leave ...
+
+"At once" holds even in the middle of one long PyTorch operation (a huge block_size can make
+a single attention call run for minutes). Python runs a signal handler only between two
+bytecodes, so the handler alone would wait for that operation to end. A watcher thread hears
+each signal through signal.set_wakeup_fd instead, and can act while the operation runs (PyTorch
+lets other threads run during its operations).
 """
 
+import os
 import signal
+import sys
+import threading
 import time
 from types import FrameType
 
@@ -15,6 +24,7 @@ from types import FrameType
 class StopSignals:
     HANDLED = (signal.SIGINT, signal.SIGTERM)
     SAME_REQUEST_SECONDS = 1.0
+    GRACE_SECONDS = 2.0  # after a second signal, how long the watcher leaves the handler to end the run
 
     def __init__(self) -> None:
         self.requested: int | None = None  # the signal number, once one arrived
@@ -24,18 +34,44 @@ class StopSignals:
     def __enter__(self) -> "StopSignals":
         for signum in self.HANDLED:
             self._previous[signum] = signal.signal(signum, self._handle)
+        self._heard, wakeup = os.pipe()  # the C-level handler writes each signal's number into wakeup
+        os.set_blocking(wakeup, False)
+        self._previous_wakeup = signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
+        self._wakeup = wakeup
+        threading.Thread(target=self._watch, name="stop-signals", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        signal.set_wakeup_fd(self._previous_wakeup)
+        os.close(self._wakeup)  # the watcher reads end-of-file and ends
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
+    def _is_second_request(self, now: float) -> bool:
+        return self.requested is not None and now - self._first_at > self.SAME_REQUEST_SECONDS
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested is not None:
-            if time.monotonic() - self._first_at > self.SAME_REQUEST_SECONDS:
-                raise KeyboardInterrupt  # asked twice: do not wait for the step
-            return
-        self.requested, self._first_at = signum, time.monotonic()
+        """The Python-level handler: runs between bytecodes of the main thread."""
+        if self._is_second_request(time.monotonic()):
+            raise KeyboardInterrupt  # asked twice: do not wait for the step
+        if self.requested is None:
+            self.requested, self._first_at = signum, time.monotonic()
+
+    def _watch(self) -> None:
+        """The watcher thread: when a second request finds the main thread stuck inside one
+        operation for GRACE_SECONDS, end the process from here. Files being saved go to a
+        temporary name first, so the last checkpoint on disk stays whole."""
+        first_at = None
+        while received := os.read(self._heard, 64):
+            now = time.monotonic()
+            if first_at is None:
+                first_at = now
+            elif now - first_at > self.SAME_REQUEST_SECONDS:
+                time.sleep(self.GRACE_SECONDS)  # normally the handler has ended the run by now
+                print("stopped: interrupted in the middle of an operation (files already saved are whole)",
+                      file=sys.stderr, flush=True)
+                os._exit(128 + received[-1])
+        os.close(self._heard)
 
     @property
     def name(self) -> str:
