@@ -37,7 +37,7 @@ def sample(cfg: DictConfig) -> None:
         raise UserError(f"temperature={cfg.temperature} must be 0 (greedy) or more")
     if cfg.num_samples < 1:
         raise UserError(f"num_samples={cfg.num_samples} must be at least 1")
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device, key="device")
     path = resolve_checkpoint(str(cfg.run))
     model, tokenizer = model_from_checkpoint(load_checkpoint(path))
     model.to(device)

@@ -188,6 +188,10 @@ def train(cfg: DictConfig) -> float:
         f"vocab {data.tokenizer.vocab_size} ({data.tokenizer.kind}) | device: {device}"
         + (f" | {ranks.world_size} processes ({dist_backend()})" if ranks.distributed else "")
     )
+    learned = data.tokenizer.vocab_size - 1  # BPE's byte tokens: all but <|endoftext|>
+    if cfg.tokenizer.kind == "bpe" and learned < cfg.tokenizer.vocab_size:
+        log.info(f"note: bpe has {learned} byte tokens, not the {cfg.tokenizer.vocab_size} of tokenizer.vocab_size: "
+                 "the train split ran out of pairs to merge (each of its words is one token already)")
     log.info(f"run dir: {shown_dir}")
     # What trains: the model itself, or under torchrun DistributedDataParallel around it, which
     # averages the gradients over all ranks during backward() so that every rank takes the same

@@ -33,7 +33,7 @@ def test_tour_dividing_by_sqrt_d_keeps_the_scores_spread_near_1_and_softmax_unsa
     assert (dots / math.sqrt(D)).var().item() == pytest.approx(1.0, rel=0.05)  # ...and sqrt(D) undoes it
     rows = dots[:16 * 1000].view(1000, 16)  # 1000 queries, 16 keys each
     assert torch.softmax(rows, dim=-1).max(dim=-1).values.mean() > 0.9  # unscaled: almost one-hot
-    assert torch.softmax(rows / math.sqrt(D), dim=-1).max(dim=-1).values.mean() < 0.6  # scaled: spread out
+    assert torch.softmax(rows / math.sqrt(D), dim=-1).max(dim=-1).values.mean() < 0.35  # scaled: spread out (about 0.25)
 
 
 def test_tour_softmax_runs_over_the_keys_so_each_query_gets_weights_that_sum_to_1():

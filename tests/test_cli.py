@@ -164,6 +164,16 @@ def test_a_tiny_bpe_run_trains_logs_labelled_maps_and_samples(tmp_path):
     assert sampled.returncode == 0 and sampled.stdout.startswith("Once upon") and len(sampled.stdout) > 15, sampled.stderr
 
 
+def test_a_bpe_that_runs_out_of_merges_says_how_many_tokens_it_got(tmp_path):
+    result = run_cli("train.py", *TINY_RUN, "data.n_chars=10000", "tokenizer=bpe", "tokenizer.vocab_size=4096",
+                     "train.max_steps=1", "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    vocab = int(re.search(r"vocab (\d+) \(bpe\)", result.stdout).group(1))
+    assert vocab < 4096
+    assert f"note: bpe has {vocab - 1} byte tokens, not the 4096 of tokenizer.vocab_size" in result.stdout
+
+
 def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
     tiny_without_n_head = [arg for arg in TINY_RUN if not arg.startswith("model.n_head=")]
     result = run_cli("train.py", "-m", "model.n_head=1,2", *tiny_without_n_head, "train.max_steps=4",
@@ -198,7 +208,9 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["+model.n_layr=3"], "error: +model.n_layr=3 adds model.n_layr, which is not an option here"),
         (["model=huge"], "error: model=huge is not an option of model; choose one of: gpt"),
         (["optimizer=sgd"], "error: optimizer is not an option; check its spelling"),
-        (["model.n_layer=[1,"], "error: no viable alternative at input '[1,'"),
+        (["model.n_layer=[1,"], "error: could not read the argument 'model.n_layer=[1,' (no viable alternative at input '[1,')"),
+        (["model.n_head=2,4"], "error: model.n_head=2,4: a comma here means a sweep; add -m for one run per value"),
+        (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
         (["model.n_layer=${oops}"], "error: model.n_layer: Interpolation key 'oops' not found"),
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
@@ -264,6 +276,9 @@ def assert_one_error_line(result, message: str) -> None:
         (["topk=5"], "error: topk is not an option; check its spelling (`python sample.py --help`"),
         (["prompt='Once upon a time ☃'"], "never saw in training: '☃'"),  # quoted, as Hydra needs for ☃
         (["temperature=-1"], "error: temperature=-1"),
+        (["prompt=Chapter", "1:", "x"], "error: could not read the argument '1:': each argument is key=value, and a value with"),
+        (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep"),
+        (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
         (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
         (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be 0 or more"),

@@ -23,6 +23,7 @@ never runs code from the file:
 """
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +104,16 @@ def resolve_resume(resume: str) -> Path:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+        raise UserError(f"{path} is not a readable checkpoint (not a zip file, as torch.save writes); "
+                        "it may be truncated or not a checkpoint")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # a broken file fails in many ways (zip, unpickler, storage): all mean the same
-        detail = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:120]}" if str(err).strip() else type(err).__name__
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if len(first_line) > 120:
+            first_line = first_line[:120].rsplit(" ", 1)[0] + " ..."
+        detail = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
         raise UserError(f"{path} is not a readable checkpoint ({detail}); it may be truncated or not a checkpoint") from None
     required = ("model", "config", "tokenizer", "step")
     if not isinstance(checkpoint, dict) or any(key not in checkpoint for key in required):

@@ -100,23 +100,24 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def pick_device(name: str, local_rank: int = 0, world_size: int = 1) -> torch.device:
-    """train.device: auto (CUDA when PyTorch sees a GPU, else the CPU), cpu, cuda, cuda:<i>.
-    Under torchrun, auto and cuda give each process on a machine its own GPU: cuda:LOCAL_RANK."""
+def pick_device(name: str, local_rank: int = 0, world_size: int = 1, key: str = "train.device") -> torch.device:
+    """The device option (key: train.device, or sample.py's device): auto (CUDA when PyTorch
+    sees a GPU, else the CPU), cpu, cuda, cuda:<i>. Under torchrun, auto and cuda give each
+    process on a machine its own GPU: cuda:LOCAL_RANK."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UserError(f"train.device={name} is not a device; use auto, cpu, cuda or cuda:<index>") from None
+        raise UserError(f"{key}={name} is not a device; use auto, cpu, cuda or cuda:<index>") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"train.device={name} but PyTorch sees no CUDA GPU here; use train.device=cpu (or auto)")
+        raise UserError(f"{key}={name} but PyTorch sees no CUDA GPU here; use {key}=cpu (or auto)")
     if device.type == "cuda" and world_size > 1:
         if device.index is not None:
-            raise UserError(f"train.device={name} names one GPU, but torchrun started {world_size} processes; "
-                            "use train.device=auto (or cuda): each process then takes GPU LOCAL_RANK")
+            raise UserError(f"{key}={name} names one GPU, but torchrun started {world_size} processes; "
+                            f"use {key}=auto (or cuda): each process then takes GPU LOCAL_RANK")
         device = torch.device("cuda", local_rank)
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"train.device={name} but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
+        raise UserError(f"{key}={name} but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
                         + (f" to local rank {local_rank}" if world_size > 1 else ""))
     return device

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
 from data.errors import DataError
@@ -41,11 +41,21 @@ def exit_on_user_error() -> Iterator[None]:
         sys.exit(130)
 
 
+# The command-line flags Hydra itself reads (besides key=value overrides).
+HYDRA_FLAGS = {
+    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r",
+    "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn",
+    "--config-dir", "-cd", "--info", "-i", "--experimental-rerun",
+}
+
+
 def run_cli(hydra_main: Callable[[], object]) -> None:
     wants_full_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its errors for us to word, not prints them
     try:
         for arg in sys.argv[1:]:
+            if arg.startswith("-") and arg.split("=", 1)[0] not in HYDRA_FLAGS:  # else argparse's usage text
+                raise UserError(f"{arg} is not a flag of this command; {options_hint()}")
             if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):
                 key = arg.lstrip("+").split("=", 1)[0]
                 raise UserError(f"{arg} adds {key}, which is not an option here; {options_hint()}")
@@ -101,6 +111,15 @@ def config_error_line(err: Exception) -> str:
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
     if isinstance(err, UserError):
         return str(err)
+    if isinstance(err, OverrideParseException):  # the shell split a value, or Hydra's syntax claimed a character
+        reason = err.message.splitlines()[0]
+        reason = "" if reason.startswith("LexerNoViableAltException") else f" ({reason})"  # that one repeats the argument
+        return (f"could not read the argument {err.override!r}{reason}: each argument is key=value, and a value with spaces, "
+                f"non-ASCII letters or any of : , = ' \" [ ] {{ }} ( ) needs quotes inside the shell's, e.g. 'prompt=\"Once upon a time, a\"'")
+    if str(err).startswith("Ambiguous value for argument"):  # key=a,b: Hydra reads the comma as a sweep
+        argument = str(err).split("'")[1]
+        return (f"{argument}: a comma here means a sweep; add -m for one run per value, or quote the value "
+                f"to keep it whole ('{argument.split('=', 1)[0]}=\"a, b\"')")
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"
