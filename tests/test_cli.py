@@ -278,6 +278,7 @@ def assert_one_error_line(result, message: str) -> None:
         (["temperature=-1"], "error: temperature=-1"),
         (["prompt=Chapter", "1:", "x"], "error: could not read the argument '1:': each argument is key=value, and a value with"),
         (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep"),
+        (["prompt='a','b'"], "error: prompt='a','b': a comma here means a sweep"),
         (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
         (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),

@@ -127,6 +127,39 @@ def test_a_second_signal_stops_at_once_even_inside_one_long_operation(tmp_path):
     assert time.monotonic() - second_at < 10  # the watcher's 2 s of grace, plus start-up slack
 
 
+SLOW_TO_CLEAN_UP = """
+import signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from training.interrupt import StopSignals
+signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # a signal that is no request to stop
+try:
+    with StopSignals():
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)  # Python code: the handler runs at once
+except KeyboardInterrupt:
+    time.sleep(3)  # a cleanup longer than the watcher's grace
+    print("cleaned up", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_the_watcher_leaves_a_run_alone_that_the_handler_stopped_and_ignores_other_signals(tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_TO_CLEAN_UP)
+    process = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    for _ in range(2):  # two of another signal, 1.5 s apart: nothing happens
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(1.5)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(1.5)
+    process.send_signal(signal.SIGINT)  # the second request: the handler raises KeyboardInterrupt
+    stdout, stderr = process.communicate(timeout=60)
+    assert (process.returncode, stdout, stderr) == (130, "cleaned up\n", "")
+
+
 def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     # A model big enough (3.2M parameters, ~38 MB with AdamW's state) that a save takes a
     # while, saving at every step: kill -9 the moment a new ckpt_last.pt is being written.

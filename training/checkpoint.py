@@ -104,12 +104,14 @@ def resolve_resume(resume: str) -> Path:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
-        raise UserError(f"{path} is not a readable checkpoint (not a zip file, as torch.save writes); "
-                        "it may be truncated or not a checkpoint")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except PermissionError as err:  # the file is there, but not for us to read
+        raise UserError(f"could not read {path} ({err.strerror or err})") from None
     except Exception as err:  # a broken file fails in many ways (zip, unpickler, storage): all mean the same
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; PyTorch's own words would mislead
+            raise UserError(f"{path} is not a readable checkpoint (not a zip file, as torch.save writes); "
+                            "it may be truncated or not a checkpoint") from None
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
         if len(first_line) > 120:
             first_line = first_line[:120].rsplit(" ", 1)[0] + " ..."

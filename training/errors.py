@@ -84,9 +84,12 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     """In a process other than the first on its machine, wait for torchrun to stop it: torchrun
     stops every process once one has failed, so local rank 0 says the error and is reported as
     the cause. (Were this one to exit first, torchrun could stop local rank 0 before it spoke.)"""
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        return
-    time.sleep(60)
+    if os.environ.get("LOCAL_RANK", "0") in ("", "0") or os.environ.get("WORLD_SIZE", "1") in ("", "1"):
+        return  # the first process on its machine, or not started by torchrun
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C reaches every process: local rank 0 says what went wrong
     print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
     sys.exit(2)
 
@@ -112,12 +115,14 @@ def config_error_line(err: Exception) -> str:
     if isinstance(err, UserError):
         return str(err)
     if isinstance(err, OverrideParseException):  # the shell split a value, or Hydra's syntax claimed a character
-        reason = err.message.splitlines()[0]
-        reason = "" if reason.startswith("LexerNoViableAltException") else f" ({reason})"  # that one repeats the argument
+        reason = (err.message.strip().splitlines() or [""])[0]
+        shown = reason and not reason.startswith("LexerNoViableAltException")  # that one only repeats the argument
+        reason = f" ({reason})" if shown else ""
         return (f"could not read the argument {err.override!r}{reason}: each argument is key=value, and a value with spaces, "
                 f"non-ASCII letters or any of : , = ' \" [ ] {{ }} ( ) needs quotes inside the shell's, e.g. 'prompt=\"Once upon a time, a\"'")
     if str(err).startswith("Ambiguous value for argument"):  # key=a,b: Hydra reads the comma as a sweep
-        argument = str(err).split("'")[1]
+        first_line = str(err).splitlines()[0]  # Ambiguous value for argument '<argument>'
+        argument = first_line.removeprefix("Ambiguous value for argument '").removesuffix("'")
         return (f"{argument}: a comma here means a sweep; add -m for one run per value, or quote the value "
                 f"to keep it whole ('{argument.split('=', 1)[0]}=\"a, b\"')")
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())

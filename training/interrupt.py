@@ -34,14 +34,15 @@ class StopSignals:
     def __enter__(self) -> "StopSignals":
         for signum in self.HANDLED:
             self._previous[signum] = signal.signal(signum, self._handle)
-        self._heard, wakeup = os.pipe()  # the C-level handler writes each signal's number into wakeup
+        heard, wakeup = os.pipe()  # the C-level handler writes each signal's number into wakeup
         os.set_blocking(wakeup, False)
         self._previous_wakeup = signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
-        self._wakeup = wakeup
-        threading.Thread(target=self._watch, name="stop-signals", daemon=True).start()
+        self._wakeup, self._left = wakeup, threading.Event()
+        threading.Thread(target=self._watch, args=(heard, self._left), name="stop-signals", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._left.set()  # the block is over: the watcher must not end the process any more
         signal.set_wakeup_fd(self._previous_wakeup)
         os.close(self._wakeup)  # the watcher reads end-of-file and ends
         for signum, handler in self._previous.items():
@@ -57,21 +58,25 @@ class StopSignals:
         if self.requested is None:
             self.requested, self._first_at = signum, time.monotonic()
 
-    def _watch(self) -> None:
+    def _watch(self, heard: int, left: threading.Event) -> None:
         """The watcher thread: when a second request finds the main thread stuck inside one
         operation for GRACE_SECONDS, end the process from here. Files being saved go to a
         temporary name first, so the last checkpoint on disk stays whole."""
         first_at = None
-        while received := os.read(self._heard, 64):
+        while received := os.read(heard, 64):
+            stops = [signum for signum in received if signum in self.HANDLED]  # any signal with a handler is written
+            if not stops:
+                continue
             now = time.monotonic()
             if first_at is None:
                 first_at = now
             elif now - first_at > self.SAME_REQUEST_SECONDS:
-                time.sleep(self.GRACE_SECONDS)  # normally the handler has ended the run by now
+                if left.wait(self.GRACE_SECONDS):
+                    break  # the handler ended the run, and its own exit is under way
                 print("stopped: interrupted in the middle of an operation (files already saved are whole)",
                       file=sys.stderr, flush=True)
-                os._exit(128 + received[-1])
-        os.close(self._heard)
+                os._exit(128 + stops[-1])
+        os.close(heard)
 
     @property
     def name(self) -> str:
