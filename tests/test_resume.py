@@ -94,6 +94,16 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
     assert 5 <= load_checkpoint(tmp_path / "run" / "ckpt_last.pt")["step"] < 10
 
 
+def start_script(code: str, tmp_path: Path) -> subprocess.Popen:
+    """Runs code (given the project's root as argv[1]) in a new Python process, once it says "ready"."""
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    process = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
 STUCK_IN_ONE_OPERATION = """
 import sys, time, torch
 sys.path.insert(0, sys.argv[1])
@@ -110,11 +120,7 @@ with StopSignals():
 def test_a_second_signal_stops_at_once_even_inside_one_long_operation(tmp_path):
     # Python runs signal handlers only between bytecodes; this process sits inside one
     # operation for about 30 s, so only StopSignals' watcher thread can end it sooner.
-    script = tmp_path / "stuck.py"
-    script.write_text(STUCK_IN_ONE_OPERATION)
-    process = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "ready"
+    process = start_script(STUCK_IN_ONE_OPERATION, tmp_path)
     time.sleep(0.5)
     process.send_signal(signal.SIGTERM)  # the first: stop cleanly, when the step is done
     time.sleep(1.5)  # more than a second later: a second request, not torchrun's relay of the first
@@ -145,11 +151,7 @@ except KeyboardInterrupt:
 
 
 def test_the_watcher_leaves_a_run_alone_that_the_handler_stopped_and_ignores_other_signals(tmp_path):
-    script = tmp_path / "slow.py"
-    script.write_text(SLOW_TO_CLEAN_UP)
-    process = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "ready"
+    process = start_script(SLOW_TO_CLEAN_UP, tmp_path)
     for _ in range(2):  # two of another signal, 1.5 s apart: nothing happens
         process.send_signal(signal.SIGUSR1)
         time.sleep(1.5)
