@@ -4,6 +4,7 @@
 #   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
 #   make tensorboard      open TensorBoard on every run
 #   make bench            speed figures for this machine (bench.py), as a table and JSON
+#   make docs             redraw docs/attention_maps.png from the newest run (RUN=<run dir> for another)
 #   make lint             ruff
 # Extra arguments go through ARGS, e.g. make train ARGS="model.n_layer=6 train.max_steps=500"
 
@@ -13,9 +14,11 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 # Where pip looks for torch; e.g. TORCH_PIP_ARGS="--index-url <a CPU-only wheel index>".
 TORCH_PIP_ARGS ?=
+RUN ?= latest
 ARGS ?=
+RUN ?= latest
 
-.PHONY: setup train test sample tensorboard bench lint clean
+.PHONY: setup train test sample tensorboard bench docs lint clean
 
 setup: $(VENV)/.installed
 
@@ -46,6 +49,9 @@ tensorboard: setup
 
 bench: setup
 	$(PY) bench.py $(ARGS)
+
+docs: setup
+	$(PY) docs/figures.py $(RUN)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -54,10 +54,12 @@ SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "att
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention")
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
-# nanoGPT's README CPU recipe, as this project's config overrides.
+# nanoGPT's README CPU recipe as this project's config overrides: char-level, GPT-2's blocks
+# (learned positions, LayerNorm, GELU, no QK-norm) and AdamW on a cosine schedule.
 NANOGPT_CPU_SHAPE = [
-    "model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64", "model.dropout=0.0",
-    "train.batch_size=12", "optim.lr=1e-3", "optim.min_lr=1e-4",
+    "tokenizer=char", "model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64", "model.dropout=0.0",
+    "model.pos=learned", "model.norm=layernorm", "model.mlp=gelu", "model.qk_norm=false",
+    "train.batch_size=12", "optim.lr=1e-3", "optim.min_lr=1e-4", "optim.schedule=cosine",
 ]
 TOKENS_PER_STEP = 12 * 64  # batch x block
 

@@ -46,11 +46,14 @@ def sample(cfg: DictConfig) -> None:
     if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
         raise UserError(f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
 
-    texts = generate_text(
-        model, tokenizer, cfg.prompt, cfg.max_new_tokens,
-        temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
-        num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache,
-    )
+    try:
+        texts = generate_text(
+            model, tokenizer, cfg.prompt, cfg.max_new_tokens,
+            temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
+            num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache,
+        )
+    except FloatingPointError as error:
+        raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None
     for i, text in enumerate(texts):
         if cfg.num_samples > 1:
             print(f"--- sample {i + 1} of {cfg.num_samples} ---")

@@ -295,10 +295,13 @@ def train(cfg: DictConfig) -> float:
 
                 # A sample, to read how the model writes.
                 if ranks.is_main and cfg.train.sample_interval and (step % cfg.train.sample_interval == 0 or last_step):
-                    sample = generate_text(
-                        model, data.tokenizer, "", cfg.train.sample_tokens,
-                        temperature=cfg.train.sample_temperature, seed=cfg.train.seed,
-                    )[0]
+                    try:
+                        sample = generate_text(
+                            model, data.tokenizer, "", cfg.train.sample_tokens,
+                            temperature=cfg.train.sample_temperature, seed=cfg.train.seed,
+                        )[0]
+                    except FloatingPointError as error:  # only after train.skip_nonfinite let NaN in
+                        sample = f"(no sample: {error})"
                     tb.text("samples", sample, step)
                     log.info(f"sample at step {step}:\n{sample}\n")
 

@@ -207,6 +207,8 @@ class GPT(nn.Module):
                 else:
                     logits, _ = self(idx[:, -1:], caches=caches)  # (B, 1, vocab_size): the newest token alone
                 next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
+                if not torch.isfinite(next_logits).all():
+                    raise FloatingPointError("the model's next-token logits are NaN or inf: its weights have diverged")
                 if temperature == 0:
                     next_token = next_logits.argmax(dim=-1, keepdim=True)  # (B, 1)
                 else:

@@ -14,7 +14,12 @@ import torch
 from conftest import ROOT, TINY_RUN, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-QUICK = [*TINY_RUN, "train.attn_log_interval=0", "train.sample_interval=0"]
+# How the work is shared out does not depend on the tokenizer or the blocks. These runs use
+# char tokens and GPT-2's blocks so that every weight's first AdamW step is far from Adam's eps
+# (with a BPE vocabulary some embedding rows, with QK-norm some attn.proj weights, get gradients
+# near 1e-8, where float sums in another order move the step by 5e-6), and 1e-6 below holds.
+GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu"]
+QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
 
 
 def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
@@ -93,8 +98,9 @@ def test_the_first_step_equals_one_process_with_the_whole_batch(one_batch_of_8, 
         result = torchrun(processes, *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     got = weights(tmp_path / "run")
-    moved = max((got[k] - expected_weights[k]).abs().max().item() for k in got)
-    assert moved < TOLERANCE, f"largest weight difference {moved:.2e}"
+    moved = {k: (got[k] - expected_weights[k]).abs().max().item() for k in got}
+    worst = max(moved, key=moved.get)
+    assert moved[worst] < TOLERANCE, f"largest weight difference {moved[worst]:.2e} in {worst}"
 
 
 def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(tmp_path):

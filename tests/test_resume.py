@@ -221,6 +221,12 @@ def test_skip_nonfinite_skips_and_counts_the_bad_batches(ten_step_run):
     skipped = scalars(ten_step_run, "train/skipped_nonfinite")
     assert skipped and skipped[-1][1] == len(skipped) and skipped[-1][0] <= 20
     assert f"warning: {len(skipped)} of 20 batches were skipped" in result.stdout
+    # The weights have diverged: the logged sample says so, and sampling the checkpoint is one line.
+    assert "(no sample: the model's next-token logits are NaN or inf" in result.stdout
+    sampled = run_cli("sample.py", "run=run/ckpt_last.pt", cwd=ten_step_run.parent)
+    assert sampled.returncode == 2 and "Traceback" not in sampled.stderr, sampled.stderr
+    assert sampled.stderr == ("error: run/ckpt_last.pt: the model's next-token logits are NaN or inf: its weights have "
+                              "diverged; sample from a checkpoint saved before that\n")
 
 
 def limit_file_size(max_bytes: int):

@@ -76,6 +76,13 @@ def test_colour_scale_is_square_root_from_0_to_1():
     assert colour_level(np.array([0.0, 0.25, 1.0])).tolist() == [0, 128, 255]
 
 
+def test_a_map_of_a_model_gone_nan_is_still_drawn():
+    # train.skip_nonfinite=true goes on logging after the weights became NaN.
+    assert colour_level(np.array([np.nan, 0.25])).tolist() == [0, 128]
+    image = render_attention_map(np.full((3, 3), np.nan), ["a", "b", "c"], "nan")
+    assert image.ndim == 3 and image.shape[2] == 3
+
+
 def test_heatmap_colours_each_cell_by_its_weight_and_greys_the_future():
     weights = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
     image = render_attention_map(weights, ["a", "b", "c"], "title")

@@ -25,7 +25,7 @@ never runs code from the file:
 import os
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
@@ -62,7 +62,13 @@ def save_checkpoint(
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
+            writer = WriteErrorKeeper(f)
+            try:
+                torch.save(checkpoint, writer)
+            except RuntimeError:
+                if writer.error is None:
+                    raise
+                raise writer.error from None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -70,6 +76,24 @@ def save_checkpoint(
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written"
         raise UserError(f"could not save {os.path.relpath(path)} ({err.strerror or err}); {kept}. Free some disk space and resume") from None
+
+
+class WriteErrorKeeper:
+    """A file's write() that keeps the OSError it raised: torch.save swallows it and then fails
+    with an unrelated RuntimeError ("unexpected pos"), which would hide a full disk."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def resolve_checkpoint(run: str) -> Path:

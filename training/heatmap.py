@@ -127,8 +127,9 @@ def render_head_grid(weights: np.ndarray, title: str) -> np.ndarray:
 
 
 def colour_level(weights: np.ndarray) -> np.ndarray:
-    """Weights in [0, 1] -> colormap rows 0..255 on the square-root scale."""
-    return np.clip(np.rint(np.sqrt(np.clip(weights, 0, 1)) * 255), 0, 255).astype(np.int64)
+    """Weights in [0, 1] -> colormap rows 0..255 on the square-root scale (NaN, from a model
+    gone non-finite, as 0)."""
+    return np.rint(np.sqrt(np.clip(np.nan_to_num(weights, nan=0.0), 0, 1)) * 255).astype(np.int64)
 
 
 def draw_colorbar(draw: ImageDraw.ImageDraw, x: int, top: int, height: int, font: ImageFont.ImageFont) -> None:

@@ -1,8 +1,8 @@
 """The learning rate at each step: linear warmup, then one of two shapes down to min_lr.
 
-    cosine  a half cosine from lr to min_lr over all the steps after warmup (the default)
+    cosine  a half cosine from lr to min_lr over all the steps after warmup
     wsd     warmup-stable-decay: lr held flat, then a straight line to min_lr over the last
-            decay_fraction of the steps; the flat part learns fast, the decay settles it
+            decay_fraction of the steps; the flat part learns fast, the decay settles it (the default)
 """
 
 import math
