@@ -15,6 +15,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+from training.lr_schedule import lr_at
 from training.recall_probe import recall_points
 
 
@@ -442,3 +443,17 @@ def test_the_docs_picture_of_a_missing_run_is_one_clear_line(tmp_path):
     result = run_cli("docs/figures.py", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert_one_error_line(result, "does not exist")
 
+
+def test_each_update_uses_and_logs_the_schedules_lr_for_its_own_step(tmp_path):
+    # Guards the loop's call of the schedule: the update that ends at step s is update s - 1.
+    result = run_cli("train.py", *TINY_RUN, "train.max_steps=8", "train.log_interval=1", "optim.warmup_steps=3",
+                     "train.eval_interval=8", "train.attn_log_interval=0", "train.sample_interval=0",
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    optim = yaml.safe_load((tmp_path / "run" / ".hydra" / "config.yaml").read_text())["optim"]
+    logged = read_events(tmp_path / "run").Scalars("train/lr")
+    assert [e.step for e in logged] == list(range(1, 9))
+    expected = [lr_at(e.step - 1, optim["lr"], optim["min_lr"], 3, 8, optim["schedule"], optim["decay_fraction"])
+                for e in logged]
+    assert [e.value for e in logged] == pytest.approx(expected, rel=1e-6)
+    assert len(set(expected)) >= 5  # warmup, flat and decay: an update one step off would log other values

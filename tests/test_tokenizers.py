@@ -35,6 +35,15 @@ def test_a_hand_worked_example_gives_the_expected_merges_and_tiktoken_applies_th
     assert encoding.encode_ordinary("aaabdaaabac") == [258, ord("d"), 258, ord("a"), ord("c")]
 
 
+def test_a_tie_between_merged_tokens_goes_to_the_smaller_bytes_not_the_older_token():
+    # Guards the documented tie rule where bytes order and token-id order disagree: "zz" is
+    # merged first (5 times) and gets id 256, "aa" later (257). Then (aa, b) and (zz, b) occur
+    # 3 times each: by bytes "aab" comes first; ordering ties by token id would pick "zzb".
+    ranks = train_bpe("zzb\n" * 3 + "aab\n" * 3 + "zz\n" * 2, vocab_size=260)
+    learned = sorted((rank, token) for token, rank in ranks.items() if rank >= 256)
+    assert learned == [(256, b"zz"), (257, b"aa"), (258, b"aab"), (259, b"zzb")]
+
+
 def lowest_rank_first(chunk: str, ranks: dict[bytes, int]) -> list[int]:
     """An independent, slow byte-pair encoder: merge the adjacent pair whose glued bytes
     have the lowest rank until none is in the vocabulary."""

@@ -1,5 +1,6 @@
 """The helpers train.py wires together: schedule, optimizer groups, heatmaps, checkpoints."""
 
+import os
 import random
 
 import numpy as np
@@ -146,11 +147,35 @@ def test_every_random_generator_draws_the_same_after_a_checkpoint_round_trip(tmp
 
 
 def test_saving_over_a_checkpoint_replaces_it_whole(tmp_path):
+    # Guards the rename: a reader holding the old file (here a hard link) keeps its bytes, and
+    # the name then points at a new file. Writing over the old file in place fails both.
     path, _ = small_checkpoint(tmp_path)
     first = path.read_bytes()
+    os.link(path, tmp_path / "held_by_a_reader.pt")
+    small_checkpoint(tmp_path)  # a new random model: other bytes
+    assert (tmp_path / "held_by_a_reader.pt").read_bytes() == first
+    assert path.stat().st_ino != (tmp_path / "held_by_a_reader.pt").stat().st_ino
+    assert path.read_bytes() != first and load_checkpoint(path)["step"] == 7
+
+
+def test_a_save_reaches_the_disk_before_it_replaces_the_old_checkpoint(tmp_path, monkeypatch):
+    # Guards the fsync: after a power cut, a renamed file whose bytes were still only in the page
+    # cache can be empty. The real fsync and rename run; the test only records their order.
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        calls.append(("replace", os.path.basename(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
     small_checkpoint(tmp_path)
-    assert load_checkpoint(path)["step"] == 7
-    assert len(path.read_bytes()) == len(first)
+    assert calls == [("fsync", ".ckpt_last.pt.tmp"), ("replace", ".ckpt_last.pt.tmp")]
 
 
 def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
