@@ -11,6 +11,8 @@ Nothing here reads files or config: train.py and sample.py build a GPTConfig and
 """
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +21,17 @@ from torch import nn
 
 from model.attention import CausalSelfAttention, KVCache
 from model.sampling import filter_logits
+
+
+@contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """module in eval mode inside the block, back in the mode it had after it, even on error."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 @dataclass
@@ -154,12 +167,8 @@ class GPT(nn.Module):
     def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
         """The attention weights every head uses on idx (B, T), computed with the model's
         own parameters in eval mode: (n_layer, B, H, T, T)."""
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             _, all_weights = self.hidden_states(idx, need_weights=True)
-        finally:
-            self.train(was_training)
         return torch.stack(all_weights)  # (L, B, H, T, T)
 
     @torch.inference_mode()  # like no_grad, with less bookkeeping per op: decoding runs many tiny ops
@@ -193,9 +202,7 @@ class GPT(nn.Module):
         keep = max(1, block_size * 3 // 4)  # tokens the window keeps when it slides
         start = max(0, idx.shape[1] - block_size)  # the window is idx[:, start:]
         caches = None  # one KVCache per layer, for the current window
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             for _ in range(max_new_tokens):
                 if idx.shape[1] - start > block_size:  # the window is full: slide it, start a new cache
                     start, caches = idx.shape[1] - keep, None
@@ -216,6 +223,4 @@ class GPT(nn.Module):
                     probs = torch.softmax(next_logits, dim=-1)  # (B, vocab_size)
                     next_token = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
                 idx = torch.cat([idx, next_token], dim=1)  # (B, T + 1)
-        finally:
-            self.train(was_training)
         return idx

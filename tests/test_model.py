@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, eval_mode
 from model.sampling import filter_logits
 
 
@@ -149,6 +149,21 @@ def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
     assert torch.isinf(filter_logits(logits, top_p=0.01)).tolist() == [[False, True, True, True]]
     assert torch.isinf(filter_logits(logits, top_p=0.0)).tolist() == [[False, True, True, True]]
     assert torch.equal(filter_logits(logits, top_k=0, top_p=1.0), logits)
+
+
+def test_eval_mode_switches_dropout_off_inside_and_restores_the_mode_after_even_on_error():
+    model = tiny_gpt(attention="sdpa", dropout=0.5)
+    idx = torch.randint(0, 65, (1, 9))
+    with eval_mode(model):
+        assert not model.training and torch.equal(model(idx)[0], model(idx)[0])  # no dropout: same logits
+    assert model.training
+    with pytest.raises(FloatingPointError), eval_mode(model):
+        raise FloatingPointError  # e.g. generate() on a diverged model
+    assert model.training
+    model.eval()
+    with eval_mode(model):
+        pass
+    assert not model.training  # a model in eval mode stays there
 
 
 def test_attention_weights_are_the_models_own_and_leave_training_mode_alone():

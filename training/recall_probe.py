@@ -29,7 +29,7 @@ import torch
 
 from data.stories import FEMALE_NAMES, ITEMS, MALE_NAMES, generate_stories
 from data.tokenizer import Tokenizer
-from model import GPT
+from model import GPT, eval_mode
 
 NAME_PATTERN = re.compile(r"\b(" + "|".join(FEMALE_NAMES + MALE_NAMES) + r")\b")
 ITEM_WORDS = "|".join(item.name for item in ITEMS)
@@ -96,17 +96,13 @@ class RecallProbe:
     def evaluate(self, model: GPT, chunk: int = 16) -> RecallScores:
         """Runs model (its own weights, eval mode) on the windows, a few at a time."""
         device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        try:
-            reads = []
+        reads = []
+        with eval_mode(model):
             for lo in range(0, len(self.windows), chunk):
                 windows = self.windows[lo : lo + chunk].to(device)  # (n, T)
                 logits, _ = model(windows)  # (n, T, vocab)
                 weights = model.attention_weights(windows)  # (L, n, H, T, T)
                 reads += self.read(logits.cpu(), weights.cpu(), first_window=lo)
-        finally:
-            model.train(was_training)
         return summarise(reads)
 
     def scores(self, logits: torch.Tensor, weights: torch.Tensor) -> RecallScores:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from model import GPT
+from model import GPT, eval_mode
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 
@@ -86,17 +86,14 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
     for block in model.blocks:
         paths[block.attn] = block.attn.attention
         block.attn.attention = "manual"  # the explicit math, one step per line
-    was_training = model.training
-    model.eval()
     try:
-        with recorder:
+        with eval_mode(model), recorder:
             model(idx, targets)
     finally:
         for hook in hooks:
             hook.remove()
         for attn, path in paths.items():
             attn.attention = path
-        model.train(was_training)
 
     lines = [
         f"One forward of the configured model ({model.num_parameters() / 1e6:.2f}M parameters, "
