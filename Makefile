@@ -30,7 +30,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt Makefile
 	@$(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch==$(TORCH_VERSION)"
 	@$(PY) -m pip install -qq --disable-pip-version-check torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
-	@echo "setup: installing requirements-dev.txt (hydra-core, tensorboard, tiktoken, pytest, ruff, ...)"
+	@echo "setup: installing requirements-dev.txt (hydra-core, tensorboard, tiktoken, tqdm, pytest, ruff, ...)"
 	@$(PY) -m pip install -qq --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 	@echo "setup: done"

@@ -14,7 +14,6 @@ from training.errors import UserError
 from training.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
-from training.progress import format_duration
 from training.run_state import capture_rng_states, restore_rng_states
 
 
@@ -95,12 +94,6 @@ def test_heatmap_colours_each_cell_by_its_weight_and_greys_the_future():
     ys, xs = np.nonzero((image == bright).all(-1))
     fy, fx = np.nonzero((image == future).all(-1))
     assert fx.mean() > xs.min() and fy.mean() < ys.max()  # the future sits up and to the right
-
-
-def test_format_duration():
-    assert format_duration(5) == "0:05"
-    assert format_duration(125) == "2:05"
-    assert format_duration(3725) == "1:02:05"
 
 
 def small_checkpoint(tmp_path, name="ckpt_last.pt"):
