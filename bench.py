@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, generate_tokens
 from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
 
@@ -197,7 +197,7 @@ def bench_sampling(repeats: int, new_tokens: int) -> dict:
         def tokens_per_sec(use_kv_cache: bool, model: GPT = model, prompt: torch.Tensor = prompt) -> float:
             def generate() -> None:
                 generator = torch.Generator().manual_seed(1)
-                model.generate(prompt, new_tokens, temperature=1.0, generator=generator, use_kv_cache=use_kv_cache)
+                generate_tokens(model, prompt, new_tokens, temperature=1.0, generator=generator, use_kv_cache=use_kv_cache)
             # Recomputing takes seconds per run, so one-off start-up costs do not matter there.
             return new_tokens / median_time(generate, repeats, warmup=1 if use_kv_cache else 0)
 

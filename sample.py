@@ -10,11 +10,11 @@ Every option is in configs/sample.yaml. Nothing is written anywhere.
 import hydra
 from omegaconf import DictConfig
 
+from model.generation import generate_text
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from training.config import check_types
 from training.distributed import pick_device
 from training.errors import UserError, exit_on_user_error, run_cli
-from training.generation import generate_text
 
 
 @hydra.main(config_path="configs", config_name="sample", version_base="1.3")

@@ -1,6 +1,8 @@
-"""The network and only the network: attention, blocks, GPT. No file I/O, no config system."""
+"""The network and only the network: attention, blocks, GPT, and generating text from it.
+No file I/O, no config system."""
 
 from model.attention import CausalSelfAttention
+from model.generation import generate_text, generate_tokens
 from model.gpt import GPT, GPTConfig, eval_mode
 
-__all__ = ["GPT", "GPTConfig", "CausalSelfAttention", "eval_mode"]
+__all__ = ["GPT", "GPTConfig", "CausalSelfAttention", "eval_mode", "generate_text", "generate_tokens"]

@@ -141,46 +141,22 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), each (q or k) vector at RMS 1, times a gain
-
-        #    With rotary positions, turn each query and key by its token's position, so that
-        #    q . k depends on how far apart two tokens are, not on where they are.
-        if self.rope_length:
-            start = cache.length if cache is not None else 0  # cached tokens come first
-            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, D/2) each
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, H, T, D)
-
-        #    When generating with a cache, the earlier tokens' keys and values are already
-        #    there: add this call's after them. The queries are only this call's T tokens.
+        #    QK-norm and rotary positions, where turned on. A KV cache (when generating) holds
+        #    the earlier tokens: these T come after them, and their keys and values join them.
+        start = cache.length if cache is not None else 0  # the position of this call's first token
+        q, k = self._qk_norm_and_rope(q, k, start)  # (B, H, T, D), (B, H, T, D)
         if cache is not None:
-            k, v = cache.extend(k, v)  # (B, H, S, D), (B, H, S, D)
+            k, v = cache.extend(k, v)  # (B, H, S, D), (B, H, S, D); the queries are only these T tokens
         S = k.shape[2]  # keys: these T tokens and any cached earlier ones
 
-        # 3. Which keys may each query see? Its own position and earlier ones: query t is
-        #    token S - T + t of the sequence, so it sees keys 0 .. S - T + t...
-        visible = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)  # (T, S)
-        visible = visible.view(1, 1, T, S)  # (1, 1, T, S): the same for every batch row and head
-        no_key_visible = None
-        if key_padding_mask is not None:
-            if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, S):
-                raise ValueError(f"key_padding_mask must be a bool tensor of shape {(B, S)}, not {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
-            # ...and never a padding key.
-            is_real_key = ~key_padding_mask.view(B, 1, 1, S)  # (B, 1, 1, S)
-            visible = visible & is_real_key  # (B, 1, T, S)
-            # A query with no visible key would softmax a row of -inf, i.e. 0/0 = NaN.
-            # Let such a row see every key (finite, harmless) and zero it afterwards.
-            no_key_visible = ~visible.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
-            visible = visible | no_key_visible  # (B, 1, T, S)
+        # 3. Which keys may each query see? Its own token and earlier ones, never a padding key.
+        visible, no_key_visible = self._visible(B, T, S, key_padding_mask, x.device)  # (1 or B, 1, T, S), (B, 1, T, 1) or None
 
+        # 4-6. Scores, softmax over keys, weighted sum of values: spelt out, or one fused call.
         if need_weights or self.attention == "manual":
             out, weights = self._manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, S)
         else:
-            out = self._sdpa(q, k, v, visible, only_causal=key_padding_mask is None)  # (B, H, T, D)
-            weights = None
-            if no_key_visible is not None:
-                out = out.masked_fill(no_key_visible, 0.0)  # (B, H, T, D)
+            out, weights = self._sdpa(q, k, v, visible, no_key_visible), None  # (B, H, T, D)
 
         # 7. Merge the heads: undo the transpose, then lay the H x D values side by side.
         #    transpose() only changes strides; contiguous() copies into the new order so
@@ -190,6 +166,43 @@ class CausalSelfAttention(nn.Module):
         # 8. Mix the heads and return to the residual stream.
         out = self.resid_dropout(self.proj(out))  # (B, T, C)
         return out, weights
+
+    def _qk_norm_and_rope(self, q: torch.Tensor, k: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm, then rotary positions, each if turned on; q and k (B, H, T, D) are the
+        tokens at positions start .. start + T - 1."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), each (q or k) vector at RMS 1, times a gain
+        # With rotary positions, turn each query and key by its token's position, so that
+        # q . k depends on how far apart two tokens are, not on where they are.
+        if self.rope_length:
+            T = q.shape[2]
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, D/2) each
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, H, T, D)
+        return q, k
+
+    @staticmethod
+    def _visible(
+        B: int, T: int, S: int, key_padding_mask: torch.Tensor | None, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Step 3: which of the S keys each of the T queries may see; returns (visible,
+        no_key_visible): visible (1, 1, T, S), or (B, 1, T, S) with a padding mask; no_key_visible
+        (B, 1, T, 1) marks the queries that could see no key at all (None without padding)."""
+        # Its own position and earlier ones: query t is token S - T + t of the sequence (the
+        # cached tokens come first), so it sees keys 0 .. S - T + t...
+        visible = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)  # (T, S)
+        visible = visible.view(1, 1, T, S)  # (1, 1, T, S): the same for every batch row and head
+        if key_padding_mask is None:
+            return visible, None
+        if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, S):
+            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(B, S)}, not {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        # ...and never a padding key.
+        is_real_key = ~key_padding_mask.view(B, 1, 1, S)  # (B, 1, 1, S)
+        visible = visible & is_real_key  # (B, 1, T, S)
+        # A query with no visible key would softmax a row of -inf, i.e. 0/0 = NaN.
+        # Let such a row see every key (finite, harmless) and zero it afterwards.
+        no_key_visible = ~visible.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
+        visible = visible | no_key_visible  # (B, 1, T, S)
+        return visible, no_key_visible
 
     def _manual(
         self,
@@ -222,19 +235,23 @@ class CausalSelfAttention(nn.Module):
         k: torch.Tensor,
         v: torch.Tensor,
         visible: torch.Tensor,
-        only_causal: bool,
+        no_key_visible: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Steps 4 to 6 as one fused call; returns out (B, H, T, D). only_causal: no padding
-        mask, so the fused kernels' own causal handling can stand in for `visible`."""
+        """Steps 4 to 6 as one fused call; returns out (B, H, T, D)."""
         dropout_p = self.dropout if self.training else 0.0
         T, S = q.shape[2], k.shape[2]
+        # No padding mask: the fused kernels' own causal handling can stand in for `visible`.
+        only_causal = no_key_visible is None
         if only_causal and T == S:
             # is_causal lets PyTorch skip reading a mask and use its fastest kernel.
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, H, T, D)
         if only_causal and T == 1:
             # One new token after a KV cache sees every key: no mask at all.
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, H, 1, D)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, H, T, D)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, H, T, D)
+        if no_key_visible is not None:
+            out = out.masked_fill(no_key_visible, 0.0)  # (B, H, T, D): such rows attend to nothing
+        return out
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

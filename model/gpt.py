@@ -5,7 +5,7 @@ What is here:
     MLP        position-wise feed-forward: Linear(C, 4C) -> GELU -> Linear(4C, C)
     Block      pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))
     GPT        the whole model; forward() gives logits and the loss, attention_weights()
-               the per-layer maps for a probe, generate() continues a prompt.
+               the per-layer maps for a probe (generation is in model/generation.py).
 
 Nothing here reads files or config: train.py and sample.py build a GPTConfig and pass it in.
 """
@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import CausalSelfAttention, KVCache
-from model.sampling import filter_logits
 
 
 @contextmanager
@@ -170,57 +169,3 @@ class GPT(nn.Module):
         with eval_mode(self):
             _, all_weights = self.hidden_states(idx, need_weights=True)
         return torch.stack(all_weights)  # (L, B, H, T, T)
-
-    @torch.inference_mode()  # like no_grad, with less bookkeeping per op: decoding runs many tiny ops
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-        use_kv_cache: bool = True,
-    ) -> torch.Tensor:
-        """Continue idx (B, T) by max_new_tokens tokens; returns (B, T + max_new_tokens).
-
-        temperature 0 is greedy decoding; top_k keeps the k likeliest tokens; top_p keeps
-        the smallest set whose probabilities add up to p.
-
-        The model sees a window of the text, idx[:, start:], at most block_size tokens: the
-        whole text while it fits, and once one more token would not fit, the window slides by
-        jumping to the last 3/4 of block_size tokens, then grows again one token at a time.
-
-        use_kv_cache: feed each new token alone, with the window's earlier keys and values
-        kept in a KVCache per layer, instead of recomputing the whole window every step. It
-        changes the speed, never the tokens: both ways see the same window. (The window jumps
-        rather than moving one token at a time because, with learned positions, moving it
-        would give every kept token a new position and make its cached keys and values
-        stale; jumping by a quarter rebuilds the cache once per block_size / 4 new tokens.)
-        """
-        block_size = self.config.block_size
-        keep = max(1, block_size * 3 // 4)  # tokens the window keeps when it slides
-        start = max(0, idx.shape[1] - block_size)  # the window is idx[:, start:]
-        caches = None  # one KVCache per layer, for the current window
-        with eval_mode(self):
-            for _ in range(max_new_tokens):
-                if idx.shape[1] - start > block_size:  # the window is full: slide it, start a new cache
-                    start, caches = idx.shape[1] - keep, None
-                if not use_kv_cache:
-                    logits, _ = self(idx[:, start:])  # (B, T, vocab_size): the whole window, again
-                elif caches is None:
-                    caches = [KVCache(block_size) for _ in self.blocks]
-                    logits, _ = self(idx[:, start:], caches=caches)  # (B, T, vocab_size), filling the caches
-                else:
-                    logits, _ = self(idx[:, -1:], caches=caches)  # (B, 1, vocab_size): the newest token alone
-                next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
-                if not torch.isfinite(next_logits).all():
-                    raise FloatingPointError("the model's next-token logits are NaN or inf: its weights have diverged")
-                if temperature == 0:
-                    next_token = next_logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-                else:
-                    next_logits = filter_logits(next_logits / temperature, top_k, top_p)  # (B, vocab_size)
-                    probs = torch.softmax(next_logits, dim=-1)  # (B, vocab_size)
-                    next_token = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-                idx = torch.cat([idx, next_token], dim=1)  # (B, T + 1)
-        return idx

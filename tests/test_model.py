@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, eval_mode
-from model.sampling import filter_logits
+from model.generation import filter_logits, generate_text, generate_tokens
 
 
 def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overrides) -> GPT:
@@ -67,7 +67,7 @@ def test_generate_never_feeds_more_than_block_size_tokens():
     model = tiny_gpt(block_size=8)
     seen_lengths = []
     model.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, temperature=1.0, use_kv_cache=False)
+    out = generate_tokens(model, torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, temperature=1.0, use_kv_cache=False)
     assert out.shape == (2, 23)
     assert max(seen_lengths) == 8
     assert seen_lengths[:9] == [3, 4, 5, 6, 7, 8, 6, 7, 8]  # full at 8: the window jumps back to 3/4 of it
@@ -77,7 +77,7 @@ def test_with_a_kv_cache_each_step_feeds_only_the_new_token_and_refills_when_ful
     model = tiny_gpt(block_size=8)
     seen_lengths = []
     model.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=12, temperature=1.0)
+    out = generate_tokens(model, torch.zeros(2, 3, dtype=torch.long), max_new_tokens=12, temperature=1.0)
     assert out.shape == (2, 15)
     # The prompt, then one token at a time until the cache holds 8; then 6 (3/4 of 8) again.
     assert seen_lengths == [3, 1, 1, 1, 1, 1, 6, 1, 1, 6, 1, 1]
@@ -90,13 +90,13 @@ def test_kv_cache_generation_equals_recomputing_the_context_token_for_token(atte
     model = tiny_gpt(block_size=24, attention=attention)
     prompt = torch.randint(0, 65, (3, 5), generator=torch.Generator().manual_seed(0))
     kwargs = dict(max_new_tokens=new_tokens, temperature=temperature, top_k=20 if temperature else None)
-    cached = model.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(5))
-    recomputed = model.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(5), use_kv_cache=False)
+    cached = generate_tokens(model, prompt, **kwargs, generator=torch.Generator().manual_seed(5))
+    recomputed = generate_tokens(model, prompt, **kwargs, generator=torch.Generator().manual_seed(5), use_kv_cache=False)
     assert torch.equal(cached, recomputed)
 
 
 def sliding_window_reference(model: GPT, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Greedy decoding written out, over the window generate() documents: it starts
+    """Greedy decoding written out, over the window generate_tokens() documents: it starts
     at the context's first token and, once block_size tokens are in it and one more is due,
     jumps to the last 3/4 of block_size tokens."""
     block_size = model.config.block_size
@@ -113,19 +113,19 @@ def sliding_window_reference(model: GPT, idx: torch.Tensor, max_new_tokens: int)
 def test_past_block_size_the_window_slides_as_documented(use_kv_cache):
     model = tiny_gpt(block_size=8).eval()
     prompt = torch.randint(0, 65, (2, 5), generator=torch.Generator().manual_seed(1))
-    generated = model.generate(prompt, max_new_tokens=40, temperature=0, use_kv_cache=use_kv_cache)
+    generated = generate_tokens(model, prompt, max_new_tokens=40, temperature=0, use_kv_cache=use_kv_cache)
     assert torch.equal(generated, sliding_window_reference(model, prompt, 40))
     long_prompt = torch.randint(0, 65, (1, 20), generator=torch.Generator().manual_seed(2))  # longer than block_size
-    generated = model.generate(long_prompt, 10, temperature=0, use_kv_cache=use_kv_cache)
+    generated = generate_tokens(model, long_prompt, 10, temperature=0, use_kv_cache=use_kv_cache)
     assert torch.equal(generated, sliding_window_reference(model, long_prompt, 10))
 
 
 def test_temperature_zero_is_greedy_and_matches_top_k_one():
     model = tiny_gpt()
     prompt = torch.randint(0, 65, (1, 4))
-    greedy = model.generate(prompt, 12, temperature=0)
-    again = model.generate(prompt, 12, temperature=0)
-    top1 = model.generate(prompt, 12, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
+    greedy = generate_tokens(model, prompt, 12, temperature=0)
+    again = generate_tokens(model, prompt, 12, temperature=0)
+    top1 = generate_tokens(model, prompt, 12, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
     assert torch.equal(greedy, again)
     assert torch.equal(greedy, top1)
 
@@ -133,11 +133,42 @@ def test_temperature_zero_is_greedy_and_matches_top_k_one():
 def test_a_seeded_generator_makes_sampling_repeatable():
     model = tiny_gpt()
     prompt = torch.zeros(2, 1, dtype=torch.long)
-    first = model.generate(prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
-    second = model.generate(prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
-    other = model.generate(prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(8))
+    first = generate_tokens(model, prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    second = generate_tokens(model, prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    other = generate_tokens(model, prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(8))
     assert torch.equal(first, second)
     assert not torch.equal(first, other)
+
+
+class DigitTokenizer:
+    """All generate_text asks of a tokenizer: digits are ids 0 to 9, <|endoftext|> is 10."""
+
+    eot_id = 10
+
+    def encode(self, text: str) -> list[int]:
+        return [int(digit) for digit in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join("|" if i == self.eot_id else str(i) for i in ids)
+
+
+def test_generate_text_feeds_end_of_text_then_the_prompt_and_returns_the_prompt_and_its_continuation():
+    model = tiny_gpt(vocab_size=11)
+    fed = []
+    model.register_forward_pre_hook(lambda module, args: fed.append(args[0][0].tolist()))
+    samples = generate_text(model, DigitTokenizer(), "314", 6, temperature=1.0, num_samples=3, seed=1)
+    assert fed[0] == [10, 3, 1, 4]  # <|endoftext|> first, as every training document starts after one
+    assert len(samples) == 3 and all(len(text) == 9 and text.startswith("314") for text in samples)  # and not "|"
+    assert samples == generate_text(model, DigitTokenizer(), "314", 6, temperature=1.0, num_samples=3, seed=1)
+    assert samples != generate_text(model, DigitTokenizer(), "314", 6, temperature=1.0, num_samples=3, seed=2)
+
+
+def test_generating_from_diverged_weights_raises_floating_point_error_instead_of_emitting_tokens():
+    model = tiny_gpt()
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="NaN or inf: its weights have diverged"):
+        generate_tokens(model, torch.zeros(1, 2, dtype=torch.long), 3, temperature=0)
 
 
 def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
@@ -158,7 +189,7 @@ def test_eval_mode_switches_dropout_off_inside_and_restores_the_mode_after_even_
         assert not model.training and torch.equal(model(idx)[0], model(idx)[0])  # no dropout: same logits
     assert model.training
     with pytest.raises(FloatingPointError), eval_mode(model):
-        raise FloatingPointError  # e.g. generate() on a diverged model
+        raise FloatingPointError  # e.g. generate_tokens() on a diverged model
     assert model.training
     model.eval()
     with eval_mode(model):
@@ -204,7 +235,7 @@ def test_each_architecture_option_gives_the_same_outputs_and_gradients_on_both_a
 def test_each_architecture_option_samples_the_same_with_and_without_the_kv_cache(options):
     model = tiny_gpt(block_size=16, **options)
     prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(model.generate(prompt, 30, temperature=0), model.generate(prompt, 30, temperature=0, use_kv_cache=False))
+    assert torch.equal(generate_tokens(model, prompt, 30, temperature=0), generate_tokens(model, prompt, 30, temperature=0, use_kv_cache=False))
 
 
 def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():

@@ -25,8 +25,11 @@ def not_a_step_line(record: logging.LogRecord) -> bool:
 
 
 class ProgressBar:
-    def __init__(self, total: int, start: int = 0, stream: TextIO = sys.stderr) -> None:
-        self.enabled = stream.isatty() and all(handler.stream.isatty() for handler in console_handlers())
+    """with ProgressBar(total, start) as bar: ... bar.update(step, loss, tokens_per_sec) ...
+    wanted=False (a rank other than 0 under torchrun) draws nothing anywhere."""
+
+    def __init__(self, total: int, start: int = 0, stream: TextIO = sys.stderr, wanted: bool = True) -> None:
+        self.enabled = wanted and stream.isatty() and all(handler.stream.isatty() for handler in console_handlers())
         self.bar = tqdm(total=total, initial=start, file=stream, disable=not self.enabled, unit="step",
                         bar_format="step {n_fmt}/{total_fmt} |{bar:24}| {desc} | {remaining} left")
         self.redirect = ExitStack()
@@ -44,3 +47,9 @@ class ProgressBar:
     def close(self) -> None:
         self.bar.close()
         self.redirect.close()
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,143 @@
+"""What the loop does every so many steps, besides training: each job says when it is due."""
+
+import logging
+
+import torch
+
+from data.dataset import probe_ids
+from model.generation import generate_text
+from training.checkpoint import BEST, LAST, save_checkpoint
+from training.evaluation import evaluate
+from training.head_metrics import head_metrics, induction_probe, induction_score
+from training.recall_probe import RecallProbe
+from training.run import Run
+from training.run_state import capture_rng_states
+from training.state import TrainState
+from training.tensorboard_log import RunLogger
+
+log = logging.getLogger("train")
+
+
+class Every:
+    """Due every interval steps and at the last step; interval 0: never. at_start=False
+    leaves out step 0."""
+
+    def __init__(self, interval: int, at_start: bool = True) -> None:
+        self.interval, self.at_start = interval, at_start
+
+    def __call__(self, step: int, last: bool) -> bool:
+        if not self.interval:
+            return False
+        return (step % self.interval == 0 and (step > 0 or self.at_start)) or last
+
+
+class Saver:
+    """Saves the run as it is now, for an exact resume. Every rank must call save() (each
+    hands over its RNG states); rank 0 writes the file."""
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.config = run, run.config_dict()
+
+    def save(self, name: str, state: TrainState, evaluated: bool) -> None:
+        run = self.run
+        rng_states = run.ranks.gather(capture_rng_states(run.batch_rng))
+        if not run.ranks.is_main:
+            return  # one copy of the model is enough
+        saved = state.to_checkpoint(evaluated)
+        run_state = {"rng": rng_states, "world_size": run.ranks.world_size,
+                     "grad_scaler": run.precision.scaler.state_dict(), **saved["run_state"]}
+        save_checkpoint(
+            run.dir / name, model=run.model, optimizer=run.optimizer, step=saved["step"],
+            best_val_loss=saved["best_val_loss"], config=self.config, tokenizer=run.data.tokenizer, run_state=run_state,
+        )
+
+
+class Evaluation:
+    """Train and val loss, to TensorBoard and the log."""
+
+    def __init__(self, run: Run, tb: RunLogger) -> None:
+        self.run, self.tb = run, tb
+        self.due = Every(run.cfg.train.eval_interval, at_start=run.cfg.train.eval_at_start)
+        self.history: list[dict[str, float]] = []  # {"step", "train", "val"} of every evaluation
+
+    def __call__(self, state: TrainState) -> None:
+        run, train = self.run, self.run.cfg.train
+        losses = evaluate(run.eval_model, run.data, train.batch_size, run.cfg.model.block_size, train.eval_iters,
+                          run.ranks, run.precision, train.seed)
+        self.tb.scalars(state.step, {"loss/train": losses["train"], "loss/val": losses["val"]})
+        log.info(f"step {state.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        self.history.append({"step": state.step, **losses})
+
+
+class Checkpoints:
+    """After each evaluation but the one before training: keeps the last model, and the best
+    one when its val loss is the lowest yet (every rank has the same losses: they are summed)."""
+
+    def __init__(self, evaluation: Evaluation, saver: Saver) -> None:
+        self.evaluation, self.saver = evaluation, saver
+
+    def due(self, step: int, last: bool) -> bool:
+        return step > 0 and self.evaluation.due(step, last)
+
+    def __call__(self, state: TrainState) -> None:
+        val_loss = self.evaluation.history[-1]["val"]
+        if val_loss < state.best_val_loss:
+            state.best_val_loss = val_loss
+            self.saver.save(BEST, state, evaluated=True)
+        self.saver.save(LAST, state, evaluated=True)
+
+
+class AttentionMaps:
+    """Rank 0: the probe text's attention maps, drawn from the weights the model uses right now,
+    and what each head does in numbers (on the probe, the induction probe and the recall probe)."""
+
+    def __init__(self, run: Run, tb: RunLogger, fresh: bool) -> None:
+        cfg, tokenizer, device = run.cfg, run.data.tokenizer, run.ranks.device
+        self.model, self.tb = run.model, tb
+        self.due = Every(cfg.train.attn_log_interval if run.ranks.is_main else 0)
+        n_probe = min(cfg.train.probe_tokens, cfg.model.block_size)
+        probe = probe_ids(run.data.val, tokenizer, n_probe)
+        self.probe = torch.tensor([probe], device=device)  # (1, T_probe)
+        self.labels = tokenizer.token_strings(probe)
+        if fresh:
+            tb.probe_tokens(self.labels)
+        # Random tokens, repeated once (see training/head_metrics.py).
+        n_induction = n_probe // 2
+        self.induction = torch.tensor(
+            [induction_probe(tokenizer.vocab_size, n_induction, cfg.train.seed, avoid=tokenizer.eot_id)], device=device,
+        ) if n_induction >= 2 else None  # (1, 2n)
+        # Held-out stories (another seed), where names and items come back.
+        self.recall = (RecallProbe.build(tokenizer, cfg.model.block_size, seed=cfg.data.seed + 1)
+                       if self.due.interval and cfg.data.source == "stories" else None)
+        if self.recall is not None and not self.recall.targets:
+            self.recall = None  # block_size too short for a name to come back inside one window
+
+    def __call__(self, state: TrainState) -> None:
+        weights = self.model.attention_weights(self.probe)[:, 0]  # (L, H, T, T)
+        self.tb.attention_maps(state.step, weights, self.labels)
+        self.tb.head_grid(state.step, weights)
+        metrics = head_metrics(weights)
+        if self.induction is not None:
+            induction_weights = self.model.attention_weights(self.induction)[:, 0]  # (L, H, 2n, 2n)
+            metrics["induction"] = induction_score(induction_weights, self.induction.shape[1] // 2)
+        self.tb.head_metrics(state.step, metrics)
+        if self.recall is not None:
+            self.tb.recall(state.step, self.recall.evaluate(self.model))
+
+
+class Samples:
+    """Rank 0: a generated sample, to read how the model writes."""
+
+    def __init__(self, run: Run, tb: RunLogger) -> None:
+        self.run, self.tb = run, tb
+        self.due = Every(run.cfg.train.sample_interval if run.ranks.is_main else 0)
+
+    def __call__(self, state: TrainState) -> None:
+        train = self.run.cfg.train
+        try:
+            sample = generate_text(self.run.model, self.run.data.tokenizer, "", train.sample_tokens,
+                                   temperature=train.sample_temperature, seed=train.seed)[0]
+        except FloatingPointError as error:  # only after train.skip_nonfinite let NaN in
+            sample = f"(no sample: {error})"
+        self.tb.text("samples", sample, state.step)
+        log.info(f"sample at step {state.step}:\n{sample}\n")

@@ -1,0 +1,118 @@
+"""Everything one training run is made of, built from its config: processes, data, model, optimizer."""
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+
+from data.dataset import TokenData, check_splits_fit, prepare_tokens
+from model import GPT
+from training.checkpoint import load_weights
+from training.config import build_model, seed_everything
+from training.distributed import Ranks, dist_backend
+from training.optimizer import build_optimizer
+from training.precision import Precision
+from training.run_state import restore_rng_states
+from training.state import TrainState, upgrade_run_state
+
+log = logging.getLogger("train")
+
+
+@dataclass
+class Run:
+    cfg: Any  # the run's config (DictConfig)
+    dir: Path
+    ranks: Ranks
+    precision: Precision
+    data: TokenData
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    step_model: torch.nn.Module  # what trains: model, or DDP and/or torch.compile around it
+    eval_model: torch.nn.Module  # what evaluates: model, or torch.compile around it
+    ddp: DistributedDataParallel | None
+    batch_rng: np.random.Generator  # the training batches; every rank draws the same ones
+
+    @property
+    def shown_dir(self) -> str:
+        return os.path.relpath(self.dir)  # as the user would type it
+
+    def config_dict(self) -> dict[str, Any]:
+        return OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
+
+
+def build_data_and_model(cfg: Any) -> tuple[Ranks, Precision, TokenData, GPT]:
+    """This process's place among the ranks, its precision, the tokenized corpus and a new model."""
+    ranks = Ranks.join(cfg.train.device)
+    precision = Precision(cfg.train.dtype, ranks.device)
+    if precision.warning:
+        log.warning(f"warning: {precision.warning}")
+    # Each rank its own seed, so dropout masks differ between ranks; the model itself starts
+    # as rank 0's everywhere, since DistributedDataParallel copies rank 0's weights to all.
+    seed_everything(cfg.train.seed + ranks.rank)
+    if ranks.device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: much faster, ample precision here
+    # On each machine one process tokenizes (and downloads) first; the others then read its cache.
+    if ranks.local_rank != 0:
+        ranks.barrier()
+    data = prepare_tokens(cfg.data, cfg.tokenizer)
+    if ranks.local_rank == 0:
+        ranks.barrier()
+    check_splits_fit(data, cfg.model.block_size)
+    model = build_model(cfg.model, data.tokenizer.vocab_size).to(ranks.device)
+    return ranks, precision, data, model
+
+
+def build_run(cfg: Any, run_dir: Path, ranks: Ranks, precision: Precision, data: TokenData, model: GPT) -> Run:
+    optimizer = build_optimizer(model, cfg.optim, ranks.device)
+    # Under torchrun, DistributedDataParallel averages the gradients over all ranks during
+    # backward(), so that every rank takes the same step. Its buffers (RoPE tables) are
+    # constants: no need to re-send them before every forward.
+    ddp = DistributedDataParallel(model, forward_sync_buffers=False) if ranks.distributed else None
+    step_model, eval_model = ddp or model, model
+    # The compiled modules share model's parameters: checkpoints, maps and samples use model itself.
+    if cfg.train.compile:
+        step_model, eval_model = torch.compile(step_model), torch.compile(model)
+    batch_rng = np.random.default_rng(cfg.train.seed)
+    return Run(cfg, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, ddp, batch_rng)
+
+
+def describe(run: Run) -> None:
+    """The log's opening lines: model, data, where it runs, where it writes."""
+    cfg, model, tokenizer = run.cfg, run.model, run.data.tokenizer
+    log.info(
+        f"model: {model.num_parameters() / 1e6:.2f}M parameters, {cfg.model.n_layer} layers x "
+        f"{cfg.model.n_head} heads x {cfg.model.n_embd // cfg.model.n_head} dims, context {cfg.model.block_size}"
+    )
+    log.info(
+        f"data: {cfg.data.source}, {len(run.data.train):,} train and {len(run.data.val):,} val tokens, "
+        f"vocab {tokenizer.vocab_size} ({tokenizer.kind}) | device: {run.ranks.device}"
+        + (f" | {run.ranks.world_size} processes ({dist_backend()})" if run.ranks.distributed else "")
+    )
+    learned = tokenizer.vocab_size - 1  # BPE's byte tokens: all but <|endoftext|>
+    if cfg.tokenizer.kind == "bpe" and learned < cfg.tokenizer.vocab_size:
+        log.info(f"note: bpe has {learned} byte tokens, not the {cfg.tokenizer.vocab_size} of tokenizer.vocab_size: "
+                 "the train split ran out of pairs to merge (each of its words is one token already)")
+    log.info(f"run dir: {run.shown_dir}")
+    if cfg.train.compile:
+        log.info("train.compile=true: the first training step and the first evaluation compile first")
+
+
+def restore(run: Run, checkpoint: dict[str, Any]) -> TrainState:
+    """Put a saved run back exactly where it stopped: weights, optimizer, RNGs, loop state."""
+    load_weights(run.model, checkpoint["model"])
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run_state = upgrade_run_state(checkpoint["run_state"])
+    rng_states = run_state["rng"]  # one per rank
+    restore_rng_states(rng_states[run.ranks.rank % len(rng_states)], run.batch_rng)
+    if run_state["grad_scaler"]:
+        run.precision.scaler.load_state_dict(run_state["grad_scaler"])
+    if run_state["world_size"] != run.ranks.world_size:
+        log.info(f"note: the run was saved by {run_state['world_size']} process(es) and goes on with "
+                 f"{run.ranks.world_size}, so its batches differ from here on")
+    return TrainState.from_checkpoint(checkpoint)

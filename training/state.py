@@ -1,0 +1,54 @@
+"""Where the training loop is: saved with every checkpoint and restored from it as one object."""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer updates done
+    best_val_loss: float = math.inf
+    skipped: int = 0  # updates skipped for a non-finite loss or gradient (train.skip_nonfinite)
+    window_loss: float = 0.0  # the sum of the train losses not yet logged...
+    window_steps: int = 0  # ...over this many steps
+    evaluated: bool = False  # restored at a step whose evaluation was logged and saved: skip it
+
+    def add_to_window(self, loss: float) -> None:
+        self.window_loss += loss
+        self.window_steps += 1
+
+    def take_window(self) -> float:
+        """The mean train loss since the last call; starts a new window."""
+        mean = self.window_loss / self.window_steps
+        self.window_loss, self.window_steps = 0.0, 0
+        return mean
+
+    def to_checkpoint(self, evaluated: bool) -> dict[str, Any]:
+        """The checkpoint's step and best_val_loss, and the loop's part of its run_state;
+        evaluated: this step's evaluation is done and saved with it."""
+        return {
+            "step": self.step,
+            "best_val_loss": self.best_val_loss,
+            "run_state": {
+                "evaluated": evaluated, "skipped": self.skipped,
+                "window_loss": self.window_loss, "window_steps": self.window_steps,
+            },
+        }
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any]) -> "TrainState":
+        run_state = checkpoint["run_state"]
+        return cls(
+            step=checkpoint["step"], best_val_loss=checkpoint["best_val_loss"], skipped=run_state["skipped"],
+            window_loss=run_state["window_loss"], window_steps=run_state["window_steps"],
+            evaluated=run_state["evaluated"],
+        )
+
+
+def upgrade_run_state(run_state: dict[str, Any]) -> dict[str, Any]:
+    """An older checkpoint's run_state in today's form: one RNG state per rank (older runs saved
+    one dict), the number of processes that saved it (older: 1), and no fp16 loss scale."""
+    rng = run_state["rng"] if isinstance(run_state["rng"], list) else [run_state["rng"]]
+    return {**run_state, "rng": rng, "world_size": run_state.get("world_size", 1),
+            "grad_scaler": run_state.get("grad_scaler") or None}

@@ -1,0 +1,97 @@
+"""One optimizer update: this rank's share of a batch in micro-steps, clipped, with the
+non-finite policy (stop, or skip and count)."""
+
+import math
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from data.dataset import get_batch
+from training.distributed import Ranks
+from training.errors import UserError
+from training.precision import Precision
+
+
+@dataclass
+class StepResult:
+    loss: float  # the mean over every rank's batches
+    grad_norm: float
+    finite: bool  # False: the update was skipped (train.skip_nonfinite)
+
+
+class TrainStep:
+    def __init__(
+        self, model: nn.Module, step_model: nn.Module, ddp: DistributedDataParallel | None,
+        optimizer: torch.optim.Optimizer, precision: Precision, ranks: Ranks, tokens: np.ndarray,
+        batch_size: int, block_size: int, grad_accum_steps: int, grad_clip: float, skip_nonfinite: bool,
+        last_checkpoint: Path,
+    ) -> None:
+        """step_model runs forward and backward: model itself, or DDP (ddp) or torch.compile
+        around it. last_checkpoint: the file a stop for a non-finite value says is kept."""
+        self.model, self.step_model, self.ddp, self.optimizer = model, step_model, ddp, optimizer
+        self.precision, self.ranks, self.tokens = precision, ranks, tokens
+        self.batch_size, self.block_size, self.accum = batch_size, block_size, grad_accum_steps
+        self.grad_clip, self.skip_nonfinite = grad_clip or math.inf, skip_nonfinite
+        self.last_checkpoint = last_checkpoint
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.accum * self.ranks.world_size * self.batch_size * self.block_size
+
+    def __call__(self, step: int, lr: float, batch_rng: np.random.Generator) -> StepResult:
+        """Update number step + 1 at this lr; batch_rng draws its batch."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr  # AdamW and Muon alike: Muon scales its own update to match
+        x, y = self.rank_share(batch_rng)  # (A, B, T) each
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.ranks.device)
+        for micro in range(self.accum):
+            loss_sum += self.forward_backward(x[micro], y[micro], last=micro == self.accum - 1)
+        self.precision.scaler.unscale_(self.optimizer)  # fp16: back to true gradients before clipping
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        # .item() waits for the step to finish (on a GPU too), so a clock read after it is honest.
+        loss = self.ranks.sum(loss_sum.item()) / (self.accum * self.ranks.world_size)
+        result = StepResult(loss, grad_norm.item(), finite=True)  # the norm is the same on every rank
+        # fp16's loss scale makes an overflowing gradient routine: the scaler skips that update
+        # and lowers the scale. Anywhere else a NaN or inf stops the run (or is skipped).
+        result.finite = math.isfinite(result.loss) and (math.isfinite(result.grad_norm) or self.precision.scaler.is_enabled())
+        if result.finite:
+            self.precision.scaler.step(self.optimizer)  # optimizer.step(), unless fp16's gradient overflowed
+            self.precision.scaler.update()
+        elif not self.skip_nonfinite:
+            raise self.stopped(result, step + 1)
+        return result
+
+    def rank_share(self, batch_rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank draws the same global batch of accum x ranks x batch_size sequences and
+        takes its own batch_size rows for each micro-step. So 2 ranks x batch b, or 2
+        micro-steps x b, see exactly the sequences one batch of 2b would."""
+        A, W, B, T = self.accum, self.ranks.world_size, self.batch_size, self.block_size
+        x, y = get_batch(self.tokens, A * W * B, T, batch_rng)  # (A*W*B, T) each
+        return x.view(A, W, B, T)[:, self.ranks.rank], y.view(A, W, B, T)[:, self.ranks.rank]  # (A, B, T) each
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> torch.Tensor:
+        """One micro-step on x, y (B, T); returns its loss, detached. Gradients add up over the
+        micro-steps; DDP averages them over ranks only in the last one's backward()."""
+        device = self.ranks.device
+        with nullcontext() if self.ddp is None or last else self.ddp.no_sync():
+            with self.precision.autocast():
+                _, loss = self.step_model(x.to(device), y.to(device))  # loss: mean over B x T
+            # Dividing by accum makes the summed gradient that of the mean over all micro-batches.
+            self.precision.scaler.scale(loss / self.accum).backward()
+        return loss.detach()
+
+    def stopped(self, result: StepResult, step: int) -> UserError:
+        what, bad = ("loss", result.loss) if not math.isfinite(result.loss) else ("gradient norm", result.grad_norm)
+        kept = (f"{os.path.relpath(self.last_checkpoint)} from before it is kept" if self.last_checkpoint.exists()
+                else "no checkpoint had been saved yet")
+        return UserError(
+            f"the {what} became {bad} at step {step}; stopped without saving, and {kept}. "
+            "Lower optim.lr, or set train.skip_nonfinite=true to skip such batches"
+        )
