@@ -7,44 +7,30 @@ model's config, its weights and its tokenizer.
 Every option is in configs/sample.yaml. Nothing is written anywhere.
 """
 
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
 from model.generation import generate_text
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from training.config import check_types
+from training.config import validate_sample_config
 from training.distributed import pick_device
 from training.errors import UserError, exit_on_user_error, run_cli
 
 
-@hydra.main(config_path="configs", config_name="sample", version_base="1.3")
+@hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with exit_on_user_error():
         sample(cfg)
 
 
-SAMPLE_KEY_TYPES = {int: ("max_new_tokens", "num_samples", "seed"), float: ("temperature",), bool: ("use_kv_cache",)}
-
-
 def sample(cfg: DictConfig) -> None:
-    check_types(cfg, SAMPLE_KEY_TYPES)
-    for key in ("top_k", "top_p"):  # these two may also be null (off)
-        if cfg[key] is not None:
-            check_types(cfg, {int if key == "top_k" else float: (key,)})
-    if cfg.max_new_tokens < 0:
-        raise UserError(f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
-    if cfg.temperature < 0:
-        raise UserError(f"temperature={cfg.temperature} must be 0 (greedy) or more")
-    if cfg.num_samples < 1:
-        raise UserError(f"num_samples={cfg.num_samples} must be at least 1")
     device = pick_device(cfg.device, key="device")
     path = resolve_checkpoint(str(cfg.run))
     model, tokenizer = model_from_checkpoint(load_checkpoint(path))
     model.to(device)
-    if cfg.top_k and not 0 < cfg.top_k <= tokenizer.vocab_size:
-        raise UserError(f"top_k={cfg.top_k} must be between 1 and the vocabulary size {tokenizer.vocab_size} (or 0: off)")
-    if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
-        raise UserError(f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
+    validate_sample_config(cfg, tokenizer.vocab_size)
 
     try:
         texts = generate_text(

@@ -66,7 +66,7 @@ OmegaConf.register_new_resolver("run_dir_for", run_dir_for)
 OmegaConf.register_new_resolver("config_subdir_for", config_subdir_for)
 
 
-@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+@hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     if env_rank() > 0:
         quiet_other_rank()

@@ -1,15 +1,24 @@
-"""Shared helpers: run the real CLIs as subprocesses, in a temporary working folder."""
+"""Shared helpers: run the real CLIs in a temporary working folder, in this process or as
+subprocesses."""
 
 import functools
+import importlib
+import io
+import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from training.errors import run_cli as cli_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +32,43 @@ TINY_RUN = [
 ]
 
 
-def run_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(script: str, *args: str, cwd: Path) -> CliResult:
+    """`python <script> <args>` (train.py or sample.py) in this process: the same entry point,
+    command line and working folder, without a new interpreter's seconds of start-up. An
+    exception that would end the process with a traceback gives exit 1 and that traceback."""
+    entry = importlib.import_module(script.removesuffix(".py")).main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_argv, saved_cwd, saved_handlers = sys.argv, os.getcwd(), logging.root.handlers[:]
+    sys.argv = [script, *args]
+    os.chdir(cwd)
+    returncode = 0
+    try:
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            cli_entry(entry)
+    except SystemExit as exit_:
+        returncode = exit_.code if isinstance(exit_.code, int) else 1
+    except Exception:
+        returncode = 1
+        stderr.write(traceback.format_exc())
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        for handler in set(logging.root.handlers) - set(saved_handlers):  # the run's log file and console
+            logging.root.removeHandler(handler)
+            handler.close()
+    return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def spawn_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python <script> <args>` as a subprocess: for what only a real process shows (signals,
+    a terminal, torchrun, environment variables, the script's own start)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args],

@@ -3,7 +3,7 @@ the benchmark's business, not the tests')."""
 
 import json
 
-from conftest import run_cli
+from conftest import spawn_cli
 
 
 def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
@@ -12,7 +12,7 @@ def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400)
     out = tmp_path / "results" / "bench.json"
-    result = run_cli("bench.py", "--repeats", "1", "--steps", "60", "--new-tokens", "20", "--preset-steps", "20",
+    result = spawn_cli("bench.py", "--repeats", "1", "--steps", "60", "--new-tokens", "20", "--preset-steps", "20",
                      "--corpus", str(corpus), "--out", str(out), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     record = json.loads(out.read_text())
@@ -34,7 +34,7 @@ def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
 
 
 def test_an_unknown_section_is_one_clear_line(tmp_path):
-    result = run_cli("bench.py", "--only", "speed", cwd=tmp_path)
+    result = spawn_cli("bench.py", "--only", "speed", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr == (
         "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention)\n"

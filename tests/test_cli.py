@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TINY_RUN, run_cli
+from conftest import ROOT, TINY_RUN, run_cli, spawn_cli
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
@@ -327,7 +327,7 @@ def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tm
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py"])
 def test_help_lists_the_options_with_the_projects_own_text(tmp_path, script):
-    result = run_cli(script, "--help", cwd=tmp_path)
+    result = spawn_cli(script, "--help", cwd=tmp_path)  # the scripts' own start, as a user runs them
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{script}: ")
     assert f"Usage: python {script} [key=value ...]" in result.stdout
@@ -360,7 +360,7 @@ def logged_losses(stdout: str) -> list[float]:
 def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
     quick = [*TINY_RUN, "train.attn_log_interval=0", "train.sample_interval=0"]
     eager = run_cli("train.py", *quick, "hydra.run.dir=eager", cwd=tmp_path)
-    compiled = run_cli("train.py", *quick, "train.compile=true", "hydra.run.dir=compiled", cwd=tmp_path, timeout=600)
+    compiled = spawn_cli("train.py", *quick, "train.compile=true", "hydra.run.dir=compiled", cwd=tmp_path, timeout=600)
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stdout + compiled.stderr
     assert "train.compile=true: the first training step and the first evaluation compile first" in compiled.stdout
     eager_losses, compiled_losses = logged_losses(eager.stdout), logged_losses(compiled.stdout)
@@ -375,7 +375,7 @@ def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path
     # A real failure: inductor is pointed at a C++ compiler that does not exist, with an
     # empty kernel cache so that nothing compiled earlier is reused.
     env = {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    result = run_cli("train.py", *TINY_RUN, "train.compile=true", "hydra.run.dir=run", cwd=tmp_path, env=env)
+    result = spawn_cli("train.py", *TINY_RUN, "train.compile=true", "hydra.run.dir=run", cwd=tmp_path, env=env)
     assert_one_error_line(result, "error: train.compile=true: torch.compile could not build the model (")
     assert "run with train.compile=false" in result.stderr
     assert not (tmp_path / "run" / "ckpt_last.pt").exists()
@@ -447,7 +447,7 @@ def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run
 
 
 def test_the_docs_picture_of_a_missing_run_is_one_clear_line(tmp_path):
-    result = run_cli("docs/figures.py", str(tmp_path / "nowhere"), cwd=tmp_path)
+    result = spawn_cli("docs/figures.py", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert_one_error_line(result, "does not exist")
 
 
@@ -495,6 +495,6 @@ def test_a_terminal_gets_a_progress_bar_instead_of_step_lines_and_a_pipe_gets_th
     assert "| lr " not in shown  # the per-step lines went to the log file only...
     assert "step 20/20 | loss" in (tmp_path / "tty" / "train.log").read_text()
     assert "step 20: train loss" in shown and "done: best val loss" in shown  # ...the others print above the bar
-    piped = run_cli("train.py", *args, "hydra.run.dir=piped", cwd=tmp_path)
+    piped = spawn_cli("train.py", *args, "hydra.run.dir=piped", cwd=tmp_path)
     assert "step 20/20 | loss" in piped.stdout and "| lr " in piped.stdout
     assert "█" not in piped.stdout + piped.stderr and "\r" not in piped.stderr  # no bar in a pipe

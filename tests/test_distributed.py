@@ -136,7 +136,8 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     ("bad", "message"),
     [
         ("train.eval_every=20", "error: train.eval_every is not an option; check its spelling"),  # Hydra refuses it
-        ("train.dtype=fp8", "error: train.dtype=fp8 must be one of fp32, bf16, fp16"),  # train() refuses it
+        ("train.dtype=fp8", "error: train.dtype=fp8 must be one of fp32, bf16, fp16"),  # ... and this, by its type
+        ("train.grad_accum_steps=0", "error: train.grad_accum_steps=0 must be at least 1"),  # train() refuses it
     ],
 )
 def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, message):

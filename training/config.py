@@ -1,61 +1,27 @@
-"""From config to objects, with every value checked first.
-
-    validate_train_config(cfg)     raises UserError naming the first bad value and a fix
-    resumed_config(cfg, saved, overrides)  a checkpoint's config with the allowed new overrides
-    build_model(model_cfg, vocab)  the one place a GPT is built from config (train and sample)
-    seed_everything(seed)          python, numpy and torch
-"""
+"""From config to objects: the range of every value (types and choices are checked earlier,
+by Hydra, against training/schema.py), a resumed run's config, the model, the seeds."""
 
 import random
 from collections.abc import Mapping
 from dataclasses import fields
+from enum import Enum
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from model import GPT, GPTConfig
-from model.attention import ATTENTION_PATHS, divisors
-from model.gpt import MLPS, NORMS, POSITIONS
-from training.errors import UserError
-from training.lr_schedule import SCHEDULES
-from training.optimizer import OPTIMIZERS
-from training.precision import DTYPES
+from model.attention import divisors
+from training.errors import UserError, refused_value_line
+from training.schema import typed_train_config
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
 
-# The type every numeric or boolean key must have; the range checks below assume it.
-TRAIN_KEY_TYPES = {
-    int: (
-        "model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "optim.warmup_steps",
-        "train.max_steps", "train.batch_size", "train.grad_accum_steps", "train.eval_interval", "train.eval_iters", "train.log_interval",
-        "train.attn_log_interval", "train.sample_interval", "train.sample_tokens", "train.probe_tokens", "train.seed",
-    ),
-    float: (
-        "model.dropout", "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.grad_clip",
-        "train.sample_temperature", "data.val_fraction", "optim.decay_fraction",
-    ),
-    bool: ("model.bias", "model.tie_head", "model.qk_norm", "train.skip_nonfinite", "train.eval_at_start", "train.compile"),
-}
-TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false"}
-
-
-def check_types(cfg: Any, key_types: dict[type, tuple[str, ...]]) -> None:
-    """UserError for the first key whose value is not of its type (e.g. train.max_steps=abc)."""
-    for kind, keys in key_types.items():
-        for key in keys:
-            value = OmegaConf.select(cfg, key)
-            if kind is bool:
-                ok = isinstance(value, bool)
-            else:  # bool is an int in Python, but true is no step count; an int is a fine float
-                ok = isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
-            require(ok, f"{key}={value} must be {TYPE_NAMES[kind]}")
-
-
 def validate_train_config(cfg: Any) -> None:
-    check_types(cfg, TRAIN_KEY_TYPES)
+    """UserError for the first value out of its range, naming it and a fix."""
     model, optim, train = cfg.model, cfg.optim, cfg.train
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
@@ -65,26 +31,17 @@ def validate_train_config(cfg: Any) -> None:
         f"pick model.n_head from {divisors(model.n_embd)}",
     )
     require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
-    require(model.attention in ATTENTION_PATHS, f"model.attention={model.attention} must be one of {', '.join(ATTENTION_PATHS)}")
-    for key, choices in (("pos", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
-        require(model[key] in choices, f"model.{key}={model[key]} must be one of {', '.join(choices)}")
     require(model.pos != "rope" or (model.n_embd // model.n_head) % 2 == 0,
             f"model.pos=rope needs an even head size; n_embd // n_head is {model.n_embd // model.n_head}")
     require(optim.lr > 0, f"optim.lr={optim.lr} must be greater than 0, e.g. optim.lr=1e-3")
-    require(optim.name in OPTIMIZERS, f"optim.name={optim.name} must be one of {', '.join(OPTIMIZERS)}")
-    require(optim.schedule in SCHEDULES, f"optim.schedule={optim.schedule} must be one of {', '.join(SCHEDULES)}")
     require(0 < optim.decay_fraction <= 1, f"optim.decay_fraction={optim.decay_fraction} must be in (0, 1], e.g. 0.2")
     require(0 <= optim.min_lr <= optim.lr, f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr}")
     require(optim.weight_decay >= 0, f"optim.weight_decay={optim.weight_decay} must be 0 or more")
     require(optim.warmup_steps >= 0, f"optim.warmup_steps={optim.warmup_steps} must be 0 or more")
     require(optim.grad_clip >= 0, f"optim.grad_clip={optim.grad_clip} must be 0 (off) or more")
-    betas = OmegaConf.to_container(optim.betas) if OmegaConf.is_list(optim.betas) else optim.betas
-    require(
-        isinstance(betas, list) and len(betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas),
-        f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]",
-    )
-    require(cfg.debug in (None, "shapes"), f"debug={cfg.debug} is not a debug mode; the one there is: debug=shapes")
-    require(train.dtype in DTYPES, f"train.dtype={train.dtype} must be one of {', '.join(DTYPES)}")
+    betas = list(optim.betas)
+    require(len(betas) == 2 and all(isinstance(b, int | float) and 0 <= b < 1 for b in betas),
+            f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]")
     for key in ("max_steps", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
@@ -92,18 +49,30 @@ def validate_train_config(cfg: Any) -> None:
     require(train.sample_temperature >= 0, f"train.sample_temperature={train.sample_temperature} must be 0 (greedy) or more")
     require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
     if cfg.tokenizer.kind == "bpe":
-        vocab_size = cfg.tokenizer.vocab_size
         require(
-            isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and 256 <= vocab_size <= 2**20,
-            f"tokenizer.vocab_size={vocab_size} must be a whole number from 256 (the single bytes) to 1048576, "
+            256 <= cfg.tokenizer.vocab_size <= 2**20,
+            f"tokenizer.vocab_size={cfg.tokenizer.vocab_size} must be a whole number from 256 (the single bytes) to 1048576, "
             "e.g. tokenizer.vocab_size=2048",
         )
     if cfg.data.source == "stories":
-        n_chars = cfg.data.n_chars
-        require(
-            isinstance(n_chars, int) and not isinstance(n_chars, bool) and n_chars >= 10_000,
-            f"data.n_chars={n_chars} must be a whole number of at least 10000 (the default is 1000000)",
-        )
+        require(cfg.data.n_chars >= 10_000,
+                f"data.n_chars={cfg.data.n_chars} must be a whole number of at least 10000 (the default is 1000000)")
+
+
+def validate_sample_config(cfg: Any, vocab_size: int) -> None:
+    """sample.py's counterpart of validate_train_config; top_k's range is the checkpoint's vocabulary."""
+    require(cfg.max_new_tokens >= 0, f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
+    require(cfg.temperature >= 0, f"temperature={cfg.temperature} must be 0 (greedy) or more")
+    require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
+    require(not cfg.top_k or 0 < cfg.top_k <= vocab_size,
+            f"top_k={cfg.top_k} must be between 1 and the vocabulary size {vocab_size} (or 0: off)")
+    require(cfg.top_p is None or 0 < cfg.top_p <= 1, f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
+
+
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain dicts, lists, strings and numbers (a choice as its word), resolved:
+    what a checkpoint, whose loading admits nothing else, and TensorBoard keep."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
 # What a resumed run may not change: the network, its tokens, the text it learns from, and
@@ -115,7 +84,7 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
     """The saved run's config, with the command line's overrides that differ from it applied.
     Returns (config, ["train.max_steps 1500 -> 3000", ...]); UserError for an override
     that would change the model, tokenizer or data."""
-    resumed = OmegaConf.create(saved)
+    resumed = checked_saved_config(saved, cfg.resume)
     changes = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -132,12 +101,28 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
         )
         OmegaConf.update(resumed, key, new, merge=False, force_add=True)
         changes.append(f"{key} {old} -> {new}")
-    resumed.resume = cfg.resume
     return resumed, changes
 
 
+def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:
+    """The checkpoint's config, typed and checked against training/schema.py as a new run's is."""
+    fix = "start a new run, or sample from it"
+    try:
+        resumed = typed_train_config({"debug": None, **saved, "resume": resume})  # how to run, not what was run
+    except OmegaConfBaseException as err:  # a key or value this version does not know
+        detail = isinstance(err, ValidationError) and refused_value_line(err) or str(err).splitlines()[0]
+        raise UserError(f"resume={resume}: this checkpoint's config does not fit this version of train.py ({detail}); {fix}") from None
+    except KeyError as err:  # a data.source or tokenizer.kind this version has no schema for
+        raise UserError(f"resume={resume}: this checkpoint's config names {err}, which this version of train.py does not know; {fix}") from None
+    missing = sorted(OmegaConf.missing_keys(resumed))
+    require(not missing, f"resume={resume}: this checkpoint's config has no {', '.join(missing)} (it was saved by an older version); {fix}")
+    return resumed
+
+
 def plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if isinstance(value, Enum):
+        return value.value
+    return plain_config(value) if OmegaConf.is_config(value) else value
 
 
 def require(ok: bool, message: str) -> None:
@@ -147,7 +132,7 @@ def require(ok: bool, message: str) -> None:
 
 def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
     # A key missing from an older checkpoint's config keeps GPTConfig's default.
-    return GPT(GPTConfig(vocab_size=vocab_size, **{key: model_cfg[key] for key in MODEL_KEYS if key in model_cfg}))
+    return GPT(GPTConfig(vocab_size=vocab_size, **{key: plain(model_cfg[key]) for key in MODEL_KEYS if key in model_cfg}))
 
 
 def seed_everything(seed: int) -> None:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from data.errors import DataError
 
@@ -50,7 +51,7 @@ HYDRA_FLAGS = {
 
 
 def run_cli(hydra_main: Callable[[], object]) -> None:
-    wants_full_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    asked = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its errors for us to word, not prints them
     try:
         for arg in sys.argv[1:]:
@@ -61,11 +62,16 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
                 raise UserError(f"{arg} adds {key}, which is not an option here; {options_hint()}")
         hydra_main()
     except (HydraException, OmegaConfBaseException, UserError) as err:
-        if wants_full_errors and not isinstance(err, UserError):
+        if asked == "1" and not isinstance(err, UserError):
             raise
         leave_it_to_local_rank_zero(config_error_line(err))
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
+    finally:  # as it was, for whatever runs next in this process
+        if asked is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = asked
 
 
 @contextmanager
@@ -107,8 +113,10 @@ def config_error_line(err: Exception) -> str:
         inner = inner.__cause__ or inner.__context__
     cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
     full_key = getattr(cause, "full_key", None)
-    if full_key and "not in struct" in str(cause):
+    if full_key and isinstance(cause, ConfigAttributeError | ConfigKeyError):  # a key no schema has
         return f"{full_key} is not an option; check its spelling ({options_hint()})"
+    if isinstance(cause, ValidationError) and (refused := refused_value_line(cause)):
+        return refused
     if isinstance(err, MissingConfigException) and err.options is not None:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
@@ -128,3 +136,22 @@ def config_error_line(err: Exception) -> str:
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"
+
+
+# What a value must be, by the kind of node OmegaConf refused it for while Hydra composed the
+# config (the key's type in training/schema.py; a Union there is int | float). Written against
+# omegaconf 2.3 and hydra-core 1.3: tests/test_config.py pins the versions it was checked with.
+MUST_BE = {IntegerNode: "a whole number", FloatNode: "a number", UnionNode: "a number", BooleanNode: "true or false",
+           ListConfig: "a list"}
+
+
+def refused_value_line(refusal: ValidationError) -> str | None:
+    """'train.max_steps=abc must be a whole number' for a value its key's type refused; None
+    for another ValidationError."""
+    node, key, value = refusal.child_node, refusal.full_key, refusal.value
+    if isinstance(node, EnumNode):  # every enum of the schema is a training.schema.Choice
+        return node.enum_type.refusal(key, value)
+    must_be = MUST_BE.get(type(node))
+    if must_be:
+        return f"{key}={value} must be {must_be}"
+    return None

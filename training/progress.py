@@ -28,7 +28,8 @@ class ProgressBar:
     """with ProgressBar(total, start) as bar: ... bar.update(step, loss, tokens_per_sec) ...
     wanted=False (a rank other than 0 under torchrun) draws nothing anywhere."""
 
-    def __init__(self, total: int, start: int = 0, stream: TextIO = sys.stderr, wanted: bool = True) -> None:
+    def __init__(self, total: int, start: int = 0, stream: TextIO | None = None, wanted: bool = True) -> None:
+        stream = stream or sys.stderr  # the one of the moment, not of import time
         self.enabled = wanted and stream.isatty() and all(handler.stream.isatty() for handler in console_handlers())
         self.bar = tqdm(total=total, initial=start, file=stream, disable=not self.enabled, unit="step",
                         bar_format="step {n_fmt}/{total_fmt} |{bar:24}| {desc} | {remaining} left")

@@ -8,13 +8,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
 from training.checkpoint import load_weights
-from training.config import build_model, seed_everything
+from training.config import build_model, plain_config, seed_everything
 from training.distributed import Ranks, dist_backend
 from training.optimizer import build_optimizer
 from training.precision import Precision
@@ -43,7 +42,7 @@ class Run:
         return os.path.relpath(self.dir)  # as the user would type it
 
     def config_dict(self) -> dict[str, Any]:
-        return OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
+        return plain_config(self.cfg)
 
 
 def build_data_and_model(cfg: Any) -> tuple[Ranks, Precision, TokenData, GPT]:

@@ -1,0 +1,121 @@
+"""The config as Hydra composes it, in-process: every key typed by training/schema.py, a wrong
+type or choice refused in today's words, and choices kept as plain strings where they are saved."""
+
+import itertools
+import re
+from importlib.metadata import version
+
+import pytest
+import torch
+from conftest import ROOT
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from training.config import plain_config, resumed_config
+from training.errors import UserError, config_error_line
+from training.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
+
+
+def composed(config_name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def refusal(config_name: str, *overrides: str) -> str:
+    with pytest.raises(Exception) as raised:
+        composed(config_name, *overrides)
+    return config_error_line(raised.value)
+
+
+def test_hydra_and_omegaconf_are_the_versions_the_error_wording_was_written_against():
+    pinned = dict(re.findall(r"^(hydra-core|omegaconf)==(\S+)", (ROOT / "requirements.txt").read_text(), re.MULTILINE))
+    installed = {package: version(package) for package in ("hydra-core", "omegaconf")}
+    assert installed == pinned, (
+        "training/errors.py (config_error_line, MUST_BE) words the errors of these exact versions: re-check "
+        "tests/test_cli.py's bad-input tables against the new ones, then update the pins in requirements.txt"
+    )
+
+
+@pytest.mark.parametrize(("data", "tokenizer"), list(itertools.product(DATA_SCHEMAS, TOKENIZER_SCHEMAS)))
+def test_every_option_gives_every_key_a_type_and_a_value(data, tokenizer):
+    cfg = composed("train", f"data={data}", f"tokenizer={tokenizer}")
+    assert OmegaConf.missing_keys(cfg) == set()  # no key the YAML files forgot
+    types = {"model": ModelSchema, "data": DATA_SCHEMAS[data], "tokenizer": TOKENIZER_SCHEMAS[tokenizer],
+             "optim": OptimSchema, "train": LoopSchema}
+    assert {group: OmegaConf.get_type(cfg[group]) for group in types} == types
+    assert (cfg.data.source, cfg.tokenizer.kind) == (data, tokenizer)  # the option's name is its discriminator
+
+
+def test_the_preset_and_sampling_configs_are_typed_and_complete():
+    assert OmegaConf.missing_keys(composed("train", "experiment=shakespeare_char_cpu")) == set()
+    assert OmegaConf.missing_keys(composed("sample")) == set()
+
+
+@pytest.mark.parametrize(
+    ("config_name", "override", "message"),
+    [
+        ("train", "train.max_steps=abc", "train.max_steps=abc must be a whole number"),
+        ("train", "train.max_steps=1.5", "train.max_steps=1.5 must be a whole number"),
+        ("train", "train.max_steps=true", "train.max_steps=True must be a whole number"),
+        ("train", "model.dropout=x", "model.dropout=x must be a number"),
+        ("train", "model.dropout=true", "model.dropout=True must be a number"),
+        ("train", "model.dropout='0.1'", "model.dropout=0.1 must be a number"),  # a quoted string is no number
+        ("train", "model.dropout=null", "model.dropout=None must be a number"),
+        ("train", "model.bias=maybe", "model.bias=maybe must be true or false"),
+        ("train", "model.pos=alibi", "model.pos=alibi must be one of learned, rope"),
+        ("train", "train.dtype=fp8", "train.dtype=fp8 must be one of fp32, bf16, fp16"),
+        ("train", "debug=shape", "debug=shape is not a debug mode; the one there is: debug=shapes"),
+        ("train", "optim.betas=3", "optim.betas=3 must be a list"),
+        ("train", "model.n_layr=3", "model.n_layr is not an option; check its spelling"),
+        ("train", "data=shakespeare data.n_chars=20000", "data.n_chars is not an option; check its spelling"),
+        ("sample", "top_k=lots", "top_k=lots must be a whole number"),
+        ("sample", "top_p=x", "top_p=x must be a number"),
+        ("sample", "topk=5", "topk is not an option; check its spelling"),
+    ],
+)
+def test_a_wrong_type_or_choice_is_refused_while_hydra_composes_in_one_line(config_name, override, message):
+    line = refusal(config_name, *override.split())
+    assert line.startswith(message) and "\n" not in line
+
+
+def test_a_number_stays_as_given_and_null_turns_top_k_and_top_p_off():
+    cfg = composed("train", "optim.lr=1", "model.dropout=0.25")
+    assert (cfg.optim.lr, type(cfg.optim.lr), cfg.model.dropout) == (1, int, 0.25)
+    sample = composed("sample", "top_k=null", "top_p=null")
+    assert (sample.top_k, sample.top_p) == (None, None)
+
+
+def test_a_choice_is_its_word_in_code_and_a_plain_string_in_the_checkpoint(tmp_path):
+    cfg = composed("train", "model.pos=learned")
+    assert cfg.model.pos == "learned" and f"{cfg.model.pos}" == "learned" and str(Position.rope) == "rope"
+    config = plain_config(cfg)
+    assert type(config["model"]["pos"]) is str and type(config["train"]["dtype"]) is str
+    torch.save({"config": config}, tmp_path / "ckpt.pt")
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["config"] == config  # weights_only admits no Enum
+
+
+def saved_config(*overrides: str) -> dict:
+    return plain_config(composed("train", *overrides))
+
+
+def test_a_resumed_config_is_typed_and_takes_the_allowed_overrides():
+    cfg = composed("train", "optim.schedule=cosine", "train.max_steps=2000")
+    cfg.resume = "run"
+    resumed, changes = resumed_config(cfg, saved_config(), ["resume=run", "optim.schedule=cosine", "train.max_steps=2000"])
+    assert changes == ["optim.schedule wsd -> cosine", "train.max_steps 1000 -> 2000"]
+    assert OmegaConf.get_type(resumed.model) is ModelSchema and resumed.resume == "run"
+    assert plain_config(resumed) == {**saved_config("optim.schedule=cosine", "train.max_steps=2000"), "resume": "run"}
+
+
+def test_a_checkpoint_whose_config_lacks_a_newer_key_is_refused_naming_the_key():
+    cfg = composed("train")
+    cfg.resume = "old"
+    old = saved_config()
+    del old["model"]["qk_norm"], old["debug"]  # debug says how to run, not what was run: it may be absent
+    with pytest.raises(UserError, match=r"^resume=old: this checkpoint's config has no model.qk_norm \(it was saved "
+                                        r"by an older version\); start a new run, or sample from it$"):
+        resumed_config(cfg, old, ["resume=old"])
+    wrong = saved_config()
+    wrong["model"]["pos"] = "alibi"
+    with pytest.raises(UserError, match=r"\(model.pos=alibi must be one of learned, rope\)"):
+        resumed_config(cfg, wrong, ["resume=old"])
