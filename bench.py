@@ -9,8 +9,8 @@
 Sections (each figure is the median of --repeats runs):
     peak       fp32 matmul rate of this machine (1024 x 1024 x 1024), the yardstick for MFU
     training   train.py itself on nanoGPT's CPU recipe shape (char-level tiny shakespeare,
-               4 layers, 4 heads, 128 dims, block 64, batch 12, AdamW): tokens/s from its
-               own log, model FLOP/s and MFU against the measured peak, peak memory
+               4 layers, 4 heads, 128 dims, block 64, batch 12, AdamW): tokens/s as the run
+               logged it to TensorBoard, model FLOP/s and MFU against the measured peak, peak memory
     quality    time to quality: wall time of `train.py experiment=shakespeare_char_cpu`, start
                to exit, and the val loss it ends with (200 batches); the target is 1.886,
                nanoGPT's README CPU recipe's val loss
@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import statistics
 import subprocess
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model import GPT, GPTConfig, generate_tokens
 from model.attention import CausalSelfAttention
@@ -103,7 +103,7 @@ def training_flops_per_token(model: GPT) -> float:
 
 def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | None, work: Path,
                    extra: tuple[str, ...] = (), name: str = "throughput") -> dict:
-    """train.py on nanoGPT's CPU shape: tokens/s from its own log (the first window, which
+    """train.py on nanoGPT's CPU shape: tokens/s as it logged them (the first window, which
     holds the start-up and any compiling, left out), wall time start to exit, peak memory."""
     if not corpus.is_file():
         sys.exit(f"error: --corpus {corpus} does not exist; give tiny shakespeare's input.txt")
@@ -122,8 +122,7 @@ def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | 
         seconds.append(time.perf_counter() - started)
         if result.returncode != 0:
             sys.exit(f"error: the {name} benchmark run failed:\n{result.stderr}")
-        windows = [float(r.replace(",", "")) for r in re.findall(r"\| ([\d,]+) tok/s", result.stdout)]
-        rates.append(statistics.median(windows[1:]))
+        rates.append(statistics.median(logged(run_dir, "train/tokens_per_sec")[1:]))
         max_rss = max(max_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     model, _ = model_from_checkpoint(load_checkpoint(run_dir / "ckpt_last.pt"))
     tokens_per_sec = statistics.median(rates)
@@ -140,6 +139,14 @@ def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | 
     }
 
 
+def logged(run_dir: Path, tag: str) -> list[float]:
+    """The values a run logged under a TensorBoard tag, in step order, read back with
+    TensorBoard's own reader (the same numbers fit() returns to train.py)."""
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
 def bench_compile(repeats: int, steps: int, corpus: Path, peak_gflops: float | None, work: Path) -> dict:
     """The training section's runs once eager and once with train.compile=true, side by side."""
     eager = bench_training(repeats, steps, corpus, peak_gflops, work, name="eager")
@@ -153,13 +160,14 @@ def timed_training_runs(name: str, args: list[str], repeats: int, corpus: Path, 
         sys.exit(f"error: --corpus {corpus} does not exist; give tiny shakespeare's input.txt")
     seconds, losses = [], []
     for i in range(repeats):
-        command = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={work / f'{name}-{i}'}"]
+        run_dir = work / f"{name}-{i}"
+        command = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"]
         started = time.perf_counter()
         result = subprocess.run(command, capture_output=True, text=True)
         seconds.append(time.perf_counter() - started)
         if result.returncode != 0:
             sys.exit(f"error: the {name} benchmark run failed:\n{result.stderr}")
-        losses.append(float(re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", result.stdout)[-1]))
+        losses.append(logged(run_dir, "loss/val")[-1])
     val_loss = statistics.median(losses)
     return {"seconds": statistics.median(seconds), "val_loss": val_loss, "val_losses": losses,
             "reached_target": val_loss <= TARGET_VAL_LOSS}

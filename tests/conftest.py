@@ -17,8 +17,15 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from training.errors import run_cli as cli_entry
+
+# Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
+# with two torch threads each on two cores spend their time waiting on each other's threads.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 
