@@ -1,18 +1,8 @@
-"""Token ids on disk, the train/val split, and random training windows.
+"""Token ids on disk, the train/val split, random training windows and the probe text.
 
-    prepare_tokens(data_cfg, tokenizer_cfg) -> TokenData
-        Loads the corpus, cuts off its last val_fraction of characters as val, builds the
-        tokenizer (BPE learns from the train part only) and encodes both parts once. Every
-        document follows an <|endoftext|> token. The ids are cached under data.cache_dir in
-        a folder named by a hash of the corpus, the split and the tokenizer settings, so a
-        second run starts at once and a changed corpus or tokenizer never reuses stale ids.
-        Ids are stored as uint16 when the vocabulary fits, else uint32.
-    get_batch(tokens, batch_size, block_size, rng) -> (x, y)
-        Random contiguous windows of block_size + 1 ids; y is x shifted left by one.
-    probe_ids(tokens, tokenizer, n) -> list[int]
-        n ids from the start of the first whole document in tokens (the attention probe).
-    check_splits_fit(data, block_size)
-        DataError unless each split holds a window of block_size + 1 tokens.
+The ids are cached under data.cache_dir in a folder named by a hash of the corpus, the split
+and the tokenizer settings, so a second run starts at once and a changed corpus or tokenizer
+never reuses stale ids.
 """
 
 import hashlib
@@ -43,6 +33,9 @@ class TokenData:
 
 
 def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]) -> TokenData:
+    """The corpus as ids: its last val_fraction of characters is val, the tokenizer (BPE learns
+    from the train part only) encodes both parts once, each document after an <|endoftext|>;
+    uint16 when the vocabulary fits, else uint32. Cached."""
     documents = load_documents(data_cfg)
     if not any(doc.strip() for doc in documents):
         raise DataError("the corpus is empty; give data.path a file with text in it")

@@ -1,4 +1,4 @@
-"""Checkpoints: the one place that saves and loads them.
+"""Checkpoints: the one place that saves, finds and loads them.
 
 A checkpoint is a plain dict that torch.load(weights_only=True) can read, so loading one
 never runs code from the file:
@@ -10,16 +10,10 @@ never runs code from the file:
     config         the run's resolved config as plain dicts (config["model"] rebuilds the net)
     tokenizer      the tokenizer's state(): sample.py needs no corpus
     run_state      what an exact resume needs besides: RNG states, where in the step the
-                   loop stopped, the open log window (training/run_state.py)
+                   loop stopped, the open log window (training/state.py, training/run_state.py)
 
-    save_checkpoint(path, ...)     written to a temporary file, fsynced, then renamed into
-                                   place: a crash mid-save leaves the previous file intact
-    resolve_checkpoint(run)        a run dir, a .pt file, or "latest" (the run dir holding the
-                                   newest checkpoint) -> a checkpoint path
-    resolve_resume(resume)         a run dir (its ckpt_last.pt) or a .pt file -> a checkpoint path
-    load_checkpoint(path)          -> dict, with clear errors for missing or broken files
-    model_from_checkpoint(ckpt)    -> (GPT, tokenizer)
-    load_weights(model, weights)   load_state_dict, with a clear error when the shapes differ
+A save goes to a temporary file, is fsynced, then renamed into place: a crash mid-save
+leaves the previous file intact.
 """
 
 import os

@@ -3,18 +3,10 @@
 `torchrun --nproc_per_node=N train.py ...` starts N copies of train.py, one per "rank", and
 tells each its place through environment variables: RANK (0 .. WORLD_SIZE-1 over all
 machines), LOCAL_RANK (its index on this machine) and WORLD_SIZE. Started without torchrun,
-train.py is rank 0 of 1 and none of this costs anything.
+train.py is rank 0 of 1 and none of this costs anything. Rank 0 alone logs, samples and saves.
 
-    ranks = Ranks.join(device_name)   this process's rank and device; joins the process group
-                                      when WORLD_SIZE > 1 (gloo on CPU, NCCL on CUDA)
-    ranks.is_main                     rank 0: the only one that logs, samples and saves
-    ranks.sum(x) / ranks.max(x)       a number summed / maximised over all ranks
-    ranks.gather(obj)                 every rank's obj, as a list on rank 0 (None elsewhere)
-    ranks.barrier()                   wait here until every rank has arrived
-    leave_process_group()             at the end, under torchrun
-
-DistributedDataParallel (train.py) averages the gradients over ranks during backward(), so
-every rank takes the same optimizer step, and the ranks stay identical copies of one model.
+DistributedDataParallel (training/run.py) averages the gradients over ranks during backward(),
+so every rank takes the same optimizer step, and the ranks stay identical copies of one model.
 """
 
 import os

@@ -1,14 +1,5 @@
-"""Mistakes a user can make get one clear line, a non-zero exit and no traceback.
-
-    UserError             raised for bad config, paths, checkpoints or prompts
-    exit_on_user_error()  wraps a CLI's work: prints "error: <message>" and exits 2
-    run_cli(main)         runs a @hydra.main function so that Hydra's own complaints (a
-                          misspelt key, an unknown option, an override it cannot parse) are
-                          one such line too, instead of Hydra's several
-    said_once_per_machine()
-                          wraps the checks of the config alone: under torchrun, their error
-                          is said by one process per machine, not by every process
-"""
+"""Mistakes a user can make get one clear line, a non-zero exit and no traceback: UserError
+for what the project refuses, and the wording of what Hydra and OmegaConf refuse."""
 
 import os
 import sys
@@ -29,6 +20,7 @@ class UserError(Exception):
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
+    """Wraps a CLI's work: a UserError or DataError prints "error: <message>" and exits 2."""
     try:
         yield
     except (UserError, DataError) as err:
@@ -51,6 +43,8 @@ HYDRA_FLAGS = {
 
 
 def run_cli(hydra_main: Callable[[], object]) -> None:
+    """Runs a @hydra.main function so that Hydra's own complaints (a misspelt key, an unknown
+    option, an override it cannot parse) are one such line too, instead of Hydra's several."""
     asked = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its errors for us to word, not prints them
     try:
