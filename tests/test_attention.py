@@ -85,19 +85,34 @@ def test_equals_torch_multihead_attention_with_copied_weights_and_a_causal_mask(
     torch.testing.assert_close(weights, expected_weights, atol=ATOL, rtol=RTOL)
 
 
-def test_fused_qkv_equals_separate_projections():
-    manual, _ = make_pair(n_embd=20, n_head=4)
-    C = 20
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Causal attention of separately given (B, T, C) queries, keys and values, head by head;
+    returns the heads side by side (B, T, C), before any output projection."""
+    B, T, C = q.shape
+    D = C // n_head
+    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # (T, T): True = a later key
+    heads = []
+    for h in range(n_head):
+        cols = slice(h * D, (h + 1) * D)
+        scores = q[..., cols] @ k[..., cols].transpose(-2, -1) / math.sqrt(D)  # (B, T, T)
+        heads.append(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v[..., cols])  # (B, T, D)
+    return torch.cat(heads, dim=-1)  # (B, T, C)
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_fused_qkv_equals_separate_projections(attention):
+    # Guards the module's split of qkv(x): it must take q, k, v from rows [0:C], [C:2C], [2C:3C]
+    # of the fused weight, in that order (a module that split k, q, v fails here).
+    C, H = 20, 4
+    module = make_pair(n_embd=C, n_head=H)[attention == "sdpa"]
     separate = {name: nn.Linear(C, C) for name in "qkv"}
+    x = torch.randn(2, 5, C)
     with torch.no_grad():
         for offset, name in enumerate("qkv"):
-            separate[name].weight.copy_(manual.qkv.weight[offset * C : (offset + 1) * C])
-            separate[name].bias.copy_(manual.qkv.bias[offset * C : (offset + 1) * C])
-        x = torch.randn(2, 5, C)
-        q, k, v = manual.qkv(x).split(C, dim=2)
-        torch.testing.assert_close(q, separate["q"](x), atol=ATOL, rtol=RTOL)
-        torch.testing.assert_close(k, separate["k"](x), atol=ATOL, rtol=RTOL)
-        torch.testing.assert_close(v, separate["v"](x), atol=ATOL, rtol=RTOL)
+            separate[name].weight.copy_(module.qkv.weight[offset * C : (offset + 1) * C])
+            separate[name].bias.copy_(module.qkv.bias[offset * C : (offset + 1) * C])
+        expected = module.proj(causal_attention(separate["q"](x), separate["k"](x), separate["v"](x), H))
+        torch.testing.assert_close(module(x)[0], expected, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])

@@ -11,29 +11,65 @@ from model.attention import CausalSelfAttention
 
 ROOT = Path(__file__).resolve().parent.parent
 torch.manual_seed(0)
+ATOL, RTOL = 1e-5, 1e-4  # float32 sums in another order agree to ~1e-6; a real bug is off by far more
+
+
+def attention_by_hand(module: CausalSelfAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention worked out head by head from the module's own qkv weights, with the
+    scaling written out: returns (the merged heads before proj (B, T, C), weights (B, H, T, T))."""
+    B, T, C = x.shape
+    H, D = module.n_head, module.head_dim
+    W = module.qkv.weight  # (3C, C): rows [0:C] are W_q, [C:2C] W_k, [2C:3C] W_v
+    b = module.qkv.bias if module.qkv.bias is not None else torch.zeros(3 * C)
+    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # (T, T): True = a later key
+    outs, weights = [], []
+    for h in range(H):  # head h has its own (D, C) block in each of W_q, W_k, W_v
+        q, k, v = (x @ W[r].T + b[r] for r in (slice(i * C + h * D, i * C + (h + 1) * D) for i in range(3)))  # (B, T, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, T, T)
+        weights.append(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1))  # (B, T, T)
+        outs.append(weights[-1] @ v)  # (B, T, D)
+    return torch.cat(outs, dim=-1), torch.stack(weights, dim=1)  # heads side by side (B, T, C); (B, H, T, T)
+
 
 
 def test_tour_a_dot_product_scores_how_much_a_key_points_the_way_the_query_does():
+    # Guards the module's scores being the scaled dot product q . k / sqrt(D) (a wrong scale fails).
     q = torch.tensor([1.0, 2.0, -1.0, 0.5])
     orthogonal = torch.tensor([2.0, -1.0, 0.0, 0.0])  # q . orthogonal == 0
-    keys = torch.stack([q, orthogonal, -q])  # same direction, at right angles, opposite
+    keys = torch.stack([orthogonal, -q, q])  # at right angles, opposite, same direction
     scores = keys @ q  # (3,)
-    assert scores[0] > scores[1] == 0 > scores[2]
-    assert scores[0] == pytest.approx(q.norm() ** 2)  # q . q = |q|^2
-    weights = torch.softmax(scores, dim=-1)
-    assert weights.argmax() == 0
+    assert scores[2] > scores[0] == 0 > scores[1] and scores[2] == pytest.approx(q.norm() ** 2)  # q . q = |q|^2
+    # In the module, with W_q = W_k = I, the last token (its query is q) sees the three keys.
+    module = CausalSelfAttention(4, 1, bias=False, attention="manual")
+    with torch.no_grad():
+        module.qkv.weight[:8] = torch.cat([torch.eye(4), torch.eye(4)])  # rows [0:C] W_q, [C:2C] W_k
+        _, weights = module(keys.view(1, 3, 4), need_weights=True)  # (1, 1, 3, 3)
+    row = weights[0, 0, 2]  # (3,): what query q gives each key
+    assert row.argmax() == 2 and row[2] > row[0] > row[1]
+    # Softmax keeps score differences as log-ratios: log(w_s / w_o) = (q . q - 0) / sqrt(D).
+    torch.testing.assert_close(row.log() - row[0].log(), scores / math.sqrt(4), atol=ATOL, rtol=RTOL)
+
 
 
 def test_tour_dividing_by_sqrt_d_keeps_the_scores_spread_near_1_and_softmax_unsaturated():
-    generator = torch.Generator().manual_seed(0)
-    D = 256
-    q, k = torch.randn(20_000, D, generator=generator), torch.randn(20_000, D, generator=generator)
-    dots = (q * k).sum(dim=-1)  # (20000,): one q . k per pair
-    assert dots.var().item() == pytest.approx(D, rel=0.05)  # the spread grows with D...
-    assert (dots / math.sqrt(D)).var().item() == pytest.approx(1.0, rel=0.05)  # ...and sqrt(D) undoes it
-    rows = dots[:16 * 1000].view(1000, 16)  # 1000 queries, 16 keys each
-    assert torch.softmax(rows, dim=-1).max(dim=-1).values.mean() > 0.9  # unscaled: almost one-hot
-    assert torch.softmax(rows / math.sqrt(D), dim=-1).max(dim=-1).values.mean() < 0.35  # scaled: spread out (about 0.25)
+    # Guards the module's scale: scores divided by sqrt(D), not by D, not by sqrt(C), not at all.
+    torch.manual_seed(0)
+    B, T, C, H = 256, 16, 512, 2
+    D = C // H  # 256
+    module = CausalSelfAttention(C, H, bias=False, attention="manual")
+    with torch.no_grad():  # queries = x, keys = x turned by a random rotation: q . k has variance D
+        module.qkv.weight[:C] = torch.eye(C)
+        module.qkv.weight[C : 2 * C] = torch.linalg.qr(torch.randn(C, C))[0]
+        x = torch.randn(B, T, C)
+        _, weights = module(x, need_weights=True)  # (B, H, T, T)
+        torch.testing.assert_close(weights, attention_by_hand(module, x)[1], atol=ATOL, rtol=RTOL)
+    # The last query sees all 16 keys. Softmax keeps its scores up to a shift: log(weights).
+    scaled = weights[:, :, -1].log().view(B * H, T)  # (B*H, 16): the module's scores, shifted per row
+    assert scaled.var(dim=-1).mean().item() == pytest.approx(1.0, rel=0.1)  # the spread is near 1...
+    unscaled = scaled * math.sqrt(D)
+    assert unscaled.var(dim=-1).mean().item() == pytest.approx(D, rel=0.1)  # ...where q . k alone has D
+    assert torch.softmax(unscaled, dim=-1).max(dim=-1).values.mean() > 0.9  # unscaled: almost one-hot
+    assert weights[:, :, -1].max(dim=-1).values.mean() < 0.35  # the module's: spread out (about 0.25)
 
 
 def test_tour_softmax_runs_over_the_keys_so_each_query_gets_weights_that_sum_to_1():
@@ -43,15 +79,26 @@ def test_tour_softmax_runs_over_the_keys_so_each_query_gets_weights_that_sum_to_
     assert not torch.allclose(weights.sum(dim=-2), torch.ones(2, 2, 6))  # over queries: no such rule
 
 
+
 def test_tour_a_naive_softmax_overflows_and_subtracting_the_max_does_not_change_the_answer():
+    # Guards the module's softmax staying finite on huge scores (a naive exp / sum gives NaN).
     scores = torch.tensor([1000.0, 1001.0, 999.0])
     naive = scores.exp() / scores.exp().sum()  # exp(1000) is inf in float32: inf / inf
     assert torch.isnan(naive).all()
     shifted = scores - scores.max()  # [-1, 0, -2]: the largest is exp(0) = 1, nothing overflows
     stable = shifted.exp() / shifted.exp().sum()
-    torch.testing.assert_close(stable, torch.softmax(scores, dim=-1))
-    small = torch.tensor([0.0, 1.0, -1.0])  # the same scores, minus 1000: the same weights
-    torch.testing.assert_close(small.exp() / small.exp().sum(), stable)
+    # The module given those scores: W_q makes q = (2 x[3], 0, 0, 0), W_k = I, so with x[3] = 1 and
+    # sqrt(D) = 2 the last token's score for key s is x_s[0].
+    module = CausalSelfAttention(4, 1, bias=False, attention="manual")
+    with torch.no_grad():
+        module.qkv.weight[:8] = torch.cat([torch.zeros(4, 4), torch.eye(4)])
+        module.qkv.weight[0, 3] = 2.0
+        x = torch.tensor([[[s, 0.0, 0.0, 1.0] for s in scores.tolist()]])  # (1, 3, 4)
+        out, weights = module(x, need_weights=True)
+        _, small_weights = module(x - torch.tensor([1000.0, 0, 0, 0]), need_weights=True)  # scores [0, 1, -1]
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(weights[0, 0, 2], stable)
+    torch.testing.assert_close(small_weights, weights)  # the same scores minus 1000: the same weights
 
 
 def test_tour_minus_infinity_gives_zero_weight_and_a_row_of_it_gives_nan_unless_handled():
@@ -68,31 +115,49 @@ def test_tour_minus_infinity_gives_zero_weight_and_a_row_of_it_gives_nan_unless_
     assert torch.isfinite(x.grad).all()
 
 
-def test_tour_heads_split_with_view_and_transpose_and_merge_back_exactly():
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_tour_heads_split_with_view_and_transpose_and_merge_back_exactly(attention):
+    # Guards the module's head split (head h owns channels h*D .. (h+1)*D - 1) and its merge
+    # (transpose back before view): a merge without the transpose interleaves heads and tokens.
     B, T, H, D = 2, 5, 3, 4
-    x = torch.randn(B, T, H * D)  # (B, T, C)
-    heads = x.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-    for h in range(H):  # head h owns channels h*D .. (h+1)*D - 1
-        assert torch.equal(heads[:, h], x[:, :, h * D : (h + 1) * D])
-    out = heads.contiguous()  # (B, H, T, D) laid out head by head, as weights @ v returns it
+    C = H * D
+    module = CausalSelfAttention(C, H, attention=attention)
+    with torch.no_grad():  # proj = identity: the module's output is its merged heads
+        module.proj.weight.copy_(torch.eye(C))
+        module.proj.bias.zero_()
+        x = torch.randn(B, T, C)
+        out, _ = module(x)  # (B, T, C)
+        by_hand, head_weights = attention_by_hand(module, x)  # each head from its own block of the weights
+    for h in range(H):  # head h's output lies in channels h*D .. (h+1)*D - 1, for every token
+        torch.testing.assert_close(out[..., h * D : (h + 1) * D], by_hand[..., h * D : (h + 1) * D], atol=ATOL, rtol=RTOL)
+    if attention == "manual":
+        torch.testing.assert_close(module(x, need_weights=True)[1], head_weights, atol=ATOL, rtol=RTOL)
+    # Why contiguous(): weights @ v lays its (B, H, T, D) out head by head, not in (B, T, C) order.
     with pytest.raises(RuntimeError, match="view"):
-        out.transpose(1, 2).view(B, T, H * D)  # its memory is not in (B, T, C) order
-    merged = out.transpose(1, 2).contiguous().view(B, T, H * D)  # contiguous() copies it into that order
-    assert torch.equal(merged, x)
+        torch.randn(B, H, T, D).transpose(1, 2).view(B, T, C)
+
 
 
 def test_tour_one_fused_qkv_matrix_equals_three_projections_and_per_head_matrices():
+    # Guards the order of the module's split of qkv(x): q, k, v from rows [0:C], [C:2C], [2C:3C]
+    # (taking k before q, say, fails here), and each head using its own (D, C) block of them.
     C, H = 12, 3
     D = C // H
-    module = CausalSelfAttention(C, H, bias=False)
+    module = CausalSelfAttention(C, H, bias=False, attention="manual")
     x = torch.randn(2, 5, C)
     W = module.qkv.weight  # (3C, C): rows [0:C] are W_q, [C:2C] W_k, [2C:3C] W_v
-    q, k, v = module.qkv(x).split(C, dim=2)  # one (C, 3C) matmul
-    torch.testing.assert_close(q, x @ W[:C].T)
-    torch.testing.assert_close(k, x @ W[C : 2 * C].T)
-    torch.testing.assert_close(v, x @ W[2 * C :].T)
-    for h in range(H):  # and head h's queries come from its own (D, C) block of W_q
-        torch.testing.assert_close(q[..., h * D : (h + 1) * D], x @ W[h * D : (h + 1) * D].T)
+    with torch.no_grad():
+        out, weights = module(x, need_weights=True)
+        by_hand, head_weights = attention_by_hand(module, x)  # head h: x @ W_q[h*D:(h+1)*D].T, and so on
+        for offset in range(3):  # three separate Linear(C, C): head h takes D columns of each output
+            separate = torch.nn.Linear(C, C, bias=False)
+            separate.weight.copy_(W[offset * C : (offset + 1) * C])
+            for h in range(H):
+                rows = slice(offset * C + h * D, offset * C + (h + 1) * D)
+                torch.testing.assert_close(separate(x)[..., h * D : (h + 1) * D], x @ W[rows].T)
+    torch.testing.assert_close(weights, head_weights, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(out, module.proj(by_hand), atol=ATOL, rtol=RTOL)
 
 
 def test_tour_the_at_operator_batches_over_leading_dims_where_bmm_needs_exactly_three():
@@ -105,6 +170,13 @@ def test_tour_the_at_operator_batches_over_leading_dims_where_bmm_needs_exactly_
     flat = torch.bmm(q.reshape(B * H, T, D), k.transpose(-2, -1).reshape(B * H, D, T))  # (B*H, T, T)
     torch.testing.assert_close(flat.view(B, H, T, T), scores)
     torch.testing.assert_close(scores[1, 2], q[1, 2] @ k[1, 2].T)
+    # In the module too, each (batch row, head) is its own attention: batch row 1's head 2 alone
+    # by hand gives the module's weights[1, 2] (guards heads or batch rows mixing in the matmul).
+    module = CausalSelfAttention(H * D, H, attention="manual")
+    x = torch.randn(B, T, H * D)
+    with torch.no_grad():
+        _, weights = module(x, need_weights=True)  # (B, H, T, T)
+        torch.testing.assert_close(weights[1, 2], attention_by_hand(module, x[1:2])[1][0, 2], atol=ATOL, rtol=RTOL)
 
 
 def test_every_test_the_tour_cites_exists():
