@@ -13,6 +13,7 @@ ckpt_best.pt. Watch it with `tensorboard --logdir outputs`; sample from it with
 `python sample.py run=<run dir>`.
 """
 
+import gc
 import logging
 import math
 import os
@@ -73,8 +74,13 @@ def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     with exit_on_user_error():
         try:
-            return train(cfg, Path(hydra_cfg.runtime.output_dir), hydra_cfg.overrides.task,
-                         sweep=hydra_cfg.mode == RunMode.MULTIRUN, record=hydra_cfg.output_subdir)
+            best_val_loss = train(cfg, Path(hydra_cfg.runtime.output_dir), hydra_cfg.overrides.task,
+                                  sweep=hydra_cfg.mode == RunMode.MULTIRUN, record=hydra_cfg.output_subdir)
+            # DistributedDataParallel holds the process group from inside reference cycles: free
+            # it now, or it goes only as Python shuts down, when Gloo's threads can no longer stop
+            # cleanly (a rare "terminate called without an active exception" after a finished run).
+            gc.collect()
+            return best_val_loss
         except (UserError, DataError):
             if env_rank() == 0:  # the other ranks have no record to take back
                 forget_refused_run(Path(hydra_cfg.runtime.output_dir), hydra_cfg.output_subdir)
