@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from data.download import fetch_verified, sha256_of
-from data.errors import DataError
 from data.stories import generate_stories
+from training.errors import UserError
 
 SOURCES = ("stories", "shakespeare", "text")
 
@@ -28,7 +28,7 @@ def load_documents(cfg: Mapping[str, Any]) -> list[str]:
         return [checked_download(cfg)]
     if cfg["source"] == "text":
         return read_text_documents(cfg["path"])
-    raise DataError(f"data.source={cfg['source']!r} is not known; use data=stories, data=shakespeare, or data=text data.path=<file>")
+    raise UserError(f"data.source={cfg['source']!r} is not known; use data=stories, data=shakespeare, or data=text data.path=<file>")
 
 
 def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], bool]:
@@ -54,7 +54,7 @@ def checked_download(cfg: Mapping[str, Any]) -> str:
     if cfg.get("path"):
         local = Path(cfg["path"]).expanduser()
         if not local.is_file():
-            raise DataError(f"data.path={cfg['path']} does not exist; give the path of a local copy of {cfg['url']}")
+            raise UserError(f"data.path={cfg['path']} does not exist; give the path of a local copy of {cfg['url']}")
         check_sha256(local.read_bytes(), expected, f"data.path={cfg['path']}", "give an unchanged copy, or use data=text to train on it anyway")
         return read_utf8(local)
     cached = Path(cfg["cache_dir"]) / "corpora" / f"{expected[:16]}-{Path(cfg['url']).name}"
@@ -71,25 +71,25 @@ def checked_download(cfg: Mapping[str, Any]) -> str:
 def check_sha256(payload: bytes, expected: str, where: str, advice: str) -> None:
     actual = sha256_of(payload)
     if actual != expected:
-        raise DataError(f"{where} has sha256 {actual}, not the expected {expected}; {advice}")
+        raise UserError(f"{where} has sha256 {actual}, not the expected {expected}; {advice}")
 
 
 def read_text_documents(path: str | None) -> list[str]:
     if not path:
-        raise DataError("data=text needs a corpus: add data.path=<a .txt file or a folder of .txt files>")
+        raise UserError("data=text needs a corpus: add data.path=<a .txt file or a folder of .txt files>")
     root = Path(path).expanduser()
     if root.is_dir():
         files = sorted(p for p in root.rglob("*.txt") if p.is_file())
         if not files:
-            raise DataError(f"data.path={path} is a folder with no .txt files in it; point it at a .txt file or a folder of them")
+            raise UserError(f"data.path={path} is a folder with no .txt files in it; point it at a .txt file or a folder of them")
     elif root.is_file():
         files = [root]
     else:
-        raise DataError(f"data.path={path} does not exist; give a .txt file or a folder of .txt files")
+        raise UserError(f"data.path={path} does not exist; give a .txt file or a folder of .txt files")
     documents = [read_utf8(file) for file in files]
     documents = [doc for doc in documents if doc.strip()]
     if not documents:
-        raise DataError(f"data.path={path} holds no text (every file is empty); give it a file with text in it")
+        raise UserError(f"data.path={path} holds no text (every file is empty); give it a file with text in it")
     return documents
 
 
@@ -98,10 +98,10 @@ def read_utf8(file: Path) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise DataError(
+        raise UserError(
             f"{file} is not UTF-8 text (byte {err.start} is 0x{raw[err.start]:02x}); "
             "save it as UTF-8 or pick another file"
         ) from None
     if "\x00" in text:
-        raise DataError(f"{file} looks binary (it holds NUL bytes at {text.index(chr(0))}); give a plain text file")
+        raise UserError(f"{file} looks binary (it holds NUL bytes at {text.index(chr(0))}); give a plain text file")
     return text.replace("\r\n", "\n")

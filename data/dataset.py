@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from data.corpus import load_documents, split_documents
-from data.errors import DataError
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
+from training.errors import UserError
 
 CACHE_FORMAT = 2  # bump when the cache layout changes, so old entries are not read
 SPLITS = ("train", "val")
@@ -38,7 +38,7 @@ def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]
     uint16 when the vocabulary fits, else uint32. Cached."""
     documents = load_documents(data_cfg)
     if not any(doc.strip() for doc in documents):
-        raise DataError("the corpus is empty; give data.path a file with text in it")
+        raise UserError("the corpus is empty; give data.path a file with text in it")
     cache_dir = Path(data_cfg["cache_dir"])
     entry = cache_dir / "tokens" / cache_key(documents, data_cfg["val_fraction"], tokenizer_cfg)
     if not is_complete(entry):
@@ -130,7 +130,7 @@ def check_splits_fit(data: TokenData, block_size: int) -> None:
     """Each split must hold at least one training window of block_size + 1 tokens."""
     for split, tokens in (("train", data.train), ("val", data.val)):
         if len(tokens) <= block_size:
-            raise DataError(
+            raise UserError(
                 f"model.block_size={block_size} needs more than {block_size} tokens in each split, but the "
                 f"{split} split has {len(tokens)}; use a longer corpus or a smaller model.block_size"
             )

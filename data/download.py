@@ -2,7 +2,7 @@
 
     fetch_verified(url, sha256, destination, offline_advice, mismatch_advice)
         Download url with a short timeout; write it to destination (atomically) only if
-        its sha256 is the expected one. Any failure is one DataError line that says what
+        its sha256 is the expected one. Any failure is one UserError line that says what
         happened and, from the advice given, what to do instead.
     sha256_of(payload) -> str
 """
@@ -12,7 +12,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from data.errors import DataError
+from training.errors import UserError
 
 TIMEOUT_S = 15.0  # per connection attempt and per read, not for the whole file
 
@@ -23,10 +23,10 @@ def fetch_verified(url: str, sha256: str, destination: Path, offline_advice: str
             payload = response.read()
     except (OSError, ValueError) as err:  # no network, refused, timed out, HTTP error, bad URL
         reason = getattr(err, "reason", None) or err
-        raise DataError(f"could not download {url} ({reason}); {offline_advice}") from None
+        raise UserError(f"could not download {url} ({reason}); {offline_advice}") from None
     actual = sha256_of(payload)
     if actual != sha256:
-        raise DataError(f"{url} has sha256 {actual}, not the expected {sha256}; nothing was kept. {mismatch_advice}")
+        raise UserError(f"{url} has sha256 {actual}, not the expected {sha256}; nothing was kept. {mismatch_advice}")
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = destination.with_name(f"{destination.name}.tmp-{os.getpid()}")
     staging.write_bytes(payload)

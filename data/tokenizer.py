@@ -30,8 +30,8 @@ from typing import Any, Protocol
 import tiktoken
 
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
-from data.errors import DataError
 from data.gpt2_files import load_gpt2_encoding
+from training.errors import UserError
 
 EOT = "<|endoftext|>"
 KINDS = ("char", "bpe", "gpt2")
@@ -69,7 +69,7 @@ class CharTokenizer:
             return [self.char_to_id[ch] for ch in text]
         except KeyError:
             unknown = sorted(set(text) - self.char_to_id.keys())
-            raise DataError(
+            raise UserError(
                 f"the text has characters the model never saw in training: {''.join(unknown)!r}; "
                 f"use only characters from its vocabulary: {''.join(self.chars)!r}"
             ) from None
@@ -134,7 +134,7 @@ def build_tokenizer(cfg: Mapping[str, Any], train_text: str, full_text: str, cac
         return TiktokenTokenizer("bpe", bpe_encoding(learned_ranks(train_text, cfg, cache_dir), GPT2_PATTERN))
     if cfg["kind"] == "gpt2":
         return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=cfg.get("url")))
-    raise DataError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
+    raise UserError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
 
 
 def learned_ranks(train_text: str, cfg: Mapping[str, Any], cache_dir: Path) -> dict[bytes, int]:
@@ -161,9 +161,9 @@ def tokenizer_from_state(state: Mapping[str, Any], cache_dir: Path = Path(".cach
     if kind == "gpt2":
         encoding = load_gpt2_encoding(cache_dir)
         if ranks_digest(encoding) != state["ranks_sha256"]:
-            raise DataError(
+            raise UserError(
                 "the cached GPT-2 encoding differs from the one this model was trained with; "
                 f"delete {cache_dir / 'tiktoken'} so it is downloaded again"
             )
         return TiktokenTokenizer("gpt2", encoding)
-    raise DataError(f"a stored tokenizer of kind {kind!r} is not known to this version; use a checkpoint made with tokenizer={'|'.join(KINDS)}")
+    raise UserError(f"a stored tokenizer of kind {kind!r} is not known to this version; use a checkpoint made with tokenizer={'|'.join(KINDS)}")

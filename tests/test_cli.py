@@ -278,6 +278,7 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
     result = run_cli("train.py", *args, cwd=tmp_path)
     assert_one_error_line(result, message)
+    assert not (tmp_path / "outputs").exists()  # a refused run leaves no run dir, not even an empty one
 
 
 def assert_one_error_line(result, message: str) -> None:

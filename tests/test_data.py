@@ -7,9 +7,9 @@ import pytest
 
 from data.corpus import read_text_documents, split_documents
 from data.dataset import encode_documents, get_batch, prepare_tokens, probe_ids
-from data.errors import DataError
 from data.stories import ITEMS, generate_stories
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
+from training.errors import UserError
 
 
 def stories_cfg(tmp_path, n_chars=30_000, seed=1337):
@@ -68,7 +68,7 @@ def test_char_tokenizer_round_trips_and_rebuilds_from_its_state():
 
 def test_char_tokenizer_names_characters_it_never_saw():
     tokenizer = CharTokenizer.from_text("abc ")
-    with pytest.raises(DataError, match=r"never saw in training: 'xz'"):
+    with pytest.raises(UserError, match=r"never saw in training: 'xz'"):
         tokenizer.encode("a xz")
 
 
@@ -155,15 +155,15 @@ def test_a_folder_corpus_reads_every_txt_file_in_order(tmp_path):
 def test_a_file_that_is_not_utf8_is_named_with_its_byte_offset(tmp_path):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes(b"caf" + "é".encode("latin-1") + b" au lait")
-    with pytest.raises(DataError, match=r"latin1\.txt is not UTF-8 text \(byte 3 is 0xe9\)"):
+    with pytest.raises(UserError, match=r"latin1\.txt is not UTF-8 text \(byte 3 is 0xe9\)"):
         read_text_documents(str(bad))
 
 
 def test_a_missing_or_empty_corpus_is_a_clear_error(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist"):
         read_text_documents(str(tmp_path / "nope.txt"))
     (tmp_path / "empty.txt").write_text("  \n")
-    with pytest.raises(DataError, match="holds no text"):
+    with pytest.raises(UserError, match="holds no text"):
         read_text_documents(str(tmp_path / "empty.txt"))
 
 

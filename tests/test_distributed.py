@@ -47,7 +47,6 @@ def test_two_processes_write_one_run_and_their_loss_falls(tmp_path):
     run = run_dirs[0]
     assert {"ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra"} <= {p.name for p in run.iterdir()}
     assert len(list(run.glob("events.out.tfevents.*"))) == 1  # one TensorBoard run
-    assert not list(tmp_path.glob("tinyattn-rank*"))  # rank 1's scratch folder is gone
     # Only rank 0 speaks: each line of the run's story appears once.
     assert result.stdout.count("model: ") == 1 and result.stdout.count("done: best val loss") == 1
     assert "| 2 processes (gloo)" in result.stdout
@@ -224,4 +223,4 @@ def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "| 2 processes (gloo)" in outputs[0][0] and outputs[1][0] == ""  # node 1's rank prints nothing
     assert (tmp_path / "machine0" / "run" / "ckpt_last.pt").is_file()
-    assert not (tmp_path / "machine1" / "run").exists() or not any((tmp_path / "machine1" / "run").iterdir())
+    assert not (tmp_path / "machine1" / "run").exists()  # the folder Hydra made there, empty, was taken back

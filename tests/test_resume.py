@@ -279,18 +279,18 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_and_the_code_never_runs(ten
 
 
 def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_run):
-    before = checkpoint_bytes(ten_step_run)
+    before = {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()}
     refused = run_cli("train.py", "resume=run", "model.n_layer=3", "train.max_steps=20", cwd=ten_step_run.parent)
     assert refused.returncode == 2
     assert refused.stderr == (
         "error: resume: model.n_layer=3 would change the model this run was trained with (2); "
         "start a new run for that instead\n"
     )
-    assert checkpoint_bytes(ten_step_run) == before
-
     finished = run_cli("train.py", "resume=run", cwd=ten_step_run.parent)
     assert finished.returncode == 2
     assert "error: resume=run: the run is already at step 10, and train.max_steps=10" in finished.stderr
+    # Refused resumes write nothing into the run: no config record of their own, no log lines.
+    assert {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()} == before
 
     longer = run_cli("train.py", "resume=run/ckpt_last.pt", "train.max_steps=20", cwd=ten_step_run.parent)
     assert longer.returncode == 0, longer.stderr
@@ -299,3 +299,5 @@ def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_ru
     assert [step for step, _ in scalars(ten_step_run, "loss/val")] == [0, 10, 20]
     assert (ten_step_run / ".hydra" / "config.yaml").read_text().count("max_steps: 10") == 1  # the original kept
     assert len(list((ten_step_run / ".hydra").glob("resumed-*/config.yaml"))) == 1
+    log = (ten_step_run / "train.log").read_text()
+    assert re.search(r"^\[[\d:]{8}\] resuming run at step 10; train.max_steps 10 -> 20$", log, re.M)  # logged before the record began

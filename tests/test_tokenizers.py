@@ -10,10 +10,10 @@ import tiktoken.load
 
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
 from data.dataset import prepare_tokens
-from data.errors import DataError
 from data.gpt2_files import load_gpt2_encoding
 from data.stories import generate_stories
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state
+from training.errors import UserError
 from training.heatmap import readable_token
 
 HARD_TEXT = "Café naïve, Ærøskøbing! Emoji 🙂👍🏽 and 中文字符 and कि\n\n\ttabs   spaces\r\n 'quotes' don't 1234"
@@ -138,7 +138,7 @@ def test_ids_are_stored_as_uint32_when_the_vocabulary_needs_it(tmp_path):
 
 def test_gpt2_without_network_or_cached_files_fails_fast_with_one_clear_line(tmp_path, closed_port_url):
     start = time.perf_counter()
-    with pytest.raises(DataError) as caught:
+    with pytest.raises(UserError) as caught:
         load_gpt2_encoding(tmp_path, mirror=closed_port_url)
     message = str(caught.value)
     assert time.perf_counter() - start < 5
@@ -152,6 +152,6 @@ def test_gpt2_files_with_the_wrong_hash_are_refused_and_not_kept(tmp_path, file_
     server_dir, url = file_server
     (server_dir / "vocab.bpe").write_text("#version: 0.2\nh e\n")
     (server_dir / "encoder.json").write_text("{}")
-    with pytest.raises(DataError, match=r"vocab\.bpe has sha256 .* not the expected 1ce16647.*nothing was kept"):
+    with pytest.raises(UserError, match=r"vocab\.bpe has sha256 .* not the expected 1ce16647.*nothing was kept"):
         load_gpt2_encoding(tmp_path, mirror=url)
     assert list(tmp_path.rglob("*")) in ([], [tmp_path / "tiktoken"])

@@ -1,5 +1,5 @@
 """Mistakes a user can make get one clear line, a non-zero exit and no traceback: UserError
-for what the project refuses, and the wording of what Hydra and OmegaConf refuse."""
+for what the project refuses (in any package), and the wording of what Hydra and OmegaConf refuse."""
 
 import os
 import sys
@@ -11,22 +11,25 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from data.errors import DataError
-
 
 class UserError(Exception):
     """Something the user asked for cannot be done; the message says what and how to fix it."""
 
 
 @contextmanager
-def exit_on_user_error() -> Iterator[None]:
-    """Wraps a CLI's work: a UserError or DataError prints "error: <message>" and exits 2."""
+def exit_on_user_error(full_errors_asked: bool = False) -> Iterator[None]:
+    """Wraps a command's work: a UserError, or a config Hydra or OmegaConf refused, prints
+    "error: <message>" and exits 2; Ctrl-C exits 130. full_errors_asked (HYDRA_FULL_ERROR=1):
+    Hydra's and OmegaConf's own errors go on with their tracebacks."""
     try:
         yield
-    except (UserError, DataError) as err:
+    except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except OmegaConfBaseException as err:  # e.g. an override that interpolates a key that does not exist
+    except (HydraException, OmegaConfBaseException) as err:
+        if full_errors_asked:
+            raise
+        leave_it_to_local_rank_zero(config_error_line(err))  # every process read the same config
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop's own handling
@@ -43,29 +46,32 @@ HYDRA_FLAGS = {
 
 
 def run_cli(hydra_main: Callable[[], object]) -> None:
-    """Runs a @hydra.main function so that Hydra's own complaints (a misspelt key, an unknown
-    option, an override it cannot parse) are one such line too, instead of Hydra's several."""
+    """Runs a @hydra.main function inside exit_on_user_error, with Hydra raising its own
+    complaints (a misspelt key, an unknown option, an override it cannot parse) to be worded
+    as one line too, instead of printing its several. The function wraps its own work in
+    exit_on_user_error as well: an error Hydra catches from a job, it reports in lines of its own."""
     asked = os.environ.get("HYDRA_FULL_ERROR")
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its errors for us to word, not prints them
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises every error, the job's own ones too
     try:
-        for arg in sys.argv[1:]:
-            if arg.startswith("-") and arg.split("=", 1)[0] not in HYDRA_FLAGS:  # else argparse's usage text
-                raise UserError(f"{arg} is not a flag of this command; {options_hint()}")
-            if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):
-                key = arg.lstrip("+").split("=", 1)[0]
-                raise UserError(f"{arg} adds {key}, which is not an option here; {options_hint()}")
-        hydra_main()
-    except (HydraException, OmegaConfBaseException, UserError) as err:
-        if asked == "1" and not isinstance(err, UserError):
-            raise
-        leave_it_to_local_rank_zero(config_error_line(err))
-        print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        with exit_on_user_error(full_errors_asked=asked == "1"):
+            with said_once_per_machine():
+                check_flags(sys.argv[1:])
+            hydra_main()
     finally:  # as it was, for whatever runs next in this process
         if asked is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = asked
+
+
+def check_flags(args: list[str]) -> None:
+    """Refuses what Hydra would answer with argparse's usage text or a message about its internals."""
+    for arg in args:
+        if arg.startswith("-") and arg.split("=", 1)[0] not in HYDRA_FLAGS:
+            raise UserError(f"{arg} is not a flag of this command; {options_hint()}")
+        if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):
+            key = arg.lstrip("+").split("=", 1)[0]
+            raise UserError(f"{arg} adds {key}, which is not an option here; {options_hint()}")
 
 
 @contextmanager
@@ -75,7 +81,7 @@ def said_once_per_machine() -> Iterator[None]:
     the machine (LOCAL_RANK 0) says why; the others leave it to that one."""
     try:
         yield
-    except (UserError, DataError) as err:
+    except UserError as err:
         leave_it_to_local_rank_zero(str(err))
         raise
 
@@ -114,8 +120,6 @@ def config_error_line(err: Exception) -> str:
     if isinstance(err, MissingConfigException) and err.options is not None:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
-    if isinstance(err, UserError):
-        return str(err)
     if isinstance(err, OverrideParseException):  # the shell split a value, or Hydra's syntax claimed a character
         reason = (err.message.strip().splitlines() or [""])[0]
         shown = reason and not reason.startswith("LexerNoViableAltException")  # that one only repeats the argument

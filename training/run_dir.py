@@ -1,0 +1,73 @@
+"""Where a run writes, and when: Hydra makes the run dir; the run's record goes into it only
+once the run has passed its checks, so a refused run leaves nothing behind.
+
+The record: .hydra/ (config.yaml as composed, hydra.yaml, overrides.yaml; a resumed run's own
+in .hydra/resumed-<time>/) and train.log, which also gets the lines logged before the checks passed.
+"""
+
+import logging
+import time
+from logging.handlers import MemoryHandler
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from training.checkpoint import resolve_resume
+
+
+def run_dir_for(resume: str | None, fresh_dir: str) -> str:
+    """hydra.run.dir: a resumed run goes on in its own folder, a new one gets fresh_dir."""
+    return str(resolve_resume(resume).parent) if resume else fresh_dir
+
+
+OmegaConf.register_new_resolver("run_dir_for", run_dir_for)
+
+
+class RunRecord:
+    """Holds back the log's lines until write() puts them, and the config, into the run dir.
+    close() without write() (a refused run, a shape walk, a rank other than 0) writes nothing,
+    and takes back the empty folder Hydra made for the run."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.log_file = run_dir, None
+        self.held = MemoryHandler(capacity=1_000, flushLevel=logging.CRITICAL + 1)  # flushed by write() only
+        logging.getLogger().addHandler(self.held)
+
+    def write(self, cfg: DictConfig, hydra_cfg: DictConfig, resumed: bool) -> None:
+        record = self.run_dir / ".hydra" / (f"resumed-{time.strftime('%Y-%m-%d_%H-%M-%S')}" if resumed else "")
+        record.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, record / "config.yaml")
+        OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
+        OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
+        self.log_file = logging.FileHandler(self.run_dir / "train.log", encoding="utf-8")
+        self.log_file.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", datefmt="%H:%M:%S"))
+        self.held.setTarget(self.log_file)
+        self.held.flush()
+        logging.getLogger().addHandler(self.log_file)
+        self.stop_holding()
+
+    def stop_holding(self) -> None:
+        logging.getLogger().removeHandler(self.held)
+        self.held.buffer.clear()
+        self.held.close()
+
+    def close(self) -> None:
+        self.stop_holding()
+        if self.log_file:
+            logging.getLogger().removeHandler(self.log_file)
+            self.log_file.close()
+        else:
+            take_back_empty_folders(self.run_dir)
+
+
+def take_back_empty_folders(run_dir: Path) -> None:
+    """Remove run_dir if it is empty, and its parents that are empty too, inside the folder
+    the command ran in (Hydra made them all for this run)."""
+    start = Path.cwd()
+    for folder in [run_dir, *run_dir.parents]:
+        if folder == start or not folder.is_relative_to(start):
+            return
+        try:
+            folder.rmdir()  # only ever an empty folder
+        except OSError:
+            return  # not empty, or another process took it first
