@@ -2,8 +2,9 @@
 
 The trace watches the real forward pass, so it cannot disagree with the code: a
 TorchFunctionMode sees each torch operation as it runs, and the trace prints the line of
-model/ that asked for it (with its shape comment), followed by the shape that line actually
-produced, in numbers. Attention runs its "manual" path here, so the steps the fused sdpa call
+model/ that asked for it (with its shape comment), followed by the shapes that line actually
+produced, in numbers, step by step: `q.view(B, T, H, D).transpose(1, 2)` shows the
+(B, T, H, D) between the view and the transpose. Attention runs its "manual" path here, so the steps the fused sdpa call
 hides (scores, mask, softmax, weights @ V) are shown one by one. The first block is shown in
 full; the later ones repeat it exactly, and are summarised.
 
@@ -44,11 +45,12 @@ def lesson_frame() -> FrameType | None:
 
 
 class LineShapes(TorchFunctionMode):
-    """Records, per line of model/ code, the shape of the last tensor that line produced."""
+    """Records, per line of model/ code, the shapes of the tensors that line produced, in order
+    (a shape the line's previous operation already had is not repeated)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps: list[tuple[str, str, int, str]] = []  # (module, file, line, shape)
+        self.steps: list[tuple[str, str, int, list[str]]] = []  # (module, file, line, shapes)
         self.modules: list[str] = ["(model)"]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -57,10 +59,10 @@ class LineShapes(TorchFunctionMode):
         frame = lesson_frame()
         if shape is not None and frame is not None:
             where = (self.modules[-1], frame.f_code.co_filename, frame.f_lineno)
-            if self.steps and self.steps[-1][:3] == where:
-                self.steps[-1] = (*where, shape)  # a later operation on the same line: keep its result
-            else:
-                self.steps.append((*where, shape))
+            if not self.steps or self.steps[-1][:3] != where:
+                self.steps.append((*where, [shape]))
+            elif self.steps[-1][3][-1] != shape:
+                self.steps[-1][3].append(shape)  # the next step of the same line
         return out
 
 
@@ -103,7 +105,7 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
         "",
     ]
     shown_module, summarised = None, False
-    for module, filename, lineno, shape in recorder.steps:
+    for module, filename, lineno, shapes in recorder.steps:
         if any(module == f"blocks.{i}" or module.startswith(f"blocks.{i}.") for i in range(1, c.n_layer)):
             if not summarised:  # the later blocks repeat blocks.0 exactly
                 later = "blocks.1" if c.n_layer == 2 else f"blocks.1 to blocks.{c.n_layer - 1}"
@@ -116,5 +118,5 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
             shown_module = module
         code = linecache.getline(filename, lineno).strip()
         lines.append(f"  {Path(filename).name}:{lineno:<4} {code}")
-        lines.append(f"  {'':>{len(Path(filename).name) + 5}} -> {shape}")
+        lines.append(f"  {'':>{len(Path(filename).name) + 5}} -> {' -> '.join(shapes)}")
     return lines
