@@ -4,7 +4,8 @@
 #   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
 #   make tensorboard      open TensorBoard on every run
 #   make bench            speed figures for this machine (bench.py), as a table and JSON
-#   make docs             redraw docs/attention_maps.png from the newest run (RUN=<run dir> for another)
+#   make docs             redraw the tour's pictures (docs/questions/) and docs/attention_maps.png from
+#                         the newest run (RUN=<run dir> for another)
 #   make lint             ruff
 # Extra arguments go through ARGS, e.g. make train ARGS="model.n_layer=6 train.max_steps=500"
 
@@ -51,6 +52,7 @@ bench: setup
 	$(PY) bench.py $(ARGS)
 
 docs: setup
+	$(PY) docs/questions.py
 	$(PY) docs/figures.py $(RUN)
 
 lint: setup

@@ -187,3 +187,44 @@ def test_every_test_the_tour_cites_exists():
     for path in (ROOT / "tests").glob("test_*.py"):
         defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), flags=re.MULTILINE))
     assert cited <= defined, cited - defined
+
+
+def test_every_numbered_section_and_question_of_the_tour_cites_a_test():
+    tour = (ROOT / "docs" / "attention.md").read_text()
+    parts = re.split(r"^(?=## \d+\.|\*\*Q\d+\.)", tour, flags=re.MULTILINE)[1:]  # from each heading to the next
+    numbered = [part for part in parts if re.match(r"## \d+\.|\*\*Q\d+\.", part)]
+    assert len(numbered) >= 18  # sections 1 to 9 and questions 1 to 10 (section 9 holds the questions)
+    for part in numbered:
+        assert re.search(r"`test_\w+`", part), part.splitlines()[0]
+
+
+def test_the_question_figures_match_the_code():
+    # The pictures are drawn from these numbers: a change in the module or in docs/questions.py
+    # that would change a picture fails here until `make docs` redraws it.
+    import json
+
+    from docs.questions import FOLDER, figure_data
+
+    committed = json.loads((FOLDER / "figures.json").read_text())
+    assert committed.keys() == figure_data().keys()
+    for name, numbers in figure_data().items():
+        assert_same_numbers(numbers, committed[name], name)
+    tour = (ROOT / "docs" / "attention.md").read_text()
+    for picture in re.findall(r"\]\((questions/\w+\.png)\)", tour):
+        assert (ROOT / "docs" / picture).is_file(), picture
+
+
+def assert_same_numbers(made: object, kept: object, where: str) -> None:
+    if isinstance(made, dict):
+        assert made.keys() == kept.keys(), where
+        for key in made:
+            assert_same_numbers(made[key], kept[key], f"{where}.{key}")
+    elif isinstance(made, list):
+        assert len(made) == len(kept), where
+        for i, (a, b) in enumerate(zip(made, kept, strict=True)):
+            assert_same_numbers(a, b, f"{where}[{i}]")
+    elif isinstance(made, float):
+        assert made == pytest.approx(kept, rel=1e-5, abs=1e-7), where  # float32 on another CPU: last bits
+    else:
+        assert made == kept, where
+

@@ -62,8 +62,9 @@ def readable_token(piece: str, unicode_ok: bool = True) -> str:
     return "".join(out) or "∅"
 
 
-def render_attention_map(weights: np.ndarray, labels: list[str], title: str) -> np.ndarray:
-    """weights: (T, T), rows = queries, columns = keys; labels: T token strings."""
+def render_attention_map(weights: np.ndarray, labels: list[str], title: str, causal: bool = True) -> np.ndarray:
+    """weights: (T, T), rows = queries, columns = keys; labels: T token strings. causal: the
+    future (above the diagonal) is drawn as hidden."""
     T = weights.shape[0]
     font, unicode_ok = label_font()
     labels = [readable_token(label, unicode_ok)[:12] for label in labels]
@@ -74,12 +75,13 @@ def render_attention_map(weights: np.ndarray, labels: list[str], title: str) -> 
     colorbar_width = 44
     grid = T * cell
     top = title_height + label_width
-    width = label_width + grid + pad + colorbar_width
+    width = max(label_width + grid + pad + colorbar_width, text_width(font, title) + 2 * pad)
     height = top + grid + pad
 
     # The grid: each weight becomes a cell x cell block of its colour.
     shade = COLORMAP[colour_level(weights)]  # (T, T, 3)
-    shade[np.triu(np.ones((T, T), dtype=bool), k=1)] = FUTURE
+    if causal:
+        shade[np.triu(np.ones((T, T), dtype=bool), k=1)] = FUTURE
     cells = shade.repeat(cell, axis=0).repeat(cell, axis=1)  # (T * cell, T * cell, 3)
 
     image = Image.new("RGB", (width, height), BACKGROUND)
