@@ -2,6 +2,7 @@
 subprocesses in a temporary folder; logs are read back with TensorBoard's own reader."""
 
 import fcntl
+import json
 import math
 import os
 import pty
@@ -21,7 +22,9 @@ from conftest import ROOT, TINY_RUN, run_cli, spawn_cli
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+from tensorboard.util.tensor_util import make_ndarray
 
+from training.head_metrics import head_metrics
 from training.lr_schedule import lr_at
 from training.recall_probe import recall_points
 
@@ -81,6 +84,26 @@ def test_every_head_has_its_metrics_and_all_heads_share_one_grid_image(trained_r
     pixels = np.asarray(Image.open(tmp_path / "grid.png").convert("RGB")).astype(int)
     grey = (np.abs(pixels - 236).sum(axis=-1) < 6)  # the future cells of 2 x 2 maps
     assert grey.mean() > 0.15 and pixels.shape[0] > 2 * 24 * 6  # two rows of maps of 24 tokens
+
+
+def test_the_attention_tabs_data_is_every_logged_steps_weights_with_the_probes_labels(trained_run):
+    events = read_events(trained_run)
+    metadata = events.SummaryMetadata("attention/weights")
+    assert metadata.plugin_data.plugin_name == "tinyattn_attention"
+    labels = json.loads(metadata.plugin_data.content)["labels"]
+    assert " | ".join(labels) == text_of(events, "attention/probe")  # the heatmaps' labels
+    logged = events.Tensors("attention/weights")
+    assert [t.step for t in logged] == [0, 10, 20]
+    for event in logged:
+        weights = make_ndarray(event.tensor_proto)
+        assert weights.dtype == np.float16 and weights.shape == (2, 2, 24, 24)  # (L, H, T, T) of the probe
+        assert (np.triu(weights, k=1) == 0).all() and np.allclose(weights.astype(np.float32).sum(-1), 1, atol=1e-2)
+        # The same weights the head metrics of that step were computed from (guards a stale or
+        # shuffled tensor): recomputed from the logged numbers, they match the logged scalars.
+        metrics = head_metrics(torch.from_numpy(weights.astype(np.float32)))
+        for layer, head in np.ndindex(2, 2):
+            scalar = events.Scalars(f"head_previous_token/layer_{layer}/head_{head}")[logged.index(event)]
+            assert metrics["previous_token"][layer, head].item() == pytest.approx(scalar.value, abs=2e-3)
 
 
 def test_attention_maps_show_a_causal_pattern(trained_run, tmp_path):

@@ -116,6 +116,7 @@ class AttentionMaps:
         weights = self.model.attention_weights(self.probe)[:, 0]  # (L, H, T, T)
         self.tb.attention_maps(state.step, weights, self.labels)
         self.tb.head_grid(state.step, weights)
+        self.tb.attention_weights(state.step, weights, self.labels)
         metrics = head_metrics(weights)
         if self.induction is not None:
             induction_weights = self.model.attention_weights(self.induction)[:, 0]  # (L, H, 2n, 2n)

@@ -5,6 +5,8 @@
     train/skipped_nonfinite               batches skipped for a NaN/inf loss (train.skip_nonfinite)
     attention/layer_{l}/head_{h}          heatmaps of the probe text, every attn_log_interval steps
     attention/all_heads                   every head of every layer in one image, at the same steps
+    attention/weights                     the same weights as numbers, (n_layer, n_head, T, T) in float16,
+                                          with the probe's token labels: the Attention tab's data
     head_{metric}/layer_{l}/head_{h}      entropy, distance, previous_token and induction of each
                                           head (training/head_metrics.py), at the same steps
     attention/probe                       the probe's tokens, as the heatmaps label them, once
@@ -19,14 +21,21 @@
     hparams/best_val_loss                 the metric that goes with them
 """
 
+import json
 from pathlib import Path
 
 import torch
+from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+from tensorboard.util.tensor_util import make_tensor_proto
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
 from training.heatmap import readable_token, render_attention_map, render_head_grid
 from training.recall_probe import RecallScores
+
+# The plugin name of attention/weights: what the Attention tab asks TensorBoard's data provider for.
+ATTENTION_PLUGIN = "tinyattn_attention"
+ATTENTION_WEIGHTS_TAG = "attention/weights"
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -64,6 +73,16 @@ class RunLogger:
                 title = f"layer {layer} · head {head} · step {step}    rows: queries, columns: keys"
                 image = render_attention_map(weights_np[layer, head], labels, title)
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
+
+    def attention_weights(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
+        """weights: (n_layer, n_head, T, T) as a float16 tensor; the T labels ride in the metadata."""
+        if not self.writer:
+            return
+        content = json.dumps({"version": 1, "labels": [readable_token(label) for label in labels]}).encode()
+        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=ATTENTION_PLUGIN, content=content))
+        tensor = make_tensor_proto(weights.detach().to(torch.float16).cpu().numpy())
+        summary = Summary(value=[Summary.Value(tag=ATTENTION_WEIGHTS_TAG, metadata=metadata, tensor=tensor)])
+        self.writer.file_writer.add_summary(summary, step)
 
     def head_grid(self, step: int, weights: torch.Tensor) -> None:
         """weights: (n_layer, n_head, T, T): all heads in one image, to scrub through time."""
