@@ -24,9 +24,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from tensorboard.util.tensor_util import make_ndarray
 
-from training.head_metrics import head_metrics
+from data.bpe import ranks_from_text, train_bpe
+from data.corpus import load_documents, split_documents
+from training.checkpoint import model_from_checkpoint
+from training.head_metrics import head_metrics, induction_probe, induction_score
 from training.lr_schedule import lr_at
-from training.recall_probe import recall_points
+from training.recall_probe import RecallProbe, recall_points
 
 
 def read_events(run_dir: Path) -> EventAccumulator:
@@ -40,6 +43,26 @@ def text_of(events: EventAccumulator, tag: str) -> str:
     return events.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()[4:]
 
 
+def last_values(events: EventAccumulator, tags) -> dict[str, float]:
+    return {tag: events.Scalars(tag)[-1].value for tag in tags}
+
+
+def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
+    """The induction and recall scalars of a run's last step, computed afresh from its ckpt_last.pt:
+    the held-out stories (data.seed + 1) and the induction probe of train.seed, as the run builds them."""
+    checkpoint = torch.load(run_dir / "ckpt_last.pt", weights_only=True)
+    cfg, (model, tokenizer) = checkpoint["config"], model_from_checkpoint(checkpoint)
+    n = min(cfg["train"]["probe_tokens"], cfg["model"]["block_size"]) // 2
+    probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, cfg["train"]["seed"], avoid=tokenizer.eot_id)])
+    induction = induction_score(model.attention_weights(probe)[:, 0], n)  # (L, H)
+    recall = RecallProbe.build(tokenizer, cfg["model"]["block_size"], seed=cfg["data"]["seed"] + 1).evaluate(model)
+    per_head = {f"{prefix}/layer_{layer}/head_{head}": values[layer, head].item()
+                for prefix, values in (("head_induction", induction), ("recall_heads", recall.head_weight))
+                for layer, head in np.ndindex(*values.shape)}
+    by_kind = {f"recall/accuracy_{kind}": value for kind, value in recall.accuracy_by_kind.items()}
+    return {**per_head, "recall/accuracy": recall.accuracy, **by_kind}
+
+
 def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
     for name in ("ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra/config.yaml"):
         assert (trained_run / name).is_file(), name
@@ -50,6 +73,11 @@ def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
     assert checkpoint["tokenizer"]["kind"] == "bpe"  # the default
     log = (trained_run / "train.log").read_text()
     assert "step 20: train loss" in log and "val loss" in log
+    # Guards ckpt_best saved at the wrong evaluation or with a stale best_val_loss: the lowest val loss logged.
+    val = {e.step: e.value for e in read_events(trained_run).Scalars("loss/val") if e.step > 0}
+    best = torch.load(trained_run / "ckpt_best.pt", weights_only=True)
+    assert best["step"] == min(val, key=val.get)
+    assert best["best_val_loss"] == pytest.approx(val[best["step"]]) == checkpoint["best_val_loss"]
 
 
 def test_tensorboard_has_attention_maps_for_every_layer_and_head(trained_run):
@@ -76,8 +104,10 @@ def test_every_head_has_its_metrics_and_all_heads_share_one_grid_image(trained_r
     # The recall probe (the stories corpus): accuracy on repeated names, and every head's look back.
     assert [v.step for v in events.Scalars("recall/accuracy")] == [0, 10, 20]
     assert all(0 <= v.value <= 1 for v in events.Scalars("recall/accuracy"))
-    assert {f"recall_heads/layer_{layer}/head_{head}" for layer in range(2) for head in range(2)} <= scalars
     assert "weight on the earlier mention: layer " in text_of(events, "recall/top_heads")
+    # Guards logging another probe's numbers, or a head under another's tag: recomputed from ckpt_last.pt.
+    expected = recomputed_last_step_scalars(trained_run)
+    assert last_values(events, expected) == pytest.approx(expected, abs=1e-5)
     grids = events.Images("attention/all_heads")
     assert [g.step for g in grids] == [0, 10, 20]
     (tmp_path / "grid.png").write_bytes(grids[-1].encoded_image_string)
@@ -125,6 +155,15 @@ def test_tensorboard_has_the_scalars_samples_and_config(trained_run):
     scalars = set(events.Tags()["scalars"])
     assert {"loss/train", "loss/val", "train/batch_loss", "train/lr", "train/grad_norm", "train/tokens_per_sec"} <= scalars
     assert [e.step for e in events.Scalars("loss/val")] == [0, 10, 20]
+    # Guards swapped or mislabelled scalars: each logged value is the one train.log printed for its step.
+    log = (trained_run / "train.log").read_text()
+    evals = re.findall(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", log)
+    windows = re.findall(r"step (\d+)/20 \| loss ([\d.]+) \| lr [^|]+\| grad norm ([\d.]+)", log)
+    for tag, printed, rounding in (("loss/train", {int(s): float(t) for s, t, _ in evals}, 1e-4),
+                                   ("loss/val", {int(s): float(v) for s, _, v in evals}, 1e-4),
+                                   ("train/batch_loss", {int(s): float(loss) for s, loss, _ in windows}, 1e-4),
+                                   ("train/grad_norm", {int(s): float(g) for s, _, g in windows}, 1e-2)):
+        assert {e.step: e.value for e in events.Scalars(tag)} == pytest.approx(printed, abs=rounding), tag
     assert all(e.value > 0 for e in events.Scalars("train/tokens_per_sec"))
     text_tags = set(events.Tags()["tensors"])
     assert {"samples/text_summary", "config/text_summary", "attention/probe/text_summary"} <= text_tags
@@ -185,7 +224,13 @@ def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_
 
 def test_the_default_run_uses_a_bpe_vocabulary_learned_once_and_cached(trained_run):
     assert "(bpe)" in (trained_run / "train.log").read_text()
-    assert len(list((trained_run.parent / ".cache" / "bpe").glob("*.tiktoken"))) == 1
+    (cached,) = (trained_run.parent / ".cache" / "bpe").glob("*.tiktoken")
+    # Guards val text leaking into the vocabulary: the cached ranks, the checkpoint's, are the train split's alone.
+    checkpoint = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
+    data, vocab_size = checkpoint["config"]["data"], checkpoint["config"]["tokenizer"]["vocab_size"]
+    train_docs, _, _ = split_documents(load_documents(data), data["val_fraction"])
+    assert ranks_from_text(cached.read_text()) == train_bpe("".join(train_docs), vocab_size)
+    assert checkpoint["tokenizer"]["ranks"] == cached.read_text()
 
 
 def test_a_tiny_char_run_trains_logs_labelled_maps_and_samples(tmp_path):
@@ -202,7 +247,10 @@ def test_a_tiny_char_run_trains_logs_labelled_maps_and_samples(tmp_path):
     assert "".join(labels).replace("·", " ").startswith(("Once upon", "There once", "Long ago"))
     losses = [e.value for e in events.Scalars("loss/val")]
     assert losses[-1] < losses[0] - 0.3
-    assert "recall/accuracy_name" in events.Tags()["scalars"]  # the recall probe reads character tokens too
+    # The recall probe reads character tokens too; guards a probe built on other stories than the held-out ones.
+    expected = recomputed_last_step_scalars(run_dir)
+    assert "recall/accuracy_name" in expected
+    assert last_values(events, expected) == pytest.approx(expected, abs=1e-5)
     sampled = run_cli("sample.py", f"run={run_dir}", "prompt=Once upon", "max_new_tokens=20", cwd=tmp_path)
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("Once upon") and len(sampled.stdout.rstrip("\n")) >= len("Once upon") + 20

@@ -224,3 +224,8 @@ def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path
     assert "| 2 processes (gloo)" in outputs[0][0] and outputs[1][0] == ""  # node 1's rank prints nothing
     assert (tmp_path / "machine0" / "run" / "ckpt_last.pt").is_file()
     assert not (tmp_path / "machine1" / "run").exists()  # the folder Hydra made there, empty, was taken back
+    # Guards nodes that train apart (gradients not averaged): node 0 logs what 1 process of 2 micro-steps x 4 does.
+    together = run_cli("train.py", *QUICK, "train.grad_accum_steps=2", "hydra.run.dir=together", cwd=tmp_path)
+    assert together.returncode == 0, together.stderr
+    assert len(logged_losses(outputs[0][0])) == 6  # train and val at steps 0, 10, 20
+    assert logged_losses(outputs[0][0]) == pytest.approx(logged_losses(together.stdout), abs=2e-4)  # 4 decimals
