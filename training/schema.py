@@ -86,31 +86,25 @@ class ModelSchema:
 
 
 @dataclass
-class StoriesSchema:
+class TextSchema:
+    """The keys every corpus has; the other two corpora add their own."""
+
     source: str = MISSING
+    path: str | None = MISSING
+    val_fraction: Number = MISSING
+    cache_dir: str = MISSING
+
+
+@dataclass
+class StoriesSchema(TextSchema):
     seed: int = MISSING
     n_chars: int = MISSING
-    path: str | None = MISSING
-    val_fraction: Number = MISSING
-    cache_dir: str = MISSING
 
 
 @dataclass
-class ShakespeareSchema:
-    source: str = MISSING
+class ShakespeareSchema(TextSchema):
     url: str = MISSING
     sha256: str = MISSING
-    path: str | None = MISSING
-    val_fraction: Number = MISSING
-    cache_dir: str = MISSING
-
-
-@dataclass
-class TextSchema:
-    source: str = MISSING
-    path: str | None = MISSING
-    val_fraction: Number = MISSING
-    cache_dir: str = MISSING
 
 
 @dataclass
