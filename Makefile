@@ -7,6 +7,8 @@
 #   make docs             redraw the tour's pictures (docs/questions/) and docs/attention_maps.png from
 #                         the newest run (RUN=<run dir> for another)
 #   make lint             ruff
+#   make browser          Chromium and its driver for the Attention tab's browser tests (apt-get; make
+#                         test runs it: it does nothing when they are there)
 # Extra arguments go through ARGS, e.g. make train ARGS="model.n_layer=6 train.max_steps=500"
 
 PYTHON ?= python3
@@ -19,27 +21,38 @@ RUN ?= latest
 ARGS ?=
 RUN ?= latest
 
-.PHONY: setup train test sample tensorboard bench docs lint clean
+.PHONY: setup browser train test sample tensorboard bench docs lint clean
 
 setup: $(VENV)/.installed
 
 # torch first, pinned, so that the torch range in requirements.txt is already met and no
 # other torch build is pulled in later. Which build the pin gets is pip's choice: a local
 # CPU wheel where pip is set up to find one; TORCH_PIP_ARGS can point it at a CPU index.
-$(VENV)/.installed: requirements.txt requirements-dev.txt Makefile
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	@echo "setup: creating $(VENV) (once; about a minute)"
 	@$(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch==$(TORCH_VERSION)"
 	@$(PY) -m pip install -qq --disable-pip-version-check torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
 	@echo "setup: installing requirements-dev.txt (hydra-core, tensorboard, tiktoken, tqdm, pytest, ruff, ...)"
 	@$(PY) -m pip install -qq --disable-pip-version-check -r requirements-dev.txt
+	@echo "setup: installing the Attention tab for TensorBoard (attention_tab/, editable)"
+	@$(PY) -m pip install -qq --disable-pip-version-check --no-deps -e .
 	@touch $@
 	@echo "setup: done"
+
+# Debian's chromium and chromium-driver (Ubuntu: chromium-browser); with apt-get as root or through sudo.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+browser:
+	@if command -v chromedriver >/dev/null && { command -v chromium || command -v chromium-browser; } >/dev/null; then :; \
+	elif command -v apt-get >/dev/null; then \
+	  echo "browser: installing chromium and chromium-driver for the Attention tab's tests (once; a minute or two)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "browser: no apt-get here: install Chromium and chromedriver (the Attention tab's browser tests need them)"; fi
 
 train: setup
 	$(PY) train.py $(ARGS)
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -n auto $(ARGS)
 
 sample: setup

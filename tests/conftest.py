@@ -92,6 +92,13 @@ def trained_run(tmp_path_factory) -> Path:
     return workdir / "run"
 
 
+def made_up_attention(seed: int, n_layer: int, n_head: int, T: int) -> torch.Tensor:
+    """Causal attention weights (n_layer, n_head, T, T) from random scores: what a model of that
+    shape would log, without training one."""
+    scores = torch.randn(n_layer, n_head, T, T, generator=torch.Generator().manual_seed(seed)) * 3
+    return scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")).softmax(-1)
+
+
 class QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:  # keep the test output clean
         pass

@@ -21,21 +21,15 @@
     hparams/best_val_loss                 the metric that goes with them
 """
 
-import json
 from pathlib import Path
 
 import torch
-from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-from tensorboard.util.tensor_util import make_tensor_proto
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
+from attention_tab.summary import weights_summary
 from training.heatmap import readable_token, render_attention_map, render_head_grid
 from training.recall_probe import RecallScores
-
-# The plugin name of attention/weights: what the Attention tab asks TensorBoard's data provider for.
-ATTENTION_PLUGIN = "tinyattn_attention"
-ATTENTION_WEIGHTS_TAG = "attention/weights"
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -75,14 +69,10 @@ class RunLogger:
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
 
     def attention_weights(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
-        """weights: (n_layer, n_head, T, T) as a float16 tensor; the T labels ride in the metadata."""
-        if not self.writer:
-            return
-        content = json.dumps({"version": 1, "labels": [readable_token(label) for label in labels]}).encode()
-        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=ATTENTION_PLUGIN, content=content))
-        tensor = make_tensor_proto(weights.detach().to(torch.float16).cpu().numpy())
-        summary = Summary(value=[Summary.Value(tag=ATTENTION_WEIGHTS_TAG, metadata=metadata, tensor=tensor)])
-        self.writer.file_writer.add_summary(summary, step)
+        """weights: (n_layer, n_head, T, T), for the Attention tab (attention_tab/summary.py)."""
+        if self.writer:
+            numbers = weights.detach().to(torch.float16).cpu().numpy()
+            self.writer.file_writer.add_summary(weights_summary(numbers, [readable_token(s) for s in labels]), step)
 
     def head_grid(self, step: int, weights: torch.Tensor) -> None:
         """weights: (n_layer, n_head, T, T): all heads in one image, to scrub through time."""

@@ -1,0 +1,172 @@
+"""The Attention tab's server side. TensorBoard finds it through the `tensorboard_plugins` entry
+point (pyproject.toml; `make setup` installs it) and serves these routes under
+data/plugin/tinyattn_attention/:
+
+    static/<file>                   the page: index.js (the ES module the tab loads) and its parts
+    runs                            JSON: each run with attention data, its steps, shape and labels
+    weights?run=R&step=S[&tag=T]    one step's weights: float16 little-endian (n_layer, n_head, T, T)
+    metrics?run=R                   JSON: the head metrics logged as scalars, per head and step
+
+A bad run, tag or step gets a 400 or 404 with one line saying what is wrong.
+"""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+from tensorboard import errors, plugin_util
+from tensorboard.backend import http_util
+from tensorboard.data import provider
+from tensorboard.plugins import base_plugin
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from werkzeug import wrappers
+
+from attention_tab.summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
+
+STATIC = Path(__file__).parent / "static"
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
+# head_{metric}/layer_{l}/head_{h} and recall_heads/layer_{l}/head_{h} (training/tensorboard_log.py).
+HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall_heads))/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
+
+
+class AttentionLoader(base_plugin.TBLoader):
+    """Keeps every logged step of the tab's data: TensorBoard otherwise keeps a random 10 tensors
+    per tag, and the step slider would skip most of training. `--samples_per_plugin
+    tinyattn_attention=N` still wins."""
+
+    def fix_flags(self, flags) -> None:
+        flags.samples_per_plugin.setdefault(PLUGIN_NAME, 0)
+
+    def load(self, context: base_plugin.TBContext) -> base_plugin.TBPlugin:
+        return AttentionPlugin(context)
+
+
+class AttentionPlugin(base_plugin.TBPlugin):
+    plugin_name = PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self.data = context.data_provider
+        self.cache: dict[tuple[str, str], tuple[tuple, dict[int, np.ndarray]]] = {}
+
+    def get_plugin_apps(self):
+        return {"/static/*": self.serve_static, "/runs": self.serve_runs,
+                "/weights": self.serve_weights, "/metrics": self.serve_metrics}
+
+    def is_active(self) -> bool:
+        return False  # the frontend asks the data provider (data_plugin_names) instead
+
+    def data_plugin_names(self):
+        return (PLUGIN_NAME,)
+
+    def frontend_metadata(self):
+        return base_plugin.FrontendMetadata(es_module_path="/static/index.js", tab_name="Attention")
+
+    @wrappers.Request.application
+    def serve_static(self, request):
+        name = request.path.rsplit("/static/", 1)[-1]
+        path = STATIC / name
+        if "/" in name or path.suffix not in STATIC_TYPES or not path.is_file():
+            raise errors.NotFoundError(f"no file {name!r} in the Attention tab's static files")
+        return http_util.Respond(request, path.read_bytes(), STATIC_TYPES[path.suffix])
+
+    @wrappers.Request.application
+    def serve_runs(self, request):
+        ctx, experiment = request_context(request)
+        listing = self.data.list_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME)
+        runs = []
+        for run, tags in sorted(listing.items()):
+            for tag, series in sorted(tags.items()):
+                steps = self.steps(ctx, experiment, run, tag, series)
+                shape = next(iter(steps.values())).shape
+                runs.append({"run": run, "tag": tag, "steps": sorted(steps), "shape": list(shape),
+                             "labels": read_labels(series.plugin_content)})
+        return json_response(request, {"runs": runs})
+
+    @wrappers.Request.application
+    def serve_weights(self, request):
+        ctx, experiment = request_context(request)
+        run, tag = required(request, "run"), request.args.get("tag", WEIGHTS_TAG)
+        step = integer(required(request, "step"), "step")
+        steps = self.steps(ctx, experiment, run, tag, self.series(ctx, experiment, run, tag))
+        if step not in steps:
+            raise errors.NotFoundError(f"run {run!r} logged no attention at step {step}; its steps are {sorted(steps)}")
+        body = steps[step].astype("<f2").tobytes()
+        return http_util.Respond(request, body, "application/octet-stream")
+
+    @wrappers.Request.application
+    def serve_metrics(self, request):
+        """{metric: {"steps": [...], "values": [[[per head] per layer] per step]}}."""
+        ctx, experiment = request_context(request)
+        run = required(request, "run")
+        scalar_tags = self.data.list_scalars(ctx, experiment_id=experiment, plugin_name=scalar_metadata.PLUGIN_NAME,
+                                             run_tag_filter=provider.RunTagFilter(runs=[run])).get(run)
+        if scalar_tags is None:
+            if run not in {r.run_name for r in self.data.list_runs(ctx, experiment_id=experiment)}:
+                raise errors.NotFoundError(f"no run {run!r}; the runs are those /runs lists")
+            scalar_tags = {}  # a run that logged no scalars
+        heads = {tag: match for tag in scalar_tags if (match := HEAD_SCALAR.match(tag))}
+        series = self.data.read_scalars(ctx, experiment_id=experiment, plugin_name=scalar_metadata.PLUGIN_NAME,
+                                        downsample=100_000, run_tag_filter=provider.RunTagFilter([run], list(heads)))
+        return json_response(request, head_metric_table(heads, series.get(run, {})))
+
+    def series(self, ctx, experiment: str, run: str, tag: str) -> provider.TensorTimeSeries:
+        listing = self.data.list_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME,
+                                         run_tag_filter=provider.RunTagFilter(runs=[run]))
+        if run not in listing:
+            raise errors.NotFoundError(f"no attention data for run {run!r}; the runs are those /runs lists")
+        if tag not in listing[run]:
+            raise errors.NotFoundError(f"run {run!r} has no tag {tag!r}; its tags: {sorted(listing[run])}")
+        return listing[run][tag]
+
+    def steps(self, ctx, experiment: str, run: str, tag: str, series: provider.TensorTimeSeries) -> dict[int, np.ndarray]:
+        """{step: weights} of one run and tag, read again only when the run has logged more."""
+        version = (series.max_step, series.max_wall_time)
+        cached = self.cache.get((run, tag))
+        if cached is None or cached[0] != version:
+            data = self.data.read_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME, downsample=1_000_000,
+                                          run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]))
+            cached = self.cache[(run, tag)] = (version, {datum.step: datum.numpy for datum in data[run][tag]})
+        return cached[1]
+
+
+def head_metric_table(heads: dict[str, re.Match], series: dict[str, list[provider.ScalarDatum]]) -> dict:
+    """Scalars head_{metric}/layer_{l}/head_{h} -> {metric: {"steps", "values" (step, layer, head)}}."""
+    table: dict[str, dict[int, dict[tuple[int, int], float]]] = {}
+    for tag, match in heads.items():
+        metric = "recall" if match["recall"] else match["metric"]
+        where = (int(match["layer"]), int(match["head"]))
+        for datum in series.get(tag, []):
+            value = datum.value if math.isfinite(datum.value) else None  # a model gone non-finite
+            table.setdefault(metric, {}).setdefault(datum.step, {})[where] = value
+    result = {}
+    for metric, by_step in table.items():
+        n_layer = 1 + max(layer for values in by_step.values() for layer, _ in values)
+        n_head = 1 + max(head for values in by_step.values() for _, head in values)
+        steps = sorted(by_step)
+        result[metric] = {"steps": steps, "values": [
+            [[by_step[step].get((layer, head)) for head in range(n_head)] for layer in range(n_layer)] for step in steps
+        ]}
+    return result
+
+
+def request_context(request) -> tuple:
+    return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+
+
+def required(request, name: str) -> str:
+    value = request.args.get(name)
+    if value is None:
+        raise errors.InvalidArgumentError(f"missing query parameter {name!r}")
+    return value
+
+
+def integer(value: str, name: str) -> int:
+    if not re.fullmatch(r"-?\d+", value):
+        raise errors.InvalidArgumentError(f"{name} must be a whole number, not {value!r}")
+    return int(value)
+
+
+def json_response(request, value) -> wrappers.Response:
+    return http_util.Respond(request, json.dumps(value, allow_nan=False), "application/json")

@@ -1,0 +1,42 @@
+// The colours of the tab: weights on the heatmap images' scale (training/heatmap.py: viridis on
+// the square root of the weight, 256 levels; future cells grey), and one colour per head.
+
+const VIRIDIS_ANCHORS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+const FUTURE = [236, 236, 236];
+
+// The 256-level table of training/heatmap.py: level i is viridis at i / 255.
+const LEVELS = Array.from({length: 256}, (_, i) => {
+  const x = (i / 255) * (VIRIDIS_ANCHORS.length - 1);
+  const low = Math.min(Math.floor(x), VIRIDIS_ANCHORS.length - 2);
+  const t = x - low;
+  return VIRIDIS_ANCHORS[low].map((c, channel) => Math.floor(c + t * (VIRIDIS_ANCHORS[low + 1][channel] - c)));
+});
+
+// weight in [0, 1] -> [r, g, b]; NaN (a model gone non-finite) as 0
+export function weightColour(weight) {
+  return LEVELS[Math.round(Math.sqrt(Math.min(1, Math.max(0, weight || 0))) * 255)];
+}
+
+// Head h of n: hues spread around the wheel, dark enough to read on white.
+export function headColour(head, nHead) {
+  return `hsl(${Math.round((360 * head) / Math.max(nHead, 1))} 80% 40%)`;
+}
+
+// A head's T x T map into a canvas, one pixel per cell (CSS scales it up, unsmoothed).
+export function paintMap(canvas, map, T) {
+  canvas.width = T;
+  canvas.height = T;
+  const context = canvas.getContext("2d");
+  const image = context.createImageData(T, T);
+  for (let query = 0; query < T; query++) {
+    for (let key = 0; key < T; key++) {
+      const rgb = key > query ? FUTURE : weightColour(map[query * T + key]);
+      const at = 4 * (query * T + key);
+      image.data[at] = rgb[0];
+      image.data[at + 1] = rgb[1];
+      image.data[at + 2] = rgb[2];
+      image.data[at + 3] = 255;
+    }
+  }
+  context.putImageData(image, 0, 0);
+}

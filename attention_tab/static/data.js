@@ -1,0 +1,89 @@
+// What the tab reads from the plugin's routes (attention_tab/plugin.py). A step's weights come
+// as float16 bytes, (n_layer, n_head, T, T) row-major; they are fetched once per step and kept.
+
+const route = (name, params = {}) => {
+  const url = new URL(`../${name}`, import.meta.url);
+  for (const [key, value] of Object.entries(params)) url.searchParams.set(key, value);
+  return url;
+};
+
+async function fetchOk(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`${url.pathname}: ${response.status} ${await response.text()}`);
+  return response;
+}
+
+export async function fetchRuns() {
+  return (await (await fetchOk(route("runs"))).json()).runs;
+}
+
+export async function fetchMetrics(run) {
+  return (await fetchOk(route("metrics", {run: run.run}))).json();
+}
+
+// float16 bits -> float32, for all 65536 bit patterns at once.
+let halfTable = null;
+function halfToFloat() {
+  if (halfTable) return halfTable;
+  halfTable = new Float32Array(65536);
+  for (let bits = 0; bits < 65536; bits++) {
+    const sign = bits & 0x8000 ? -1 : 1;
+    const exponent = (bits >> 10) & 0x1f;
+    const fraction = bits & 0x3ff;
+    halfTable[bits] = exponent === 0 ? sign * 2 ** -14 * (fraction / 1024)
+      : exponent === 31 ? (fraction ? NaN : sign * Infinity)
+      : sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+  }
+  return halfTable;
+}
+
+// One logged step: weights of every layer and head on the probe.
+export class StepWeights {
+  constructor(shape, values) {
+    [this.nLayer, this.nHead, this.T] = shape;
+    this.values = values;  // Float32Array (n_layer * n_head * T * T)
+  }
+
+  at(layer, head, query, key) {
+    return this.values[((layer * this.nHead + head) * this.T + query) * this.T + key];
+  }
+
+  // The T x T map of one head, as a view (no copy).
+  map(layer, head) {
+    const size = this.T * this.T;
+    const start = (layer * this.nHead + head) * size;
+    return this.values.subarray(start, start + size);
+  }
+}
+
+// The weights of one run, step by step: fetched on first use, kept as float16 bytes.
+export class RunWeights {
+  constructor(run) {
+    this.run = run;
+    this.bytes = new Map();  // step -> ArrayBuffer
+  }
+
+  async load(step) {
+    if (!this.bytes.has(step)) {
+      const url = route("weights", {run: this.run.run, tag: this.run.tag, step});
+      this.bytes.set(step, await (await fetchOk(url)).arrayBuffer());
+    }
+    return this.bytes.get(step);
+  }
+
+  async step(step) {
+    const bits = new Uint16Array(await this.load(step));
+    const table = halfToFloat();
+    const values = new Float32Array(bits.length);
+    for (let i = 0; i < bits.length; i++) values[i] = table[bits[i]];
+    return new StepWeights(this.run.shape, values);
+  }
+
+  // Every step ahead of time, when all of them are small enough to keep (the step slider is then
+  // instant); a 12 x 12 model's 128-token probe takes 4.7 MB a step.
+  async prefetch(budgetBytes = 96e6) {
+    const [L, H, T] = this.run.shape;
+    if (this.run.steps.length * L * H * T * T * 2 > budgetBytes) return;
+    for (const step of this.run.steps) await this.load(step);
+  }
+}

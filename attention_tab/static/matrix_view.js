@@ -1,0 +1,73 @@
+// Matrix view: one head's weights as a heatmap, queries down, keys across, on the heatmap
+// images' colour scale. The pointer (or the arrow keys, once the map has focus) reads out the
+// exact weight with its query and key; a click sends that query to the token view.
+import {paintMap} from "./colours.js";
+import {el} from "./dom.js";
+
+const SIZE = 352;  // px the map takes at most
+
+export class MatrixView {
+  constructor(app, headMetrics) {
+    this.app = app;
+    this.cursor = null;  // [query, key] under the pointer or keyboard
+    this.title = el("h2", {}, "Matrix view");
+    this.canvas = el("canvas", {class: "matrix", tabindex: 0, "aria-label": "attention matrix: arrow keys move, Enter pins the query",
+      onmousemove: (event) => this.pointAt(event), onmouseleave: () => this.read(null),
+      onclick: (event) => this.pinAt(event), onkeydown: (event) => this.key(event)});
+    this.row = el("div", {class: "matrix-row", "aria-hidden": "true"});
+    this.readout = el("p", {class: "readout", "aria-live": "polite"}, "Point at a cell: its query, key and weight.");
+    this.root = el("section", {class: "panel matrix-view", "aria-label": "Matrix view"}, this.title,
+      el("div", {class: "matrix-frame"}, this.canvas, this.row),
+      el("p", {class: "hint"}, "rows: queries · columns: keys · grey: the future, masked"), this.readout,
+      headMetrics.root);
+  }
+
+  draw({weights, layer, head, token, run}) {
+    this.state = {weights, layer, head, labels: run.labels};
+    const {T} = weights;
+    this.cell = Math.max(2, Math.floor(SIZE / T));
+    this.title.textContent = `Matrix view · layer ${layer} · head ${head}`;
+    paintMap(this.canvas, weights.map(layer, head), T);
+    this.canvas.style.width = this.canvas.style.height = `${T * this.cell}px`;
+    const query = token.side === "query" ? token.index : null;
+    this.row.hidden = query === null;
+    Object.assign(this.row.style, {top: `${(query ?? 0) * this.cell}px`, height: `${this.cell}px`, width: `${T * this.cell}px`});
+    this.read(this.cursor);
+  }
+
+  cellAt(event) {
+    const T = this.state.weights.T;
+    const clamp = (v) => Math.max(0, Math.min(T - 1, Math.floor(v / this.cell)));
+    return [clamp(event.offsetY), clamp(event.offsetX)];
+  }
+
+  pointAt(event) {
+    this.read(this.cellAt(event));
+  }
+
+  pinAt(event) {
+    const [query] = this.cellAt(event);
+    this.app.pin({side: "query", index: query, reveal: true});
+  }
+
+  key(event) {
+    const T = this.state.weights.T;
+    const [query, key] = this.cursor ?? [T - 1, 0];
+    const moves = {ArrowUp: [query - 1, key], ArrowDown: [query + 1, key], ArrowLeft: [query, key - 1], ArrowRight: [query, key + 1]};
+    if (event.key === "Enter") return this.app.pin({side: "query", index: query, reveal: true});
+    if (!(event.key in moves)) return;
+    event.preventDefault();
+    this.read(moves[event.key].map((v) => Math.max(0, Math.min(T - 1, v))));
+  }
+
+  read(cell) {
+    this.cursor = cell;
+    if (!cell) return;
+    const [query, key] = cell;
+    const {weights, layer, head, labels} = this.state;
+    const weight = key > query ? null : weights.at(layer, head, query, key);
+    const shown = weight === null ? "masked (the future)" : weight.toPrecision(4);
+    this.readout.textContent = `query ${query} “${labels[query]}” → key ${key} “${labels[key]}”: ${shown}`;
+    Object.assign(this.readout.dataset, {query, key, weight: weight ?? ""});
+  }
+}

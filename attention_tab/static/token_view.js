@@ -1,0 +1,98 @@
+// Token view: the probe's tokens in two columns, queries on the left and keys on the right.
+// Pointing at a query draws its attention to the earlier tokens, one colour per head and the line
+// as strong as the weight; pointing at a key draws the later queries that look at it. A dot
+// beside a token marks it as the top weight of that head's row (or column). Click pins the token;
+// the arrow keys move between tokens and columns.
+import {headColour} from "./colours.js";
+import {el} from "./dom.js";
+
+const ROW = 18;  // px per token
+const MIN_WEIGHT = 0.01;  // lighter lines are left out, they only blur the picture
+
+export class TokenView {
+  constructor(app, toggles) {
+    this.app = app;
+    this.title = el("h2", {}, "Token view");
+    this.columns = {query: el("div", {class: "tokens queries", role: "listbox", "aria-label": "queries"}),
+                    key: el("div", {class: "tokens keys", role: "listbox", "aria-label": "keys"})};
+    this.lines = el("svg", {class: "lines", "aria-hidden": "true"});
+    this.root = el("section", {class: "panel token-view", "aria-label": "Token view"},
+      this.title, toggles.root,
+      el("p", {class: "hint"}, "Point at a query (left) to see the earlier tokens it looks at, or at a key (right) to see "
+        + "which later tokens look at it. Click pins it; arrow keys move."),
+      el("div", {class: "token-scroll"}, el("div", {class: "column-heads"}, el("span", {}, "queries"), el("span", {}, "keys")),
+        el("div", {class: "token-columns"}, this.columns.query, this.lines, this.columns.key)));
+  }
+
+  setRun(run) {
+    const T = run.labels.length;
+    for (const side of ["query", "key"]) {
+      this.columns[side].replaceChildren(...run.labels.map((label, index) => el("button", {
+        class: "token", "data-index": index, "data-side": side, tabindex: -1, role: "option",
+        title: `${side} ${index}`, onmouseenter: () => this.app.point({side, index}),
+        onfocus: () => this.app.point({side, index}), onclick: () => this.app.pin({side, index}),
+        onkeydown: (event) => this.move(event, side, index, T),
+      }, el("span", {class: "label"}, label), el("span", {class: "dots"}))));
+    }
+    this.lines.setAttribute("height", T * ROW);
+  }
+
+  move(event, side, index, T) {
+    const steps = {ArrowUp: [side, index - 1], ArrowDown: [side, index + 1],
+                   ArrowLeft: ["query", index], ArrowRight: ["key", index], Home: [side, 0], End: [side, T - 1]};
+    if (event.key === "Escape") return this.app.pin(null);
+    if (!(event.key in steps)) return;
+    event.preventDefault();
+    const [nextSide, next] = steps[event.key];
+    this.columns[nextSide].children[Math.max(0, Math.min(T - 1, next))]?.focus();
+  }
+
+  draw({weights, layer, shown, token, pinned}) {
+    this.title.textContent = `Token view · layer ${layer}`;
+    const {nHead, T} = weights;
+    const width = this.lines.getBoundingClientRect().width || 160;
+    const others = token.side === "query" ? "key" : "query";
+    const lines = [];
+    const tops = new Map();  // index on the other side -> heads whose top weight it is
+    for (const head of shown) {
+      let top = -1, topWeight = -1;
+      const range = token.side === "query" ? [0, token.index] : [token.index, T - 1];
+      for (let other = range[0]; other <= range[1]; other++) {
+        const [query, key] = token.side === "query" ? [token.index, other] : [other, token.index];
+        const weight = weights.at(layer, head, query, key);
+        if (weight > topWeight) [top, topWeight] = [other, weight];
+        if (weight >= MIN_WEIGHT) lines.push(line(query, key, weight, headColour(head, nHead), width, head));
+      }
+      if (top >= 0) tops.set(top, [...(tops.get(top) ?? []), head]);
+    }
+    this.lines.replaceChildren(...lines);
+    for (const side of ["query", "key"]) {
+      for (const button of this.columns[side].children) {
+        const index = Number(button.dataset.index);
+        const active = side === token.side && index === token.index;
+        const heads = side === others ? tops.get(index) ?? [] : [];
+        button.classList.toggle("active", active);
+        button.classList.toggle("pinned", active && pinned);
+        button.classList.toggle("top", heads.length > 0);
+        button.tabIndex = active ? 0 : -1;
+        button.setAttribute("aria-selected", active);
+        button.dataset.topHeads = heads.join(" ");
+        if (active && token.reveal) this.reveal(button, token);
+        button.lastChild.replaceChildren(...heads.map((head) => el("i", {style: `background:${headColour(head, nHead)}`})));
+      }
+    }
+  }
+
+  // Scrolls a token chosen elsewhere (the matrix view, a new run) into the middle of the list, once.
+  reveal(button, token) {
+    const scroller = this.root.querySelector(".token-scroll");
+    scroller.scrollTop += button.getBoundingClientRect().top - scroller.getBoundingClientRect().top - scroller.clientHeight / 2;
+    token.reveal = false;
+  }
+}
+
+function line(query, key, weight, colour, width, head) {
+  return el("line", {x1: 0, y1: (query + 0.5) * ROW, x2: width, y2: (key + 0.5) * ROW, stroke: colour,
+                     "stroke-width": 0.5 + 4 * weight, "stroke-opacity": Math.min(1, 0.15 + weight),
+                     "data-query": query, "data-key": key, "data-head": head, "data-weight": weight});
+}

@@ -1,0 +1,197 @@
+"""The Attention tab in a real browser: TensorBoard on 127.0.0.1 serving a real tiny run, the tab
+opened in headless Chromium at 1280 x 800 (Debian's chromium and chromium-driver, through
+Selenium). What the tab draws is checked against the numbers in the run's event file."""
+
+import io
+import shutil
+
+import numpy as np
+import pytest
+from conftest import made_up_attention
+from PIL import Image
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select, WebDriverWait
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util.tensor_util import make_ndarray
+
+from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
+from attention_tab.summary import WEIGHTS_TAG
+from training.heatmap import COLORMAP
+from training.tensorboard_log import RunLogger
+
+MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)
+
+
+@pytest.fixture(scope="module")
+def logdir(trained_run, tmp_path_factory):
+    """The tiny run's event file, and beside it a 12 x 12 model's made-up weights on 128 tokens."""
+    logdir = tmp_path_factory.mktemp("logdir")
+    (logdir / "run").mkdir()
+    for events in trained_run.glob("events.out.tfevents.*"):
+        shutil.copy(events, logdir / "run")
+    big = RunLogger(logdir / "big")
+    for step in (0, 5, 10):
+        big.attention_weights(step, made_up_attention(step, 12, 12, 128), [f"t{i}" for i in range(128)])
+    big.close()
+    return logdir
+
+
+@pytest.fixture(scope="module")
+def browser(logdir):
+    with tensorboard_server("--logdir", str(logdir)) as base, headless_chromium(1280, 800) as driver:
+        attention_runs(base, until=lambda runs: len(runs) == 2)
+        open_tab(driver, base)
+        choose_run(driver, "run")
+        yield driver
+
+
+@pytest.fixture
+def tab(browser):
+    """The browser inside the tab's frame, showing the tiny run's layer 0 with all heads drawn and
+    head 0 in the matrix, whatever the test before left it at."""
+    browser.switch_to.default_content()
+    browser.switch_to.frame(browser.find_element(By.CSS_SELECTOR, "iframe"))
+    if browser.execute_script("return document.body.dataset.drawnRun") != "run":
+        choose_run(browser, "run")
+    Select(browser.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value("0")
+    browser.find_element(By.XPATH, "//button[text()='all heads']").click()
+    browser.find_element(By.XPATH, "//button[contains(@class, 'head-name')][normalize-space()='head 0']").click()
+    return browser
+
+
+@pytest.fixture(scope="module")
+def logged(trained_run) -> dict[int, np.ndarray]:
+    """{step: (L, H, T, T) float32} as the run's event file holds them."""
+    events = EventAccumulator(str(trained_run), size_guidance={"tensors": 0})
+    events.Reload()
+    return {event.step: make_ndarray(event.tensor_proto).astype(np.float32) for event in events.Tensors(WEIGHTS_TAG)}
+
+
+def js(driver, script: str):
+    return driver.execute_script(script)
+
+
+def drawn_step(driver) -> int:
+    return int(js(driver, "return document.body.dataset.drawnStep"))
+
+
+def point_at(driver, side: str, index: int) -> None:
+    token = driver.find_element(By.CSS_SELECTOR, f".token[data-side={side}][data-index='{index}']")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", token)
+    ActionChains(driver).move_to_element(token).perform()
+
+
+def top_marks(driver, side: str) -> dict[int, int]:
+    """{head: token index} of the tokens marked as a head's top weight, on one side."""
+    marks = js(driver, f"return [...document.querySelectorAll('.token.top[data-side={side}]')]"
+                       ".map(b => [b.dataset.index, b.dataset.topHeads])")
+    return {int(head): int(index) for index, heads in marks for head in heads.split()}
+
+
+def drawn_lines(driver) -> set[tuple[int, int, int, float]]:
+    """(head, query, key, weight) of every line the token view draws."""
+    lines = js(driver, "return [...document.querySelectorAll('svg.lines line')]"
+                       ".map(l => [l.dataset.head, l.dataset.query, l.dataset.key, l.dataset.weight])")
+    return {(int(h), int(q), int(k), float(w)) for h, q, k, w in lines}
+
+
+def expected_lines(weights: np.ndarray, layer: int, heads, query: int) -> set[tuple[int, int, int, float]]:
+    return {(h, query, k, float(weights[layer, h, query, k]))
+            for h in heads for k in range(query + 1) if weights[layer, h, query, k] >= MIN_WEIGHT}
+
+
+def test_the_tab_appears_in_tensorboard_and_draws_the_newest_step(browser, logged):
+    browser.switch_to.default_content()
+    tabs = [tab.get_attribute("textContent").strip() for tab in browser.find_elements(By.CSS_SELECTOR, "[role=tab] .plugin-name")]
+    assert "Attention" in tabs and "scalars" in tabs  # TensorBoard's own dashboards stay
+    browser.switch_to.frame(browser.find_element(By.CSS_SELECTOR, "iframe"))
+    assert drawn_step(browser) == max(logged) == 20
+    assert browser.find_element(By.CSS_SELECTOR, ".model-view h2").text == "Model view · step 20"
+
+
+def test_pointing_at_a_query_marks_exactly_the_top_weight_key_of_each_head(tab, logged):
+    weights, seen = logged[drawn_step(tab)], []
+    for query in (23, 14, 6):
+        point_at(tab, "query", query)
+        expected = {h: int(np.argmax(weights[0, h, query, : query + 1])) for h in range(2)}
+        assert top_marks(tab, "key") == expected
+        assert drawn_lines(tab) == expected_lines(weights, 0, range(2), query)
+        seen.append(expected)
+    assert len({tuple(sorted(marks.values())) for marks in seen}) > 1  # the marks moved with the pointer
+
+
+def test_pointing_at_a_key_marks_the_later_query_that_looks_at_it_most(tab, logged):
+    weights = logged[drawn_step(tab)]
+    point_at(tab, "key", 4)
+    assert top_marks(tab, "query") == {h: 4 + int(np.argmax(weights[0, h, 4:, 4])) for h in range(2)}
+    lines = drawn_lines(tab)
+    assert lines and {key for _, _, key, _ in lines} == {4}
+
+
+def test_the_step_slider_draws_the_weights_logged_at_that_step(tab, logged):
+    slider = tab.find_element(By.CSS_SELECTOR, "input[type=range]")
+    for keys, step in ((Keys.HOME, 0), (Keys.ARROW_RIGHT, 10), (Keys.END, 20)):
+        slider.send_keys(keys)
+        WebDriverWait(tab, 10).until(lambda d, step=step: drawn_step(d) == step)
+        point_at(tab, "query", 20)
+        assert drawn_lines(tab) == expected_lines(logged[step], 0, range(2), 20)
+        assert top_marks(tab, "key") == {h: int(np.argmax(logged[step][0, h, 20, :21])) for h in range(2)}
+
+
+def test_the_matrix_view_reads_out_the_weight_under_the_pointer(tab, logged):
+    weights = logged[drawn_step(tab)]
+    canvas = tab.find_element(By.CSS_SELECTOR, "canvas.matrix")
+    cell = canvas.size["width"] / 24
+    for query, key in ((20, 3), (7, 7), (2, 9)):
+        x, y = (key + 0.5) * cell - canvas.size["width"] / 2, (query + 0.5) * cell - canvas.size["height"] / 2
+        ActionChains(tab).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+        readout = tab.find_element(By.CSS_SELECTOR, ".readout")
+        assert (int(readout.get_attribute("data-query")), int(readout.get_attribute("data-key"))) == (query, key)
+        if key > query:
+            assert "masked" in readout.text and readout.get_attribute("data-weight") == ""
+        else:
+            assert float(readout.get_attribute("data-weight")) == float(weights[0, 0, query, key])
+
+
+def test_clicking_a_head_in_the_model_view_opens_it_in_the_other_views(tab, logged):
+    weights = logged[drawn_step(tab)]
+    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='1']").click()
+    assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 1"
+    assert tab.find_element(By.CSS_SELECTOR, ".token-view h2").text == "Token view · layer 1"
+    pressed = js(tab, "return [...document.querySelectorAll('.chip')].map(c => c.getAttribute('aria-pressed'))")
+    assert pressed == ["false", "true"]
+    point_at(tab, "query", 17)
+    assert top_marks(tab, "key") == {1: int(np.argmax(weights[1, 1, 17, :18]))}
+    assert drawn_lines(tab) == expected_lines(weights, 1, [1], 17)
+
+
+def test_the_arrow_keys_move_from_token_to_token(tab, logged):
+    weights = logged[drawn_step(tab)]
+    point_at(tab, "query", 10)
+    tab.find_element(By.CSS_SELECTOR, ".token[data-side=query][data-index='10']").send_keys(Keys.ARROW_UP)
+    focused = js(tab, "return [document.activeElement.dataset.side, document.activeElement.dataset.index]")
+    assert focused == ["query", "9"]
+    assert top_marks(tab, "key") == {h: int(np.argmax(weights[0, h, 9, :10])) for h in range(2)}
+    tab.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
+    assert top_marks(tab, "query") == {h: 9 + int(np.argmax(weights[0, h, 9:, 9])) for h in range(2)}
+
+
+def test_a_12_by_12_model_on_128_tokens_is_drawn_whole(tab, logdir):
+    choose_run(tab, "big")
+    weights = made_up_attention(10, 12, 12, 128).half().float().numpy()
+    assert len(tab.find_elements(By.CSS_SELECTOR, ".head-cell")) == 144
+    point_at(tab, "query", 127)
+    assert top_marks(tab, "key") == {h: int(np.argmax(weights[0, h, 127])) for h in range(12)}
+
+
+def test_the_screenshot_shows_the_maps_and_no_script_failed(browser):
+    image = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
+    assert image.width == 1280
+    pixels = np.asarray(image).reshape(-1, 3)
+    assert len(np.unique(pixels, axis=0)) > 200  # maps, lines and text, not a blank or an error page
+    packed = lambda rgb: (rgb[:, 0].astype(int) << 16) | (rgb[:, 1].astype(int) << 8) | rgb[:, 2]  # noqa: E731
+    assert np.isin(packed(pixels), packed(COLORMAP)).mean() > 0.03  # maps, in the heatmaps' exact colours
+    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not errors, errors
