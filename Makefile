@@ -2,10 +2,10 @@
 #   make train            train the default model, then print a sample
 #   make test             run the test suite
 #   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
-#   make tensorboard      open TensorBoard on every run
+#   make tensorboard      open TensorBoard on every run, with the Attention tab (attention_tab/)
 #   make bench            speed figures for this machine (bench.py), as a table and JSON
-#   make docs             redraw the tour's pictures (docs/questions/) and docs/attention_maps.png from
-#                         the newest run (RUN=<run dir> for another)
+#   make docs             redraw the tour's pictures (docs/questions/), and docs/attention_maps.png and the
+#                         Attention tab's screenshot docs/attention_tab.png from the newest run (RUN=<run dir>)
 #   make lint             ruff
 #   make browser          Chromium and its driver for the Attention tab's browser tests (apt-get; make
 #                         test runs it: it does nothing when they are there)
@@ -19,7 +19,6 @@ TORCH_VERSION := 2.13.0
 TORCH_PIP_ARGS ?=
 RUN ?= latest
 ARGS ?=
-RUN ?= latest
 
 .PHONY: setup browser train test sample tensorboard bench docs lint clean
 
@@ -64,9 +63,10 @@ tensorboard: setup
 bench: setup
 	$(PY) bench.py $(ARGS)
 
-docs: setup
+docs: setup browser
 	$(PY) docs/questions.py
 	$(PY) docs/figures.py $(RUN)
+	$(PY) docs/attention_tab.py $(RUN)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -23,6 +23,11 @@ Sections (each figure is the median of --repeats runs):
                project's default model (4 layers, 4 heads, 128 dims)
     attention  forward + backward of the sdpa and manual paths against the same projections
                around a bare scaled_dot_product_attention call
+    tab        (not by default; needs Chromium, see make browser) the Attention tab in headless
+               Chromium at 1280 x 800, for a short real run of the default model and of a 12 x 12
+               one on a 128-token probe (5 logged steps each): time from navigation to the first
+               drawn view (a fresh browser each time), and, once the tab has fetched every step,
+               the slowest move of the step slider to its redrawn views
 
 Results go to bench_results/bench-<date>_<time>.json (git-ignored) unless --out says otherwise;
 the training section's run dirs go beside it.
@@ -50,7 +55,7 @@ from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parent
-SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention")
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "tab")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention")
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
@@ -252,6 +257,59 @@ def bench_attention(repeats: int) -> dict:
     return {f"B{B}_T{T}_C{C}_H{H}": attention_timings(B, T, C, H, repeats) for B, T, C, H in ((8, 256, 384, 6), (12, 64, 128, 4))}
 
 
+# The tab section's runs: config overrides on top of a short run that logs attention 5 times.
+TAB_RUNS = {
+    "default model (4 x 4, 64-token probe)": [],
+    "12 x 12 model (128-token probe)": ["model.n_layer=12", "model.n_head=12", "model.n_embd=192",
+                                        "model.block_size=128", "train.probe_tokens=128", "train.batch_size=4"],
+}
+TAB_RUN_SHORT = ["train.max_steps=20", "train.attn_log_interval=5", "train.eval_interval=20", "train.eval_iters=1",
+                 "train.sample_interval=0"]
+# Moves the slider to each logged step in turn; resolves with the slowest input-to-drawn time, in ms.
+SLIDER_SCRIPT = """
+const done = arguments[arguments.length - 1], slider = document.querySelector("input[type=range]");
+const times = [];
+const move = (index) => {
+  if (index < 0) return done(Math.max(...times));
+  const started = performance.now();
+  slider.value = index;
+  slider.dispatchEvent(new Event("input"));
+  const step = document.querySelector(".step-label").textContent.split(" ")[0];  // set at once, drawn later
+  const wait = () => {
+    if (document.body.dataset.drawnStep !== step) return setTimeout(wait, 0);
+    times.push(performance.now() - started);
+    move(index - 1);
+  };
+  wait();
+};
+move(Number(slider.max) - 1);
+"""
+
+
+def bench_tab(repeats: int, work: Path) -> dict:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from attention_tab.browser import attention_runs, headless_chromium, open_tab, tensorboard_server
+
+    results = {}
+    for name, extra in TAB_RUNS.items():
+        run_dir = work / f"tab-{len(results)}" / "run"
+        result = subprocess.run([sys.executable, str(ROOT / "train.py"), *TAB_RUN_SHORT, *extra, f"hydra.run.dir={run_dir}"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"error: the tab benchmark's run failed:\n{result.stderr}")
+        first, slider = [], []
+        with tensorboard_server("--logdir", str(run_dir.parent)) as base:
+            attention_runs(base, until=lambda runs: runs and len(runs[0]["steps"]) == 5)
+            for _ in range(repeats):
+                with headless_chromium(1280, 800) as driver:
+                    first.append(open_tab(driver, base))
+                    WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.body.dataset.prefetched"))
+                    slider.append(driver.execute_async_script(SLIDER_SCRIPT) / 1000)
+        results[name] = {"first_render_s": statistics.median(first), "step_change_s": statistics.median(slider)}
+    return results
+
+
 def print_table(results: dict) -> None:
     rows = []
     if "peak" in results:
@@ -287,6 +345,9 @@ def print_table(results: dict) -> None:
             f"bare {a['bare_sdpa_ms']:.2f} ms, sdpa {a['sdpa_ms']:.2f} ms ({a['sdpa_vs_bare']:.2f}x), "
             f"manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)",
         ))
+    for shape, t in results.get("tab", {}).items():
+        rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
+                                                 f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -330,6 +391,8 @@ def main() -> None:
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
     if "attention" in sections:
         results["attention"] = bench_attention(args.repeats)
+    if "tab" in sections:
+        results["tab"] = bench_tab(args.repeats, work)
 
     print_table(results)
     record = {

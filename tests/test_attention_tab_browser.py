@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from conftest import made_up_attention
 from PIL import Image
 from selenium.webdriver.common.action_chains import ActionChains
@@ -26,7 +27,8 @@ MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/stat
 
 @pytest.fixture(scope="module")
 def logdir(trained_run, tmp_path_factory):
-    """The tiny run's event file, and beside it a 12 x 12 model's made-up weights on 128 tokens."""
+    """The tiny run's event file and, beside it, runs of made-up weights: a 12 x 12 model on 128
+    tokens, heads that weigh every visible token the same, and a run "still training"."""
     logdir = tmp_path_factory.mktemp("logdir")
     (logdir / "run").mkdir()
     for events in trained_run.glob("events.out.tfevents.*"):
@@ -35,13 +37,36 @@ def logdir(trained_run, tmp_path_factory):
     for step in (0, 5, 10):
         big.attention_weights(step, made_up_attention(step, 12, 12, 128), [f"t{i}" for i in range(128)])
     big.close()
+    uniform = RunLogger(logdir / "uniform")
+    uniform.attention_weights(0, torch.ones(2, 2, 6, 6).tril() / torch.arange(1, 7).view(6, 1), list("abcdef"))
+    uniform.close()
     return logdir
 
 
 @pytest.fixture(scope="module")
-def browser(logdir):
+def live(logdir):
+    """A run that has logged steps 0 and 1, and goes on logging while the tab is open."""
+    logger = RunLogger(logdir / "live")
+    for step in (0, 1):
+        logger.attention_weights(step, made_up_attention(step, 2, 2, 6), list("abcdef"))
+    logger.flush()
+    yield logger
+    logger.close()
+
+
+# The tab asks for new steps every 30 s; in this browser every 0.5 s (its timers made shorter in
+# the tab's frame only), so that a test can watch a run still training.
+SHORT_TIMERS = """if (location.pathname.endsWith("/plugin_entry.html")) {
+  const every = window.setInterval;
+  window.setInterval = (callback, ms, ...args) => every(callback, Math.min(ms, 500), ...args);
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser(logdir, live):
     with tensorboard_server("--logdir", str(logdir)) as base, headless_chromium(1280, 800) as driver:
-        attention_runs(base, until=lambda runs: len(runs) == 2)
+        attention_runs(base, until=lambda runs: len(runs) == 4)
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SHORT_TIMERS})
         open_tab(driver, base)
         choose_run(driver, "run")
         yield driver
@@ -90,6 +115,17 @@ def top_marks(driver, side: str) -> dict[int, int]:
     return {int(head): int(index) for index, heads in marks for head in heads.split()}
 
 
+def lines_land_on_their_tokens(driver) -> bool:
+    """Whether each line of the token view starts at its query's row and ends at its key's row, on screen."""
+    return js(driver, """
+      const svg = document.querySelector("svg.lines").getBoundingClientRect();
+      const row = (side, index) => document.querySelector(`.token[data-side=${side}][data-index="${index}"]`).getBoundingClientRect();
+      const inside = (y, box) => box.top <= y && y <= box.bottom;
+      return [...document.querySelectorAll("svg.lines line")].every((line) =>
+        inside(svg.top + Number(line.getAttribute("y1")), row("query", line.dataset.query)) &&
+        inside(svg.top + Number(line.getAttribute("y2")), row("key", line.dataset.key)));""")
+
+
 def drawn_lines(driver) -> set[tuple[int, int, int, float]]:
     """(head, query, key, weight) of every line the token view draws."""
     lines = js(driver, "return [...document.querySelectorAll('svg.lines line')]"
@@ -118,6 +154,7 @@ def test_pointing_at_a_query_marks_exactly_the_top_weight_key_of_each_head(tab, 
         expected = {h: int(np.argmax(weights[0, h, query, : query + 1])) for h in range(2)}
         assert top_marks(tab, "key") == expected
         assert drawn_lines(tab) == expected_lines(weights, 0, range(2), query)
+        assert lines_land_on_their_tokens(tab)
         seen.append(expected)
     assert len({tuple(sorted(marks.values())) for marks in seen}) > 1  # the marks moved with the pointer
 
@@ -127,7 +164,7 @@ def test_pointing_at_a_key_marks_the_later_query_that_looks_at_it_most(tab, logg
     point_at(tab, "key", 4)
     assert top_marks(tab, "query") == {h: 4 + int(np.argmax(weights[0, h, 4:, 4])) for h in range(2)}
     lines = drawn_lines(tab)
-    assert lines and {key for _, _, key, _ in lines} == {4}
+    assert lines and {key for _, _, key, _ in lines} == {4} and lines_land_on_their_tokens(tab)
 
 
 def test_the_step_slider_draws_the_weights_logged_at_that_step(tab, logged):
@@ -157,14 +194,14 @@ def test_the_matrix_view_reads_out_the_weight_under_the_pointer(tab, logged):
 
 def test_clicking_a_head_in_the_model_view_opens_it_in_the_other_views(tab, logged):
     weights = logged[drawn_step(tab)]
-    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='1']").click()
-    assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 1"
+    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='0']").click()
+    assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 0"
     assert tab.find_element(By.CSS_SELECTOR, ".token-view h2").text == "Token view · layer 1"
     pressed = js(tab, "return [...document.querySelectorAll('.chip')].map(c => c.getAttribute('aria-pressed'))")
-    assert pressed == ["false", "true"]
+    assert pressed == ["true", "false"]
     point_at(tab, "query", 17)
-    assert top_marks(tab, "key") == {1: int(np.argmax(weights[1, 1, 17, :18]))}
-    assert drawn_lines(tab) == expected_lines(weights, 1, [1], 17)
+    assert top_marks(tab, "key") == {0: int(np.argmax(weights[1, 0, 17, :18]))}
+    assert drawn_lines(tab) == expected_lines(weights, 1, [0], 17)
 
 
 def test_the_arrow_keys_move_from_token_to_token(tab, logged):
@@ -184,6 +221,27 @@ def test_a_12_by_12_model_on_128_tokens_is_drawn_whole(tab, logdir):
     assert len(tab.find_elements(By.CSS_SELECTOR, ".head-cell")) == 144
     point_at(tab, "query", 127)
     assert top_marks(tab, "key") == {h: int(np.argmax(weights[0, h, 127])) for h in range(12)}
+
+
+def test_among_equal_weights_the_earliest_key_is_the_top_one(tab):
+    choose_run(tab, "uniform")  # every query weighs each visible token 1 / (q + 1), up to float16
+    point_at(tab, "query", 5)
+    assert top_marks(tab, "key") == {0: 0, 1: 0}
+    point_at(tab, "key", 2)
+    assert top_marks(tab, "query") == {0: 2, 1: 2}
+
+
+def test_a_run_still_training_shows_its_new_steps_and_the_slider_follows(tab, live):
+    choose_run(tab, "live")
+    assert drawn_step(tab) == 1
+    live.attention_weights(2, made_up_attention(2, 2, 2, 6), list("abcdef"))
+    live.flush()
+    WebDriverWait(tab, 30, poll_frequency=0.1).until(lambda d: drawn_step(d) == 2)
+    slider = tab.find_element(By.CSS_SELECTOR, "input[type=range]")
+    assert slider.get_attribute("max") == "2" and tab.find_element(By.CSS_SELECTOR, ".step-label").text.startswith("2 ")
+    point_at(tab, "query", 5)
+    weights = made_up_attention(2, 2, 2, 6).half().float().numpy()
+    assert drawn_lines(tab) == expected_lines(weights, 0, range(2), 5)
 
 
 def test_the_screenshot_shows_the_maps_and_no_script_failed(browser):

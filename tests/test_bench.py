@@ -37,5 +37,5 @@ def test_an_unknown_section_is_one_clear_line(tmp_path):
     result = spawn_cli("bench.py", "--only", "speed", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, tab)\n"
     )

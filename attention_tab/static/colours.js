@@ -12,31 +12,27 @@ const LEVELS = Array.from({length: 256}, (_, i) => {
   return VIRIDIS_ANCHORS[low].map((c, channel) => Math.floor(c + t * (VIRIDIS_ANCHORS[low + 1][channel] - c)));
 });
 
-// weight in [0, 1] -> [r, g, b]; NaN (a model gone non-finite) as 0
-export function weightColour(weight) {
-  return LEVELS[Math.round(Math.sqrt(Math.min(1, Math.max(0, weight || 0))) * 255)];
+// The same levels as RGBA packed in one 32-bit word each (ImageData's byte order, little-endian).
+const PACKED = new Uint32Array(new Uint8Array(LEVELS.flatMap((rgb) => [...rgb, 255])).buffer);
+const PACKED_FUTURE = new Uint32Array(new Uint8Array([...FUTURE, 255]).buffer)[0];
+
+// A head's T x T map into a canvas, one pixel per cell (CSS scales it up, unsmoothed).
+export function paintMap(canvas, map, T) {
+  if (canvas.width !== T || canvas.height !== T) [canvas.width, canvas.height] = [T, T];
+  const context = canvas.getContext("2d");
+  const image = context.createImageData(T, T);
+  const pixels = new Uint32Array(image.data.buffer);
+  for (let query = 0; query < T; query++) {
+    for (let key = 0; key < T; key++) {
+      const weight = map[query * T + key];
+      pixels[query * T + key] = key > query ? PACKED_FUTURE
+        : PACKED[Math.round(Math.sqrt(Math.min(1, Math.max(0, weight || 0))) * 255)];  // NaN (a model gone non-finite) as 0
+    }
+  }
+  context.putImageData(image, 0, 0);
 }
 
 // Head h of n: hues spread around the wheel, dark enough to read on white.
 export function headColour(head, nHead) {
   return `hsl(${Math.round((360 * head) / Math.max(nHead, 1))} 80% 40%)`;
-}
-
-// A head's T x T map into a canvas, one pixel per cell (CSS scales it up, unsmoothed).
-export function paintMap(canvas, map, T) {
-  canvas.width = T;
-  canvas.height = T;
-  const context = canvas.getContext("2d");
-  const image = context.createImageData(T, T);
-  for (let query = 0; query < T; query++) {
-    for (let key = 0; key < T; key++) {
-      const rgb = key > query ? FUTURE : weightColour(map[query * T + key]);
-      const at = 4 * (query * T + key);
-      image.data[at] = rgb[0];
-      image.data[at + 1] = rgb[1];
-      image.data[at + 2] = rgb[2];
-      image.data[at + 3] = 255;
-    }
-  }
-  context.putImageData(image, 0, 0);
 }

@@ -35,9 +35,12 @@ class AttentionTab {
   }
 
   async listRuns(runs) {
+    const names = runs.map((run) => runs.some((other) => other !== run && other.run === run.run) ? `${run.run} · ${run.tag}` : run.run);
+    // Rebuilt only when the runs change, so that a menu left open stays open.
+    if (names.join("\n") !== [...this.runSelect.options].map((option) => option.text).join("\n")) {
+      this.runSelect.replaceChildren(...names.map((name, i) => el("option", {value: i}, name)));
+    }
     this.runs = runs;
-    this.runSelect.replaceChildren(...runs.map((run, i) =>
-      el("option", {value: i}, runs.some((other) => other !== run && other.run === run.run) ? `${run.run} · ${run.tag}` : run.run)));
     if (!runs.length) this.say("No run has attention data yet. Train one (make train); it shows up here within a minute.");
     else if (!this.run) await this.openRun(runs.at(-1));  // the newest, for runs named by date and time
     else this.runSelect.value = runs.findIndex((r) => r.run === this.run.run && r.tag === this.run.tag);
@@ -57,7 +60,8 @@ class AttentionTab {
     this.model.setRun(run, this.metrics);
     this.slider.max = run.steps.length - 1;
     await this.showStep(run.steps.length - 1);
-    this.weights.prefetch().catch((error) => this.say(error.message));
+    this.weights.prefetch().then((all) => { document.body.dataset.prefetched = all; })
+      .catch((error) => this.say(error.message));
   }
 
   async showStep(index) {
