@@ -1,34 +1,61 @@
-"""Corpora: where the training text comes from (the `data` config group's `source`).
+"""Corpora: where the training text comes from (the `data` config group's `source`), read as a
+stream of pieces, so that a corpus of any size passes through in bounded memory.
 
     stories      the built-in generated stories (data/stories.py): no download, no files
     shakespeare  tiny shakespeare (1,115,394 bytes), downloaded once and checked against
                  its sha256, or read from a local copy given as data.path (checked too)
-    text         a UTF-8 .txt file, or a folder searched recursively for .txt files
+    text         data.path: a file, or a folder searched recursively for these files, in order:
+                 .txt, .txt.gz      UTF-8 text, one document per file
+                 .jsonl, .jsonl.gz  one JSON object per line, one document per line: the
+                                    string in its data.text_field field ("text")
 
-    load_documents(cfg) -> list[str]   one string per story or file
-    split_documents(docs, val_fraction) -> (train_docs, val_docs, val_starts_mid_document)
-                                       the last val_fraction of the characters is val
+Documents that are only whitespace are left out; Windows line ends (CRLF) become "\\n".
 """
 
-from collections.abc import Mapping
+import codecs
+import gzip
+import json
+import zlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from data.download import fetch_verified, sha256_of
-from data.stories import generate_stories
+from data.stories import iter_stories
 from training.errors import UserError
 
 SOURCES = ("stories", "shakespeare", "text")
+TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz")
+CHUNK_BYTES = 1 << 20  # a long file is read, decoded and handed on a megabyte at a time
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    starts_document: bool  # the first piece of a document; a long one comes in many pieces
+
+
+def read_corpus(cfg: Mapping[str, Any]) -> Iterator[Piece]:
+    if cfg["source"] == "stories":
+        return (Piece(story, True) for story in iter_stories(cfg["seed"], cfg["n_chars"]))
+    if cfg["source"] == "shakespeare":
+        return iter([Piece(checked_download(cfg), True)])
+    if cfg["source"] == "text":
+        return read_text_files(cfg["path"], cfg["text_field"])
+    raise UserError(f"data.source={cfg['source']!r} is not known; use data=stories, data=shakespeare, or data=text data.path=<file>")
 
 
 def load_documents(cfg: Mapping[str, Any]) -> list[str]:
-    if cfg["source"] == "stories":
-        return generate_stories(seed=cfg["seed"], n_chars=cfg["n_chars"])
-    if cfg["source"] == "shakespeare":
-        return [checked_download(cfg)]
-    if cfg["source"] == "text":
-        return read_text_documents(cfg["path"])
-    raise UserError(f"data.source={cfg['source']!r} is not known; use data=stories, data=shakespeare, or data=text data.path=<file>")
+    """The whole corpus in memory, one string per document: for small corpora and checks."""
+    documents: list[str] = []
+    for piece in read_corpus(cfg):
+        if piece.starts_document:
+            documents.append(piece.text)
+        else:
+            documents[-1] += piece.text
+    return documents
 
 
 def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], bool]:
@@ -74,34 +101,110 @@ def check_sha256(payload: bytes, expected: str, where: str, advice: str) -> None
         raise UserError(f"{where} has sha256 {actual}, not the expected {expected}; {advice}")
 
 
-def read_text_documents(path: str | None) -> list[str]:
-    if not path:
-        raise UserError("data=text needs a corpus: add data.path=<a .txt file or a folder of .txt files>")
-    root = Path(path).expanduser()
-    if root.is_dir():
-        files = sorted(p for p in root.rglob("*.txt") if p.is_file())
-        if not files:
-            raise UserError(f"data.path={path} is a folder with no .txt files in it; point it at a .txt file or a folder of them")
-    elif root.is_file():
-        files = [root]
-    else:
-        raise UserError(f"data.path={path} does not exist; give a .txt file or a folder of .txt files")
-    documents = [read_utf8(file) for file in files]
-    documents = [doc for doc in documents if doc.strip()]
-    if not documents:
-        raise UserError(f"data.path={path} holds no text (every file is empty); give it a file with text in it")
-    return documents
-
-
 def read_utf8(file: Path) -> str:
-    raw = file.read_bytes()
+    return "".join(piece.text for piece in read_file(file, text_field="text"))
+
+
+def corpus_files(path: str | None) -> list[Path]:
+    if not path:
+        raise UserError("data=text needs a corpus: add data.path=<a .txt or .jsonl file, or a folder of them>")
+    root = Path(path).expanduser()
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise UserError(f"data.path={path} does not exist; give a .txt or .jsonl file (or .gz), or a folder of them")
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
+    if not files:
+        raise UserError(f"data.path={path} is a folder with no {', '.join(TEXT_SUFFIXES)} files in it; "
+                        "point it at such a file or a folder of them")
+    return files
+
+
+def read_text_files(path: str | None, text_field: str) -> Iterator[Piece]:
+    any_text = False
+    for file in corpus_files(path):
+        for piece in read_file(file, text_field):
+            any_text = True
+            yield piece
+    if not any_text:
+        raise UserError(f"data.path={path} holds no text (every file is empty); give it a file with text in it")
+
+
+def read_file(file: Path, text_field: str) -> Iterator[Piece]:
+    with gzip_errors_said(file), (gzip.open(file, "rb") if file.name.endswith(".gz") else open(file, "rb")) as stream:
+        if file.name.endswith((".jsonl", ".jsonl.gz")):
+            yield from jsonl_documents(file, stream, text_field)
+        else:
+            yield from text_document(file, stream)
+
+
+@contextmanager
+def gzip_errors_said(file: Path) -> Iterator[None]:
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(
-            f"{file} is not UTF-8 text (byte {err.start} is 0x{raw[err.start]:02x}); "
-            "save it as UTF-8 or pick another file"
-        ) from None
-    if "\x00" in text:
-        raise UserError(f"{file} looks binary (it holds NUL bytes at {text.index(chr(0))}); give a plain text file")
-    return text.replace("\r\n", "\n")
+        yield
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise UserError(f"{file} is not a readable gzip file ({err}); check the file, or unpack it") from None
+
+
+def text_document(file: Path, stream: BinaryIO) -> Iterator[Piece]:
+    """A text file as one document, in pieces; nothing at all if it is only whitespace."""
+    held = ""  # leading whitespace, or a last "\r" that may begin a CRLF
+    started = False
+    for text in decoded_chunks(file, stream):
+        text = held + text
+        text, held = (text[:-1], "\r") if text.endswith("\r") else (text, "")
+        text = text.replace("\r\n", "\n")
+        if not started and not text.strip():
+            held = text + held
+            continue
+        yield Piece(text, starts_document=not started)
+        started = True
+    if started and held:
+        yield Piece(held, starts_document=False)
+
+
+def decoded_chunks(file: Path, stream: BinaryIO) -> Iterator[str]:
+    """UTF-8 text a chunk at a time (a character split between chunks is joined); a byte that is
+    not UTF-8 or a NUL character stops it with its offset."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done_bytes = done_chars = 0
+    while True:
+        raw = stream.read(CHUNK_BYTES)
+        held = decoder.getstate()[0]
+        try:
+            text = decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as err:
+            offset = done_bytes - len(held) + err.start
+            raise UserError(f"{file} is not UTF-8 text (byte {offset} is 0x{(held + raw)[err.start]:02x}); "
+                            "save it as UTF-8 or pick another file") from None
+        if "\x00" in text:
+            raise UserError(f"{file} looks binary (it holds NUL bytes at {done_chars + text.index(chr(0))}); give a plain text file")
+        done_bytes, done_chars = done_bytes + len(raw), done_chars + len(text)
+        if text:
+            yield text
+        if not raw:
+            return
+
+
+def jsonl_documents(file: Path, stream: BinaryIO, text_field: str) -> Iterator[Piece]:
+    """One document per line of JSON: the string in its text_field."""
+    for line_no, raw in enumerate(stream, start=1):
+        where = f"{file}, line {line_no}"
+        try:
+            record = json.loads(raw)
+        except UnicodeDecodeError:
+            raise UserError(f"{where}: not UTF-8 text; save the file as UTF-8") from None
+        except json.JSONDecodeError as err:
+            if not raw.strip():
+                continue  # a blank line
+            raise UserError(f"{where}: not valid JSON ({err.msg}, column {err.colno}); fix or remove that line") from None
+        if not isinstance(record, dict) or text_field not in record:
+            fields = ", ".join(map(repr, record)) if isinstance(record, dict) else f"a JSON {type(record).__name__}, no fields"
+            raise UserError(f"{where}: no {text_field!r} field (it has {fields}); "
+                            "set data.text_field to the field that holds the text")
+        text = record[text_field]
+        if not isinstance(text, str):
+            raise UserError(f"{where}: {text_field!r} holds a JSON {type(text).__name__}, not text; "
+                            "set data.text_field to the field that holds the text")
+        if text.strip():
+            yield Piece(text.replace("\r\n", "\n"), starts_document=True)

@@ -14,6 +14,7 @@ can learn, because the clue sits earlier in the text:
 """
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 FEMALE_NAMES = ["Mia", "Lily", "Emma", "Anna", "Rosa", "Lucy", "Ella", "Nora", "Ivy", "Zoe", "Ruby", "Maya", "Alice", "Clara", "Hannah", "Sara", "Leah", "Julia", "Grace", "Amy", "Eva", "Ada", "Iris", "Luna", "Maria", "Sofia", "Kate", "Jane", "Molly", "Daisy"]
@@ -137,14 +138,17 @@ class Character:
 
 def generate_stories(seed: int = 1337, n_chars: int = 1_000_000) -> list[str]:
     """Stories until their total length reaches n_chars characters."""
+    return list(iter_stories(seed, n_chars))
+
+
+def iter_stories(seed: int, n_chars: int) -> Iterator[str]:
+    """The same stories one at a time, for a corpus too large to hold."""
     rng = random.Random(seed)
-    stories: list[str] = []
     total = 0
     while total < n_chars:
         story = write_story(rng)
-        stories.append(story)
         total += len(story)
-    return stories
+        yield story
 
 
 def write_story(rng: random.Random) -> str:

@@ -2,6 +2,7 @@
 subprocesses in a temporary folder; logs are read back with TensorBoard's own reader."""
 
 import fcntl
+import gzip
 import json
 import math
 import os
@@ -315,6 +316,9 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["data=text", "data.path=empty.txt"], "error: data.path=empty.txt holds no text"),
         (["data=text", "data.path=binary.txt"], "error: binary.txt looks binary (it holds NUL bytes at 5)"),
         (["data=text", "data.path=latin1.txt"], "error: latin1.txt is not UTF-8 text (byte 3 is 0xe9)"),
+        (["data=text", "data.path=bad.jsonl"], "error: bad.jsonl, line 2: not valid JSON (Expecting ',' delimiter, column 16)"),
+        (["data=text", "data.path=bad.jsonl", "data.text_field=story"], "error: bad.jsonl, line 1: no 'story' field (it has 'text')"),
+        (["data=text", "data.path=cut.txt.gz"], "error: cut.txt.gz is not a readable gzip file"),
         pytest.param(["train.device=cuda"], "error: train.device=cuda but PyTorch sees no CUDA GPU here",
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
         (["optim.lr=0"], "error: optim.lr=0"),
@@ -347,9 +351,13 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "binary.txt").write_bytes(b"hello\0\0\0world")
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
+    (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"text": "two" "three"}\n{"text": "four"}\n')
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(b"a story " * 1000)[:-40])  # a download cut short
     result = run_cli("train.py", *args, cwd=tmp_path)
     assert_one_error_line(result, message)
     assert not (tmp_path / "outputs").exists()  # a refused run leaves no run dir, not even an empty one
+    if "data=text" in args:  # a corpus refused while read leaves no token cache entry, whole or half-written
+        assert not list(tmp_path.glob(".cache/tokens/*"))
 
 
 def assert_one_error_line(result, message: str) -> None:

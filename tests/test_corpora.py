@@ -1,11 +1,15 @@
 """data=shakespeare: a download checked against its sha256, against a real HTTP server on
-127.0.0.1; and a local copy given as data.path."""
+127.0.0.1; and a local copy given as data.path. data=text: the file formats, read as a stream."""
 
+import gzip
 import hashlib
+import json
+import re
 import time
 
 import pytest
 
+from data import corpus
 from data.corpus import load_documents
 from training.errors import UserError
 
@@ -56,3 +60,47 @@ def test_a_local_copy_is_used_only_if_its_hash_matches(tmp_path, closed_port_url
     copy.write_text(TEXT.upper())
     with pytest.raises(UserError, match=r"data.path=.*input\.txt has sha256 .* not the expected"):
         load_documents(shakespeare_cfg(tmp_path, f"{closed_port_url}/input.txt", path=str(copy)))
+
+
+def text_files_cfg(path, text_field="text"):
+    return {"source": "text", "path": str(path), "text_field": text_field}
+
+
+def test_a_folder_reads_txt_jsonl_and_their_gz_files_in_order_one_document_each(tmp_path):
+    (tmp_path / "a.txt").write_text("a whole file\n")
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"a packed file"))
+    lines = [{"text": "first line", "id": 1}, {"text": "  \n"}, {"text": "second\r\nline"}]
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(json.dumps({"text": "packed line"}).encode()))
+    (tmp_path / "notes.md").write_text("not a corpus file")
+    assert load_documents(text_files_cfg(tmp_path)) == [
+        "a whole file\n", "a packed file", "first line", "second\nline", "packed line"]  # blank lines and documents left out
+
+
+def test_jsonl_reads_the_field_data_text_field_names(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"story": "Once", "text": "no"}\n{"story": "Twice"}\n')
+    assert load_documents(text_files_cfg(tmp_path / "s.jsonl", "story")) == ["Once", "Twice"]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"text": "ok"}\n{"text": oops}\n', "s.jsonl, line 2: not valid JSON (Expecting value, column 10); fix or remove that line"),
+    ('{"text": "ok"}\n\n{"body": "x", "id": 3}\n', "s.jsonl, line 3: no 'text' field (it has 'body', 'id'); set data.text_field"),
+    ('["a list"]\n', "s.jsonl, line 1: no 'text' field (it has a JSON list, no fields)"),
+    ('{"text": 42}\n', "s.jsonl, line 1: 'text' holds a JSON int, not text"),
+])
+def test_a_bad_jsonl_line_is_named_by_file_and_line(tmp_path, content, message):
+    (tmp_path / "s.jsonl").write_text(content)
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_documents(text_files_cfg(tmp_path / "s.jsonl"))
+
+
+def test_a_long_file_comes_in_pieces_that_join_to_it_across_split_characters_and_line_ends(tmp_path, monkeypatch):
+    text = "naïve café\r\nßtraße ☃ — end\r\n" * 40
+    (tmp_path / "long.txt").write_bytes(text.encode())
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 7)  # cuts inside multi-byte characters and CRLFs
+    pieces = list(corpus.read_corpus(text_files_cfg(tmp_path / "long.txt")))
+    assert len(pieces) > 100 and [p.starts_document for p in pieces] == [True] + [False] * (len(pieces) - 1)
+    assert "".join(p.text for p in pieces) == text.replace("\r\n", "\n")
+    (tmp_path / "bad.txt").write_bytes(b"ok ok " * 5 + b"\xff")
+    with pytest.raises(UserError, match=r"bad\.txt is not UTF-8 text \(byte 30 is 0xff\)"):
+        list(corpus.read_corpus(text_files_cfg(tmp_path / "bad.txt")))

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from data.corpus import read_text_documents, split_documents
+from data.corpus import load_documents, split_documents
 from data.dataset import encode_documents, get_batch, prepare_tokens, probe_ids
 from data.stories import ITEMS, generate_stories
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
@@ -17,7 +17,11 @@ def stories_cfg(tmp_path, n_chars=30_000, seed=1337):
 
 
 def text_cfg(tmp_path, path):
-    return {"source": "text", "path": str(path), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+    return {"source": "text", "path": str(path), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache"), "text_field": "text"}
+
+
+def read_text_documents(path) -> list[str]:
+    return load_documents({"source": "text", "path": str(path), "text_field": "text"})
 
 
 def test_the_story_generator_is_deterministic():

@@ -129,7 +129,7 @@ def test_bpe_pieces_are_labelled_readably(tmp_path):
 def test_ids_are_stored_as_uint32_when_the_vocabulary_needs_it(tmp_path):
     corpus = tmp_path / "wide.txt"
     corpus.write_text("".join(chr(0x4E00 + i) for i in range(20_000)) + "".join(chr(0x20000 + i) for i in range(50_000)))
-    cfg = {"source": "text", "path": str(corpus), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+    cfg = {"source": "text", "path": str(corpus), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache"), "text_field": "text"}
     data = prepare_tokens(cfg, {"kind": "char"})
     assert data.tokenizer.vocab_size == 70_001 and data.train.dtype == np.uint32
     assert data.tokenizer.decode(data.val[-3:].tolist()) == "".join(chr(0x20000 + i) for i in range(49_997, 50_000))

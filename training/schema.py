@@ -102,6 +102,11 @@ class StoriesSchema(TextSchema):
 
 
 @dataclass
+class TextFilesSchema(TextSchema):
+    text_field: str = MISSING
+
+
+@dataclass
 class ShakespeareSchema(TextSchema):
     url: str = MISSING
     sha256: str = MISSING
@@ -161,7 +166,7 @@ class LoopSchema:
 
 # The options of the groups whose keys differ from option to option, by the name of the
 # option, which is also the value of its data.source or tokenizer.kind.
-DATA_SCHEMAS = {"stories": StoriesSchema, "shakespeare": ShakespeareSchema, "text": TextSchema}
+DATA_SCHEMAS = {"stories": StoriesSchema, "shakespeare": ShakespeareSchema, "text": TextFilesSchema}
 TOKENIZER_SCHEMAS = {"bpe": BPESchema, "char": CharSchema, "gpt2": GPT2Schema}
 
 
