@@ -58,21 +58,6 @@ def load_documents(cfg: Mapping[str, Any]) -> list[str]:
     return documents
 
 
-def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], bool]:
-    """Cut the corpus, read as one text, so the last val_fraction of its characters is val.
-    The cut may fall inside a document: then its tail starts the val split, and the third
-    value is True (that tail does not start a document)."""
-    total = sum(len(doc) for doc in documents)
-    remaining = total - int(total * val_fraction)  # characters that go to train
-    for i, doc in enumerate(documents):
-        if remaining < len(doc):
-            head, tail = doc[:remaining], doc[remaining:]
-            train = documents[:i] + ([head] if head else [])
-            return train, [tail, *documents[i + 1 :]], bool(head)
-        remaining -= len(doc)
-    return documents, [], False
-
-
 def checked_download(cfg: Mapping[str, Any]) -> str:
     """The corpus at cfg['url'], whose sha256 must be cfg['sha256']: from data.path if given,
     else from the cache, else downloaded into the cache. A file with the wrong hash is

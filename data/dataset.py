@@ -2,10 +2,10 @@
 
 The ids are cached under data.cache_dir in a folder named by a hash of the corpus, the split
 and the tokenizer settings, so a second run starts at once and a changed corpus or tokenizer
-never reuses stale ids.
+never reuses stale ids. The corpus is tokenised as a stream (data/token_stream.py), so its size
+is bounded by the disk, not the memory.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.corpus import load_documents, split_documents
+from data.token_stream import Survey, encoded_corpus, survey_corpus, train_sample
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
 from training.errors import UserError
 
-CACHE_FORMAT = 2  # bump when the cache layout changes, so old entries are not read
 SPLITS = ("train", "val")
 
 
@@ -36,26 +35,19 @@ def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]
     """The corpus as ids: its last val_fraction of characters is val, the tokenizer (BPE learns
     from the train part only) encodes both parts once, each document after an <|endoftext|>;
     uint16 when the vocabulary fits, else uint32. Cached."""
-    documents = load_documents(data_cfg)
-    if not any(doc.strip() for doc in documents):
+    survey = survey_corpus(data_cfg, tokenizer_cfg)
+    if not survey.has_text:
         raise UserError("the corpus is empty; give data.path a file with text in it")
     cache_dir = Path(data_cfg["cache_dir"])
-    entry = cache_dir / "tokens" / cache_key(documents, data_cfg["val_fraction"], tokenizer_cfg)
+    entry = cache_dir / "tokens" / survey.key
+    remove_abandoned_staging(entry)
     if not is_complete(entry):
         shutil.rmtree(entry, ignore_errors=True)
-        write_cache_entry(entry, documents, data_cfg["val_fraction"], tokenizer_cfg, cache_dir)
+        tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache_dir)
+        write_cache_entry(entry, data_cfg, tokenizer, survey)
     meta = json.loads((entry / "meta.json").read_text())
     splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") for split in SPLITS}
     return TokenData(tokenizer_from_state(meta["tokenizer"], cache_dir), train=splits["train"], val=splits["val"])
-
-
-def cache_key(documents: list[str], val_fraction: float, tokenizer_cfg: Mapping[str, Any]) -> str:
-    settings = {"format": CACHE_FORMAT, "val_fraction": val_fraction, "tokenizer": dict(tokenizer_cfg)}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for doc in documents:  # the length first, so document boundaries count too
-        raw = doc.encode("utf-8")
-        digest.update(len(raw).to_bytes(8, "little") + raw)
-    return digest.hexdigest()[:24]
 
 
 def is_complete(entry: Path) -> bool:
@@ -68,42 +60,43 @@ def is_complete(entry: Path) -> bool:
         return False
 
 
-def encode_documents(tokenizer: Tokenizer, documents: list[str], starts_mid_document: bool = False) -> list[int]:
-    """<|endoftext|> doc <|endoftext|> doc ...: every document follows an end-of-text token,
-    so generation from <|endoftext|> starts a new one. A leading piece that continues a
-    document cut in two gets no token before it."""
-    ids: list[int] = []
-    for i, doc in enumerate(documents):
-        if not (i == 0 and starts_mid_document):
-            ids.append(tokenizer.eot_id)
-        ids.extend(tokenizer.encode(doc))
-    return ids
+def remove_abandoned_staging(entry: Path) -> None:
+    """The staging folders of runs killed while they wrote this entry (their process is gone)."""
+    for staging in entry.parent.glob(f"{entry.name}.tmp-*"):
+        pid = int(staging.name.rsplit("-", 1)[1])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(staging, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
-def write_cache_entry(
-    entry: Path, documents: list[str], val_fraction: float, tokenizer_cfg: Mapping[str, Any], cache_dir: Path
-) -> None:
-    train_docs, val_docs, val_continues = split_documents(documents, val_fraction)
-    tokenizer = build_tokenizer(tokenizer_cfg, train_text="".join(train_docs), full_text="".join(documents), cache_dir=cache_dir)
+def write_cache_entry(entry: Path, data_cfg: Mapping[str, Any], tokenizer: Tokenizer, survey: Survey) -> None:
+    """The ids, appended to the two files as they come. The entry is built in a temporary folder
+    and renamed into place, so a run stopped half-way never leaves a partial entry that a later
+    run would trust."""
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    ids = {
-        "train": np.array(encode_documents(tokenizer, train_docs), dtype=dtype),
-        "val": np.array(encode_documents(tokenizer, val_docs, starts_mid_document=val_continues), dtype=dtype),
-    }
-    # Build the entry in a temporary folder and rename it into place, so a run that is
-    # stopped half-way never leaves a partial entry that a later run would trust.
     staging = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
-    staging.mkdir(parents=True, exist_ok=True)
-    for split in SPLITS:
-        ids[split].tofile(staging / f"{split}.bin")
-    meta = {"tokenizer": tokenizer.state(), "dtype": np.dtype(dtype).name, **{f"n_{s}": len(ids[s]) for s in SPLITS}}
-    (staging / "meta.json").write_text(json.dumps(meta))
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    counts = dict.fromkeys(SPLITS, 0)
     try:
+        with open(staging / "train.bin", "wb") as train_file, open(staging / "val.bin", "wb") as val_file:
+            files = {"train": train_file, "val": val_file}
+            for split, ids in encoded_corpus(data_cfg, tokenizer, survey):
+                ids.astype(dtype).tofile(files[split])
+                counts[split] += len(ids)
+        meta = {"tokenizer": tokenizer.state(), "dtype": np.dtype(dtype).name, **{f"n_{s}": counts[s] for s in SPLITS}}
+        (staging / "meta.json").write_text(json.dumps(meta))
         os.replace(staging, entry)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
         if not is_complete(entry):  # not a race lost to another run writing the same entry
             raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a refused or interrupted run keeps nothing
+        raise
 
 
 def get_batch(

@@ -18,15 +18,17 @@ The three kinds:
     bpe    byte-level BPE learned from the training split (data/bpe.py), run by tiktoken.
     gpt2   tiktoken's GPT-2 encoding (50,257 tokens); its files are downloaded once.
 
-    build_tokenizer(cfg, train_text, full_text, cache_dir)  a new one, from the config
+    build_tokenizer(cfg, corpus_chars, train_text, cache_dir)  a new one, from the config
     tokenizer_from_state(state, cache_dir)                   the one a checkpoint stored
 """
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import tiktoken
 
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
@@ -43,6 +45,7 @@ class Tokenizer(Protocol):
     eot_id: int
 
     def encode(self, text: str) -> list[int]: ...
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
     def token_strings(self, ids: Sequence[int]) -> list[str]: ...
     def state(self) -> dict[str, Any]: ...
@@ -59,6 +62,7 @@ class CharTokenizer:
         self.eot_id = len(self.chars)
         self.vocab_size = len(self.chars) + 1
         self.char_to_id = {ch: i for i, ch in enumerate(self.chars)}
+        self.id_of_code_point: np.ndarray | None = None  # built on first encode_batch
 
     @classmethod
     def from_text(cls, text: str) -> "CharTokenizer":
@@ -73,6 +77,21 @@ class CharTokenizer:
                 f"the text has characters the model never saw in training: {''.join(unknown)!r}; "
                 f"use only characters from its vocabulary: {''.join(self.chars)!r}"
             ) from None
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's ids as a uint32 array, through a table from code point to id."""
+        if self.id_of_code_point is None:
+            code_points = np.array([ord(ch) for ch in self.chars], dtype=np.int64)
+            self.id_of_code_point = np.full(max(code_points, default=0) + 1, -1, dtype=np.int64)
+            self.id_of_code_point[code_points] = np.arange(len(code_points))
+        arrays = []
+        for text in texts:
+            code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            ids = self.id_of_code_point[np.minimum(code_points, len(self.id_of_code_point) - 1)]
+            if (ids < 0).any() or (code_points >= len(self.id_of_code_point)).any():
+                self.encode(text)  # raises, naming the characters the vocabulary lacks
+            arrays.append(ids.astype(np.uint32))
+        return arrays
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.token_strings(ids))
@@ -97,6 +116,11 @@ class TiktokenTokenizer:
         # encode_ordinary never emits special tokens: "<|endoftext|>" in the text is
         # spelt out as ordinary bytes.
         return self.encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """encode of each text, spread over every core."""
+        batch = self.encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+        return [np.array(ids, dtype=np.uint32) for ids in batch]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.encoding.decode(list(ids))
@@ -125,13 +149,15 @@ def ranks_digest(encoding: tiktoken.Encoding) -> str:
     return digest.hexdigest()
 
 
-def build_tokenizer(cfg: Mapping[str, Any], train_text: str, full_text: str, cache_dir: Path) -> Tokenizer:
-    """A tokenizer for this corpus, as the `tokenizer` config group asks. BPE learns its
-    merges from train_text only; the char vocabulary is every character of full_text."""
+def build_tokenizer(cfg: Mapping[str, Any], corpus_chars: Iterable[str], train_text: Callable[[], str],
+                    cache_dir: Path) -> Tokenizer:
+    """A tokenizer for this corpus, as the `tokenizer` config group asks. The char vocabulary
+    is every character of the corpus; BPE learns its merges from train_text() (called for bpe
+    only: it reads the corpus again), which holds train-split text only."""
     if cfg["kind"] == "char":
-        return CharTokenizer.from_text(full_text)
+        return CharTokenizer(sorted(set(corpus_chars)))
     if cfg["kind"] == "bpe":
-        return TiktokenTokenizer("bpe", bpe_encoding(learned_ranks(train_text, cfg, cache_dir), GPT2_PATTERN))
+        return TiktokenTokenizer("bpe", bpe_encoding(learned_ranks(train_text(), cfg, cache_dir), GPT2_PATTERN))
     if cfg["kind"] == "gpt2":
         return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=cfg.get("url")))
     raise UserError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")

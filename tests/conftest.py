@@ -92,6 +92,34 @@ def trained_run(tmp_path_factory) -> Path:
     return workdir / "run"
 
 
+# The whole corpus tokenised at once, as simply as it can be said: what the stream
+# (data/token_stream.py) must give, id for id.
+def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], bool]:
+    """Cut the corpus, read as one text, so the last val_fraction of its characters is val.
+    The cut may fall inside a document: then its tail starts the val split, and the third
+    value is True (that tail does not start a document)."""
+    total = sum(len(doc) for doc in documents)
+    remaining = total - int(total * val_fraction)  # characters that go to train
+    for i, doc in enumerate(documents):
+        if remaining < len(doc):
+            head, tail = doc[:remaining], doc[remaining:]
+            train = documents[:i] + ([head] if head else [])
+            return train, [tail, *documents[i + 1 :]], bool(head)
+        remaining -= len(doc)
+    return documents, [], False
+
+
+def encode_documents(tokenizer, documents: list[str], starts_mid_document: bool = False) -> list[int]:
+    """<|endoftext|> doc <|endoftext|> doc ...; a leading piece that continues a document cut in
+    two gets no token before it."""
+    ids: list[int] = []
+    for i, doc in enumerate(documents):
+        if not (i == 0 and starts_mid_document):
+            ids.append(tokenizer.eot_id)
+        ids.extend(tokenizer.encode(doc))
+    return ids
+
+
 def made_up_attention(seed: int, n_layer: int, n_head: int, T: int) -> torch.Tensor:
     """Causal attention weights (n_layer, n_head, T, T) from random scores: what a model of that
     shape would log, without training one."""

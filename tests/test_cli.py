@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TINY_RUN, run_cli, spawn_cli
+from conftest import ROOT, TINY_RUN, run_cli, spawn_cli, split_documents
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from tensorboard.util.tensor_util import make_ndarray
 
 from data.bpe import ranks_from_text, train_bpe
-from data.corpus import load_documents, split_documents
+from data.corpus import load_documents
 from training.checkpoint import model_from_checkpoint
 from training.head_metrics import head_metrics, induction_probe, induction_score
 from training.lr_schedule import lr_at

@@ -5,9 +5,10 @@ import re
 import numpy as np
 import pytest
 
-from data.corpus import load_documents, split_documents
-from data.dataset import encode_documents, get_batch, prepare_tokens, probe_ids
+from data.corpus import Piece, load_documents
+from data.dataset import get_batch, prepare_tokens, probe_ids
 from data.stories import ITEMS, generate_stories
+from data.token_stream import split_pieces
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
 from training.errors import UserError
 
@@ -105,15 +106,14 @@ def test_prepare_tokens_splits_off_the_last_tenth_of_the_text_as_val(tmp_path):
     assert data.train.dtype == np.uint16
 
 
-def test_split_documents_cuts_inside_a_document_and_says_so():
-    train, val, continues = split_documents(["aaaa", "bbbb", "cc"], 0.3)  # 10 chars: the last 3 are val
-    assert (train, val, continues) == (["aaaa", "bbb"], ["b", "cc"], True)
-    assert split_documents(["aaaa", "bbbbb", "c"], 0.1) == (["aaaa", "bbbbb"], ["c"], False)
-    tokenizer = CharTokenizer.from_text("abc")
-    eot = tokenizer.eot_id
-    assert encode_documents(tokenizer, ["b", "cc"], starts_mid_document=True) == [1, eot, 2, 2]
-    assert encode_documents(tokenizer, ["aa", "b"]) == [eot, 0, 0, eot, 1]
-
+def test_the_val_cut_may_fall_inside_a_document_whose_tail_then_starts_no_document():
+    pieces = [Piece("aaaa", True), Piece("bbbb", True), Piece("cc", True)]  # 10 characters, the last 3 val
+    assert list(split_pieces(iter(pieces), n_train=7)) == [
+        ("train", Piece("aaaa", True)), ("train", Piece("bbb", True)), ("val", Piece("b", False)), ("val", Piece("cc", True))]
+    pieces = [Piece("aaaa", True), Piece("bbbbb", True), Piece("c", True)]  # the cut at a document's start
+    assert list(split_pieces(iter(pieces), n_train=9))[-1] == ("val", Piece("c", True))
+    pieces = [Piece("aaaa", True), Piece("bbb", False), Piece("cc", False)]  # one document in three pieces
+    assert list(split_pieces(iter(pieces), n_train=7))[2:] == [("val", Piece("cc", False))]
 
 def test_the_token_cache_is_reused_and_keyed_by_corpus_and_tokenizer(tmp_path):
     corpus = tmp_path / "book.txt"

@@ -21,7 +21,7 @@ STORIES = "".join(generate_stories(seed=7, n_chars=60_000))
 
 
 def bpe(text: str, vocab_size: int, tmp_path):
-    return build_tokenizer({"kind": "bpe", "vocab_size": vocab_size}, train_text=text, full_text=text, cache_dir=tmp_path)
+    return build_tokenizer({"kind": "bpe", "vocab_size": vocab_size}, set(text), lambda: text, cache_dir=tmp_path)
 
 
 def test_a_hand_worked_example_gives_the_expected_merges_and_tiktoken_applies_them():
@@ -103,7 +103,7 @@ def test_learning_2048_tokens_from_the_default_corpus_is_quick(tmp_path):
 def test_the_end_of_text_token_round_trips_and_plain_text_cannot_inject_it(kind, tmp_path):
     text = STORIES[:2000] + EOT
     if kind == "char":
-        tokenizer = build_tokenizer({"kind": "char"}, train_text=text, full_text=text, cache_dir=tmp_path)
+        tokenizer = build_tokenizer({"kind": "char"}, set(text), lambda: text, cache_dir=tmp_path)
     else:
         tokenizer = bpe(text, 300, tmp_path)
     ids = tokenizer.encode("The end." + EOT + "Once")

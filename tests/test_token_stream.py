@@ -1,0 +1,94 @@
+"""The corpus tokenised as a stream equals the corpus tokenised at once (tests/conftest.py's
+reference), id for id, when the stream's pieces and batches are cut small enough to split
+multi-byte characters, words, line ends and documents; and a run killed while it writes the
+token cache leaves nothing a later run trusts."""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT, encode_documents, split_documents
+
+from data import corpus, token_stream
+from data.bpe import train_bpe
+from data.corpus import load_documents
+from data.dataset import is_complete, prepare_tokens
+
+LONG_TEXT = ("Naïve Zoë said: «ça va?» — ☃ snow, 雪.\r\n" * 30) + "x" * 700 + " end of a run with no spaces\n"
+
+
+@pytest.fixture
+def mixed_corpus(tmp_path):
+    """A folder of every format, with long documents and short ones."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(LONG_TEXT.encode())
+    (folder / "b.jsonl").write_text("\n".join(json.dumps({"text": f"Story {i}: Tom met Ana. Ana waved at Tom."}) for i in range(40)))
+    (folder / "c.txt.gz").write_bytes(gzip.compress(("another file, with words " * 50).encode()))
+    return folder
+
+
+@pytest.fixture
+def small_cuts(monkeypatch):
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 61)  # inside characters, words and CRLFs
+    monkeypatch.setattr(token_stream, "BATCH_CHARS", 97)  # many batches, cut anywhere in a document
+
+
+@pytest.mark.parametrize("val_fraction", [0.1, 0.37])
+@pytest.mark.parametrize("tokenizer_cfg", [{"kind": "char"}, {"kind": "bpe", "vocab_size": 400}], ids=["char", "bpe"])
+def test_the_stream_gives_the_ids_of_encoding_the_corpus_at_once(tmp_path, mixed_corpus, small_cuts, tokenizer_cfg, val_fraction):
+    cfg = {"source": "text", "path": str(mixed_corpus), "text_field": "text", "val_fraction": val_fraction,
+           "cache_dir": str(tmp_path / "cache")}
+    data = prepare_tokens(cfg, tokenizer_cfg)
+    train_docs, val_docs, val_continues = split_documents(load_documents(cfg), val_fraction)
+    assert data.train.tolist() == encode_documents(data.tokenizer, train_docs)
+    assert data.val.tolist() == encode_documents(data.tokenizer, val_docs, starts_mid_document=val_continues)
+    if tokenizer_cfg["kind"] == "bpe":  # learned from the train split, all of it here
+        assert data.tokenizer.encoding._mergeable_ranks == train_bpe("".join(train_docs), 400)
+
+
+def test_a_large_train_split_teaches_bpe_from_evenly_spread_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(token_stream, "BPE_SAMPLE_CHARS", 3_000)
+    monkeypatch.setattr(token_stream, "SAMPLE_BLOCK_CHARS", 500)
+    cfg = {"source": "stories", "seed": 1, "n_chars": 12_000, "val_fraction": 0.1}
+    survey = token_stream.survey_corpus(cfg, {"kind": "bpe"})
+    train_text = "".join(load_documents(cfg))[: survey.n_train]
+    stride = -(-survey.n_train // 3_000)
+    expected = "".join(train_text[i : i + 500] for i in range(0, survey.n_train, 500) if (i // 500) % stride == 0)
+    assert token_stream.train_sample(cfg, survey) == expected and len(expected) <= 3_000
+
+
+def test_a_run_killed_while_it_writes_the_token_cache_leaves_nothing_a_later_run_trusts(tmp_path):
+    cfg = {"source": "stories", "seed": 3, "n_chars": 20_000_000, "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+    script = f"from data.dataset import prepare_tokens; prepare_tokens({cfg!r}, {{'kind': 'char'}})"
+    writer = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    tokens = tmp_path / "cache" / "tokens"
+    deadline = time.monotonic() + 120
+    while not list(tokens.glob("*.tmp-*/train.bin")) and writer.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    writer.send_signal(signal.SIGKILL)  # in the middle of writing the ids
+    assert writer.wait() == -signal.SIGKILL, "the writer finished before it could be killed"
+    (staging,) = tokens.iterdir()
+    assert ".tmp-" in staging.name and not is_complete(staging)
+    data = prepare_tokens(cfg, {"kind": "char"})  # starts again, and clears what the killed run left
+    (entry,) = tokens.iterdir()
+    assert is_complete(entry) and ".tmp-" not in entry.name
+    assert len(data.train) + len(data.val) > 20_000_000 and (np.asarray(data.val[:1000]) < data.tokenizer.vocab_size).all()
+
+
+def test_the_cache_key_changes_with_where_documents_begin_not_only_with_the_text(tmp_path):
+    def key(*documents: str) -> str:
+        folder = tmp_path / "-".join(documents)
+        folder.mkdir()
+        for i, text in enumerate(documents):
+            (folder / f"{i}.txt").write_text(text)
+        cfg = {"source": "text", "path": str(folder), "text_field": "text", "val_fraction": 0.1}
+        return token_stream.survey_corpus(cfg, {"kind": "char"}).key
+
+    assert len({key("ab", "c"), key("a", "bc"), key("abc"), key("ab", "d")}) == 4
