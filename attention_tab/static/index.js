@@ -68,9 +68,10 @@ class AttentionTab {
     const step = this.run.steps[index];
     this.slider.value = index;
     this.stepLabel.textContent = `${step}  (${index + 1} of ${this.run.steps.length})`;
+    const runWeights = this.weights;
     try {
-      const weights = await this.weights.step(step);
-      if (this.run.steps[Number(this.slider.value)] !== step) return;  // the slider moved on meanwhile
+      const weights = await runWeights.step(step);
+      if (runWeights !== this.weights || this.run.steps[Number(this.slider.value)] !== step) return;  // moved on meanwhile
       Object.assign(this.state, {step, weights});
       this.redraw();
     } catch (error) {
