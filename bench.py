@@ -23,6 +23,10 @@ Sections (each figure is the median of --repeats runs):
                project's default model (4 layers, 4 heads, 128 dims)
     attention  forward + backward of the sdpa and manual paths against the same projections
                around a bare scaled_dot_product_attention call
+    data       (not by default) tokenising a corpus of --data-mb megabytes (the .py files of this
+               Python's installed packages, concatenated) from an empty cache, char and BPE (2,048
+               tokens): each phase's time, MB/s and peak memory, beside the nanoGPT way (the whole
+               file read into memory and encoded at once; BPE with the same learned vocabulary)
     tab        (not by default; needs Chromium, see make browser) the Attention tab in headless
                Chromium at 1280 x 800, for a short real run of the default model and of a 12 x 12
                one on a 128-token probe (5 logged steps each): time from navigation to the first
@@ -55,7 +59,7 @@ from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parent
-SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "tab")
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "data", "tab")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention")
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
@@ -257,6 +261,94 @@ def bench_attention(repeats: int) -> dict:
     return {f"B{B}_T{T}_C{C}_H{H}": attention_timings(B, T, C, H, repeats) for B, T, C, H in ((8, 256, 384, 6), (12, 64, 128, 4))}
 
 
+# The data section: one tokenisation in a fresh process, whose peak memory is then its own.
+STREAMED_SCRIPT = """
+import json, resource, sys, time
+from data.dataset import write_cache_entry
+from data.token_stream import survey_corpus, train_sample
+from data.tokenizer import build_tokenizer
+from pathlib import Path
+data_cfg, tokenizer_cfg = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+times = [time.perf_counter()]
+survey = survey_corpus(data_cfg, tokenizer_cfg)
+times.append(time.perf_counter())
+cache = Path(data_cfg["cache_dir"])
+tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache)
+times.append(time.perf_counter())
+write_cache_entry(cache / "tokens" / survey.key, data_cfg, tokenizer, survey)
+times.append(time.perf_counter())
+phases = dict(zip(("survey_s", "tokenizer_s", "encode_s"), [b - a for a, b in zip(times, times[1:])]))
+meta = json.loads((cache / "tokens" / survey.key / "meta.json").read_text())
+print(json.dumps({**phases, "seconds": times[-1] - times[0], "tokens": meta["n_train"] + meta["n_val"],
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+IN_MEMORY_SCRIPT = """
+import json, resource, sys, time
+import numpy as np
+from data.tokenizer import tokenizer_from_state
+path, state = sys.argv[1], json.loads(sys.argv[2])
+started = time.perf_counter()
+text = open(path, encoding="utf-8").read()
+if state["kind"] == "char":  # nanoGPT's shakespeare_char/prepare.py
+    stoi = {ch: i for i, ch in enumerate(sorted(set(text)))}
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+else:  # its openwebtext/prepare.py: encode_ordinary, here with the vocabulary the stream learned
+    ids = np.array(tokenizer_from_state(state).encode(text), dtype=np.uint16)
+print(json.dumps({"seconds": time.perf_counter() - started, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "tokens": len(ids)}))
+"""
+
+
+def python_sources_corpus(path: Path, megabytes: int) -> int:
+    """About `megabytes` of text made from local files: the .py files of the installed packages."""
+    site = Path(torch.__file__).resolve().parent.parent
+    written = 0
+    with open(path, "w", encoding="utf-8") as out:
+        while written < megabytes * 1e6:
+            for source in sorted(site.rglob("*.py")):
+                try:
+                    text = source.read_text(encoding="utf-8")
+                except (UnicodeDecodeError, OSError):
+                    continue
+                out.write(text)
+                written += len(text.encode())
+                if written >= megabytes * 1e6:
+                    break
+    return written
+
+
+def run_json(script: str, *args: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if result.returncode != 0:
+        sys.exit(f"error: the data benchmark's run failed:\n{result.stderr}")
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def bench_data(repeats: int, work: Path, megabytes: int) -> dict:
+    corpus = work / "data-corpus.txt"
+    work.mkdir(parents=True, exist_ok=True)
+    n_bytes = python_sources_corpus(corpus, megabytes)
+    results = {"corpus_mb": n_bytes / 1e6}
+    for kind, tokenizer_cfg in (("char", {"kind": "char"}), ("bpe", {"kind": "bpe", "vocab_size": 2048})):
+        runs = []
+        for i in range(repeats):
+            data_cfg = {"source": "text", "path": str(corpus), "text_field": "text", "val_fraction": 0.0,
+                        "cache_dir": str(work / f"data-cache-{kind}-{i}")}
+            runs.append(run_json(STREAMED_SCRIPT, json.dumps(data_cfg), json.dumps(tokenizer_cfg)))
+        streamed = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        entry = next((work / f"data-cache-{kind}-0" / "tokens").iterdir())
+        state = json.loads((entry / "meta.json").read_text())["tokenizer"]
+        in_memory = [run_json(IN_MEMORY_SCRIPT, str(corpus), json.dumps(state)) for _ in range(repeats)]
+        results[kind] = {
+            "streamed": {**streamed, "mb_per_s": n_bytes / 1e6 / streamed["seconds"]},
+            "in_memory": {"tokens": in_memory[0]["tokens"], "seconds": statistics.median(r["seconds"] for r in in_memory),
+                          "peak_mib": statistics.median(r["peak_mib"] for r in in_memory),
+                          "mb_per_s": n_bytes / 1e6 / statistics.median(r["seconds"] for r in in_memory)},
+        }
+    return results
+
+
 # The tab section's runs: config overrides on top of a short run that logs attention 5 times.
 TAB_RUNS = {
     "default model (4 x 4, 64-token probe)": [],
@@ -345,6 +437,17 @@ def print_table(results: dict) -> None:
             f"bare {a['bare_sdpa_ms']:.2f} ms, sdpa {a['sdpa_ms']:.2f} ms ({a['sdpa_vs_bare']:.2f}x), "
             f"manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)",
         ))
+    if "data" in results:
+        d = results["data"]
+        for kind in ("char", "bpe"):
+            st, mem = d[kind]["streamed"], d[kind]["in_memory"]
+            learn = f", of which learning the vocabulary {st['tokenizer_s']:.1f} s" if kind == "bpe" else ""
+            rows += [
+                (f"tokenising {d['corpus_mb']:.0f} MB, {kind}, streamed",
+                 f"{st['seconds']:.1f} s ({st['mb_per_s']:.1f} MB/s){learn}; peak memory {st['peak_mib']:.0f} MiB"),
+                ("  the same at once (nanoGPT's way)", f"{mem['seconds']:.1f} s ({mem['mb_per_s']:.1f} MB/s); "
+                                                      f"peak memory {mem['peak_mib']:.0f} MiB"),
+            ]
     for shape, t in results.get("tab", {}).items():
         rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
                                                  f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))
@@ -361,6 +464,7 @@ def main() -> None:
     parser.add_argument("--preset-steps", type=int, help="a quick check: override the preset's train.max_steps "
                         "(the quality figure then no longer measures time to quality)")
     parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")
+    parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
                         help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
@@ -391,6 +495,8 @@ def main() -> None:
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
     if "attention" in sections:
         results["attention"] = bench_attention(args.repeats)
+    if "data" in sections:
+        results["data"] = bench_data(args.repeats, work, args.data_mb)
     if "tab" in sections:
         results["tab"] = bench_tab(args.repeats, work)
 

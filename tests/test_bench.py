@@ -37,5 +37,18 @@ def test_an_unknown_section_is_one_clear_line(tmp_path):
     result = spawn_cli("bench.py", "--only", "speed", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, tab)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, data, tab)\n"
     )
+
+
+def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_ids(tmp_path):
+    out = tmp_path / "bench.json"
+    result = spawn_cli("bench.py", "--only", "data", "--repeats", "1", "--data-mb", "1", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(out.read_text())["results"]["data"]
+    assert 1 <= data["corpus_mb"] < 1.5
+    for kind in ("char", "bpe"):
+        streamed, at_once = data[kind]["streamed"], data[kind]["in_memory"]
+        assert streamed["tokens"] == at_once["tokens"] + 1 > 1  # the same ids, and the <|endoftext|> before the file
+        assert streamed["seconds"] >= streamed["encode_s"] > 0 and streamed["peak_mib"] > 0 and at_once["peak_mib"] > 0
+    assert "tokenising 1 MB, bpe, streamed" in result.stdout
