@@ -273,7 +273,7 @@ times = [time.perf_counter()]
 survey = survey_corpus(data_cfg, tokenizer_cfg)
 times.append(time.perf_counter())
 cache = Path(data_cfg["cache_dir"])
-tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache)
+tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache, survey.key)
 times.append(time.perf_counter())
 write_cache_entry(cache / "tokens" / survey.key, data_cfg, tokenizer, survey)
 times.append(time.perf_counter())

@@ -35,16 +35,34 @@ CHUNK_BYTES = 1 << 20  # a long file is read, decoded and handed on a megabyte a
 class Piece:
     text: str
     starts_document: bool  # the first piece of a document; a long one comes in many pieces
+    bytes_read: int = 0  # how far the corpus has been read with this piece, in bytes of its files
 
 
 def read_corpus(cfg: Mapping[str, Any]) -> Iterator[Piece]:
     if cfg["source"] == "stories":
-        return (Piece(story, True) for story in iter_stories(cfg["seed"], cfg["n_chars"]))
+        return generated_stories(cfg["seed"], cfg["n_chars"])
     if cfg["source"] == "shakespeare":
-        return iter([Piece(checked_download(cfg), True)])
+        text = checked_download(cfg)
+        return iter([Piece(text, True, len(text.encode("utf-8")))])
     if cfg["source"] == "text":
         return read_text_files(cfg["path"], cfg["text_field"])
     raise UserError(f"data.source={cfg['source']!r} is not known; use data=stories, data=shakespeare, or data=text data.path=<file>")
+
+
+def corpus_bytes(cfg: Mapping[str, Any]) -> int | None:
+    """The size of the corpus in bytes, for a progress bar, where it is known before reading."""
+    if cfg["source"] == "stories":
+        return cfg["n_chars"]  # plain ASCII
+    if cfg["source"] == "text":
+        return sum(file.stat().st_size for file in corpus_files(cfg["path"]))
+    return None
+
+
+def generated_stories(seed: int, n_chars: int) -> Iterator[Piece]:
+    n_bytes = 0
+    for story in iter_stories(seed, n_chars):
+        n_bytes += len(story)
+        yield Piece(story, True, n_bytes)
 
 
 def load_documents(cfg: Mapping[str, Any]) -> list[str]:
@@ -87,7 +105,8 @@ def check_sha256(payload: bytes, expected: str, where: str, advice: str) -> None
 
 
 def read_utf8(file: Path) -> str:
-    return "".join(piece.text for piece in read_file(file, text_field="text"))
+    with open(file, "rb") as raw:
+        return "".join(piece.text for piece in read_file(file, raw, text_field="text"))
 
 
 def corpus_files(path: str | None) -> list[Path]:
@@ -106,17 +125,19 @@ def corpus_files(path: str | None) -> list[Path]:
 
 
 def read_text_files(path: str | None, text_field: str) -> Iterator[Piece]:
-    any_text = False
+    any_text, files_done = False, 0
     for file in corpus_files(path):
-        for piece in read_file(file, text_field):
-            any_text = True
-            yield piece
+        with open(file, "rb") as raw:
+            for piece in read_file(file, raw, text_field):
+                any_text = True
+                yield Piece(piece.text, piece.starts_document, files_done + raw.tell())
+        files_done += file.stat().st_size
     if not any_text:
         raise UserError(f"data.path={path} holds no text (every file is empty); give it a file with text in it")
 
 
-def read_file(file: Path, text_field: str) -> Iterator[Piece]:
-    with gzip_errors_said(file), (gzip.open(file, "rb") if file.name.endswith(".gz") else open(file, "rb")) as stream:
+def read_file(file: Path, raw: BinaryIO, text_field: str) -> Iterator[Piece]:
+    with gzip_errors_said(file), (gzip.GzipFile(fileobj=raw) if file.name.endswith(".gz") else raw) as stream:
         if file.name.endswith((".jsonl", ".jsonl.gz")):
             yield from jsonl_documents(file, stream, text_field)
         else:

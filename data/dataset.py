@@ -43,7 +43,7 @@ def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]
     remove_abandoned_staging(entry)
     if not is_complete(entry):
         shutil.rmtree(entry, ignore_errors=True)
-        tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache_dir)
+        tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache_dir, survey.key)
         write_cache_entry(entry, data_cfg, tokenizer, survey)
     meta = json.loads((entry / "meta.json").read_text())
     splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") for split in SPLITS}

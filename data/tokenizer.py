@@ -15,28 +15,35 @@ TensorBoard labels never care which one is in use:
 
 The three kinds:
     char   one token per character of the corpus, plus <|endoftext|>.
-    bpe    byte-level BPE learned from the training split (data/bpe.py), run by tiktoken.
+    bpe    byte-level BPE learned from the training split by rustbpe (data/bpe.py is the same
+           algorithm as a lesson), run by tiktoken.
     gpt2   tiktoken's GPT-2 encoding (50,257 tokens); its files are downloaded once.
 
-    build_tokenizer(cfg, corpus_chars, train_text, cache_dir)  a new one, from the config
-    tokenizer_from_state(state, cache_dir)                   the one a checkpoint stored
+    build_tokenizer(cfg, corpus_chars, train_texts, cache_dir, corpus_key)   a new one, from the config
+    tokenizer_from_state(state, cache_dir)                                  the one a checkpoint stored
 """
 
 import hashlib
+import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import rustbpe
 import tiktoken
 
-from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
+from data.bpe import GPT2_PATTERN, N_BYTES, ranks_from_text, ranks_to_text
 from data.gpt2_files import load_gpt2_encoding
 from training.errors import UserError
 
+log = logging.getLogger(__name__)
+
 EOT = "<|endoftext|>"
 KINDS = ("char", "bpe", "gpt2")
+TRAINER_BUFFER_TEXTS = 64  # texts rustbpe holds at once: with texts of up to ~1M characters, 64 MB or so
 
 
 class Tokenizer(Protocol):
@@ -149,32 +156,45 @@ def ranks_digest(encoding: tiktoken.Encoding) -> str:
     return digest.hexdigest()
 
 
-def build_tokenizer(cfg: Mapping[str, Any], corpus_chars: Iterable[str], train_text: Callable[[], str],
-                    cache_dir: Path) -> Tokenizer:
-    """A tokenizer for this corpus, as the `tokenizer` config group asks. The char vocabulary
-    is every character of the corpus; BPE learns its merges from train_text() (called for bpe
-    only: it reads the corpus again), which holds train-split text only."""
+def build_tokenizer(cfg: Mapping[str, Any], corpus_chars: Iterable[str], train_texts: Callable[[], Iterable[str]],
+                    cache_dir: Path, corpus_key: str) -> Tokenizer:
+    """A tokenizer for this corpus, as the `tokenizer` config group asks. The char vocabulary is
+    every character of the corpus; BPE learns its merges from train_texts() (called for bpe only:
+    it reads the corpus again), which holds train-split text only, and is cached by corpus_key."""
     if cfg["kind"] == "char":
         return CharTokenizer(sorted(set(corpus_chars)))
     if cfg["kind"] == "bpe":
-        return TiktokenTokenizer("bpe", bpe_encoding(learned_ranks(train_text(), cfg, cache_dir), GPT2_PATTERN))
+        ranks = learned_ranks(train_texts, cfg["vocab_size"], cache_dir / "bpe" / f"{corpus_key}.tiktoken")
+        return TiktokenTokenizer("bpe", bpe_encoding(ranks, GPT2_PATTERN))
     if cfg["kind"] == "gpt2":
         return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=cfg.get("url")))
     raise UserError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
 
 
-def learned_ranks(train_text: str, cfg: Mapping[str, Any], cache_dir: Path) -> dict[bytes, int]:
-    """BPE ranks for train_text, learned once and kept as a .tiktoken file in the cache."""
-    vocab_size = cfg["vocab_size"]  # checked by the config validation
-    key = hashlib.sha256(f"{GPT2_PATTERN}\n{vocab_size}\n".encode() + train_text.encode("utf-8")).hexdigest()[:24]
-    path = cache_dir / "bpe" / f"{key}.tiktoken"
+def learned_ranks(train_texts: Callable[[], Iterable[str]], vocab_size: int, path: Path) -> dict[bytes, int]:
+    """BPE ranks learned once from train_texts() and kept as a .tiktoken file at path."""
     if path.is_file():
         return ranks_from_text(path.read_text())
-    ranks = train_bpe(train_text, vocab_size)  # <|endoftext|> comes on top of these
+    started = time.perf_counter()
+    ranks = train_bpe_fast(train_texts(), vocab_size)  # <|endoftext|> comes on top of these
+    log.info(f"learned {len(ranks) - N_BYTES:,} BPE merges in {time.perf_counter() - started:.1f} s")
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".tmp")
     staging.write_text(ranks_to_text(ranks))
     staging.replace(path)
+    return ranks
+
+
+def train_bpe_fast(texts: Iterable[str], vocab_size: int, pattern: str = GPT2_PATTERN) -> dict[bytes, int]:
+    """data/bpe.py's train_bpe, done by rustbpe (nanochat's trainer, in Rust, on every core) over a
+    stream of texts, each pre-tokenised on its own. The same merges in the same order up to the
+    first tie in pair counts: rustbpe gives a tie to the smaller token ids, train_bpe to the
+    smaller bytes."""
+    trainer = rustbpe.Tokenizer()
+    trainer.train_from_iterator(iter(texts), vocab_size, buffer_size=TRAINER_BUFFER_TEXTS, pattern=pattern)
+    ranks: dict[bytes, int] = {}
+    for token, _ in sorted(trainer.get_mergeable_ranks(), key=lambda token_rank: token_rank[1]):
+        ranks.setdefault(token, len(ranks))  # bytes made again from another pair keep their first rank
     return ranks
 
 

@@ -25,8 +25,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from tensorboard.util.tensor_util import make_ndarray
 
-from data.bpe import ranks_from_text, train_bpe
+from data.bpe import ranks_from_text
 from data.corpus import load_documents
+from data.tokenizer import train_bpe_fast
 from training.checkpoint import model_from_checkpoint
 from training.head_metrics import head_metrics, induction_probe, induction_score
 from training.lr_schedule import lr_at
@@ -230,7 +231,7 @@ def test_the_default_run_uses_a_bpe_vocabulary_learned_once_and_cached(trained_r
     checkpoint = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
     data, vocab_size = checkpoint["config"]["data"], checkpoint["config"]["tokenizer"]["vocab_size"]
     train_docs, _, _ = split_documents(load_documents(data), data["val_fraction"])
-    assert ranks_from_text(cached.read_text()) == train_bpe("".join(train_docs), vocab_size)
+    assert ranks_from_text(cached.read_text()) == train_bpe_fast(train_docs, vocab_size)
     assert checkpoint["tokenizer"]["ranks"] == cached.read_text()
 
 
@@ -575,6 +576,10 @@ def test_a_terminal_gets_a_progress_bar_instead_of_step_lines_and_a_pipe_gets_th
     assert "| lr " not in shown  # the per-step lines went to the log file only...
     assert "step 20/20 | loss" in (tmp_path / "tty" / "train.log").read_text()
     assert "step 20: train loss" in shown and "done: best val loss" in shown  # ...the others print above the bar
+    for reading in ("reading the corpus", "reading text for BPE", r"tokenising \(bpe\)"):  # bytes of a known total
+        assert re.search(reading + r": +0%\|.*\| 0\.00/2\d\.\dk \[00:00<\?, \?B/s\]", shown), shown
+    assert "read 17 documents, 21,443 characters (21.4kB)" in shown and "merges in" in shown
+    assert "Progress:" not in shown  # nor the trainer's own steps
     piped = spawn_cli("train.py", *args, "hydra.run.dir=piped", cwd=tmp_path)
     assert "step 20/20 | loss" in piped.stdout and "| lr " in piped.stdout
     assert "█" not in piped.stdout + piped.stderr and "\r" not in piped.stderr  # no bar in a pipe

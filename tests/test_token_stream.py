@@ -10,15 +10,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
+import regex
 from conftest import ROOT, encode_documents, split_documents
 
 from data import corpus, token_stream
-from data.bpe import train_bpe
+from data.bpe import GPT2_PATTERN
 from data.corpus import load_documents
 from data.dataset import is_complete, prepare_tokens
+from data.tokenizer import train_bpe_fast
 
 LONG_TEXT = ("Naïve Zoë said: «ça va?» — ☃ snow, 雪.\r\n" * 30) + "x" * 700 + " end of a run with no spaces\n"
 
@@ -49,19 +52,48 @@ def test_the_stream_gives_the_ids_of_encoding_the_corpus_at_once(tmp_path, mixed
     train_docs, val_docs, val_continues = split_documents(load_documents(cfg), val_fraction)
     assert data.train.tolist() == encode_documents(data.tokenizer, train_docs)
     assert data.val.tolist() == encode_documents(data.tokenizer, val_docs, starts_mid_document=val_continues)
-    if tokenizer_cfg["kind"] == "bpe":  # learned from the train split, all of it here
-        assert data.tokenizer.encoding._mergeable_ranks == train_bpe("".join(train_docs), 400)
+    if tokenizer_cfg["kind"] == "bpe":  # learned from the train split's documents, all of them here
+        assert data.tokenizer.encoding._mergeable_ranks == train_bpe_fast(train_docs, 400)
 
 
-def test_a_large_train_split_teaches_bpe_from_evenly_spread_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr(token_stream, "BPE_SAMPLE_CHARS", 3_000)
-    monkeypatch.setattr(token_stream, "SAMPLE_BLOCK_CHARS", 500)
-    cfg = {"source": "stories", "seed": 1, "n_chars": 12_000, "val_fraction": 0.1}
+def test_bpe_learns_from_every_document_of_the_train_split_cut_only_where_pre_tokens_start(tmp_path, small_cuts):
+    cfg = {"source": "text", "path": str(tmp_path), "text_field": "text", "val_fraction": 0.4}
+    (tmp_path / "a.txt").write_text(LONG_TEXT)
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": f"Tom met Ana {i} times."}) for i in range(20)))
     survey = token_stream.survey_corpus(cfg, {"kind": "bpe"})
-    train_text = "".join(load_documents(cfg))[: survey.n_train]
-    stride = -(-survey.n_train // 3_000)
-    expected = "".join(train_text[i : i + 500] for i in range(0, survey.n_train, 500) if (i // 500) % stride == 0)
-    assert token_stream.train_sample(cfg, survey) == expected and len(expected) <= 3_000
+    train_docs, _, _ = split_documents(load_documents(cfg), 0.4)
+    sample = list(token_stream.train_sample(cfg, survey))
+    assert "".join(sample) == "".join(train_docs) and len(sample) > 2 * len(train_docs)
+    assert [regex.findall(GPT2_PATTERN, text) for text in train_docs] == pre_tokens_by_document(sample, train_docs)
+
+
+def pre_tokens_by_document(texts: list[str], documents: list[str]) -> list[list[str]]:
+    """The pre-tokens of texts that together make up documents, gathered per document."""
+    by_document, texts = [], iter(texts)
+    for document in documents:
+        chunks, covered = [], 0
+        while covered < len(document):
+            text = next(texts)
+            chunks += regex.findall(GPT2_PATTERN, text)
+            covered += len(text)
+        by_document.append(chunks)
+    return by_document
+
+
+def test_a_large_train_split_teaches_bpe_from_a_sample_of_its_length_spread_over_it(monkeypatch):
+    cfg = {"source": "stories", "seed": 1, "n_chars": 40_000, "val_fraction": 0.1}
+    survey = token_stream.survey_corpus(cfg, {"kind": "bpe"})
+    every_text = list(token_stream.train_sample(cfg, survey))  # all of the train split: under the cap
+    monkeypatch.setattr(token_stream, "BPE_SAMPLE_CHARS", 8_000)
+    sample = list(token_stream.train_sample(cfg, survey))
+    longest = max(map(len, every_text))
+    assert 8_000 - longest < sum(map(len, sample)) <= 8_000 + longest
+    quarters = Counter()  # characters of the sample from each quarter of the train split
+    segments = iter(zip(np.cumsum([0] + [len(text) for text in every_text]), every_text, strict=False))
+    for text in sample:
+        start = next(start for start, segment in segments if segment == text)  # whole segments, in order
+        quarters[4 * start // survey.n_train] += len(text)
+    assert all(1_200 < quarters[q] < 2_800 for q in range(4)), quarters  # evenly spread
 
 
 def test_a_run_killed_while_it_writes_the_token_cache_leaves_nothing_a_later_run_trusts(tmp_path):

@@ -2,17 +2,20 @@
 and the special <|endoftext|> token."""
 
 import time
+from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
 import regex
 import tiktoken.load
+from conftest import ROOT
 
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
 from data.dataset import prepare_tokens
 from data.gpt2_files import load_gpt2_encoding
 from data.stories import generate_stories
-from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state
+from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
 from training.errors import UserError
 from training.heatmap import readable_token
 
@@ -21,7 +24,7 @@ STORIES = "".join(generate_stories(seed=7, n_chars=60_000))
 
 
 def bpe(text: str, vocab_size: int, tmp_path):
-    return build_tokenizer({"kind": "bpe", "vocab_size": vocab_size}, set(text), lambda: text, cache_dir=tmp_path)
+    return build_tokenizer({"kind": "bpe", "vocab_size": vocab_size}, set(text), lambda: [text], tmp_path, corpus_key="test")
 
 
 def test_a_hand_worked_example_gives_the_expected_merges_and_tiktoken_applies_them():
@@ -72,6 +75,32 @@ def test_bpe_training_is_deterministic_and_stops_when_merges_run_out():
     assert len(tiny) < 300  # only a few merges exist in so little text
 
 
+SOURCES = "".join(path.read_text() for path in sorted((ROOT / "data").glob("*.py")))  # code and prose
+
+
+@pytest.mark.parametrize("text", [STORIES, SOURCES], ids=["stories", "sources"])
+def test_the_fast_trainer_learns_the_lessons_merges_in_its_order_until_a_tie(text):
+    lesson, fast = train_bpe(text, 1024), train_bpe_fast([text], 1024)
+    assert len(fast) == 1024 and len(set(lesson) & set(fast)) > 850
+    lesson_order, fast_order = sorted(lesson, key=lesson.get), sorted(fast, key=fast.get)
+    first = next(rank for rank, (a, b) in enumerate(zip(lesson_order, fast_order, strict=True)) if a != b)
+    assert first >= 256 + 20  # many merges agree first
+    # Where they part, the two picks tie: each glues a pair that is among the most frequent.
+    counts = pair_counts(text, {token: rank for rank, token in enumerate(lesson_order[:first])})
+    most = max(counts.values())
+    assert {lesson_order[first], fast_order[first]} <= {a + b for (a, b), n in counts.items() if n == most}
+
+
+def pair_counts(text: str, ranks: dict[bytes, int]) -> Counter[tuple[bytes, bytes]]:
+    """How often each adjacent pair of tokens occurs in text's pre-tokens, encoded with ranks."""
+    tokens = {rank: token for token, rank in ranks.items()}
+    counts: Counter[tuple[bytes, bytes]] = Counter()
+    for chunk, n in Counter(regex.findall(GPT2_PATTERN, text)).items():
+        for a, b in pairwise(lowest_rank_first(chunk, ranks)):
+            counts[tokens[a], tokens[b]] += n
+    return counts
+
+
 def test_bpe_round_trips_any_text_and_rebuilds_from_its_state(tmp_path):
     tokenizer = bpe(STORIES, 512, tmp_path)
     assert tokenizer.vocab_size == 513 and tokenizer.eot_id == 512  # 512 byte tokens, then <|endoftext|>
@@ -92,18 +121,11 @@ def test_bpe_ranks_are_kept_as_a_tiktoken_file_in_the_cache_and_reused(tmp_path)
     assert ranks_file.stat().st_mtime_ns == mtime and again.encode(STORIES[:500]) == tokenizer.encode(STORIES[:500])
 
 
-def test_learning_2048_tokens_from_the_default_corpus_is_quick(tmp_path):
-    text = "".join(generate_stories(seed=1337, n_chars=1_000_000))[:900_000]
-    start = time.perf_counter()
-    bpe(text, 2048, tmp_path)
-    assert time.perf_counter() - start < 30  # the issue's limit on 2 cores; typically well under 2 s
-
-
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_the_end_of_text_token_round_trips_and_plain_text_cannot_inject_it(kind, tmp_path):
     text = STORIES[:2000] + EOT
     if kind == "char":
-        tokenizer = build_tokenizer({"kind": "char"}, set(text), lambda: text, cache_dir=tmp_path)
+        tokenizer = build_tokenizer({"kind": "char"}, set(text), lambda: [text], tmp_path, corpus_key="test")
     else:
         tokenizer = bpe(text, 300, tmp_path)
     ids = tokenizer.encode("The end." + EOT + "Once")
