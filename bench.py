@@ -26,7 +26,9 @@ Sections (each figure is the median of --repeats runs):
     data       (not by default) tokenising a corpus of --data-mb megabytes (the .py files of this
                Python's installed packages, concatenated) from an empty cache, char and BPE (2,048
                tokens): each phase's time, MB/s and peak memory, beside the nanoGPT way (the whole
-               file read into memory and encoded at once; BPE with the same learned vocabulary)
+               file read into memory and encoded at once; BPE with the same learned vocabulary; up
+               to 200 MB); and learning 2,048 BPE tokens from its first 10 MB, by rustbpe and by
+               data/bpe.py
     tab        (not by default; needs Chromium, see make browser) the Attention tab in headless
                Chromium at 1280 x 800, for a short real run of the default model and of a 12 x 12
                one on a 128-token probe (5 logged steps each): time from navigation to the first
@@ -54,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from data.bpe import train_bpe
+from data.tokenizer import train_bpe_fast
 from model import GPT, GPTConfig, generate_tokens
 from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
@@ -325,6 +329,10 @@ def run_json(script: str, *args: str) -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
+AT_ONCE_MAX_MB = 200  # nanoGPT's way holds ~14 bytes per character: above this it would need many GB
+TRAINERS_MB = 10  # the lesson trainer learns from this much text in the trainers' comparison
+
+
 def bench_data(repeats: int, work: Path, megabytes: int) -> dict:
     corpus = work / "data-corpus.txt"
     work.mkdir(parents=True, exist_ok=True)
@@ -337,16 +345,26 @@ def bench_data(repeats: int, work: Path, megabytes: int) -> dict:
                         "cache_dir": str(work / f"data-cache-{kind}-{i}")}
             runs.append(run_json(STREAMED_SCRIPT, json.dumps(data_cfg), json.dumps(tokenizer_cfg)))
         streamed = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        entry = next((work / f"data-cache-{kind}-0" / "tokens").iterdir())
-        state = json.loads((entry / "meta.json").read_text())["tokenizer"]
-        in_memory = [run_json(IN_MEMORY_SCRIPT, str(corpus), json.dumps(state)) for _ in range(repeats)]
-        results[kind] = {
-            "streamed": {**streamed, "mb_per_s": n_bytes / 1e6 / streamed["seconds"]},
-            "in_memory": {"tokens": in_memory[0]["tokens"], "seconds": statistics.median(r["seconds"] for r in in_memory),
-                          "peak_mib": statistics.median(r["peak_mib"] for r in in_memory),
-                          "mb_per_s": n_bytes / 1e6 / statistics.median(r["seconds"] for r in in_memory)},
-        }
+        results[kind] = {"streamed": {**streamed, "mb_per_s": n_bytes / 1e6 / streamed["seconds"]}}
+        if megabytes <= AT_ONCE_MAX_MB:
+            entry = next((work / f"data-cache-{kind}-0" / "tokens").iterdir())
+            state = json.loads((entry / "meta.json").read_text())["tokenizer"]
+            in_memory = [run_json(IN_MEMORY_SCRIPT, str(corpus), json.dumps(state)) for _ in range(repeats)]
+            seconds = statistics.median(r["seconds"] for r in in_memory)
+            results[kind]["in_memory"] = {"tokens": in_memory[0]["tokens"], "seconds": seconds,
+                                          "peak_mib": statistics.median(r["peak_mib"] for r in in_memory),
+                                          "mb_per_s": n_bytes / 1e6 / seconds}
+    results["trainers"] = bpe_trainers(corpus, repeats)
     return results
+
+
+def bpe_trainers(corpus: Path, repeats: int) -> dict:
+    """rustbpe beside data/bpe.py, the lesson trainer, learning 2,048 tokens from the same text."""
+    with open(corpus, encoding="utf-8") as file:
+        text = file.read(TRAINERS_MB * 1_000_000)
+    return {"mb": len(text.encode()) / 1e6,
+            "rustbpe_s": median_time(lambda: train_bpe_fast([text], 2048), repeats, warmup=0),
+            "lesson_s": median_time(lambda: train_bpe(text, 2048), repeats, warmup=0)}
 
 
 # The tab section's runs: config overrides on top of a short run that logs attention 5 times.
@@ -440,14 +458,16 @@ def print_table(results: dict) -> None:
     if "data" in results:
         d = results["data"]
         for kind in ("char", "bpe"):
-            st, mem = d[kind]["streamed"], d[kind]["in_memory"]
+            st, mem = d[kind]["streamed"], d[kind].get("in_memory")
             learn = f", of which learning the vocabulary {st['tokenizer_s']:.1f} s" if kind == "bpe" else ""
-            rows += [
-                (f"tokenising {d['corpus_mb']:.0f} MB, {kind}, streamed",
-                 f"{st['seconds']:.1f} s ({st['mb_per_s']:.1f} MB/s){learn}; peak memory {st['peak_mib']:.0f} MiB"),
-                ("  the same at once (nanoGPT's way)", f"{mem['seconds']:.1f} s ({mem['mb_per_s']:.1f} MB/s); "
-                                                      f"peak memory {mem['peak_mib']:.0f} MiB"),
-            ]
+            rows.append((f"tokenising {d['corpus_mb']:.0f} MB, {kind}, streamed",
+                         f"{st['seconds']:.1f} s ({st['mb_per_s']:.1f} MB/s){learn}; peak memory {st['peak_mib']:.0f} MiB"))
+            rows.append(("  the same at once (nanoGPT's way)",
+                         f"{mem['seconds']:.1f} s ({mem['mb_per_s']:.1f} MB/s); peak memory {mem['peak_mib']:.0f} MiB"
+                         if mem else f"not run above {AT_ONCE_MAX_MB} MB (it holds the whole corpus in memory)"))
+        t = d["trainers"]
+        rows.append((f"learning 2,048 BPE tokens from {t['mb']:.0f} MB",
+                     f"rustbpe {t['rustbpe_s']:.1f} s, data/bpe.py {t['lesson_s']:.1f} s ({t['lesson_s'] / t['rustbpe_s']:.0f}x)"))
     for shape, t in results.get("tab", {}).items():
         rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
                                                  f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))

@@ -15,6 +15,10 @@ rank, which replays the merges in the order they were learned.
 
     train_bpe(text, vocab_size) -> dict[bytes, int]
     ranks_to_text(ranks) / ranks_from_text(text)   the .tiktoken file format
+
+This file is the lesson. Training runs learn their vocabulary with rustbpe, the same algorithm in
+Rust (data/tokenizer.py, train_bpe_fast): tests/test_tokenizers.py checks that the two learn the
+same merges in the same order until two pairs tie, which they break differently.
 """
 
 import base64

@@ -52,3 +52,4 @@ def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_i
         assert streamed["tokens"] == at_once["tokens"] + 1 > 1  # the same ids, and the <|endoftext|> before the file
         assert streamed["seconds"] >= streamed["encode_s"] > 0 and streamed["peak_mib"] > 0 and at_once["peak_mib"] > 0
     assert "tokenising 1 MB, bpe, streamed" in result.stdout
+    assert data["trainers"]["mb"] == data["corpus_mb"] and data["trainers"]["lesson_s"] > data["trainers"]["rustbpe_s"] > 0
