@@ -92,10 +92,11 @@ def split_pieces(pieces: Iterator[Piece], n_train: int) -> Iterator[tuple[str, P
         position = end
 
 
-def segments(pieces: Iterable[tuple[str, Piece]]) -> Iterator[tuple[str, str | None]]:
+def segments(pieces: Iterable[tuple[str, Piece]], cut_anywhere: bool = False) -> Iterator[tuple[str, str | None]]:
     """(split, text) in order, with (split, None) where a document starts (its <|endoftext|>).
     Each text ends at a safe cut, a document's end or the train/val cut, so encoding the texts
-    one by one gives the ids of encoding each document (each side of the cut) at once."""
+    one by one gives the ids of encoding each document (each side of the cut) at once.
+    cut_anywhere: each piece goes on whole (one token per character needs no safe cut)."""
     carry, carry_split = "", "train"  # the end of a document not yet safe to hand on
     for split, piece in pieces:
         if (piece.starts_document or split != carry_split) and carry:
@@ -104,7 +105,7 @@ def segments(pieces: Iterable[tuple[str, Piece]]) -> Iterator[tuple[str, str | N
         if piece.starts_document:
             yield split, None
         text = carry + piece.text
-        cut = safe_cut(text)
+        cut = len(text) if cut_anywhere else safe_cut(text)
         if cut:
             yield split, text[:cut]
         carry, carry_split = text[cut:], split
@@ -173,7 +174,7 @@ def encoded_corpus(data_cfg: Mapping[str, Any], tokenizer: Tokenizer, survey: Su
     started = time.perf_counter()
     with progress(f"tokenising ({tokenizer.kind})", total=survey.n_bytes) as bar:
         pieces = split_pieces(shown(read_corpus(data_cfg), bar), survey.n_train)
-        yield from encoded_batches(tokenizer, segments(pieces))
+        yield from encoded_batches(tokenizer, segments(pieces, cut_anywhere=tokenizer.kind == "char"))
     seconds = time.perf_counter() - started
     log.info(f"tokenised {survey.n_chars:,} characters in {seconds:.1f} s ({survey.n_chars / seconds / 1e6:.1f} M chars/s)")
 
