@@ -29,6 +29,11 @@ Sections (each figure is the median of --repeats runs):
                file read into memory and encoded at once; BPE with the same learned vocabulary; up
                to 200 MB); and learning 2,048 BPE tokens from its first 10 MB, by rustbpe and by
                data/bpe.py
+    nanogpt    (not by default; needs --nanogpt <a checkout of karpathy/nanoGPT>) nanoGPT itself,
+               side by side with this project: its README CPU recipe's ms per iteration over
+               --steps iterations (after the first 50), and the whole recipe (2,000 iterations)
+               start to exit with the val loss it prints; with the training and quality sections
+               in the same run, the ratios
     tab        (not by default; needs Chromium, see make browser) the Attention tab in headless
                Chromium at 1280 x 800, for a short real run of the default model and of a 12 x 12
                one on a 128-token probe (5 logged steps each): time from navigation to the first
@@ -43,7 +48,9 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,7 +70,7 @@ from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parent
-SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "data", "tab")
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "data", "nanogpt", "tab")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention")
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
@@ -367,6 +374,51 @@ def bpe_trainers(corpus: Path, repeats: int) -> dict:
             "lesson_s": median_time(lambda: train_bpe(text, 2048), repeats, warmup=0)}
 
 
+# nanoGPT's README CPU recipe, as its own command line (its config file plus these flags).
+NANOGPT_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+                  "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+                  "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config", "data/shakespeare_char/prepare.py")
+
+
+def bench_nanogpt(repeats: int, steps: int, corpus: Path, checkout: Path | None, work: Path) -> dict:
+    """nanoGPT's own train.py in a copy of its files, on the same corpus (its prepare.py reads
+    input.txt when present, so nothing is downloaded)."""
+    if checkout is None:
+        sys.exit("error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
+    if not all((checkout / name).exists() for name in NANOGPT_FILES):
+        sys.exit(f"error: --nanogpt {checkout} is not a nanoGPT checkout (it needs {', '.join(NANOGPT_FILES)}); "
+                 "clone karpathy/nanoGPT and give its folder")
+    if not corpus.is_file():
+        sys.exit(f"error: --corpus {corpus} does not exist; give tiny shakespeare's input.txt")
+    copy = work / "nanogpt"
+    for name in NANOGPT_FILES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if (checkout / name).is_dir() else shutil.copy)(checkout / name, copy / name)
+    shutil.copy(corpus, copy / "data/shakespeare_char/input.txt")
+    subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=copy, check=True, capture_output=True)
+    ms = [statistics.mean(nanogpt_run(copy, [f"--max_iters={steps}", "--eval_interval=100000"])[0][50:])
+          for _ in range(repeats)]
+    recipes = [nanogpt_run(copy, []) for _ in range(repeats)]
+    return {"ms_per_iter": statistics.median(ms), "tokens_per_sec": TOKENS_PER_STEP / statistics.median(ms) * 1e3,
+            "recipe_seconds": statistics.median(seconds for _, _, seconds in recipes),
+            "recipe_val_loss": statistics.median(val for _, val, _ in recipes)}
+
+
+def nanogpt_run(copy: Path, flags: list[str]) -> tuple[list[float], float, float]:
+    """nanoGPT's recipe with flags on top: (ms of each iteration, the last val loss it printed,
+    wall seconds start to exit)."""
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "train.py", *NANOGPT_RECIPE, *flags, "--always_save_checkpoint=False"],
+                            cwd=copy, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        sys.exit(f"error: nanoGPT's run failed:\n{result.stderr[-2000:]}")
+    ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", result.stdout, re.M)]
+    vals = re.findall(r"val loss ([\d.]+)", result.stdout)
+    return ms, float(vals[-1]) if vals else float("nan"), seconds
+
+
 # The tab section's runs: config overrides on top of a short run that logs attention 5 times.
 TAB_RUNS = {
     "default model (4 x 4, 64-token probe)": [],
@@ -468,6 +520,14 @@ def print_table(results: dict) -> None:
         t = d["trainers"]
         rows.append((f"learning 2,048 BPE tokens from {t['mb']:.0f} MB",
                      f"rustbpe {t['rustbpe_s']:.1f} s, data/bpe.py {t['lesson_s']:.1f} s ({t['lesson_s'] / t['rustbpe_s']:.0f}x)"))
+    if "nanogpt" in results:
+        n = results["nanogpt"]
+        ours = results.get("training", {}).get("ms_per_step")
+        rows.append(("nanoGPT itself, same shape", f"{n['tokens_per_sec']:,.0f} tokens/s ({n['ms_per_iter']:.1f} ms/iteration)"
+                     + (f"; this trainer {n['ms_per_iter'] / ours:.2f}x its speed" if ours else "")))
+        quality = results.get("quality", {}).get("seconds")
+        rows.append(("nanoGPT itself, its CPU recipe", f"{n['recipe_seconds']:.1f} s to val {n['recipe_val_loss']:.4f}"
+                     + (f"; the preset takes {quality / n['recipe_seconds']:.2f}x its time" if quality else "")))
     for shape, t in results.get("tab", {}).items():
         rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
                                                  f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))
@@ -487,6 +547,7 @@ def main() -> None:
     parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
                         help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
+    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt section")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
     args = parser.parse_args()
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -517,6 +578,8 @@ def main() -> None:
         results["attention"] = bench_attention(args.repeats)
     if "data" in sections:
         results["data"] = bench_data(args.repeats, work, args.data_mb)
+    if "nanogpt" in sections:
+        results["nanogpt"] = bench_nanogpt(args.repeats, args.steps, args.corpus.resolve(), args.nanogpt, work)
     if "tab" in sections:
         results["tab"] = bench_tab(args.repeats, work)
 

@@ -37,7 +37,7 @@ def test_an_unknown_section_is_one_clear_line(tmp_path):
     result = spawn_cli("bench.py", "--only", "speed", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, data, tab)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, data, nanogpt, tab)\n"
     )
 
 
@@ -53,3 +53,14 @@ def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_i
         assert streamed["seconds"] >= streamed["encode_s"] > 0 and streamed["peak_mib"] > 0 and at_once["peak_mib"] > 0
     assert "tokenising 1 MB, bpe, streamed" in result.stdout
     assert data["trainers"]["mb"] == data["corpus_mb"] and data["trainers"]["lesson_s"] > data["trainers"]["rustbpe_s"] > 0
+
+
+def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_path):
+    # The section itself needs nanoGPT's code, which this project does not ship (see the README).
+    missing = spawn_cli("bench.py", "--only", "nanogpt", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert missing.stderr == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder\n"
+    (tmp_path / "train.py").write_text("")
+    not_nanogpt = spawn_cli("bench.py", "--only", "nanogpt", "--nanogpt", str(tmp_path), cwd=tmp_path)
+    assert not_nanogpt.returncode == 1 and not_nanogpt.stderr.count("\n") == 1
+    assert not_nanogpt.stderr.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
