@@ -20,7 +20,7 @@ Sections (each figure is the median of --repeats runs):
                tokens/s after the first log window, and wall time with compiling from scratch
     sampling   1,000 new tokens at block_size 256, with and without the KV cache, for
                nanoGPT's shakespeare-char model (6 layers, 6 heads, 384 dims) and this
-               project's default model (4 layers, 4 heads, 128 dims)
+               project's default model (configs/model/gpt.yaml, vocabulary 1,274)
     attention  forward + backward of the sdpa and manual paths against the same projections
                around a bare scaled_dot_product_attention call
     data       (not by default) tokenising a corpus of --data-mb megabytes (the .py files of this
@@ -61,6 +61,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.bpe import train_bpe
@@ -68,6 +69,7 @@ from data.tokenizer import train_bpe_fast
 from model import GPT, GPTConfig, generate_tokens
 from model.attention import CausalSelfAttention
 from training.checkpoint import load_checkpoint, model_from_checkpoint
+from training.config import build_model
 
 ROOT = Path(__file__).resolve().parent
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "data", "nanogpt", "tab")
@@ -209,17 +211,25 @@ def bench_recipe(repeats: int, corpus: Path, work: Path) -> dict:
 
 
 # The models sampled from, both at block_size 256: nanoGPT's shakespeare-char model (its
-# train_shakespeare_char config: 6 layers, 6 heads, 384 dims, 10.7 M parameters) and this
-# project's default model (4 layers, 4 heads, 128 dims, 0.8 M), whose cached steps are so small
-# that per-operation overhead, not arithmetic, sets their speed.
-SAMPLING_MODELS = {"L6_H6_C384": (6, 6, 384), "L4_H4_C128": (4, 4, 128)}
+# train_shakespeare_char config: GPT-2 blocks, 6 layers, 6 heads, 384 dims, 10.7 M parameters)
+# and this project's default model (configs/model/gpt.yaml, with the default run's BPE
+# vocabulary of 1,274 tokens), whose cached steps are so small that per-operation overhead, not
+# arithmetic, sets their speed.
+DEFAULT_RUN_VOCAB = 1274
+
+
+def sampling_models() -> dict[str, GPT]:
+    default = OmegaConf.load(ROOT / "configs/model/gpt.yaml")
+    default.block_size = 256
+    return {"L6_H6_C384": GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)),
+            "default": build_model(default, DEFAULT_RUN_VOCAB)}
 
 
 def bench_sampling(repeats: int, new_tokens: int) -> dict:
     results = {}
-    for name, (n_layer, n_head, n_embd) in SAMPLING_MODELS.items():
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=n_layer, n_head=n_head, n_embd=n_embd)).eval()
+    torch.manual_seed(0)
+    for name, model in sampling_models().items():
+        model.eval()
         prompt = torch.zeros(1, 1, dtype=torch.long)
 
         def tokens_per_sec(use_kv_cache: bool, model: GPT = model, prompt: torch.Tensor = prompt) -> float:
@@ -231,7 +241,8 @@ def bench_sampling(repeats: int, new_tokens: int) -> dict:
 
         cached, recomputed = tokens_per_sec(True), tokens_per_sec(False)
         results[name] = {"params": model.num_parameters(), "kv_cache_tokens_per_sec": cached,
-                         "recompute_tokens_per_sec": recomputed, "speedup": cached / recomputed}
+                         "kv_cache_ms_per_token": 1e3 / cached, "recompute_tokens_per_sec": recomputed,
+                         "speedup": cached / recomputed}
     return results
 
 
@@ -498,8 +509,9 @@ def print_table(results: dict) -> None:
         ]
     for shape, s in results.get("sampling", {}).items():
         rows += [
-            (f"sampling, {shape} block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache, "
-                                             f"{s['recompute_tokens_per_sec']:,.0f} recomputing ({s['speedup']:.1f}x)"),
+            (f"sampling, {shape} model, block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache "
+                                                   f"({s['kv_cache_ms_per_token']:.2f} ms/token), "
+                                                   f"{s['recompute_tokens_per_sec']:,.0f} recomputing ({s['speedup']:.1f}x)"),
         ]
     for shape, a in results.get("attention", {}).items():
         rows.append((
