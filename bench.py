@@ -31,7 +31,7 @@ Sections (each figure is the median of --repeats runs):
                data/bpe.py
     nanogpt    (not by default; needs --nanogpt <a checkout of karpathy/nanoGPT>) nanoGPT itself,
                side by side with this project: its README CPU recipe's ms per iteration over
-               --steps iterations (after the first 50), and the whole recipe (2,000 iterations)
+               --steps iterations (after the first sixth), and the whole recipe (2,000 iterations)
                start to exit with the val loss it prints; with the training and quality sections
                in the same run, the ratios
     tab        (not by default; needs Chromium, see make browser) the Attention tab in headless
@@ -376,12 +376,17 @@ def bench_data(repeats: int, work: Path, megabytes: int) -> dict:
     return results
 
 
+def megabyte_pieces(text: str) -> list[str]:
+    """text in 1 MB pieces, as the stream hands them to rustbpe (which splits its pieces over the cores)."""
+    return [text[i : i + 1_000_000] for i in range(0, len(text), 1_000_000)]
+
+
 def bpe_trainers(corpus: Path, repeats: int) -> dict:
     """rustbpe beside data/bpe.py, the lesson trainer, learning 2,048 tokens from the same text."""
     with open(corpus, encoding="utf-8") as file:
         text = file.read(TRAINERS_MB * 1_000_000)
     return {"mb": len(text.encode()) / 1e6,
-            "rustbpe_s": median_time(lambda: train_bpe_fast([text], 2048), repeats, warmup=0),
+            "rustbpe_s": median_time(lambda: train_bpe_fast(megabyte_pieces(text), 2048), repeats, warmup=0),
             "lesson_s": median_time(lambda: train_bpe(text, 2048), repeats, warmup=0)}
 
 
@@ -405,11 +410,18 @@ def bench_nanogpt(repeats: int, steps: int, corpus: Path, checkout: Path | None,
     copy = work / "nanogpt"
     for name in NANOGPT_FILES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if (checkout / name).is_dir() else shutil.copy)(checkout / name, copy / name)
+        if (checkout / name).is_dir():
+            shutil.copytree(checkout / name, copy / name, dirs_exist_ok=True)
+        else:
+            shutil.copy(checkout / name, copy / name)
     shutil.copy(corpus, copy / "data/shakespeare_char/input.txt")
-    subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=copy, check=True, capture_output=True)
-    ms = [statistics.mean(nanogpt_run(copy, [f"--max_iters={steps}", "--eval_interval=100000"])[0][50:])
-          for _ in range(repeats)]
+    prepared = subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=copy, capture_output=True, text=True)
+    if prepared.returncode != 0:
+        sys.exit(f"error: nanoGPT's data/shakespeare_char/prepare.py failed:\n{prepared.stderr[-2000:]}")
+    ms = []
+    for _ in range(repeats):
+        iterations = nanogpt_run(copy, [f"--max_iters={steps}", "--eval_interval=100000"])[0]
+        ms.append(statistics.mean(iterations[len(iterations) // 6:]))  # the first sixth: warming up
     recipes = [nanogpt_run(copy, []) for _ in range(repeats)]
     return {"ms_per_iter": statistics.median(ms), "tokens_per_sec": TOKENS_PER_STEP / statistics.median(ms) * 1e3,
             "recipe_seconds": statistics.median(seconds for _, _, seconds in recipes),
@@ -426,6 +438,9 @@ def nanogpt_run(copy: Path, flags: list[str]) -> tuple[list[float], float, float
     if result.returncode != 0:
         sys.exit(f"error: nanoGPT's run failed:\n{result.stderr[-2000:]}")
     ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", result.stdout, re.M)]
+    if len(ms) < 2:
+        sys.exit("error: nanoGPT's run printed fewer than 2 'iter N: loss ..., time ...ms' lines; "
+                 "give --steps 100 or more, with a nanoGPT whose train.py prints them")
     vals = re.findall(r"val loss ([\d.]+)", result.stdout)
     return ms, float(vals[-1]) if vals else float("nan"), seconds
 

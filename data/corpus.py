@@ -212,5 +212,10 @@ def jsonl_documents(file: Path, stream: BinaryIO, text_field: str) -> Iterator[P
         if not isinstance(text, str):
             raise UserError(f"{where}: {text_field!r} holds a JSON {type(text).__name__}, not text; "
                             "set data.text_field to the field that holds the text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{where}: {text_field!r} holds a lone surrogate escape (\\ud800 to \\udfff), which is "
+                            "not text; fix or remove that line") from None
         if text.strip():
             yield Piece(text.replace("\r\n", "\n"), starts_document=True)

@@ -95,7 +95,8 @@ def split_pieces(pieces: Iterator[Piece], n_train: int) -> Iterator[tuple[str, P
 def segments(pieces: Iterable[tuple[str, Piece]], cut_anywhere: bool = False) -> Iterator[tuple[str, str | None]]:
     """(split, text) in order, with (split, None) where a document starts (its <|endoftext|>).
     Each text ends at a safe cut, a document's end or the train/val cut, so encoding the texts
-    one by one gives the ids of encoding each document (each side of the cut) at once.
+    one by one gives the ids of encoding each document (each side of the cut) at once (except
+    where MAX_SEGMENT_CHARS without a safe cut force one).
     cut_anywhere: each piece goes on whole (one token per character needs no safe cut)."""
     carry, carry_split = "", "train"  # the end of a document not yet safe to hand on
     for split, piece in pieces:
@@ -115,17 +116,19 @@ def segments(pieces: Iterable[tuple[str, Piece]], cut_anywhere: bool = False) ->
 
 def train_sample(data_cfg: Mapping[str, Any], survey: Survey) -> Iterator[str]:
     """The text BPE learns from, as segments (so its pre-tokens are those of whole documents): the
-    whole train split when it has at most BPE_SAMPLE_CHARS characters, else about that many, one
-    segment in every `stride` characters, spread evenly from its start to its end."""
-    stride = -(-survey.n_train // BPE_SAMPLE_CHARS)
+    whole train split when it has at most BPE_SAMPLE_CHARS characters, else about that many (one
+    segment more at most), the segments taken whenever the sample falls behind its share,
+    BPE_SAMPLE_CHARS / n_train, of what has been read: spread evenly from start to end."""
+    share = min(1.0, BPE_SAMPLE_CHARS / max(survey.n_train, 1))
     taken = position = 0
-    with progress("reading text for BPE", total=survey.n_bytes) as bar:
+    train_bytes = survey.n_bytes * survey.n_train // max(survey.n_chars, 1)  # about where the val split starts
+    with progress("reading text for BPE", total=train_bytes) as bar:
         for split, text in segments(split_pieces(shown(read_corpus(data_cfg), bar), survey.n_train)):
             if split == "val":
                 break
             if text is None:
                 continue
-            if taken * stride <= position:  # the sample is behind its share of what has been read
+            if taken <= share * position:  # the sample is behind its share of what has been read
                 yield text
                 taken += len(text)
             position += len(text)

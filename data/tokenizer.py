@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 EOT = "<|endoftext|>"
 KINDS = ("char", "bpe", "gpt2")
-TRAINER_BUFFER_TEXTS = 64  # texts rustbpe holds at once: with texts of up to ~1M characters, 64 MB or so
+TRAINER_BUFFER_TEXTS = 64  # texts rustbpe holds at once (a text is a segment: usually about 1M characters at most)
 
 
 class Tokenizer(Protocol):

@@ -87,6 +87,7 @@ def test_jsonl_reads_the_field_data_text_field_names(tmp_path):
     ('{"text": "ok"}\n\n{"body": "x", "id": 3}\n', "s.jsonl, line 3: no 'text' field (it has 'body', 'id'); set data.text_field"),
     ('["a list"]\n', "s.jsonl, line 1: no 'text' field (it has a JSON list, no fields)"),
     ('{"text": 42}\n', "s.jsonl, line 1: 'text' holds a JSON int, not text"),
+    ('{"text": "ok"}\n{"text": "half a pair \\ud800"}\n', "s.jsonl, line 2: 'text' holds a lone surrogate escape"),
 ])
 def test_a_bad_jsonl_line_is_named_by_file_and_line(tmp_path, content, message):
     (tmp_path / "s.jsonl").write_text(content)
