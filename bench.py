@@ -535,32 +535,43 @@ def print_table(results: dict) -> None:
             f"manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)",
         ))
     if "data" in results:
-        d = results["data"]
-        for kind in ("char", "bpe"):
-            st, mem = d[kind]["streamed"], d[kind].get("in_memory")
-            learn = f", of which learning the vocabulary {st['tokenizer_s']:.1f} s" if kind == "bpe" else ""
-            rows.append((f"tokenising {d['corpus_mb']:.0f} MB, {kind}, streamed",
-                         f"{st['seconds']:.1f} s ({st['mb_per_s']:.1f} MB/s){learn}; peak memory {st['peak_mib']:.0f} MiB"))
-            rows.append(("  the same at once (nanoGPT's way)",
-                         f"{mem['seconds']:.1f} s ({mem['mb_per_s']:.1f} MB/s); peak memory {mem['peak_mib']:.0f} MiB"
-                         if mem else f"not run above {AT_ONCE_MAX_MB} MB (it holds the whole corpus in memory)"))
-        t = d["trainers"]
-        rows.append((f"learning 2,048 BPE tokens from {t['mb']:.0f} MB",
-                     f"rustbpe {t['rustbpe_s']:.1f} s, data/bpe.py {t['lesson_s']:.1f} s ({t['lesson_s'] / t['rustbpe_s']:.0f}x)"))
+        rows += data_rows(results["data"])
     if "nanogpt" in results:
-        n = results["nanogpt"]
-        ours = results.get("training", {}).get("ms_per_step")
-        rows.append(("nanoGPT itself, same shape", f"{n['tokens_per_sec']:,.0f} tokens/s ({n['ms_per_iter']:.1f} ms/iteration)"
-                     + (f"; this trainer {n['ms_per_iter'] / ours:.2f}x its speed" if ours else "")))
-        quality = results.get("quality", {}).get("seconds")
-        rows.append(("nanoGPT itself, its CPU recipe", f"{n['recipe_seconds']:.1f} s to val {n['recipe_val_loss']:.4f}"
-                     + (f"; the preset takes {quality / n['recipe_seconds']:.2f}x its time" if quality else "")))
+        rows += nanogpt_rows(results)
     for shape, t in results.get("tab", {}).items():
         rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
                                                  f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+
+
+def data_rows(d: dict) -> list[tuple[str, str]]:
+    rows = []
+    for kind in ("char", "bpe"):
+        st, mem = d[kind]["streamed"], d[kind].get("in_memory")
+        learn = f", of which learning the vocabulary {st['tokenizer_s']:.1f} s" if kind == "bpe" else ""
+        rows.append((f"tokenising {d['corpus_mb']:.0f} MB, {kind}, streamed",
+                     f"{st['seconds']:.1f} s ({st['mb_per_s']:.1f} MB/s){learn}; peak memory {st['peak_mib']:.0f} MiB"))
+        rows.append(("  the same at once (nanoGPT's way)",
+                     f"{mem['seconds']:.1f} s ({mem['mb_per_s']:.1f} MB/s); peak memory {mem['peak_mib']:.0f} MiB"
+                     if mem else f"not run above {AT_ONCE_MAX_MB} MB (it holds the whole corpus in memory)"))
+    t = d["trainers"]
+    rows.append((f"learning 2,048 BPE tokens from {t['mb']:.0f} MB",
+                 f"rustbpe {t['rustbpe_s']:.1f} s, data/bpe.py {t['lesson_s']:.1f} s ({t['lesson_s'] / t['rustbpe_s']:.0f}x)"))
+    return rows
+
+
+def nanogpt_rows(results: dict) -> list[tuple[str, str]]:
+    """nanoGPT's figures, and the ratios to this project's when its sections ran too."""
+    n = results["nanogpt"]
+    ours, quality = results.get("training", {}).get("ms_per_step"), results.get("quality", {}).get("seconds")
+    return [
+        ("nanoGPT itself, same shape", f"{n['tokens_per_sec']:,.0f} tokens/s ({n['ms_per_iter']:.1f} ms/iteration)"
+         + (f"; this trainer {n['ms_per_iter'] / ours:.2f}x its speed" if ours else "")),
+        ("nanoGPT itself, its CPU recipe", f"{n['recipe_seconds']:.1f} s to val {n['recipe_val_loss']:.4f}"
+         + (f"; the preset takes {quality / n['recipe_seconds']:.2f}x its time" if quality else "")),
+    ]
 
 
 def main() -> None:
