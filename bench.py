@@ -80,8 +80,8 @@ TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 # (learned positions, LayerNorm, GELU, no QK-norm) and AdamW on a cosine schedule.
 NANOGPT_CPU_SHAPE = [
     "tokenizer=char", "model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64", "model.dropout=0.0",
-    "model.pos=learned", "model.norm=layernorm", "model.mlp=gelu", "model.qk_norm=false",
-    "train.batch_size=12", "optim.lr=1e-3", "optim.min_lr=1e-4", "optim.schedule=cosine",
+    "model.pos=learned", "model.norm=layernorm", "model.mlp=gelu", "model.qk_norm=false", "model.smear=false",
+    "train.batch_size=12", "optim.name=adamw", "optim.lr=1e-3", "optim.min_lr=1e-4", "optim.schedule=cosine",
 ]
 TOKENS_PER_STEP = 12 * 64  # batch x block
 

@@ -4,7 +4,6 @@ from typing import Protocol
 
 import torch
 
-from model.attention import KVCache
 from model.gpt import GPT, eval_mode
 
 
@@ -69,7 +68,7 @@ def generate_tokens(
     block_size = model.config.block_size
     keep = max(1, block_size * 3 // 4)  # tokens the window keeps when it slides
     start = max(0, idx.shape[1] - block_size)  # the window is idx[:, start:]
-    caches = None  # one KVCache per layer, for the current window
+    caches = None  # the KV caches (model.new_caches()) of the current window
     with eval_mode(model):
         for _ in range(max_new_tokens):
             if idx.shape[1] - start > block_size:  # the window is full: slide it, start a new cache
@@ -77,7 +76,7 @@ def generate_tokens(
             if not use_kv_cache:
                 logits, _ = model(idx[:, start:])  # (B, T, vocab_size): the whole window, again
             elif caches is None:
-                caches = [KVCache(block_size) for _ in model.blocks]
+                caches = model.new_caches()
                 logits, _ = model(idx[:, start:], caches=caches)  # (B, T, vocab_size), filling the caches
             else:
                 logits, _ = model(idx[:, -1:], caches=caches)  # (B, 1, vocab_size): the newest token alone

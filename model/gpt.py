@@ -4,6 +4,8 @@ What is here:
     GPTConfig  the shape of the network (the keys of the `model` config group, plus vocab_size)
     MLP        position-wise feed-forward: Linear(C, 4C) -> GELU -> Linear(4C, C)
     Block      pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))
+    Smear      each token's embedding takes in a gated share of the previous token's
+    Caches     what generation keeps between calls: a KVCache per layer, the last embedding
     GPT        the whole model; forward() gives logits and the loss, attention_weights()
                the per-layer maps for a probe (generation is in model/generation.py).
 
@@ -48,6 +50,7 @@ class GPTConfig:
     mlp: str = "gelu"  # "gelu" (GPT-2) or "relu2": ReLU(x)^2
     tie_head: bool = True  # the LM head shares the token embedding matrix
     qk_norm: bool = False  # RMS-normalise queries and keys in every head before scoring
+    smear: bool = False  # add to each token's embedding a gated share of the previous token's
 
 
 POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2")
@@ -95,6 +98,41 @@ class Block(nn.Module):
         return x, attn_weights
 
 
+class Smear(nn.Module):
+    """x[t] + gate(x[t]) * x[t-1]: every token's embedding also carries the token before it.
+
+    A head that should find "the token after an earlier X" (to copy it) then only has to
+    match keys that hold X, which one attention layer can do from the start. The gate, a
+    number in (0, 1) per token, is learned from the token itself. The first token of a
+    window has no previous token: it takes in zeros."""
+
+    def __init__(self, n_embd: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(n_embd, 1)
+
+    def forward(self, x: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, C) token embeddings; before: (B, 1, C), the embedding of the token just
+        before x[:, 0] (generation with a cache), or None at the start of a window."""
+        if before is None:
+            before = torch.zeros_like(x[:, :1])  # (B, 1, C)
+        previous = torch.cat([before, x[:, :-1]], dim=1)  # (B, T, C): x shifted one token right
+        return x + torch.sigmoid(self.gate(x)) * previous  # (B, T, C) + (B, T, 1) * (B, T, C)
+
+
+@dataclass
+class Caches:
+    """What generation keeps between calls of GPT.forward on the same window: each layer's
+    KVCache, and the last token's embedding for Smear."""
+
+    layers: list[KVCache]
+    last_embedding: torch.Tensor | None = None  # (B, 1, C)
+
+    @property
+    def length(self) -> int:
+        """How many tokens of the window the caches hold."""
+        return self.layers[0].length
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -102,6 +140,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         # With rope, positions enter inside attention instead (model/attention.py).
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
+        self.smear = Smear(config.n_embd) if config.smear else None
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = make_norm(config)
@@ -130,30 +169,44 @@ class GPT(nn.Module):
         """Distinct parameters (the tied head/embedding matrix counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(
-        self, idx: torch.Tensor, need_weights: bool, caches: list[KVCache] | None = None
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        B, T = idx.shape
-        start = caches[0].length if caches else 0  # tokens already in the KV caches come first
+    def new_caches(self) -> Caches:
+        """Empty caches for generating one window of up to block_size tokens."""
+        return Caches([KVCache(self.config.block_size) for _ in self.blocks])
+
+    def embed(self, idx: torch.Tensor, caches: Caches | None = None) -> torch.Tensor:
+        """The first block's input for idx (B, T): token embeddings, smeared and with learned
+        positions where those are turned on. Returns (B, T, C)."""
+        T = idx.shape[1]
+        start = caches.length if caches is not None else 0  # tokens already in the caches come first
         if self.config.block_size < start + T:
             raise ValueError(f"sequence length {start + T} exceeds block_size={self.config.block_size}")
         x = self.tok_emb(idx)  # (B, T, C)
+        if self.smear is not None:
+            before = caches.last_embedding if caches is not None else None  # (B, 1, C) or None
+            if caches is not None:
+                caches.last_embedding = x[:, -1:]  # (B, 1, C): the next call's `before`
+            x = self.smear(x, before)  # (B, T, C)
         if self.pos_emb is not None:
             positions = torch.arange(start, start + T, device=idx.device)  # (T,)
             x = x + self.pos_emb(positions)  # (B, T, C) + (T, C) -> (B, T, C)
-        x = self.dropout(x)
+        return self.dropout(x)
+
+    def hidden_states(
+        self, idx: torch.Tensor, need_weights: bool, caches: Caches | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        x = self.embed(idx, caches)  # (B, T, C)
         all_weights = []
         for layer, block in enumerate(self.blocks):
-            x, attn_weights = block(x, need_weights, caches[layer] if caches else None)  # (B, T, C), (B, H, T, S) or None
+            x, attn_weights = block(x, need_weights, caches.layers[layer] if caches is not None else None)  # (B, T, C), (B, H, T, S) or None
             if need_weights:
                 all_weights.append(attn_weights)
         return self.ln_f(x), all_weights  # (B, T, C)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, caches: list[KVCache] | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, caches: Caches | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx: (B, T) token ids; targets: (B, T) next-token ids or None; caches: one KVCache
-        per layer holding the tokens before idx (generation), or None.
+        """idx: (B, T) token ids; targets: (B, T) next-token ids or None; caches: what the
+        tokens before idx left (generation, from new_caches()), or None.
         Returns logits (B, T, vocab_size) and the mean cross-entropy loss (or None)."""
         x, _ = self.hidden_states(idx, need_weights=False, caches=caches)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, vocab_size)

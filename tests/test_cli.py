@@ -289,7 +289,7 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(content)
         start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
         assert start.hparams["model.n_head"].number_value == n_head
-        assert start.hparams["optim.name"].string_value == "adamw"
+        assert start.hparams["optim.name"].string_value == "muon"
         experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
         assert "hparams/best_val_loss" in {m.name.tag for m in experiment.metric_infos}
         best = events.Scalars("hparams/best_val_loss")[-1].value

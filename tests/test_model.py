@@ -25,7 +25,8 @@ def test_loss_at_init_is_close_to_ln_vocab_size():
 
 # Every architecture option (model.pos, norm, mlp, tie_head, qk_norm) against the GPT-2 defaults.
 ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False}, {"qk_norm": True},
-                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True}]
+                        {"smear": True},
+                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True, "smear": True}]
 
 
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")
@@ -236,6 +237,20 @@ def test_each_architecture_option_samples_the_same_with_and_without_the_kv_cache
     model = tiny_gpt(block_size=16, **options)
     prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0))
     assert torch.equal(generate_tokens(model, prompt, 30, temperature=0), generate_tokens(model, prompt, 30, temperature=0, use_kv_cache=False))
+
+
+def test_smear_gives_each_position_its_own_token_and_the_one_before_and_nothing_else():
+    model = tiny_gpt(smear=True)
+    idx = torch.randint(0, 65, (1, 10), generator=torch.Generator().manual_seed(0))
+    changed = idx.clone()
+    changed[0, 4] = (idx[0, 4] + 1) % 65
+    with torch.no_grad():
+        moved = (model.embed(changed) - model.embed(idx)).abs().amax(dim=-1)[0]  # (T,)
+    assert moved[4] > 0 and moved[5] > 0  # the token itself, and the next one, which takes it in
+    assert moved[[0, 1, 2, 3, 6, 7, 8, 9]].max() == 0
+    plain = tiny_gpt()
+    with torch.no_grad():
+        assert (plain.embed(changed) - plain.embed(idx)).abs().amax(dim=-1)[0, 5] == 0
 
 
 def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():

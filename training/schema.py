@@ -83,6 +83,7 @@ class ModelSchema:
     mlp: MLP = MISSING
     tie_head: bool = MISSING
     qk_norm: bool = MISSING
+    smear: bool = MISSING
 
 
 @dataclass
