@@ -121,6 +121,17 @@ def fitted(tmp_path_factory):
     return workdir, fit(run, TrainState())
 
 
+def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fitted, tmp_path):
+    cfg = tiny_config(f"data.cache_dir={fitted[0] / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
+                      "train.log_interval=1", "train.eval_train=false")
+    ranks, precision, data, model = build_data_and_model(cfg)
+    figures = fit(build_run(cfg, tmp_path, ranks, precision, data, model), TrainState())
+    assert [sorted(e) for e in figures.evaluations] == [["step", "val"]] * 4
+    assert [e["val"] for e in figures.evaluations] == [e["val"] for e in fitted[1].evaluations]  # the same batches
+    events = EventAccumulator(str(tmp_path)).Reload()
+    assert "loss/val" in events.Tags()["scalars"] and "loss/train" not in events.Tags()["scalars"]
+
+
 def test_fit_returns_every_evaluation_and_the_best_val_loss_it_saved(fitted):
     run_dir, figures = fitted
     assert [e["step"] for e in figures.evaluations] == [0, 5, 10, 12]  # every 5 steps, and the last

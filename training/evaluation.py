@@ -12,12 +12,13 @@ from training.precision import Precision
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, data: TokenData, batch_size: int, block_size: int, eval_iters: int, ranks: Ranks,
-    precision: Precision, seed: int,
+    precision: Precision, seed: int, splits: tuple[str, ...] = ("train", "val"),
 ) -> dict[str, float]:
-    """Mean loss over eval_iters batches of each split. The batches are the same at every
+    """Mean loss over eval_iters batches of each split in splits. The batches are the same at every
     evaluation (a fixed seed), so the curve shows the model changing, not the batches. Under
     torchrun the ranks share them out (batch i to rank i mod ranks) and add up their sums, so
-    the result does not depend on how many processes there are."""
+    the result does not depend on how many processes there are. A split left out of splits
+    still has its batches drawn (not run), so the other split's batches stay the same."""
     rng = np.random.default_rng(seed + 1)
     losses = {}
     with eval_mode(model):
@@ -25,8 +26,9 @@ def evaluate(
             total = 0.0
             for i in range(eval_iters):
                 x, y = get_batch(tokens, batch_size, block_size, rng)  # every rank draws every batch: the rng stays in step
-                if i % ranks.world_size == ranks.rank:
+                if split in splits and i % ranks.world_size == ranks.rank:
                     with precision.autocast():
                         total += model(x.to(ranks.device), y.to(ranks.device))[1].item()
-            losses[split] = ranks.sum(total) / eval_iters
+            if split in splits:
+                losses[split] = ranks.sum(total) / eval_iters
     return losses

@@ -62,10 +62,11 @@ class Evaluation:
 
     def __call__(self, state: TrainState) -> None:
         run, train = self.run, self.run.cfg.train
+        splits = ("train", "val") if train.eval_train else ("val",)
         losses = evaluate(run.eval_model, run.data, train.batch_size, run.cfg.model.block_size, train.eval_iters,
-                          run.ranks, run.precision, train.seed)
-        self.tb.scalars(state.step, {"loss/train": losses["train"], "loss/val": losses["val"]})
-        log.info(f"step {state.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                          run.ranks, run.precision, train.seed, splits)
+        self.tb.scalars(state.step, {f"loss/{split}": loss for split, loss in losses.items()})
+        log.info(f"step {state.step}: " + ", ".join(f"{split} loss {loss:.4f}" for split, loss in losses.items()))
         self.history.append({"step": state.step, **losses})
 
 

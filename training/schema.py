@@ -152,6 +152,7 @@ class LoopSchema:
     eval_interval: int = MISSING
     eval_iters: int = MISSING
     eval_at_start: bool = MISSING
+    eval_train: bool = MISSING
     log_interval: int = MISSING
     attn_log_interval: int = MISSING
     sample_interval: int = MISSING
