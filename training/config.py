@@ -104,6 +104,11 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
     return resumed, changes
 
 
+# Keys added after runs were saved without them, with the value that does what the versions
+# before them did, so that such a run resumes unchanged.
+ADDED_KEYS = {"model.smear": False, "train.eval_train": True}
+
+
 def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:
     """The checkpoint's config, typed and checked against training/schema.py as a new run's is."""
     fix = "start a new run, or sample from it"
@@ -114,6 +119,8 @@ def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:
         raise UserError(f"resume={resume}: this checkpoint's config does not fit this version of train.py ({detail}); {fix}") from None
     except KeyError as err:  # a data.source or tokenizer.kind this version has no schema for
         raise UserError(f"resume={resume}: this checkpoint's config names {err}, which this version of train.py does not know; {fix}") from None
+    for key in ADDED_KEYS.keys() & OmegaConf.missing_keys(resumed):
+        OmegaConf.update(resumed, key, ADDED_KEYS[key])
     missing = sorted(OmegaConf.missing_keys(resumed))
     require(not missing, f"resume={resume}: this checkpoint's config has no {', '.join(missing)} (it was saved by an older version); {fix}")
     return resumed
