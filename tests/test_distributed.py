@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 # char tokens and GPT-2's blocks so that every weight's first AdamW step is far from Adam's eps
 # (with a BPE vocabulary some embedding rows, with QK-norm some attn.proj weights, get gradients
 # near 1e-8, where float sums in another order move the step by 5e-6), and 1e-6 below holds.
-GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu"]
+GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "model.smear=false"]
 QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
 
 

@@ -167,7 +167,7 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_pa
     # while, saving at every step: kill -9 the moment a new ckpt_last.pt is being written.
     run = tmp_path / "run"
     args = [
-        *TINY_RUN, "model.n_embd=256", "model.n_layer=4", "train.max_steps=300", "train.eval_interval=1",
+        *TINY_RUN, "optim.name=adamw", "model.n_embd=256", "model.n_layer=4", "train.max_steps=300", "train.eval_interval=1",
         "train.eval_iters=1", "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run",
     ]
     process = start_training(*args, cwd=tmp_path)

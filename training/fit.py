@@ -25,7 +25,7 @@ log = logging.getLogger("train")
 class Figures:
     """What a run measured, for the caller (train.py's last lines, bench.py, tests)."""
     best_val_loss: float
-    evaluations: list[dict[str, float]]  # {"step", "train", "val"}, in order
+    evaluations: list[dict[str, float]]  # {"step", "train", "val"}, in order ("train" only with eval_train)
     tokens_per_sec: list[float] = field(default_factory=list)  # one per logged window
     skipped: int = 0
 

@@ -53,12 +53,12 @@ class Saver:
 
 
 class Evaluation:
-    """Train and val loss, to TensorBoard and the log."""
+    """Train and val loss (val alone with train.eval_train=false), to TensorBoard and the log."""
 
     def __init__(self, run: Run, tb: RunLogger) -> None:
         self.run, self.tb = run, tb
         self.due = Every(run.cfg.train.eval_interval, at_start=run.cfg.train.eval_at_start)
-        self.history: list[dict[str, float]] = []  # {"step", "train", "val"} of every evaluation
+        self.history: list[dict[str, float]] = []  # {"step", "train", "val"} of every evaluation ("train" only with eval_train)
 
     def __call__(self, state: TrainState) -> None:
         run, train = self.run, self.run.cfg.train

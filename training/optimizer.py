@@ -1,5 +1,5 @@
-"""The optimizer: AdamW for everything (the default), or Muon for the hidden weight matrices
-with AdamW for the rest (optim.name=muon).
+"""The optimizer: Muon for the hidden weight matrices with AdamW for the rest (the default,
+optim.name=muon), or AdamW for everything (optim.name=adamw).
 
 AdamW decays the 2-D weight matrices only: biases and norm gains are not decayed, since
 shrinking a gain towards 0 would only fight the normalisation it exists to undo.

@@ -1,6 +1,6 @@
 """Everything a run writes to TensorBoard, under fixed tag names:
 
-    loss/train, loss/val                  mean losses at each evaluation
+    loss/train, loss/val                  mean losses at each evaluation (loss/train: unless eval_train=false)
     train/batch_loss, train/lr, train/grad_norm, train/tokens_per_sec   every log_interval steps
     train/skipped_nonfinite               batches skipped for a NaN/inf loss (train.skip_nonfinite)
     attention/layer_{l}/head_{h}          heatmaps of the probe text, every attn_log_interval steps
