@@ -18,9 +18,10 @@ Sections (each figure is the median of --repeats runs):
                AdamW at lr 1e-3 with a cosine schedule, learned positions, GELU; wall time and val loss
     compile    (not by default) the training section's runs eager and with train.compile=true:
                tokens/s after the first log window, and wall time with compiling from scratch
-    sampling   1,000 new tokens at block_size 256, with and without the KV cache, for
-               nanoGPT's shakespeare-char model (6 layers, 6 heads, 384 dims) and this
-               project's default model (configs/model/gpt.yaml, vocabulary 1,274)
+    sampling   1,000 new tokens at block_size 256, with and without the KV cache, and with the
+               compiled decode step (compile=true; also its compile time), for nanoGPT's
+               shakespeare-char model (6 layers, 6 heads, 384 dims) and this project's default
+               model (configs/model/gpt.yaml, vocabulary 1,274)
     attention  forward + backward of the sdpa and manual paths against the same projections
                around a bare scaled_dot_product_attention call
     data       (not by default) tokenising a corpus of --data-mb megabytes (the .py files of this
@@ -68,6 +69,7 @@ from data.bpe import train_bpe
 from data.tokenizer import train_bpe_fast
 from model import GPT, GPTConfig, generate_tokens
 from model.attention import CausalSelfAttention
+from model.decode_step import CompiledDecodeStep
 from training.checkpoint import load_checkpoint, model_from_checkpoint
 from training.config import build_model
 
@@ -232,17 +234,25 @@ def bench_sampling(repeats: int, new_tokens: int) -> dict:
         model.eval()
         prompt = torch.zeros(1, 1, dtype=torch.long)
 
-        def tokens_per_sec(use_kv_cache: bool, model: GPT = model, prompt: torch.Tensor = prompt) -> float:
+        def tokens_per_sec(use_kv_cache: bool, model: GPT = model, prompt: torch.Tensor = prompt,
+                           decode_step: CompiledDecodeStep | None = None) -> float:
             def generate() -> None:
                 generator = torch.Generator().manual_seed(1)
-                generate_tokens(model, prompt, new_tokens, temperature=1.0, generator=generator, use_kv_cache=use_kv_cache)
+                generate_tokens(model, prompt, new_tokens, temperature=1.0, generator=generator, use_kv_cache=use_kv_cache,
+                                decode_step=decode_step)
             # Recomputing takes seconds per run, so one-off start-up costs do not matter there.
             return new_tokens / median_time(generate, repeats, warmup=1 if use_kv_cache else 0)
 
+        started = time.perf_counter()
+        decode_step = CompiledDecodeStep(model, batch_size=1, temperature=1.0, top_k=None, top_p=None)
+        build_seconds = time.perf_counter() - started
         cached, recomputed = tokens_per_sec(True), tokens_per_sec(False)
+        compiled = tokens_per_sec(True, decode_step=decode_step)
         results[name] = {"params": model.num_parameters(), "kv_cache_tokens_per_sec": cached,
                          "kv_cache_ms_per_token": 1e3 / cached, "recompute_tokens_per_sec": recomputed,
-                         "speedup": cached / recomputed}
+                         "speedup": cached / recomputed, "compiled_tokens_per_sec": compiled,
+                         "compiled_ms_per_token": 1e3 / compiled, "compiled_speedup": compiled / recomputed,
+                         "compile_seconds": build_seconds}
     return results
 
 
@@ -527,6 +537,9 @@ def print_table(results: dict) -> None:
             (f"sampling, {shape} model, block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache "
                                                    f"({s['kv_cache_ms_per_token']:.2f} ms/token), "
                                                    f"{s['recompute_tokens_per_sec']:,.0f} recomputing ({s['speedup']:.1f}x)"),
+            ("  compiled decode step (compile=true)", f"{s['compiled_tokens_per_sec']:,.0f} tokens/s "
+                                                     f"({s['compiled_ms_per_token']:.2f} ms/token, {s['compiled_speedup']:.1f}x "
+                                                     f"recomputing), after {s['compile_seconds']:.1f} s compiling"),
         ]
     for shape, a in results.get("attention", {}).items():
         rows.append((

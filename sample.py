@@ -7,9 +7,11 @@ model's config, its weights and its tokenizer.
 Every option is in configs/sample.yaml. Nothing is written anywhere.
 """
 
+import sys
 from pathlib import Path
 
 import hydra
+import torch
 from omegaconf import DictConfig
 
 from model.generation import generate_text
@@ -31,15 +33,22 @@ def sample(cfg: DictConfig) -> None:
     model, tokenizer = model_from_checkpoint(load_checkpoint(path))
     model.to(device)
     validate_sample_config(cfg, tokenizer.vocab_size)
+    if cfg.compile:
+        print("compile=true: compiling the decode step first (about 20 s the first time, 6 s once "
+              "Inductor has cached its kernels)", file=sys.stderr, flush=True)
 
     try:
         texts = generate_text(
             model, tokenizer, cfg.prompt, cfg.max_new_tokens,
             temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
-            num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache,
+            num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache, compile=cfg.compile,
         )
     except FloatingPointError as error:
         raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None
+    except torch._dynamo.exc.BackendCompilerFailed as error:  # only compile=true gets here
+        reason = str(error).strip().splitlines()[0]
+        raise UserError(f"compile=true: torch.compile could not build the decode step ({reason}); "
+                        "run with compile=false") from None
     for i, text in enumerate(texts):
         if cfg.num_samples > 1:
             print(f"--- sample {i + 1} of {cfg.num_samples} ---")

@@ -54,8 +54,10 @@ class KVCache:
         """Append this call's keys and values (B, H, T, D); return all of them (B, H, S, D)."""
         B, H, T, D = k.shape
         if self.k is None:
-            self.k = k.new_empty(B, H, self.max_length, D)  # (B, H, max_length, D)
-            self.v = v.new_empty(B, H, self.max_length, D)  # (B, H, max_length, D)
+            # Zeros, not uninitialised memory: the compiled decode step (model/decode_step.py)
+            # multiplies the slots not written yet by zero weights, and 0 * NaN would be NaN.
+            self.k = k.new_zeros(B, H, self.max_length, D)  # (B, H, max_length, D)
+            self.v = v.new_zeros(B, H, self.max_length, D)  # (B, H, max_length, D)
         start, end = self.length, self.length + T
         if end > self.max_length:
             raise ValueError(f"the KV cache holds {self.max_length} tokens; {end} do not fit")
@@ -144,7 +146,7 @@ class CausalSelfAttention(nn.Module):
         #    QK-norm and rotary positions, where turned on. A KV cache (when generating) holds
         #    the earlier tokens: these T come after them, and their keys and values join them.
         start = cache.length if cache is not None else 0  # the position of this call's first token
-        q, k = self._qk_norm_and_rope(q, k, start)  # (B, H, T, D), (B, H, T, D)
+        q, k = self.qk_norm_and_rope(q, k, slice(start, start + T))  # (B, H, T, D), (B, H, T, D)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, H, S, D), (B, H, S, D); the queries are only these T tokens
         S = k.shape[2]  # keys: these T tokens and any cached earlier ones
@@ -154,9 +156,9 @@ class CausalSelfAttention(nn.Module):
 
         # 4-6. Scores, softmax over keys, weighted sum of values: spelt out, or one fused call.
         if need_weights or self.attention == "manual":
-            out, weights = self._manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, S)
+            out, weights = self.attend_manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, S)
         else:
-            out, weights = self._sdpa(q, k, v, visible, no_key_visible), None  # (B, H, T, D)
+            out, weights = self.attend_sdpa(q, k, v, visible, no_key_visible), None  # (B, H, T, D)
 
         # 7. Merge the heads: undo the transpose, then lay the H x D values side by side.
         #    transpose() only changes strides; contiguous() copies into the new order so
@@ -167,16 +169,17 @@ class CausalSelfAttention(nn.Module):
         out = self.resid_dropout(self.proj(out))  # (B, T, C)
         return out, weights
 
-    def _qk_norm_and_rope(self, q: torch.Tensor, k: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """QK-norm, then rotary positions, each if turned on; q and k (B, H, T, D) are the
-        tokens at positions start .. start + T - 1."""
+    def qk_norm_and_rope(
+        self, q: torch.Tensor, k: torch.Tensor, positions: slice | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm, then rotary positions, each if turned on. q and k (B, H, T, D) are the
+        tokens at `positions`: a slice start .. start + T, or a (T,) tensor of positions."""
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), each (q or k) vector at RMS 1, times a gain
         # With rotary positions, turn each query and key by its token's position, so that
         # q . k depends on how far apart two tokens are, not on where they are.
         if self.rope_length:
-            T = q.shape[2]
-            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, D/2) each
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, D/2) each
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, H, T, D)
         return q, k
 
@@ -204,7 +207,7 @@ class CausalSelfAttention(nn.Module):
         visible = visible | no_key_visible  # (B, 1, T, S)
         return visible, no_key_visible
 
-    def _manual(
+    def attend_manual(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -229,7 +232,7 @@ class CausalSelfAttention(nn.Module):
         out = self.attn_dropout(weights) @ v  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
         return out, weights
 
-    def _sdpa(
+    def attend_sdpa(
         self,
         q: torch.Tensor,
         k: torch.Tensor,

@@ -29,6 +29,7 @@ def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
     assert 900_000 < sampling["default"]["params"] < 1_000_000  # the default model, with the default run's vocabulary
     assert 10_000_000 < sampling["L6_H6_C384"]["params"] < 11_000_000  # nanoGPT's shakespeare-char model
     assert all(s["kv_cache_tokens_per_sec"] > 0 and s["recompute_tokens_per_sec"] > 0 for s in sampling.values())
+    assert all(s["compiled_tokens_per_sec"] > 0 and s["compile_seconds"] > 0 for s in sampling.values())
     assert set(figures["attention"]) == {"B8_T256_C384_H6", "B12_T64_C128_H4"}
     assert "tokens/s with KV cache" in result.stdout and f"written: {out}" in result.stdout
     assert (out.parent / next(p.name for p in out.parent.iterdir() if p.name.startswith("runs-"))).is_dir()

@@ -208,6 +208,27 @@ def test_sampling_with_and_without_the_kv_cache_gives_the_same_text(trained_run,
     assert cached.stdout == recomputed.stdout and cached.stdout.count("Once upon a time") == 3
 
 
+def test_sampling_with_the_compiled_decode_step_gives_the_eager_text(trained_run, tmp_path):
+    # 40 new tokens after <eot> + 4 prompt tokens: past the tiny run's block_size of 32, so the
+    # window slides and the compiled step goes on from caches that GPT.forward refilled.
+    args = [f"run={trained_run}", "prompt=Once upon a time", "max_new_tokens=40", "num_samples=2", "temperature=1", "top_k=20"]
+    eager = run_cli("sample.py", *args, cwd=tmp_path)
+    compiled = run_cli("sample.py", *args, "compile=true", cwd=tmp_path)
+    assert eager.returncode == 0 and compiled.returncode == 0, eager.stderr + compiled.stderr
+    assert compiled.stdout == eager.stdout and eager.stdout.count("Once upon a time") == 2
+    assert "compile=true: compiling the decode step first" in compiled.stderr
+
+
+def test_a_decode_step_that_cannot_compile_is_one_line_that_names_the_way_out(trained_run, tmp_path):
+    env = {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    result = spawn_cli("sample.py", f"run={trained_run}", "max_new_tokens=5", "compile=true", cwd=tmp_path, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout, result.stderr
+    note, error = result.stderr.strip().splitlines()  # what it was doing, then why it stopped
+    assert note.startswith("compile=true: compiling the decode step first")
+    assert error.startswith("error: compile=true: torch.compile could not build the decode step (")
+    assert error.endswith("run with compile=false")
+
+
 def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_path):
     greedy = ["max_new_tokens=10", "temperature=0", "prompt=The"]
     by_file = run_cli("sample.py", f"run={trained_run / 'ckpt_best.pt'}", *greedy, cwd=tmp_path)
@@ -389,6 +410,7 @@ def assert_one_error_line(result, message: str) -> None:
         (["max_new_tokens=abc"], "error: max_new_tokens=abc must be a whole number"),
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
         (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false"),
+        (["compile=true", "use_kv_cache=false"], "error: compile=true compiles the cached one-token step"),
     ],
 )
 def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tmp_path, args, message):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, eval_mode
-from model.generation import filter_logits, generate_text, generate_tokens
+from model.generation import generate_text, generate_tokens
+from model.sampling import filter_logits
 
 
 def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overrides) -> GPT:

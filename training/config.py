@@ -67,6 +67,8 @@ def validate_sample_config(cfg: Any, vocab_size: int) -> None:
     require(not cfg.top_k or 0 < cfg.top_k <= vocab_size,
             f"top_k={cfg.top_k} must be between 1 and the vocabulary size {vocab_size} (or 0: off)")
     require(cfg.top_p is None or 0 < cfg.top_p <= 1, f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
+    require(cfg.use_kv_cache or not cfg.compile,
+            "compile=true compiles the cached one-token step: drop use_kv_cache=false, or compile=true")
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:

@@ -196,6 +196,7 @@ class SampleSchema:
     num_samples: int = MISSING
     seed: int = MISSING
     use_kv_cache: bool = MISSING
+    compile: bool = MISSING
     device: str = MISSING
 
 

@@ -1,0 +1,157 @@
+"""One decoding step at shapes that never change, captured and compiled into fused kernels:
+what generation runs for each new token with compile=True (model/generation.py).
+
+Eager, a cached step is about 200 small operations per token, and with a model this small the
+fixed cost of each operation is most of the time. Compiled, the step becomes a few fused C++
+loops. Compiling needs the same shapes at every token, so the new key and value are written
+into slot `position` of each KVCache's block_size slots, and the query looks at all slots
+through a mask that hides the ones not written yet. The math is GPT.forward's with caches,
+then sampling.choose_next_token; tests/test_decode_step.py checks both against the eager path.
+"""
+
+import logging
+
+import torch
+from torch import nn
+
+from model.attention import CausalSelfAttention
+from model.gpt import GPT, Caches
+from model.sampling import choose_next_token
+
+# For CPU: C++ rather than Python glue between the kernels, one block of memory planned for all
+# the step's buffers instead of an allocation each, and the one-row matmuls written as fused
+# multiply-and-sum loops, since at this size a BLAS call's set-up costs more than its arithmetic.
+INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "post_grad_fusion_options": {"decompose_mm_pass": {}}}
+
+
+def one_token_logits(
+    model: GPT,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    last_embedding: torch.Tensor,
+    slots: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next-token logits after `token` (B, 1), the token at `position` (a (1,) tensor).
+
+    last_embedding: (B, 1, C), the previous token's embedding (used by Smear only).
+    slots: each layer's KVCache keys, then each layer's values, all (B, H, block_size, D), with
+    slots 0 .. position - 1 filled; this token's key and value are written into slot `position`.
+    Returns logits (B, vocab_size) and this token's embedding (B, 1, C), the next last_embedding.
+    """
+    n_layer = len(model.blocks)
+    keys, values = slots[:n_layer], slots[n_layer:]
+    embedding = model.tok_emb(token)  # (B, 1, C)
+    x = model.smear(embedding, last_embedding) if model.smear is not None else embedding  # (B, 1, C)
+    if model.pos_emb is not None:
+        x = x + model.pos_emb(position)  # (B, 1, C) + (1, C)
+    slot_positions = torch.arange(model.config.block_size, device=token.device)  # (S,), S = block_size
+    visible = (slot_positions <= position).view(1, 1, 1, -1)  # (1, 1, 1, S): the filled slots and this one
+    for block, k_slots, v_slots in zip(model.blocks, keys, values, strict=True):
+        x = x + attend_one(block.attn, block.ln_1(x), k_slots, v_slots, position, visible)  # (B, 1, C)
+        x = x + block.mlp(block.ln_2(x))  # (B, 1, C)
+    logits = model.lm_head(model.ln_f(x))  # (B, 1, vocab_size)
+    return logits[:, -1], embedding  # (B, vocab_size), (B, 1, C)
+
+
+def attend_one(
+    attn: CausalSelfAttention,
+    x: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    position: torch.Tensor,
+    visible: torch.Tensor,
+) -> torch.Tensor:
+    """CausalSelfAttention.forward for one token x (B, 1, C) whose key and value go into slot
+    `position` of k_slots and v_slots (B, H, S, D). Returns (B, 1, C)."""
+    B, _, C = x.shape
+    H, D = attn.n_head, attn.head_dim
+    q, k, v = attn.qkv(x).split(C, dim=2)  # 3 x (B, 1, C)
+    q = q.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+    k = k.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+    v = v.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+    q, k = attn.qk_norm_and_rope(q, k, position)  # (B, H, 1, D), (B, H, 1, D)
+    k_slots.index_copy_(2, position, k)  # (B, H, S, D) with this token's key in its slot
+    v_slots.index_copy_(2, position, v)  # (B, H, S, D)
+    out, _ = attn.attend_manual(q, k_slots, v_slots, visible, None)  # (B, H, 1, D)
+    out = out.transpose(1, 2).reshape(B, 1, C)  # (B, 1, H, D) -> (B, 1, C)
+    return attn.proj(out)  # (B, 1, C)
+
+
+class NextTokenStep(nn.Module):
+    """one_token_logits then choose_next_token, as one module for torch.export to capture."""
+
+    def __init__(self, model: GPT, temperature: float, top_k: int | None, top_p: float | None) -> None:
+        super().__init__()
+        self.model = model
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+
+    def forward(
+        self, token: torch.Tensor, position: torch.Tensor, last_embedding: torch.Tensor, uniform: torch.Tensor,
+        *slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns the next token (B, 1), whether the logits were all finite (a bool tensor),
+        and this token's embedding (B, 1, C)."""
+        logits, embedding = one_token_logits(self.model, token, position, last_embedding, list(slots))  # (B, V), (B, 1, C)
+        next_token = choose_next_token(logits, self.temperature, self.top_k, self.top_p, uniform)  # (B, 1)
+        return next_token, torch.isfinite(logits).all(), embedding
+
+
+class CompiledDecodeStep:
+    """NextTokenStep for one model, batch size and choice of sampling settings, captured with
+    torch.export and compiled by Inductor. Building it takes seconds (the first time on a
+    machine about 20 s, then about 6 s: Inductor caches its kernels); each call then costs
+    about a third of the eager step (README, "Benchmarks"). Calls must match the batch size it was built for."""
+
+    def __init__(self, model: GPT, batch_size: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+        self.model = model
+        config, device = model.config, next(model.parameters()).device
+        head_dim = config.n_embd // config.n_head
+        example = (
+            torch.zeros(batch_size, 1, dtype=torch.long, device=device),  # token
+            torch.zeros(1, dtype=torch.long, device=device),  # position
+            torch.zeros(batch_size, 1, config.n_embd, device=device),  # last_embedding
+            torch.full((batch_size, config.vocab_size), 0.5, device=device),  # uniform
+            *(torch.zeros(batch_size, config.n_head, config.block_size, head_dim, device=device)
+              for _ in range(2 * config.n_layer)),  # slots
+        )
+        self._position = example[1]  # refilled for each call
+        self._stand_ins = example[2], example[3]  # the last_embedding and uniform of a call without them
+        program = torch.export.export(NextTokenStep(model, temperature, top_k, top_p).eval(), example)
+        from torch._inductor import compile as inductor_compile  # here, not at the top: it takes a second to import
+
+        graph = program.module()
+        # Its hooks (input checks that the compiled code repeats) are lambdas, which Inductor's
+        # cache cannot key; without them a later process reuses more of the compiled code.
+        graph._forward_pre_hooks.clear()
+        graph._forward_hooks.clear()
+        # The whole-graph cache cannot key an exported graph either (a warning with a traceback);
+        # the kernels themselves are still cached, so that message is kept off the user's screen.
+        cache_log = logging.getLogger("torch._inductor.codecache")
+        level = cache_log.level
+        cache_log.setLevel(logging.ERROR)
+        try:
+            with torch.no_grad():  # an inference graph: no autograd records around the kernels
+                self._run = inductor_compile(graph, list(example), options=INDUCTOR_OPTIONS)
+        finally:
+            cache_log.setLevel(level)
+
+    def __call__(self, token: torch.Tensor, caches: Caches, uniform: torch.Tensor | None) -> torch.Tensor:
+        """The next token (B, 1) after token (B, 1); caches (filled by GPT.forward) take in this
+        token as GPT.forward would have done. uniform: uniform_noise's (B, V), or None at
+        temperature 0."""
+        # The compiled code expects the strides it was built with: token and last_embedding
+        # may be slices of longer tensors, so they are copied into fresh contiguous ones.
+        token = token.clone(memory_format=torch.contiguous_format)  # (B, 1)
+        position = self._position.fill_(caches.length)  # (1,)
+        last_embedding, stand_in_uniform = self._stand_ins  # without smear, last_embedding is not read
+        if caches.last_embedding is not None:
+            last_embedding = caches.last_embedding.clone(memory_format=torch.contiguous_format)  # (B, 1, C)
+        uniform = uniform if uniform is not None else stand_in_uniform  # temperature 0 reads none
+        slots = [cache.k for cache in caches.layers] + [cache.v for cache in caches.layers]
+        next_token, finite, embedding = self._run(token, position, last_embedding, uniform, *slots)
+        for cache in caches.layers:
+            cache.length += 1
+        caches.last_embedding = embedding  # (B, 1, C)
+        if not finite:
+            raise FloatingPointError("the model's next-token logits are NaN or inf: its weights have diverged")
+        return next_token

@@ -1,0 +1,52 @@
+"""Choosing the next token from the model's next-token logits: greedy, or a draw after
+temperature, top-k and top-p. Eager generation and the compiled decode step both choose here."""
+
+import torch
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Set to -inf every logit outside the top_k likeliest and outside the smallest set
+    whose probabilities reach top_p. logits: (B, V); returns (B, V).
+    top_k keeps tokens tied with the k-th likeliest too. top_k None or 0 and top_p None or
+    1.0 leave the logits unchanged."""
+    if top_k:
+        k = min(top_k, logits.size(-1))
+        kth_largest = torch.topk(logits, k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))  # (B, V)
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (B, V), (B, V)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)  # (B, V)
+        # Probability mass of the tokens ranked before each token: a token stays while that
+        # mass is below top_p. The likeliest token always stays, whatever top_p is.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V)
+        drop_sorted = mass_before >= top_p  # (B, V)
+        drop_sorted[:, 0] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))  # (B, V)
+    return logits
+
+
+def uniform_noise(
+    batch_size: int, vocab_size: int, temperature: float, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor | None:
+    """The random numbers choose_next_token needs for one step: (B, V) uniform in [0, 1), or
+    None at temperature 0 (greedy draws nothing)."""
+    if temperature == 0:
+        return None
+    return torch.rand(batch_size, vocab_size, generator=generator, device=device)  # (B, V)
+
+
+def choose_next_token(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, uniform: torch.Tensor | None
+) -> torch.Tensor:
+    """The next token (B, 1) for next-token logits (B, V): the likeliest at temperature 0, else a
+    draw from softmax(filter_logits(logits / temperature)), made from uniform (B, V)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)  # (B, V)
+    # -log(u) of a uniform u is an Exp(1) draw, and the token whose probability divided by its
+    # own Exp(1) draw is largest is distributed as the probabilities say (the Gumbel-max trick,
+    # as torch.multinomial draws one sample). Everything here is elementwise: it compiles into
+    # one loop, and torch.rand is several times cheaper than drawing Exp(1) numbers directly.
+    exponential = -torch.log(uniform)  # (B, V)
+    return (probs / exponential).argmax(dim=-1, keepdim=True)  # (B, 1)

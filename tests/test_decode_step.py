@@ -1,0 +1,41 @@
+"""The fixed-shape one-token step (model/decode_step.py) against GPT.forward with caches, and
+the sampler both paths share (model/sampling.py)."""
+
+import pytest
+import torch
+
+from model.decode_step import one_token_logits
+from model.sampling import choose_next_token
+from tests.test_model import ARCHITECTURE_OPTIONS, tiny_gpt
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")
+def test_the_one_token_step_gives_the_cached_forwards_logits_and_fills_the_same_slot(options):
+    model = tiny_gpt(block_size=16, **options).eval()
+    tokens = torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        caches = model.new_caches()
+        model(tokens[:, :5], caches=caches)  # 5 tokens in the caches, as generation's first call leaves them
+        slots = [cache.k.clone() for cache in caches.layers] + [cache.v.clone() for cache in caches.layers]
+        last_embedding = caches.last_embedding if options.get("smear") else torch.zeros(2, 1, 32)
+        for position in range(5, 9):  # four steps, each one token further into the window
+            token = tokens[:, position : position + 1]  # (B, 1)
+            expected, _ = model(token, caches=caches)  # (B, 1, V)
+            logits, last_embedding = one_token_logits(model, token, torch.tensor([position]), last_embedding, slots)
+            torch.testing.assert_close(logits, expected[:, -1], atol=1e-5, rtol=1e-4)
+        for cache, k_slots in zip(caches.layers, slots, strict=False):
+            torch.testing.assert_close(k_slots[:, :, :9], cache.k[:, :, :9], atol=1e-6, rtol=1e-5)  # keys written where the cache has them
+            assert not k_slots[:, :, 9:].any()  # and nothing past them
+
+
+def test_choosing_from_uniform_noise_follows_the_probabilities():
+    # 20,000 draws from softmax([0, ln 2, ln 3, -inf-ish]) = (1/6, 2/6, 3/6, 0): each frequency within 0.015.
+    logits = torch.log(torch.tensor([[1.0, 2.0, 3.0, 1e-9]])).expand(20_000, 4)
+    uniform = torch.rand(20_000, 4, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(choose_next_token(logits, 1.0, None, None, uniform)[:, 0], minlength=4)
+    torch.testing.assert_close(counts / 20_000, torch.tensor([1 / 6, 2 / 6, 3 / 6, 0.0]), atol=0.015, rtol=0)
+
+
+def test_choosing_at_temperature_zero_takes_the_likeliest_and_ignores_the_noise():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
+    assert choose_next_token(logits, 0.0, None, None, None).tolist() == [[1], [0]]
