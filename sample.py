@@ -47,7 +47,7 @@ def sample(cfg: DictConfig) -> None:
         raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None
     except torch._dynamo.exc.BackendCompilerFailed as error:  # only compile=true gets here
         reason = str(error).strip().splitlines()[0]
-        raise UserError(f"compile=true: torch.compile could not build the decode step ({reason}); "
+        raise UserError(f"compile=true: Inductor could not compile the decode step ({reason}); "
                         "run with compile=false") from None
     for i, text in enumerate(texts):
         if cfg.num_samples > 1:

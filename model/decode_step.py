@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from model.attention import CausalSelfAttention
-from model.gpt import GPT, Caches
-from model.sampling import choose_next_token
+from model.gpt import GPT, Caches, eval_mode
+from model.sampling import DIVERGED, choose_next_token
 
 # For CPU: C++ rather than Python glue between the kernels, one block of memory planned for all
 # the step's buffers instead of an allocation each, and the one-row matmuls written as fused
@@ -104,19 +104,22 @@ class CompiledDecodeStep:
 
     def __init__(self, model: GPT, batch_size: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
         self.model = model
-        config, device = model.config, next(model.parameters()).device
+        self.settings = (batch_size, temperature, top_k, top_p)
+        config, weight = model.config, next(model.parameters())
+        floats = dict(dtype=weight.dtype, device=weight.device)
         head_dim = config.n_embd // config.n_head
         example = (
-            torch.zeros(batch_size, 1, dtype=torch.long, device=device),  # token
-            torch.zeros(1, dtype=torch.long, device=device),  # position
-            torch.zeros(batch_size, 1, config.n_embd, device=device),  # last_embedding
-            torch.full((batch_size, config.vocab_size), 0.5, device=device),  # uniform
-            *(torch.zeros(batch_size, config.n_head, config.block_size, head_dim, device=device)
+            torch.zeros(batch_size, 1, dtype=torch.long, device=weight.device),  # token
+            torch.zeros(1, dtype=torch.long, device=weight.device),  # position
+            torch.zeros(batch_size, 1, config.n_embd, **floats),  # last_embedding
+            torch.full((batch_size, config.vocab_size), 0.5, **floats),  # uniform
+            *(torch.zeros(batch_size, config.n_head, config.block_size, head_dim, **floats)
               for _ in range(2 * config.n_layer)),  # slots
         )
         self._position = example[1]  # refilled for each call
         self._stand_ins = example[2], example[3]  # the last_embedding and uniform of a call without them
-        program = torch.export.export(NextTokenStep(model, temperature, top_k, top_p).eval(), example)
+        with eval_mode(model):
+            program = torch.export.export(NextTokenStep(model, temperature, top_k, top_p), example)
         from torch._inductor import compile as inductor_compile  # here, not at the top: it takes a second to import
 
         graph = program.module()
@@ -135,6 +138,15 @@ class CompiledDecodeStep:
         finally:
             cache_log.setLevel(level)
 
+    def check_fits(self, model: GPT, batch_size: int, temperature: float, top_k: int | None, top_p: float | None,
+                   use_kv_cache: bool) -> None:
+        """ValueError unless generation with these arguments is what this step was built for."""
+        if model is not self.model or (batch_size, temperature, top_k, top_p) != self.settings or not use_kv_cache:
+            raise ValueError(
+                f"this CompiledDecodeStep was built for another model or for (batch_size, temperature, top_k, "
+                f"top_p) = {self.settings}, with the KV cache; got {(batch_size, temperature, top_k, top_p)}, "
+                f"use_kv_cache={use_kv_cache}")
+
     def __call__(self, token: torch.Tensor, caches: Caches, uniform: torch.Tensor | None) -> torch.Tensor:
         """The next token (B, 1) after token (B, 1); caches (filled by GPT.forward) take in this
         token as GPT.forward would have done. uniform: uniform_noise's (B, V), or None at
@@ -144,14 +156,15 @@ class CompiledDecodeStep:
         token = token.clone(memory_format=torch.contiguous_format)  # (B, 1)
         position = self._position.fill_(caches.length)  # (1,)
         last_embedding, stand_in_uniform = self._stand_ins  # without smear, last_embedding is not read
-        if caches.last_embedding is not None:
+        if self.model.smear is not None:
             last_embedding = caches.last_embedding.clone(memory_format=torch.contiguous_format)  # (B, 1, C)
         uniform = uniform if uniform is not None else stand_in_uniform  # temperature 0 reads none
         slots = [cache.k for cache in caches.layers] + [cache.v for cache in caches.layers]
         next_token, finite, embedding = self._run(token, position, last_embedding, uniform, *slots)
         for cache in caches.layers:
             cache.length += 1
-        caches.last_embedding = embedding  # (B, 1, C)
+        if self.model.smear is not None:
+            caches.last_embedding = embedding  # (B, 1, C)
         if not finite:
-            raise FloatingPointError("the model's next-token logits are NaN or inf: its weights have diverged")
+            raise FloatingPointError(DIVERGED)
         return next_token

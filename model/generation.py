@@ -6,7 +6,7 @@ import torch
 
 from model.decode_step import CompiledDecodeStep
 from model.gpt import GPT, eval_mode
-from model.sampling import choose_next_token, uniform_noise
+from model.sampling import DIVERGED, choose_next_token, uniform_noise
 
 
 class Tokenizer(Protocol):
@@ -49,9 +49,9 @@ def generate_tokens(
     decode_step: a CompiledDecodeStep built for this model, batch size and sampling settings;
     it then computes every step that feeds one token into the caches (use_kv_cache only).
     """
-    if decode_step is not None and not use_kv_cache:
-        raise ValueError("a CompiledDecodeStep feeds the KV cache: it needs use_kv_cache=True")
     B, T0 = idx.shape
+    if decode_step is not None:
+        decode_step.check_fits(model, B, temperature, top_k, top_p, use_kv_cache)
     block_size, vocab_size = model.config.block_size, model.config.vocab_size
     keep = max(1, block_size * 3 // 4)  # tokens the window keeps when it slides
     tokens = torch.empty(B, T0 + max_new_tokens, dtype=idx.dtype, device=idx.device)  # (B, T0 + max_new_tokens)
@@ -75,7 +75,7 @@ def generate_tokens(
                 logits, _ = model(tokens[:, end - 1 : end], caches=caches)  # (B, 1, vocab_size): the newest token alone
             next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
             if not torch.isfinite(next_logits).all():
-                raise FloatingPointError("the model's next-token logits are NaN or inf: its weights have diverged")
+                raise FloatingPointError(DIVERGED)
             tokens[:, end : end + 1] = choose_next_token(next_logits, temperature, top_k, top_p, uniform)  # (B, 1)
     return tokens
 
@@ -103,7 +103,8 @@ def generate_text(
     ids = context + tokenizer.encode(prompt)
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T0)
     generator = torch.Generator(device=device).manual_seed(seed)
-    decode_step = CompiledDecodeStep(model, num_samples, temperature, top_k, top_p) if compile else None
+    # Only steps after the first one run compiled: with one new token there is nothing to compile for.
+    decode_step = CompiledDecodeStep(model, num_samples, temperature, top_k, top_p) if compile and max_new_tokens > 1 else None
     tokens = generate_tokens(model, batch, max_new_tokens, temperature, top_k, top_p, generator=generator,
                              use_kv_cache=use_kv_cache, decode_step=decode_step)
     return [tokenizer.decode(row[len(context) :].tolist()) for row in tokens]

@@ -3,6 +3,8 @@ temperature, top-k and top-p. Eager generation and the compiled decode step both
 
 import torch
 
+DIVERGED = "the model's next-token logits are NaN or inf: its weights have diverged"
+
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
     """Set to -inf every logit outside the top_k likeliest and outside the smallest set
@@ -48,5 +50,7 @@ def choose_next_token(
     # own Exp(1) draw is largest is distributed as the probabilities say (the Gumbel-max trick,
     # as torch.multinomial draws one sample). Everything here is elementwise: it compiles into
     # one loop, and torch.rand is several times cheaper than drawing Exp(1) numbers directly.
-    exponential = -torch.log(uniform)  # (B, V)
+    # torch.rand can return exactly 0, whose -log is inf: a kept token's ratio would be 0, no
+    # better than a filtered one's, so u is kept above 0.
+    exponential = -torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny))  # (B, V)
     return (probs / exponential).argmax(dim=-1, keepdim=True)  # (B, 1)

@@ -225,7 +225,7 @@ def test_a_decode_step_that_cannot_compile_is_one_line_that_names_the_way_out(tr
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout, result.stderr
     note, error = result.stderr.strip().splitlines()  # what it was doing, then why it stopped
     assert note.startswith("compile=true: compiling the decode step first")
-    assert error.startswith("error: compile=true: torch.compile could not build the decode step (")
+    assert error.startswith("error: compile=true: Inductor could not compile the decode step (")
     assert error.endswith("run with compile=false")
 
 

@@ -4,7 +4,8 @@ the sampler both paths share (model/sampling.py)."""
 import pytest
 import torch
 
-from model.decode_step import one_token_logits
+from model.decode_step import CompiledDecodeStep, one_token_logits
+from model.generation import generate_tokens
 from model.sampling import choose_next_token
 from tests.test_model import ARCHITECTURE_OPTIONS, tiny_gpt
 
@@ -23,9 +24,11 @@ def test_the_one_token_step_gives_the_cached_forwards_logits_and_fills_the_same_
             expected, _ = model(token, caches=caches)  # (B, 1, V)
             logits, last_embedding = one_token_logits(model, token, torch.tensor([position]), last_embedding, slots)
             torch.testing.assert_close(logits, expected[:, -1], atol=1e-5, rtol=1e-4)
-        for cache, k_slots in zip(caches.layers, slots, strict=False):
+        n_layer = len(caches.layers)
+        for cache, k_slots, v_slots in zip(caches.layers, slots[:n_layer], slots[n_layer:], strict=True):
             torch.testing.assert_close(k_slots[:, :, :9], cache.k[:, :, :9], atol=1e-6, rtol=1e-5)  # keys written where the cache has them
-            assert not k_slots[:, :, 9:].any()  # and nothing past them
+            torch.testing.assert_close(v_slots[:, :, :9], cache.v[:, :, :9], atol=1e-6, rtol=1e-5)  # and values
+            assert not k_slots[:, :, 9:].any() and not v_slots[:, :, 9:].any()  # and nothing past them
 
 
 def test_choosing_from_uniform_noise_follows_the_probabilities():
@@ -36,6 +39,28 @@ def test_choosing_from_uniform_noise_follows_the_probabilities():
     torch.testing.assert_close(counts / 20_000, torch.tensor([1 / 6, 2 / 6, 3 / 6, 0.0]), atol=0.015, rtol=0)
 
 
+def test_a_uniform_draw_of_exactly_zero_still_picks_a_kept_token():
+    # torch.rand can return 0.0; with top_k=1 only token 2 may come out, whatever its draw.
+    logits = torch.tensor([[1.0, 2.0, 3.0, 0.5]])
+    uniform = torch.tensor([[0.5, 0.5, 0.0, 0.5]])
+    assert choose_next_token(logits, 1.0, 1, None, uniform).tolist() == [[2]]
+    assert choose_next_token(logits, 1.0, None, 0.5, uniform).tolist() == [[2]]  # top_p keeps token 2 alone too
+
+
 def test_choosing_at_temperature_zero_takes_the_likeliest_and_ignores_the_noise():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
     assert choose_next_token(logits, 0.0, None, None, None).tolist() == [[1], [0]]
+
+
+def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings():
+    # Learned positions and smear (the CLI test covers rope), top_p, a prompt longer than
+    # block_size and 25 new tokens: the window slides and the caches are refilled several times.
+    model = tiny_gpt(block_size=8, smear=True).eval()
+    prompt = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(0))
+    settings = dict(temperature=1.0, top_k=None, top_p=0.9)
+    step = CompiledDecodeStep(model, batch_size=2, **settings)
+    compiled = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3), decode_step=step)
+    eager = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(compiled, eager)
+    with pytest.raises(ValueError, match="this CompiledDecodeStep was built for another model or for"):
+        generate_tokens(model, prompt, 5, temperature=0.5, top_p=0.9, decode_step=step)
