@@ -18,6 +18,8 @@ Sections (each figure is the median of --repeats runs):
                AdamW at lr 1e-3 with a cosine schedule, learned positions, GELU; wall time and val loss
     compile    (not by default) the training section's runs eager and with train.compile=true:
                tokens/s after the first log window, and wall time with compiling from scratch
+    startup    seconds from a process's start: train.py (the default run) to its first step,
+               sample.py to its text (50 tokens), and python -c 'import torch' alone
     sampling   1,000 new tokens at block_size 256, with and without the KV cache, and with the
                compiled decode step (compile=true; also its compile time), for nanoGPT's
                shakespeare-char model (6 layers, 6 heads, 384 dims) and this project's default
@@ -74,8 +76,8 @@ from training.checkpoint import load_checkpoint, model_from_checkpoint
 from training.config import build_model
 
 ROOT = Path(__file__).resolve().parent
-SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "data", "nanogpt", "tab")
-DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention")
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab")
+DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup")
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
 # nanoGPT's README CPU recipe as this project's config overrides: char-level, GPT-2's blocks
@@ -254,6 +256,39 @@ def bench_sampling(repeats: int, new_tokens: int) -> dict:
                          "compiled_ms_per_token": 1e3 / compiled, "compiled_speedup": compiled / recomputed,
                          "compile_seconds": build_seconds}
     return results
+
+
+def seconds_to_line(command: list[str], starts_with: str) -> float:
+    """Wall time from starting command to the first line it prints (stdout and stderr together)
+    that starts with starts_with; the process then runs to its end, which must be a success."""
+    started, seconds = time.perf_counter(), None
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as process:
+        output = []
+        for line in process.stdout:
+            if seconds is None and line.startswith(starts_with):
+                seconds = time.perf_counter() - started
+            output.append(line)
+    if process.returncode != 0 or seconds is None:
+        sys.exit(f"error: the start-up benchmark's {Path(command[1]).name} run failed:\n{''.join(output)}")
+    return seconds
+
+
+def bench_startup(repeats: int, work: Path) -> dict:
+    """Seconds from the start of the process: python -c 'import torch' to its end, train.py (the
+    default run, logging every step) to its first step's line, and sample.py to its text."""
+    torch_import, first_step, sample_text = [], [], []
+    for i in range(repeats):
+        run_dir = work / f"startup-{i}"
+        torch_import.append(seconds_to_line([sys.executable, "-c", "import torch; print('done')"], "done"))
+        first_step.append(seconds_to_line(
+            [sys.executable, str(ROOT / "train.py"), "train.max_steps=1", "train.log_interval=1", "train.eval_at_start=false",
+             "train.eval_iters=1", "train.sample_interval=0", "train.attn_log_interval=0", f"hydra.run.dir={run_dir}"],
+            "step 1/"))
+        sample_text.append(seconds_to_line(
+            [sys.executable, str(ROOT / "sample.py"), f"run={run_dir}", "max_new_tokens=50", "prompt=Once"], "Once"))
+    return {"import_torch_seconds": statistics.median(torch_import), "train_first_step_seconds": statistics.median(first_step),
+            "sample_seconds": statistics.median(sample_text)}
 
 
 def bare_sdpa(module: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
@@ -547,6 +582,10 @@ def print_table(results: dict) -> None:
             f"bare {a['bare_sdpa_ms']:.2f} ms, sdpa {a['sdpa_ms']:.2f} ms ({a['sdpa_vs_bare']:.2f}x), "
             f"manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)",
         ))
+    if "startup" in results:
+        u = results["startup"]
+        rows.append(("start-up, seconds from the process's start", f"train.py to its first step {u['train_first_step_seconds']:.1f}, "
+                     f"sample.py to its text {u['sample_seconds']:.1f}, python -c 'import torch' {u['import_torch_seconds']:.1f}"))
     if "data" in results:
         rows += data_rows(results["data"])
     if "nanogpt" in results:
@@ -627,6 +666,8 @@ def main() -> None:
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
     if "attention" in sections:
         results["attention"] = bench_attention(args.repeats)
+    if "startup" in sections:
+        results["startup"] = bench_startup(args.repeats, work)
     if "data" in sections:
         results["data"] = bench_data(args.repeats, work, args.data_mb)
     if "nanogpt" in sections:

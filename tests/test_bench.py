@@ -31,6 +31,8 @@ def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
     assert all(s["kv_cache_tokens_per_sec"] > 0 and s["recompute_tokens_per_sec"] > 0 for s in sampling.values())
     assert all(s["compiled_tokens_per_sec"] > 0 and s["compile_seconds"] > 0 for s in sampling.values())
     assert set(figures["attention"]) == {"B8_T256_C384_H6", "B12_T64_C128_H4"}
+    startup = figures["startup"]
+    assert 0 < startup["import_torch_seconds"] < startup["sample_seconds"] < startup["train_first_step_seconds"]
     assert "tokens/s with KV cache" in result.stdout and f"written: {out}" in result.stdout
     assert (out.parent / next(p.name for p in out.parent.iterdir() if p.name.startswith("runs-"))).is_dir()
 
@@ -39,7 +41,7 @@ def test_an_unknown_section_is_one_clear_line(tmp_path):
     result = spawn_cli("bench.py", "--only", "speed", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, data, nanogpt, tab)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab)\n"
     )
 
 
