@@ -107,13 +107,16 @@ def test_a_resumed_config_is_typed_and_takes_the_allowed_overrides():
     assert plain_config(resumed) == {**saved_config("optim.schedule=cosine", "train.max_steps=2000"), "resume": "run"}
 
 
-def test_a_checkpoint_saved_before_smear_and_eval_train_resumes_without_them():
+def test_a_checkpoint_saved_before_smear_eval_train_and_ns_dtype_resumes_as_it_was_trained():
     cfg = composed("train")
     cfg.resume = "old"
     old = saved_config("model.smear=true", "train.eval_train=false")
-    del old["model"]["smear"], old["train"]["eval_train"]
+    del old["model"]["smear"], old["train"]["eval_train"], old["optim"]["ns_dtype"]
     resumed, changes = resumed_config(cfg, old, ["resume=old"])
     assert resumed.model.smear is False and resumed.train.eval_train is True and changes == []
+    assert resumed.optim.ns_dtype == "bfloat16"  # torch.optim.Muon's, which those runs used
+    resumed, changes = resumed_config(cfg, old, ["resume=old", "optim.ns_dtype=auto"])  # how to compute: may change
+    assert resumed.optim.ns_dtype == "auto" and changes == ["optim.ns_dtype bfloat16 -> auto"]
 
 
 def test_a_checkpoint_whose_config_lacks_a_newer_key_is_refused_naming_the_key():

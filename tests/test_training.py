@@ -13,7 +13,7 @@ from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_
 from training.errors import UserError
 from training.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from training.lr_schedule import lr_at
-from training.optimizer import build_optimizer
+from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states
 
 
@@ -43,7 +43,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_and_both_save_and_loa
     cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99]}
     optimizer = build_optimizer(model, cfg, torch.device("cpu"))
     adamw, muon = optimizer.optimizers
-    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, Muon) and muon.ns_dtype == torch.float32
     hidden = {id(p) for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2}
     assert {id(p) for g in muon.param_groups for p in g["params"]} == hidden  # qkv, proj, fc, proj of each block
     assert len(hidden) == 8
@@ -52,6 +52,58 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_and_both_save_and_loa
     again = build_optimizer(model, cfg, torch.device("cpu"))
     again.load_state_dict(optimizer.state_dict())
     assert again.state_dict()["optimizers"][1]["state"].keys() == muon.state_dict()["state"].keys()
+
+
+def muon_moves(optimizer_class: type, steps: int = 3, **options: object) -> list[torch.Tensor]:
+    """How far each of the blocks' matrices of a seeded model moves in `steps` Muon steps on
+    seeded batches."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    hidden = [p for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2]
+    start = [p.detach().clone() for p in hidden]
+    optimizer = optimizer_class(hidden, lr=3e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw", **options)
+    for _ in range(steps):
+        tokens = torch.randint(0, 32, (4, 16))
+        model(tokens, tokens)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach() - before for p, before in zip(hidden, start, strict=True)]
+
+
+def test_our_muon_in_bfloat16_steps_as_torch_optim_muon_and_in_float32_within_its_rounding():
+    torch_muon = muon_moves(torch.optim.Muon)
+    for ns_dtype, tolerance in ((torch.bfloat16, 1e-3), (torch.float32, 0.15)):
+        ours = muon_moves(Muon, ns_dtype=ns_dtype)
+        for theirs, mine in zip(torch_muon, ours, strict=True):
+            # measured against how far the matrix moved: bfloat16's rounding moves it by ~7%
+            assert (mine - theirs).norm() <= tolerance * theirs.norm()
+
+
+def test_orthogonalise_treats_each_matrix_of_a_batch_as_if_alone():
+    torch.manual_seed(0)
+    matrices = [torch.randn(96, 32), torch.randn(32, 96), torch.randn(32, 96), torch.randn(32, 32)]
+    coefficients = (3.4445, -4.7750, 2.0315)
+    together = orthogonalise(matrices, coefficients, 5, 1e-7, torch.float32)
+    for matrix, result in zip(matrices, together, strict=True):
+        alone, = orthogonalise([matrix], coefficients, 5, 1e-7, torch.float32)
+        assert result.shape == matrix.shape and torch.allclose(result, alone, atol=1e-5)
+    transposed, = orthogonalise([matrices[0].T], coefficients, 5, 1e-7, torch.float32)
+    assert torch.allclose(transposed, together[0].T, atol=1e-5)
+    for result in together[:3]:  # a random non-square matrix's singular values all end near 1
+        singular_values = torch.linalg.svdvals(result)
+        assert singular_values.min() > 0.6 and singular_values.max() < 1.2
+    assert together[0].dtype == torch.float32
+    in_bfloat16, = orthogonalise([matrices[1]], coefficients, 5, 1e-7, torch.bfloat16)
+    assert in_bfloat16.dtype == torch.float32 and not torch.equal(in_bfloat16, together[1])  # computed in bf16
+
+
+def test_ns_dtype_auto_is_float32_on_a_cpu_and_bfloat16_on_a_gpu():
+    assert ns_dtype_for("auto", torch.device("cpu")) == torch.float32
+    assert ns_dtype_for("auto", torch.device("cuda")) == torch.bfloat16
+    assert ns_dtype_for("bfloat16", torch.device("cpu")) == torch.bfloat16
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], "ns_dtype": "bfloat16"}
+    assert build_optimizer(model, cfg, torch.device("cpu")).optimizers[1].ns_dtype == torch.bfloat16
 
 
 def test_weight_decay_applies_to_matrices_only():

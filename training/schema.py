@@ -24,7 +24,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from model.attention import ATTENTION_PATHS
 from model.gpt import MLPS, NORMS, POSITIONS
 from training.lr_schedule import SCHEDULES
-from training.optimizer import OPTIMIZERS
+from training.optimizer import NS_DTYPES, OPTIMIZERS
 from training.precision import DTYPES
 
 
@@ -52,6 +52,7 @@ Position = choices("Position", POSITIONS)
 Norm = choices("Norm", NORMS)
 MLP = choices("MLP", MLPS)
 Optimizer = choices("Optimizer", OPTIMIZERS)
+NSDtype = choices("NSDtype", NS_DTYPES)
 Schedule = choices("Schedule", SCHEDULES)
 Dtype = choices("Dtype", DTYPES)
 
@@ -142,6 +143,7 @@ class OptimSchema:
     betas: list[Any] = MISSING  # two Numbers, checked with their range (OmegaConf 2.3 hands out a list's
     # int | float items as nodes, not numbers)
     grad_clip: Number = MISSING
+    ns_dtype: NSDtype = MISSING
 
 
 @dataclass
