@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,23 @@ def make_norm(config: GPTConfig) -> nn.Module:
     return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
+class ReLUSquared(torch.autograd.Function):
+    """ReLU(x)^2, whose gradient is 2 ReLU(x) times the incoming one. Autograd would get there
+    through square's and relu's backward kernels, three times slower on a CPU for the same
+    numbers."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        relu = F.relu(x)
+        ctx.save_for_backward(relu)
+        return relu.square()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        relu, = ctx.saved_tensors
+        return (grad * relu).mul_(2)
+
+
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -72,7 +90,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.fc(x)  # (B, T, C) -> (B, T, 4C)
-        x = F.relu(x).square() if self.relu2 else F.gelu(x)  # (B, T, 4C)
+        x = ReLUSquared.apply(x) if self.relu2 else F.gelu(x)  # (B, T, 4C)
         return self.dropout(self.proj(x))  # (B, T, 4C) -> (B, T, C)
 
 

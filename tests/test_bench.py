@@ -32,7 +32,8 @@ def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
     assert all(s["compiled_tokens_per_sec"] > 0 and s["compile_seconds"] > 0 for s in sampling.values())
     assert set(figures["attention"]) == {"B8_T256_C384_H6", "B12_T64_C128_H4"}
     startup = figures["startup"]
-    assert 0 < startup["import_torch_seconds"] < startup["sample_seconds"] < startup["train_first_step_seconds"]
+    # both processes import torch first; which of them is quicker depends on the load of the moment
+    assert 0 < startup["import_torch_seconds"] < min(startup["sample_seconds"], startup["train_first_step_seconds"])
     assert "tokens/s with KV cache" in result.stdout and f"written: {out}" in result.stdout
     assert (out.parent / next(p.name for p in out.parent.iterdir() if p.name.startswith("runs-"))).is_dir()
 

@@ -7,6 +7,7 @@ import torch
 
 from model import GPT, GPTConfig, eval_mode
 from model.generation import generate_text, generate_tokens
+from model.gpt import ReLUSquared
 from model.sampling import filter_logits
 
 
@@ -252,6 +253,17 @@ def test_smear_gives_each_position_its_own_token_and_the_one_before_and_nothing_
     plain = tiny_gpt()
     with torch.no_grad():
         assert (plain.embed(changed) - plain.embed(idx)).abs().amax(dim=-1)[0, 5] == 0
+
+
+def test_relu_squared_gives_exactly_the_values_and_gradients_autograd_gives_relu_then_square():
+    x = torch.tensor([[-2.0, -0.5, 0.0, 0.3, 1.0, 7.5]] * 2, requires_grad=True)
+    upstream = torch.randn(2, 6)
+    expected = torch.nn.functional.relu(x).square()
+    (expected_grad,) = torch.autograd.grad(expected, x, upstream)
+    out = ReLUSquared.apply(x)
+    (grad,) = torch.autograd.grad(out, x, upstream)
+    assert torch.equal(out, expected) and torch.equal(grad, expected_grad)  # bit for bit: x2 is exact
+    assert grad[:, :3].eq(0).all() and not grad[:, 3:].eq(0).any()
 
 
 def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():
