@@ -359,6 +359,7 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["train.compile=yes please"], "error: train.compile=yes please must be true or false"),
         (["model.dropout=x"], "error: model.dropout=x must be a number"),
         (["optim.betas=[2,0.9]"], "error: optim.betas=[2, 0.9] must be two numbers in [0, 1)"),
+        (["optim.muon_momentum=1"], "error: optim.muon_momentum=1 must be in [0, 1)"),
         (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
         (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or more"),
         (["train.device=tpu9"], "error: train.device=tpu9"),

@@ -66,6 +66,7 @@ def test_the_preset_and_sampling_configs_are_typed_and_complete():
         ("train", "train.dtype=fp8", "train.dtype=fp8 must be one of fp32, bf16, fp16"),
         ("train", "debug=shape", "debug=shape is not a debug mode; the one there is: debug=shapes"),
         ("train", "optim.betas=3", "optim.betas=3 must be a list"),
+        ("train", "optim.ns_dtype=fp16", "optim.ns_dtype=fp16 must be one of auto, float32, bfloat16"),
         ("train", "model.n_layr=3", "model.n_layr is not an option; check its spelling"),
         ("train", "data=shakespeare data.n_chars=20000", "data.n_chars is not an option; check its spelling"),
         ("sample", "top_k=lots", "top_k=lots must be a whole number"),
@@ -107,14 +108,14 @@ def test_a_resumed_config_is_typed_and_takes_the_allowed_overrides():
     assert plain_config(resumed) == {**saved_config("optim.schedule=cosine", "train.max_steps=2000"), "resume": "run"}
 
 
-def test_a_checkpoint_saved_before_smear_eval_train_and_ns_dtype_resumes_as_it_was_trained():
+def test_a_checkpoint_saved_before_smear_eval_train_and_muons_options_resumes_as_it_was_trained():
     cfg = composed("train")
     cfg.resume = "old"
     old = saved_config("model.smear=true", "train.eval_train=false")
-    del old["model"]["smear"], old["train"]["eval_train"], old["optim"]["ns_dtype"]
+    del old["model"]["smear"], old["train"]["eval_train"], old["optim"]["ns_dtype"], old["optim"]["muon_momentum"]
     resumed, changes = resumed_config(cfg, old, ["resume=old"])
     assert resumed.model.smear is False and resumed.train.eval_train is True and changes == []
-    assert resumed.optim.ns_dtype == "bfloat16"  # torch.optim.Muon's, which those runs used
+    assert resumed.optim.ns_dtype == "bfloat16" and resumed.optim.muon_momentum == 0.95  # torch.optim.Muon's
     resumed, changes = resumed_config(cfg, old, ["resume=old", "optim.ns_dtype=auto"])  # how to compute: may change
     assert resumed.optim.ns_dtype == "auto" and changes == ["optim.ns_dtype bfloat16 -> auto"]
 

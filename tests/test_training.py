@@ -97,13 +97,15 @@ def test_orthogonalise_treats_each_matrix_of_a_batch_as_if_alone():
     assert in_bfloat16.dtype == torch.float32 and not torch.equal(in_bfloat16, together[1])  # computed in bf16
 
 
-def test_ns_dtype_auto_is_float32_on_a_cpu_and_bfloat16_on_a_gpu():
+def test_ns_dtype_auto_is_float32_on_a_cpu_and_bfloat16_on_a_gpu_and_the_config_reaches_muon():
     assert ns_dtype_for("auto", torch.device("cpu")) == torch.float32
     assert ns_dtype_for("auto", torch.device("cuda")) == torch.bfloat16
     assert ns_dtype_for("bfloat16", torch.device("cpu")) == torch.bfloat16
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8))
-    cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], "ns_dtype": "bfloat16"}
-    assert build_optimizer(model, cfg, torch.device("cpu")).optimizers[1].ns_dtype == torch.bfloat16
+    cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], "ns_dtype": "bfloat16",
+           "muon_momentum": 0.85}
+    muon = build_optimizer(model, cfg, torch.device("cpu")).optimizers[1]
+    assert muon.ns_dtype == torch.bfloat16 and muon.param_groups[0]["momentum"] == 0.85
 
 
 def test_weight_decay_applies_to_matrices_only():

@@ -39,6 +39,7 @@ def validate_train_config(cfg: Any) -> None:
     require(optim.weight_decay >= 0, f"optim.weight_decay={optim.weight_decay} must be 0 or more")
     require(optim.warmup_steps >= 0, f"optim.warmup_steps={optim.warmup_steps} must be 0 or more")
     require(optim.grad_clip >= 0, f"optim.grad_clip={optim.grad_clip} must be 0 (off) or more")
+    require(0 <= optim.muon_momentum < 1, f"optim.muon_momentum={optim.muon_momentum} must be in [0, 1), e.g. optim.muon_momentum=0.95")
     betas = list(optim.betas)
     require(len(betas) == 2 and all(isinstance(b, int | float) and 0 <= b < 1 for b in betas),
             f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]")
@@ -108,7 +109,8 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
 
 # Keys added after runs were saved without them, with the value that does what the versions
 # before them did, so that such a run resumes unchanged.
-ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16"}
+ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
+              "optim.muon_momentum": 0.95}
 
 
 def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:

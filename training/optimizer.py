@@ -143,7 +143,8 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], device: torch.devi
     optimizers = [torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg["betas"]), fused=device.type == "cuda")]
     if for_muon:
         optimizers.append(Muon(
-            for_muon, lr=cfg["lr"], weight_decay=cfg["weight_decay"], adjust_lr_fn="match_rms_adamw",
+            for_muon, lr=cfg["lr"], weight_decay=cfg["weight_decay"], momentum=cfg.get("muon_momentum", 0.95),
+            adjust_lr_fn="match_rms_adamw",
             ns_dtype=ns_dtype_for(str(cfg.get("ns_dtype", "auto")), device),
         ))
     return Optimizers(*optimizers)

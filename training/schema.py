@@ -143,6 +143,7 @@ class OptimSchema:
     betas: list[Any] = MISSING  # two Numbers, checked with their range (OmegaConf 2.3 hands out a list's
     # int | float items as nodes, not numbers)
     grad_clip: Number = MISSING
+    muon_momentum: Number = MISSING
     ns_dtype: NSDtype = MISSING
 
 
