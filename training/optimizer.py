@@ -25,8 +25,8 @@ NS_DTYPES = ("auto", "float32", "bfloat16")
 class Muon(torch.optim.Muon):
     """torch.optim.Muon's update (same hyperparameters, same state), with its Newton-Schulz
     iterations run on all same-shaped matrices at once, in ns_dtype. torch.optim.Muon runs them
-    one matrix at a time in bfloat16, which is quick on a GPU but about 40x slower than float32
-    on a CPU without AVX-512 BF16."""
+    one matrix at a time in bfloat16, which is quick on a GPU but some 45 times slower than
+    float32 on a CPU without AVX-512 BF16."""
 
     def __init__(self, params: Any, *, ns_dtype: torch.dtype, **hyperparameters: Any) -> None:
         super().__init__(params, **hyperparameters)
