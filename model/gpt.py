@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from model.attention import CausalSelfAttention, KVCache
 
@@ -75,6 +76,7 @@ class ReLUSquared(torch.autograd.Function):
         return relu.square()
 
     @staticmethod
+    @once_differentiable  # a second derivative would need relu's own graph, which is not kept
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         relu, = ctx.saved_tensors
         return (grad * relu).mul_(2)

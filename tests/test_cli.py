@@ -289,6 +289,15 @@ def test_a_bpe_that_runs_out_of_merges_says_how_many_tokens_it_got(tmp_path):
     vocab = int(re.search(r"vocab (\d+) \(bpe\)", result.stdout).group(1))
     assert vocab < 4096
     assert f"note: bpe has {vocab - 1} byte tokens, not the 4096 of tokenizer.vocab_size" in result.stdout
+    assert "ns_dtype" not in result.stdout  # Muon in float32 on a CPU: nothing to say
+
+
+def test_muon_in_bfloat16_on_a_cpu_says_it_is_slow_without_avx512_bf16_and_how_to_use_float32(tmp_path):
+    result = run_cli("train.py", *TINY_RUN, "optim.ns_dtype=bfloat16", "train.max_steps=1", "train.attn_log_interval=0",
+                     "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it)" in result.stdout
+    assert "optim.ns_dtype=auto runs them in float32" in result.stdout
 
 
 def test_a_sweep_makes_one_run_dir_per_value(tmp_path):

@@ -292,12 +292,15 @@ def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_ru
     # Refused resumes write nothing into the run: no config record of their own, no log lines.
     assert {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()} == before
 
-    longer = run_cli("train.py", "resume=run/ckpt_last.pt", "train.max_steps=20", cwd=ten_step_run.parent)
+    longer = run_cli("train.py", "resume=run/ckpt_last.pt", "train.max_steps=20", "optim.muon_momentum=0.9",
+                     cwd=ten_step_run.parent)
     assert longer.returncode == 0, longer.stderr
-    assert "resuming run at step 10; train.max_steps 10 -> 20" in longer.stdout
-    assert load_checkpoint(ten_step_run / "ckpt_last.pt")["step"] == 20
+    assert "resuming run at step 10; train.max_steps 10 -> 20; optim.muon_momentum 0.95 -> 0.9" in longer.stdout
+    resumed = load_checkpoint(ten_step_run / "ckpt_last.pt")
+    assert resumed["step"] == 20 and resumed["optimizer"]["optimizers"][1]["param_groups"][0]["momentum"] == 0.9
     assert [step for step, _ in scalars(ten_step_run, "loss/val")] == [0, 10, 20]
     assert (ten_step_run / ".hydra" / "config.yaml").read_text().count("max_steps: 10") == 1  # the original kept
     assert len(list((ten_step_run / ".hydra").glob("resumed-*/config.yaml"))) == 1
     log = (ten_step_run / "train.log").read_text()
-    assert re.search(r"^\[[\d:]{8}\] resuming run at step 10; train.max_steps 10 -> 20$", log, re.M)  # logged before the record began
+    assert re.search(r"^\[[\d:]{8}\] resuming run at step 10; train.max_steps 10 -> 20; optim.muon_momentum 0.95 -> 0.9$",
+                     log, re.M)  # logged before the record began

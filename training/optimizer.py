@@ -12,7 +12,7 @@ update size (adjust_lr_fn="match_rms_adamw"), so optim.lr and its schedule serve
 """
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -28,12 +28,16 @@ class Muon(torch.optim.Muon):
     one matrix at a time in bfloat16, which is quick on a GPU but some 45 times slower than
     float32 on a CPU without AVX-512 BF16."""
 
-    def __init__(self, params: Any, *, ns_dtype: torch.dtype, **hyperparameters: Any) -> None:
+    def __init__(self, params: Any, *, ns_dtype: torch.dtype = torch.float32, **hyperparameters: Any) -> None:
         super().__init__(params, **hyperparameters)
         self.ns_dtype = ns_dtype  # how to compute, not what: kept out of the saved param groups
 
     @torch.no_grad()
-    def step(self, closure: None = None) -> None:
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:  # torch's contract: re-evaluate the loss (with gradients) first
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             momenta = [self.momentum(p, group) for p in params]
@@ -41,6 +45,7 @@ class Muon(torch.optim.Muon):
             for param, update in zip(params, updates, strict=True):
                 param.mul_(1 - group["lr"] * group["weight_decay"])
                 param.add_(update, alpha=-group["lr"] * lr_scale(group["adjust_lr_fn"], param.shape))
+        return loss
 
     def momentum(self, param: Tensor, group: Mapping[str, Any]) -> Tensor:
         """The running average of the gradient, with Nesterov's look-ahead if the group asks."""
@@ -121,8 +126,14 @@ class Optimizers:
         return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved state (moments, momenta, step counts) under the hyperparameters these
+        optimizers were built with: a resumed run may change them (optim.weight_decay=...),
+        where torch's load_state_dict would bring the saved ones back."""
         for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
             optimizer.load_state_dict(saved)
+            for group, setting in zip(optimizer.param_groups, settings, strict=True):
+                group.update(setting)
 
 
 def is_hidden_matrix(name: str, param: nn.Parameter) -> bool:

@@ -29,7 +29,8 @@ class Precision:
         self.dtype = DTYPES[name]
         self.warning = (
             "train.dtype=bf16 on a CPU: bf16 matmuls are much slower than fp32 on most CPUs "
-            "(about 60x on the 2-core machines this project is tested on); fp32 is the CPU default"
+            "(about 60x without AVX-512 BF16, as on the 2-core AMD machines this project is tested on); "
+            "fp32 is the CPU default"
             if name == "bf16" and device.type == "cpu" else None
         )
         # Loss scaling, for fp16 only; with enabled=False its methods pass straight through.

@@ -97,6 +97,10 @@ def describe(run: Run) -> None:
     if cfg.tokenizer.kind == "bpe" and learned < cfg.tokenizer.vocab_size:
         log.info(f"note: bpe has {learned} byte tokens, not the {cfg.tokenizer.vocab_size} of tokenizer.vocab_size: "
                  "the train split ran out of pairs to merge (each of its words is one token already)")
+    if cfg.optim.name == "muon" and cfg.optim.ns_dtype == "bfloat16" and run.ranks.device.type == "cpu":
+        log.info("note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it) runs Muon's "
+                 "Newton-Schulz matmuls in bfloat16, very slow on a CPU without AVX-512 BF16; optim.ns_dtype=auto "
+                 "runs them in float32")
     log.info(f"run dir: {run.shown_dir}")
     if cfg.train.compile:
         log.info("train.compile=true: the first training step and the first evaluation compile first")
