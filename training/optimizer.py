@@ -66,13 +66,13 @@ def orthogonalise(matrices: list[Tensor], coefficients: tuple[float, float, floa
     by_shape = defaultdict(list)
     for index, matrix in enumerate(wide):
         by_shape[matrix.shape].append(index)
-    results: list[Tensor] = [torch.empty(0)] * len(matrices)
+    results = {}
     for indices in by_shape.values():
         batch = newton_schulz(torch.stack([wide[i] for i in indices]).to(dtype), coefficients, steps, eps)
         for index, result in zip(indices, batch, strict=True):
             tall = matrices[index].size(0) > matrices[index].size(1)
             results[index] = (result.mT if tall else result).to(matrices[index].dtype)
-    return results
+    return [results[index] for index in range(len(matrices))]
 
 
 def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
