@@ -33,7 +33,7 @@ def sample(cfg: DictConfig) -> None:
     model, tokenizer = model_from_checkpoint(load_checkpoint(path))
     model.to(device)
     validate_sample_config(cfg, tokenizer.vocab_size)
-    if cfg.compile:
+    if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
         print("compile=true: compiling the decode step first (about 20 s the first time, 6 s once "
               "Inductor has cached its kernels)", file=sys.stderr, flush=True)
 

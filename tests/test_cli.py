@@ -217,6 +217,8 @@ def test_sampling_with_the_compiled_decode_step_gives_the_eager_text(trained_run
     assert eager.returncode == 0 and compiled.returncode == 0, eager.stderr + compiled.stderr
     assert compiled.stdout == eager.stdout and eager.stdout.count("Once upon a time") == 2
     assert "compile=true: compiling the decode step first" in compiled.stderr
+    one_token = run_cli("sample.py", *args[:2], "max_new_tokens=1", "compile=true", cwd=tmp_path)
+    assert one_token.returncode == 0 and "compil" not in one_token.stderr  # the prompt's forward makes it
 
 
 def test_a_decode_step_that_cannot_compile_is_one_line_that_names_the_way_out(trained_run, tmp_path):
