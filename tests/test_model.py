@@ -7,7 +7,7 @@ import torch
 
 from model import GPT, GPTConfig, eval_mode
 from model.generation import generate_text, generate_tokens
-from model.gpt import ReLUSquared
+from model.gpt import ReLUSquared, relu_squared
 from model.sampling import filter_logits
 
 
@@ -264,6 +264,9 @@ def test_relu_squared_gives_exactly_the_values_and_gradients_autograd_gives_relu
     (grad,) = torch.autograd.grad(out, x, upstream)
     assert torch.equal(out, expected) and torch.equal(grad, expected_grad)  # bit for bit: x2 is exact
     assert grad[:, :3].eq(0).all() and not grad[:, 3:].eq(0).any()
+    assert type(relu_squared(x).grad_fn).__name__ == "ReLUSquaredBackward"  # training takes the quick backward
+    with torch.no_grad():
+        assert torch.equal(relu_squared(x), expected)  # and sampling the plain ops
 
 
 def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():
