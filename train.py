@@ -118,7 +118,10 @@ def show_shapes(cfg: DictConfig, ranks: Ranks, data: TokenData, model: GPT) -> N
 
 
 def report(run: Run, figures: Figures) -> None:
-    if figures.skipped:
+    if figures.skipped and run.precision.scaler.is_enabled():
+        log.info(f"note: {figures.skipped} of {run.cfg.train.max_steps} updates were skipped for an fp16 gradient "
+                 "overflow, each halving the loss scale (a few while it finds its level are normal)")
+    elif figures.skipped:
         log.info(f"warning: {figures.skipped} of {run.cfg.train.max_steps} batches were skipped for a non-finite "
                  "loss or gradient")
     shown = run.shown_dir

@@ -77,7 +77,7 @@ def test_a_step_trains_on_the_batch_its_rng_draws_and_reports_that_batchs_loss(t
     expected_loss = step.model(x, y)[1].item()
     before = [p.detach().clone() for p in step.model.parameters()]
     result = step(0, 1e-3, np.random.default_rng(7))
-    assert result.finite and result.loss == pytest.approx(expected_loss, rel=1e-6) and result.grad_norm > 0
+    assert result.updated and result.loss == pytest.approx(expected_loss, rel=1e-6) and result.grad_norm > 0
     assert all(group["lr"] == 1e-3 for group in step.optimizer.param_groups)
     assert any(not torch.equal(a, b) for a, b in zip(before, step.model.parameters(), strict=True))  # it did update
 
@@ -106,7 +106,7 @@ def test_a_nan_loss_stops_with_the_step_and_what_is_kept_or_is_skipped_without_a
         skipping.model.lm_head.weight[0, 0] = math.nan
     before = [p.detach().clone() for p in skipping.model.parameters()]
     result = skipping(4, 1e-3, np.random.default_rng(0))
-    assert not result.finite and math.isnan(result.loss)
+    assert not result.updated and math.isnan(result.loss)
     assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(before, skipping.model.parameters(), strict=True))  # no update
 
 

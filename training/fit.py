@@ -1,6 +1,7 @@
 """The training loop: the periodic jobs when due, one step, a log line now and then, a clean stop."""
 
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass, field
@@ -61,9 +62,9 @@ def fit(run: Run, state: TrainState) -> Figures:
             lr = schedule(state.step)
             result = train_step(state.step, lr, run.batch_rng)
             state.step += 1
-            if result.finite:
+            if math.isfinite(result.loss):  # (an fp16 overflow's loss is a true one: only its gradient overflowed)
                 state.add_to_window(result.loss)
-            else:  # train.skip_nonfinite: this batch changed nothing; count it and go on
+            if not result.updated:  # fp16's overflow, or train.skip_nonfinite: this batch changed nothing
                 state.skipped += 1
                 tb.scalars(state.step, {"train/skipped_nonfinite": state.skipped})
             tokens_per_sec = step_log.record(state, result, lr, time.perf_counter() - started)
@@ -111,6 +112,8 @@ class StepLog:
             mean_loss = state.take_window()
             self.tb.scalars(state.step, {"train/batch_loss": mean_loss, "train/lr": lr, "train/grad_norm": result.grad_norm,
                                          "train/tokens_per_sec": tokens_per_sec})
+            if result.loss_scale is not None:
+                self.tb.scalars(state.step, {"train/loss_scale": result.loss_scale})
             log.info(f"step {state.step}/{self.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
                      f"grad norm {result.grad_norm:.2f} | {tokens_per_sec:,.0f} tok/s", extra={"progress": True})
             self.history.append(tokens_per_sec)

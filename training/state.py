@@ -9,7 +9,7 @@ from typing import Any
 class TrainState:
     step: int = 0  # optimizer updates done
     best_val_loss: float = math.inf
-    skipped: int = 0  # updates skipped for a non-finite loss or gradient (train.skip_nonfinite)
+    skipped: int = 0  # updates skipped: an fp16 overflow, or a non-finite value (train.skip_nonfinite)
     window_loss: float = 0.0  # the sum of the train losses not yet logged...
     window_steps: int = 0  # ...over this many steps
     evaluated: bool = False  # restored at a step whose evaluation was logged and saved: skip it

@@ -1,5 +1,5 @@
 """One optimizer update: this rank's share of a batch in micro-steps, clipped, with the
-non-finite policy (stop, or skip and count)."""
+non-finite policy (stop, or skip and count) and fp16's loss scaling (an overflow skips the update)."""
 
 import math
 import os
@@ -22,7 +22,8 @@ from training.precision import Precision
 class StepResult:
     loss: float  # the mean over every rank's batches
     grad_norm: float
-    finite: bool  # False: the update was skipped (train.skip_nonfinite)
+    updated: bool  # False: skipped, for fp16's overflow or a non-finite value (train.skip_nonfinite)
+    loss_scale: float | None = None  # fp16's loss scale after the step; None for fp32 and bf16
 
 
 class TrainStep:
@@ -54,19 +55,25 @@ class TrainStep:
         for micro in range(self.accum):
             loss_sum += self.forward_backward(x[micro], y[micro], last=micro == self.accum - 1)
         self.precision.scaler.unscale_(self.optimizer)  # fp16: back to true gradients before clipping
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         # .item() waits for the step to finish (on a GPU too), so a clock read after it is honest.
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip).item()
         loss = self.ranks.sum(loss_sum.item()) / (self.accum * self.ranks.world_size)
-        result = StepResult(loss, grad_norm.item(), finite=True)  # the norm is the same on every rank
-        # fp16's loss scale makes an overflowing gradient routine: the scaler skips that update
-        # and lowers the scale. Anywhere else a NaN or inf stops the run (or is skipped).
-        result.finite = math.isfinite(result.loss) and (math.isfinite(result.grad_norm) or self.precision.scaler.is_enabled())
-        if result.finite:
-            self.precision.scaler.step(self.optimizer)  # optimizer.step(), unless fp16's gradient overflowed
-            self.precision.scaler.update()
-        elif not self.skip_nonfinite:
-            raise self.stopped(result, step + 1)
-        return result
+        updated = self.update(loss, grad_norm, step)  # the norm is the same on every rank: all decide alike
+        return StepResult(loss, grad_norm, updated, self.precision.loss_scale)
+
+    def update(self, loss: float, grad_norm: float, step: int) -> bool:
+        """Steps the optimizers unless the loss or gradient is not finite; returns whether it did.
+        fp16's loss scale makes an overflowing gradient routine: the scaler skips that update
+        and halves the scale. Anywhere else a NaN or inf stops the run (or is skipped)."""
+        scaler = self.precision.scaler
+        if not math.isfinite(loss) or not (math.isfinite(grad_norm) or scaler.is_enabled()):
+            if not self.skip_nonfinite:
+                raise self.stopped(loss, grad_norm, step + 1)
+            return False
+        scale = self.precision.loss_scale
+        scaler.step(self.optimizer)  # optimizer.step(), unless fp16's gradient overflowed
+        scaler.update()
+        return scale is None or self.precision.loss_scale >= scale  # the scale drops only after an overflow
 
     def rank_share(self, batch_rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Every rank draws the same global batch of accum x ranks x batch_size sequences and
@@ -87,8 +94,8 @@ class TrainStep:
             self.precision.scaler.scale(loss / self.accum).backward()
         return loss.detach()
 
-    def stopped(self, result: StepResult, step: int) -> UserError:
-        what, bad = ("loss", result.loss) if not math.isfinite(result.loss) else ("gradient norm", result.grad_norm)
+    def stopped(self, loss: float, grad_norm: float, step: int) -> UserError:
+        what, bad = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
         kept = (f"{os.path.relpath(self.last_checkpoint)} from before it is kept" if self.last_checkpoint.exists()
                 else "no checkpoint had been saved yet")
         return UserError(

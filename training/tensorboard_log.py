@@ -2,7 +2,8 @@
 
     loss/train, loss/val                  mean losses at each evaluation (loss/train: unless eval_train=false)
     train/batch_loss, train/lr, train/grad_norm, train/tokens_per_sec   every log_interval steps
-    train/skipped_nonfinite               batches skipped for a NaN/inf loss (train.skip_nonfinite)
+    train/loss_scale                      fp16's loss scale (train.dtype=fp16), at the same steps
+    train/skipped_nonfinite               updates skipped: an fp16 overflow, or a NaN/inf (train.skip_nonfinite)
     attention/layer_{l}/head_{h}          heatmaps of the probe text, every attn_log_interval steps
     attention/all_heads                   every head of every layer in one image, at the same steps
     attention/weights                     the same weights as numbers, (n_layer, n_head, T, T) in float16,

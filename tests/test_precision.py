@@ -1,0 +1,132 @@
+"""train.dtype=fp16 on a CPU: its loss scaling (torch.amp.GradScaler) skips an overflowing
+update, lowers and regrows the scale, tracks fp32, and resumes exactly, with AdamW and with Muon."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, TINY_RUN, run_cli
+from hydra import compose, initialize_config_dir
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from model import GPT, GPTConfig
+from training.checkpoint import load_checkpoint
+from training.distributed import Ranks
+from training.fit import fit
+from training.optimizer import build_optimizer
+from training.precision import Precision
+from training.run import build_data_and_model, build_run, restore
+from training.state import TrainState
+from training.step import TrainStep
+
+CPU = torch.device("cpu")
+ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
+OPTIMIZERS = ("adamw", "muon")
+
+
+def config(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=[*TINY_RUN, *overrides])
+
+
+def train_step(dtype: str, optimizer: str, growth_interval: int = 2000) -> TrainStep:
+    """A 2-layer model on a stream it can learn (a random run of 97 tokens, repeated), its step
+    in dtype with optimizer."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32))
+    tokens = np.tile(np.random.default_rng(0).integers(0, 64, size=97), 40).astype(np.uint16)
+    optimizers = build_optimizer(model, config(f"optim.name={optimizer}").optim, CPU)
+    precision = Precision(dtype, CPU, growth_interval=growth_interval)
+    return TrainStep(model, model, None, optimizers, precision, ONE_PROCESS, tokens, batch_size=8, block_size=32,
+                     grad_accum_steps=1, grad_clip=1.0, skip_nonfinite=False, last_checkpoint=ROOT / "no-such.pt")
+
+
+def snapshot(step: TrainStep) -> list[torch.Tensor]:
+    """Every weight and every optimizer state tensor (moments, momenta, step counts), copied."""
+    states = [value for optimizer in step.optimizer.optimizers for state in optimizer.state.values()
+              for value in state.values()]
+    return [t.detach().clone() for t in [*step.model.parameters(), *states]]
+
+
+def test_fp16_runs_on_a_cpu_with_a_warning_and_fp32_and_bf16_have_no_loss_scale():
+    fp16 = Precision("fp16", CPU)
+    assert fp16.scaler.is_enabled() and fp16.loss_scale == 2.0**16  # GradScaler's starting scale
+    assert fp16.warning.startswith("train.dtype=fp16 on a CPU: fp16 matmuls are about 10x slower than fp32")
+    assert Precision("fp32", CPU).loss_scale is None and Precision("bf16", CPU).loss_scale is None
+    with fp16.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_an_overflowing_fp16_step_changes_nothing_halves_the_scale_and_the_scale_regrows(optimizer):
+    step = train_step("fp16", optimizer, growth_interval=3)
+    rng = np.random.default_rng(1)
+    for i in range(2):  # a scale that fits: updates happen, and the optimizers hold state
+        assert step(i, 3e-3, rng).updated
+    step.precision.scaler.update(new_scale=2.0**30)  # far past fp16's 65504 for these gradients
+    before = snapshot(step)
+    result = step(2, 3e-3, rng)
+    assert not result.updated and not math.isfinite(result.grad_norm) and math.isfinite(result.loss)
+    assert result.loss_scale == 2.0**29
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(step), strict=True))  # weights and state as they were
+
+    scale, streak, grew = result.loss_scale, 0, False
+    for i in range(3, 40):  # halving from 2**29 until the scale fits, then a mix of growth and overflow
+        before = snapshot(step)
+        result = step(i, 3e-3, rng)
+        changed = any(not torch.equal(a, b) for a, b in zip(before, snapshot(step), strict=True))
+        assert changed == result.updated == math.isfinite(result.grad_norm)
+        streak = streak + 1 if result.updated else 0
+        expected = scale * 2 if streak == 3 else scale if result.updated else scale / 2
+        assert result.loss_scale == expected, f"step {i}"
+        grew, scale, streak = grew or streak == 3, result.loss_scale, streak % 3
+    assert grew and scale <= 2.0**21  # it came down from 2**29, and went up again at least once
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_fp16_training_tracks_fp32_within_0_005_of_the_loss_over_30_steps(optimizer):
+    fp32, fp16 = train_step("fp32", optimizer), train_step("fp16", optimizer)
+    rng32, rng16 = np.random.default_rng(2), np.random.default_rng(2)
+    pairs = [(fp32(i, 3e-3, rng32), fp16(i, 3e-3, rng16)) for i in range(30)]
+    assert all(b.updated for _, b in pairs)  # 2**16 fits this model: no step skipped
+    assert max(abs(a.loss - b.loss) for a, b in pairs) < 0.005  # 1e-4 seen
+    assert all(b.grad_norm == pytest.approx(a.grad_norm, rel=0.01) for a, b in pairs)  # unscaled: true gradients (5e-4 seen)
+    assert pairs[-1][1].loss < pairs[0][1].loss - 0.5  # and it learns
+
+
+def fp16_run(workdir, max_steps: int, scale: float = 2.0**22):
+    """An fp16 run of the tiny config at a constant lr, with a loss scale that starts too high and
+    regrows after 3 updates, so that it moves during the run."""
+    cfg = config(f"data.cache_dir={workdir.parent / 'cache'}", "train.dtype=fp16", f"train.max_steps={max_steps}",
+                 "train.eval_interval=8", "train.log_interval=1", "optim.warmup_steps=0", "optim.min_lr=1e-2")
+    run = build_run(cfg, workdir, *build_data_and_model(cfg))
+    run.precision.scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=3)
+    return run
+
+
+def test_an_fp16_run_counts_its_overflows_logs_its_scale_and_resumes_bitwise(tmp_path):
+    alone = fp16_run(tmp_path / "alone", max_steps=16)
+    figures = fit(alone, TrainState())
+    events = EventAccumulator(str(tmp_path / "alone"), size_guidance={"scalars": 0}).Reload()
+    scales = [e.value for e in events.Scalars("train/loss_scale")]
+    drops = sum(b < a for a, b in zip([2.0**22, *scales], scales, strict=False))
+    assert drops >= 2 and figures.skipped == drops == events.Scalars("train/skipped_nonfinite")[-1].value
+    assert max(scales) > min(scales[:-3])  # it grew back too
+
+    first = fp16_run(tmp_path / "split", max_steps=8)
+    fit(first, TrainState())
+    second = fp16_run(tmp_path / "split", max_steps=16, scale=2.0**16)  # restore() must bring the saved scaler back
+    saved = load_checkpoint(tmp_path / "split" / "ckpt_last.pt")
+    fit(second, restore(second, saved))
+    assert saved["run_state"]["grad_scaler"]["scale"] == scales[7]  # the scale the run had after step 8
+    assert second.precision.scaler.state_dict() == alone.precision.scaler.state_dict()
+    for a, b in zip(alone.model.parameters(), second.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_train_py_runs_fp16_on_a_cpu_and_says_so(tmp_path):
+    result = run_cli("train.py", *TINY_RUN, "train.max_steps=4", "train.dtype=fp16", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning: train.dtype=fp16 on a CPU" in result.stdout + result.stderr
+    assert load_checkpoint(tmp_path / "run" / "ckpt_last.pt")["run_state"]["grad_scaler"]["scale"] == 2.0**16
