@@ -21,6 +21,12 @@ Two paths compute exactly that:
 
 KVCache keeps the keys and values of the tokens seen so far, so that generating one more
 token computes only that token's query, key and value (see KVCache below).
+
+Knocking heads out, to see what a head does by taking it away: head_mask, None by default,
+can hold one number per head (H,) that scales each head's output just before the merge, 1
+keeping a head and 0 knocking it out, so that the output projection gets nothing from it.
+GPT.heads_knocked_out (model/gpt.py) sets the masks for a block of code and clears them after.
+With head_mask None, step 7 is skipped: no work, and not a bit of the output changes.
 """
 
 import math
@@ -92,6 +98,9 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = n_embd // n_head
         self.attention = attention
         self.dropout = dropout
+        # None, or (H,): each head's output is scaled by its entry (0 knocks the head out) in step 7.
+        # A plain attribute, not a buffer: it is not saved in checkpoints.
+        self.head_mask: torch.Tensor | None = None
         # Q, K and V for all heads in one matrix: one (C, 3C) matmul instead of three
         # (C, C) ones. Its rows [0:C] are W_q, [C:2C] are W_k, [2C:3C] are W_v.
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
@@ -160,12 +169,17 @@ class CausalSelfAttention(nn.Module):
         else:
             out, weights = self.attend_sdpa(q, k, v, visible, no_key_visible), None  # (B, H, T, D)
 
-        # 7. Merge the heads: undo the transpose, then lay the H x D values side by side.
+        # 7. Knock heads out, where asked: a head scaled by 0 hands the merge zeros, so the
+        #    output projection gets nothing from it, as if the head were not there.
+        if self.head_mask is not None:
+            out = out * self.head_mask.view(1, H, 1, 1)  # (B, H, T, D) * (1, H, 1, 1) -> (B, H, T, D)
+
+        # 8. Merge the heads: undo the transpose, then lay the H x D values side by side.
         #    transpose() only changes strides; contiguous() copies into the new order so
         #    that view() can reinterpret the memory as (B, T, C).
         out = out.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
 
-        # 8. Mix the heads and return to the residual stream.
+        # 9. Mix the heads and return to the residual stream.
         out = self.resid_dropout(self.proj(out))  # (B, T, C)
         return out, weights
 

@@ -244,3 +244,35 @@ def test_qk_norm_makes_the_weights_blind_to_the_size_of_queries_and_keys():
             module.qkv.weight[:32] *= 10  # rows [0:C] make queries, [C:2C] keys: both 10x longer
         _, after = module(x, need_weights=True)
         assert torch.allclose(before, after, atol=1e-5) == same
+
+
+def recomputed_without(module: CausalSelfAttention, x: torch.Tensor, knocked_out: set[int]) -> torch.Tensor:
+    """The module's output for x (B, T, C) worked out by hand with the heads in knocked_out left
+    out of the merge. The output projection is a sum over heads: head h's output (B, T, D) times
+    its own D columns of proj.weight. A head knocked out adds no term."""
+    B, T, C = x.shape
+    D = module.head_dim
+    q, k, v = module.qkv(x).split(C, dim=2)  # 3 x (B, T, C), from the module's own weights
+    heads = causal_attention(q, k, v, module.n_head)  # (B, T, C): head h in channels h*D .. (h+1)*D - 1
+    out = module.proj.bias.expand(B, T, C)  # (B, T, C)
+    for h in set(range(module.n_head)) - knocked_out:
+        columns = slice(h * D, (h + 1) * D)
+        out = out + heads[..., columns] @ module.proj.weight[:, columns].T  # (B, T, D) @ (D, C) -> (B, T, C)
+    return out
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+@pytest.mark.parametrize("use_cache", [False, True], ids=["whole sequence", "KV cache fed in pieces"])
+def test_a_knocked_out_head_gives_exactly_the_output_recomputed_without_that_head(attention, use_cache):
+    module = make_pair(n_embd=24, n_head=4)[attention == "sdpa"]
+    x = torch.randn(2, 7, 24)
+    for knocked_out in ({1}, {0, 3}):
+        module.head_mask = torch.tensor([0.0 if h in knocked_out else 1.0 for h in range(4)])  # (H,)
+        with torch.no_grad():
+            if use_cache:
+                cache = KVCache(max_length=8)
+                out = torch.cat([module(x[:, a:b], cache=cache)[0] for a, b in ((0, 3), (3, 4), (4, 7))], dim=1)
+            else:
+                out, _ = module(x)  # (2, 7, 24)
+            torch.testing.assert_close(out, recomputed_without(module, x, knocked_out), atol=ATOL, rtol=RTOL)
+            assert not torch.allclose(out, recomputed_without(module, x, set()), atol=1e-3)  # those heads did matter

@@ -22,7 +22,7 @@ def heads_of(module: CausalSelfAttention, x: torch.Tensor) -> tuple[torch.Tensor
 
 
 def merged(module: CausalSelfAttention, out: torch.Tensor) -> torch.Tensor:
-    """Step 7 and 8: heads (B, H, T, D) merged and projected, as the module does."""
+    """Steps 8 and 9: heads (B, H, T, D) merged and projected, as the module does."""
     B, H, T, D = out.shape
     return module.proj(out.transpose(1, 2).reshape(B, T, H * D))  # (B, T, C)
 
