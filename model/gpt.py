@@ -7,13 +7,14 @@ What is here:
     Smear      each token's embedding takes in a gated share of the previous token's
     Caches     what generation keeps between calls: a KVCache per layer, the last embedding
     GPT        the whole model; forward() gives logits and the loss, attention_weights()
-               the per-layer maps for a probe (generation is in model/generation.py).
+               the per-layer maps for a probe, heads_knocked_out() runs it without some heads
+               (generation is in model/generation.py).
 
 Nothing here reads files or config: train.py and sample.py build a GPTConfig and pass it in.
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -248,3 +249,48 @@ class GPT(nn.Module):
         with eval_mode(self):
             _, all_weights = self.hidden_states(idx, need_weights=True)
         return torch.stack(all_weights)  # (L, B, H, T, T)
+
+    @contextmanager
+    def heads_knocked_out(self, heads: Iterable[tuple[int, int]]) -> Iterator["GPT"]:
+        """Inside the block, each (layer, head) in heads is knocked out: its output is zeroed
+        before its layer merges the heads (CausalSelfAttention.head_mask), so the model runs
+        as if that head were not there. Heads knocked out by an enclosing block stay out.
+        After the block every mask is back as it was, even on error. No weights are touched or
+        copied, so knocking out one head after another costs one (H,) tensor per layer each."""
+        masks = self._keep_masks(set(heads))  # checks every (layer, head) before changing anything
+        attentions = [block.attn for block in self.blocks]
+        saved = [attn.head_mask for attn in attentions]
+        try:
+            if masks is not None:
+                for attn, before, keep in zip(attentions, saved, masks, strict=True):
+                    attn.head_mask = keep if before is None else before * keep
+            yield self
+        finally:
+            for attn, before in zip(attentions, saved, strict=True):
+                attn.head_mask = before
+
+    def _keep_masks(self, heads: set[tuple[int, int]]) -> list[torch.Tensor] | None:
+        """One (H,) mask per layer, 0 for the heads given and 1 elsewhere; None for no heads.
+        Every layer gets one, so that a compiled model sees the same masked graph whichever
+        head is out, rather than a graph per layer (torch.compile would recompile)."""
+        self._check_heads(heads)
+        if not heads:
+            return None
+        n_layer, n_head = self.config.n_layer, self.config.n_head
+        weight = self.blocks[0].attn.proj.weight
+        masks = [torch.ones(n_head, dtype=weight.dtype, device=weight.device) for _ in range(n_layer)]  # L x (H,)
+        for layer, head in heads:
+            masks[layer][head] = 0.0
+        return masks
+
+    def _check_heads(self, heads: set[tuple[int, int]]) -> None:
+        """ValueError unless every element of heads is a (layer, head) pair of this model."""
+        n_layer, n_head = self.config.n_layer, self.config.n_head
+        for pair in heads:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise ValueError(f"heads are (layer, head) pairs, e.g. {{(0, 1)}}; got {pair!r}")
+            layer, head = pair
+            if layer not in range(n_layer):
+                raise ValueError(f"layer {layer} does not exist: this model's layers are 0 to {n_layer - 1}")
+            if head not in range(n_head):
+                raise ValueError(f"head {head} does not exist: each layer's heads are 0 to {n_head - 1}")

@@ -1,6 +1,7 @@
 """The GPT as a whole: its loss at init, that it learns, tying, init, and generation."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -276,3 +277,86 @@ def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():
     untied = tiny_gpt(tie_head=False)
     assert untied.lm_head.weight is not untied.tok_emb.weight
     assert untied.num_parameters() == tiny_gpt().num_parameters() + 65 * 32
+
+
+def masks_of(model: GPT) -> list[list[float] | None]:
+    return [None if block.attn.head_mask is None else block.attn.head_mask.tolist() for block in model.blocks]
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_with_every_head_kept_the_model_gives_bitwise_its_output_without_head_masks(attention):
+    model = tiny_gpt(attention=attention)
+    idx, targets = torch.randint(0, 65, (2, 2, 12), generator=torch.Generator().manual_seed(0))
+
+    def logits_cached_logits_and_gradients() -> list[torch.Tensor]:
+        model.zero_grad()
+        logits, loss = model(idx, targets)
+        loss.backward()
+        with torch.no_grad():
+            caches = model.new_caches()
+            cached = torch.cat([model(idx[:, a:b], caches=caches)[0] for a, b in ((0, 5), (5, 6), (6, 12))], dim=1)
+        return [logits, cached, *(p.grad for p in model.parameters())]
+
+    with model.heads_knocked_out(set()):
+        assert masks_of(model) == [None, None]  # nothing asked: step 7 is skipped, no work at all
+    without_masks = logits_cached_logits_and_gradients()
+    for block in model.blocks:
+        block.attn.head_mask = torch.ones(2)  # every head kept, through step 7
+    with_masks = logits_cached_logits_and_gradients()
+    assert all(torch.equal(a, b) for a, b in zip(without_masks, with_masks, strict=True))  # bit for bit: x1 is exact
+
+
+def without_output_columns(model: GPT, heads: set[tuple[int, int]]) -> GPT:
+    """A copy of model whose output projections never read the given heads' channels."""
+    copy = tiny_gpt(attention=model.config.attention, n_head=model.config.n_head)
+    copy.load_state_dict(model.state_dict())
+    D = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for layer, head in heads:
+            copy.blocks[layer].attn.proj.weight[:, head * D : (head + 1) * D] = 0.0  # (C, D): head's columns
+    return copy
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_a_knocked_out_head_gives_the_model_whose_output_projection_never_reads_it(attention):
+    # Both zero the head's term of the output projection; only the order of two zeros can differ.
+    model = tiny_gpt(attention=attention, n_head=4)
+    idx = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(0))
+    for heads in ({(1, 2)}, {(0, 0), (1, 3)}):
+        without = without_output_columns(model, heads)
+        with torch.no_grad(), model.heads_knocked_out(heads):
+            torch.testing.assert_close(model(idx)[0], without(idx)[0], atol=1e-6, rtol=1e-5)
+            assert not torch.allclose(model(idx)[0], tiny_gpt(attention=attention, n_head=4)(idx)[0], atol=1e-4)
+            for use_kv_cache in (True, False):
+                knocked_out = generate_tokens(model, idx[:, :4], 12, temperature=0, use_kv_cache=use_kv_cache)
+                assert torch.equal(knocked_out, generate_tokens(without, idx[:, :4], 12, temperature=0, use_kv_cache=use_kv_cache))
+    assert masks_of(model) == [None, None]
+
+
+def test_heads_knocked_out_puts_every_head_back_after_the_block_even_on_error_and_saves_nothing():
+    model = tiny_gpt()
+    keys = model.state_dict().keys()
+    with model.heads_knocked_out({(0, 1)}):
+        assert masks_of(model) == [[1.0, 0.0], [1.0, 1.0]]  # every layer masked: one graph for torch.compile
+        with model.heads_knocked_out([(1, 0)]):  # heads an enclosing block knocked out stay out
+            assert masks_of(model) == [[1.0, 0.0], [0.0, 1.0]]
+        assert masks_of(model) == [[1.0, 0.0], [1.0, 1.0]]
+        saved = model.state_dict()
+    assert masks_of(model) == [None, None]
+    with pytest.raises(FloatingPointError), model.heads_knocked_out({(1, 1)}):
+        raise FloatingPointError  # e.g. a probe on a diverged model
+    assert masks_of(model) == [None, None]
+    assert saved.keys() == keys  # no mask in a checkpoint: one saved before or during loads into any model
+    tiny_gpt(seed=1).load_state_dict(saved)
+
+
+@pytest.mark.parametrize(("heads", "message"), [
+    ({(2, 0)}, "layer 2 does not exist: this model's layers are 0 to 1"),
+    ({(0, 0), (0, -1)}, "head -1 does not exist: each layer's heads are 0 to 1"),
+    ((0, 1), "heads are (layer, head) pairs, e.g. {(0, 1)}; got 0"),
+])
+def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_range(heads, message):
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match=re.escape(message)), model.heads_knocked_out(heads):
+        pass
+    assert masks_of(model) == [None, None]
