@@ -360,3 +360,57 @@ def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_
     with pytest.raises(ValueError, match=re.escape(message)), model.heads_knocked_out(heads):
         pass
     assert masks_of(model) == [None, None]
+
+
+def previous_token_copier(attention: str) -> GPT:
+    """A 1-layer, 2-head GPT with weights set by hand: head 0 copies the previous token, head 1
+    averages the tokens so far, and the LM head predicts whatever head 0 copied. The 24 channels
+    of the residual stream: [0, 8) this token, [8, 16) this position (both one-hot), and
+    [16, 24) the previous token, written there by head 0."""
+    V = T = 8  # vocabulary and block_size
+    TOKEN, POSITION, PREVIOUS = 0, 8, 16  # where each group of channels starts
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=24, attention=attention,
+                          norm="rmsnorm", tie_head=False))  # RMSNorm: a pure rescaling; no biases
+    block, D = model.blocks[0], model.blocks[0].attn.head_dim  # D = 12
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()  # the MLP stays zero: an attention-only model
+        model.tok_emb.weight[:, TOKEN : TOKEN + V] = torch.eye(V)
+        model.pos_emb.weight[:, POSITION : POSITION + T] = torch.eye(T)
+        block.ln_1.weight.fill_(math.sqrt(2 / 24))  # every stream holds two ones: this undoes RMSNorm's 1 / RMS
+        q, k, v = block.attn.qkv.weight.split(24)  # (C, C) each; head 0 owns rows [0, D), head 1 rows [D, 2D)
+        # Head 0: query t is position t, times 100; key s is position s + 1. They meet only for
+        # s = t - 1, with a score of 100 / sqrt(D) ~ 29: all the weight on the previous token.
+        q[:T, POSITION : POSITION + T] = 100 * torch.eye(T)
+        k[1:T, POSITION : POSITION + T - 1] = torch.eye(T - 1)
+        v[:V, TOKEN : TOKEN + V] = torch.eye(V)  # and what it takes from there is the token
+        v[D : D + V, TOKEN : TOKEN + V] = torch.eye(V)  # head 1: no query or key, so equal weights
+        proj = block.attn.proj.weight  # (C, C): columns [0, D) read head 0, [D, 2D) head 1
+        proj[PREVIOUS : PREVIOUS + V, :V] = torch.eye(V)  # head 0 writes the previous token
+        proj[TOKEN : TOKEN + V, D : D + V] = torch.eye(V)  # head 1 writes where the LM head does not read
+        model.ln_f.weight.fill_(1.0)
+        model.lm_head.weight[:, PREVIOUS : PREVIOUS + V] = 10 * torch.eye(V)  # predict the previous token
+    return model.eval()
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_knocking_out_the_previous_token_head_destroys_the_copy_and_knocking_out_another_does_not(attention):
+    model = previous_token_copier(attention)
+    idx = torch.randint(0, 8, (64, 8), generator=torch.Generator().manual_seed(0))
+    targets = torch.cat([idx[:, :1], idx[:, :-1]], dim=1)  # the token before; the first token sees only itself
+
+    def logits_accuracy_and_loss() -> tuple[torch.Tensor, float, float]:
+        with torch.no_grad():
+            logits, loss = model(idx, targets)
+        return logits, (logits.argmax(-1) == targets).float().mean().item(), loss.item()
+
+    intact, accuracy, loss = logits_accuracy_and_loss()
+    assert accuracy == 1.0 and loss < 1e-4
+    with model.heads_knocked_out({(0, 1)}):
+        logits, accuracy, loss = logits_accuracy_and_loss()
+        assert accuracy == 1.0 and loss < 1e-4  # head 1 did not carry the copy...
+        assert not torch.equal(logits, intact)  # ...though it was out: the logits moved
+    with model.heads_knocked_out({(0, 0)}):
+        _, accuracy, loss = logits_accuracy_and_loss()
+        assert accuracy < 0.25  # chance is 1/8
+        assert loss == pytest.approx(math.log(8), rel=1e-6)  # all logits 0: nothing of the previous token is left
