@@ -100,7 +100,7 @@ class CompiledDecodeStep:
     """NextTokenStep for one model, batch size and choice of sampling settings, captured with
     torch.export and compiled by Inductor. Building it takes seconds (the first time on a
     machine about 20 s, then about 6 s: Inductor caches its kernels); each call then costs
-    about a third of the eager step (README, "Benchmarks"). generate_tokens checks with
+    about a third of the eager step (docs/speed.md, "Sampling"). generate_tokens checks with
     check_fits that it is used for what it was built for."""
 
     def __init__(self, model: GPT, batch_size: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
