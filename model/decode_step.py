@@ -102,7 +102,7 @@ class CompiledDecodeStep:
     """NextTokenStep for one model, batch size and choice of sampling settings, captured with
     torch.export and compiled by Inductor. Building it takes seconds (the first time on a
     machine about 20 s, then about 6 s: Inductor caches its kernels); each call then costs
-    about a third of the eager step (README, "Benchmarks"). generate_tokens checks with
+    about a third of the eager step (docs/speed.md, "Sampling"). generate_tokens checks with
     check_fits that it is used for what it was built for: every head of the model, so neither
     building nor using one is allowed while heads are knocked out (GPT.heads_knocked_out)."""
 
