@@ -1,9 +1,18 @@
-"""bench.py runs end to end and writes every figure it prints (the figures themselves are
+"""python -m bench runs end to end and writes every figure it prints (the figures themselves are
 the benchmark's business, not the tests')."""
 
 import json
+import os
+import subprocess
+import sys
 
-from conftest import spawn_cli
+from conftest import ROOT
+
+
+def spawn_bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m bench <args>` as a subprocess, from the project's folder as `make bench` runs it."""
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
@@ -12,8 +21,8 @@ def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400)
     out = tmp_path / "results" / "bench.json"
-    result = spawn_cli("bench.py", "--repeats", "1", "--steps", "60", "--new-tokens", "20", "--preset-steps", "20",
-                     "--corpus", str(corpus), "--out", str(out), cwd=tmp_path, timeout=600)
+    result = spawn_bench("--repeats", "1", "--steps", "60", "--new-tokens", "20", "--preset-steps", "20",
+                         "--corpus", str(corpus), "--out", str(out), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     record = json.loads(out.read_text())
     figures = record["results"]
@@ -39,7 +48,7 @@ def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
 
 
 def test_an_unknown_section_is_one_clear_line(tmp_path):
-    result = spawn_cli("bench.py", "--only", "speed", cwd=tmp_path)
+    result = spawn_bench("--only", "speed")
     assert result.returncode == 1
     assert result.stderr == (
         "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab)\n"
@@ -48,7 +57,7 @@ def test_an_unknown_section_is_one_clear_line(tmp_path):
 
 def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_ids(tmp_path):
     out = tmp_path / "bench.json"
-    result = spawn_cli("bench.py", "--only", "data", "--repeats", "1", "--data-mb", "1", "--out", str(out), cwd=tmp_path)
+    result = spawn_bench("--only", "data", "--repeats", "1", "--data-mb", "1", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(out.read_text())["results"]["data"]
     assert 1 <= data["corpus_mb"] < 1.5
@@ -62,10 +71,10 @@ def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_i
 
 def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_path):
     # The section itself needs nanoGPT's code, which this project does not ship (see the README).
-    missing = spawn_cli("bench.py", "--only", "nanogpt", cwd=tmp_path)
+    missing = spawn_bench("--only", "nanogpt")
     assert missing.returncode == 1
     assert missing.stderr == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder\n"
     (tmp_path / "train.py").write_text("")
-    not_nanogpt = spawn_cli("bench.py", "--only", "nanogpt", "--nanogpt", str(tmp_path), cwd=tmp_path)
+    not_nanogpt = spawn_bench("--only", "nanogpt", "--nanogpt", str(tmp_path))
     assert not_nanogpt.returncode == 1 and not_nanogpt.stderr.count("\n") == 1
     assert not_nanogpt.stderr.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
