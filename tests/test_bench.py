@@ -20,7 +20,10 @@ SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n
 
 
 def run_bench(*args: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> tuple[dict, str]:
-    """`python -m bench <args> --out <out>` in this process: the record it wrote, and what it printed."""
+    """`python -m bench <args> --out <out>` in this process, in out's folder (where the runs it
+    starts keep their .cache): the record it wrote, and what it printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(out.parent)
     monkeypatch.setattr(sys, "argv", ["python -m bench", *args, "--out", str(out)])
     main()
     return json.loads(out.read_text()), capsys.readouterr().out
