@@ -6,6 +6,8 @@
     python -m bench --only compile               train.compile=true against eager (slow)
     make bench                                   the same as python -m bench
 
+Run it from the project's folder, where python -m finds the bench/ package (make bench does).
+
 Sections (each figure is the median of --repeats runs):
     peak       fp32 matmul rate of this machine (1024 x 1024 x 1024), the yardstick for MFU
     training   train.py itself on nanoGPT's CPU recipe shape (char-level tiny shakespeare,
