@@ -3,7 +3,7 @@
 #   make test             run the test suite
 #   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
 #   make tensorboard      open TensorBoard on every run, with the Attention tab (attention_tab/)
-#   make bench            speed figures for this machine (bench.py), as a table and JSON
+#   make bench            speed figures for this machine (python -m bench: bench/), as a table and JSON
 #   make docs             redraw the tour's pictures (docs/questions/), and docs/attention_maps.png and the
 #                         Attention tab's screenshot docs/attention_tab.png from the newest run (RUN=<run dir>)
 #   make lint             ruff
@@ -61,7 +61,7 @@ tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir_spec outputs:outputs,multirun:multirun $(ARGS)
 
 bench: setup
-	$(PY) bench.py $(ARGS)
+	$(PY) -m bench $(ARGS)
 
 docs: setup browser
 	$(PY) docs/questions.py

@@ -1,6 +1,6 @@
 """A real TensorBoard server and a headless Chromium to look at the Attention tab with: for its
 tests (tests/test_attention_tab.py), its screenshot in the README (docs/attention_tab.py) and
-its first-render time (bench.py). Chromium and its driver are Debian's `chromium` and
+its first-render time (bench/tab.py). Chromium and its driver are Debian's `chromium` and
 `chromium-driver` packages (`make browser` installs them); Selenium drives them."""
 
 import json

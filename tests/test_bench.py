@@ -1,71 +1,136 @@
-"""bench.py runs end to end and writes every figure it prints (the figures themselves are
-the benchmark's business, not the tests')."""
+"""Each section of python -m bench runs and writes every figure it prints (the figures themselves
+are the benchmark's business, not the tests'). The command line runs in this process; a section
+that times processes (train.py, sample.py, tokenising) still starts them, as that is what it measures."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from conftest import spawn_cli
+import pytest
+from conftest import ROOT
 
+import bench.attention
+import bench.sampling
+from bench.cli import main
+from model import GPT, GPTConfig
 
-def test_the_benchmark_runs_its_default_sections_and_writes_json(tmp_path):
-    # The opt-in sections, recipe and compile, are train.py runs with other arguments: the
-    # same code as the training and quality sections, only minutes longer.
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400)
-    out = tmp_path / "results" / "bench.json"
-    result = spawn_cli("bench.py", "--repeats", "1", "--steps", "60", "--new-tokens", "20", "--preset-steps", "20",
-                     "--corpus", str(corpus), "--out", str(out), cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    record = json.loads(out.read_text())
-    figures = record["results"]
-    assert figures["peak"]["matmul_gflops"] > 0
-    training = figures["training"]
-    assert training["tokens_per_sec"] > 0 and 0 < training["mfu"] < 1.5
-    assert 780_000 < training["params"] < 820_000  # nanoGPT's CPU shape: about 0.8 M parameters
-    quality = figures["quality"]
-    assert quality["seconds"] > 0 and 0 < quality["val_loss"] < 5
-    assert quality["reached_target"] == (quality["val_loss"] <= 1.886)
-    sampling = figures["sampling"]
-    assert set(sampling) == {"L6_H6_C384", "default"}
-    assert 900_000 < sampling["default"]["params"] < 1_000_000  # the default model, with the default run's vocabulary
-    assert 10_000_000 < sampling["L6_H6_C384"]["params"] < 11_000_000  # nanoGPT's shakespeare-char model
-    assert all(s["kv_cache_tokens_per_sec"] > 0 and s["recompute_tokens_per_sec"] > 0 for s in sampling.values())
-    assert all(s["compiled_tokens_per_sec"] > 0 and s["compile_seconds"] > 0 for s in sampling.values())
-    assert set(figures["attention"]) == {"B8_T256_C384_H6", "B12_T64_C128_H4"}
-    startup = figures["startup"]
-    # both processes import torch first; which of them is quicker depends on the load of the moment
-    assert 0 < startup["import_torch_seconds"] < min(startup["sample_seconds"], startup["train_first_step_seconds"])
-    assert "tokens/s with KV cache" in result.stdout and f"written: {out}" in result.stdout
-    assert (out.parent / next(p.name for p in out.parent.iterdir() if p.name.startswith("runs-"))).is_dir()
+SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 
 
-def test_an_unknown_section_is_one_clear_line(tmp_path):
-    result = spawn_cli("bench.py", "--only", "speed", cwd=tmp_path)
+def run_bench(*args: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> tuple[dict, str]:
+    """`python -m bench <args> --out <out>` in this process, in out's folder (where the runs it
+    starts keep their .cache): the record it wrote, and what it printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(out.parent)
+    monkeypatch.setattr(sys, "argv", ["python -m bench", *args, "--out", str(out)])
+    main()
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+def test_an_unknown_section_is_one_clear_line():
+    # A real `python -m bench`, as make bench runs it: the package's entry point, and the line on stderr.
+    result = subprocess.run([sys.executable, "-m", "bench", "--only", "speed"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
     assert result.returncode == 1
     assert result.stderr == (
         "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab)\n"
     )
 
 
-def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_ids(tmp_path):
-    out = tmp_path / "bench.json"
-    result = spawn_cli("bench.py", "--only", "data", "--repeats", "1", "--data-mb", "1", "--out", str(out), cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    data = json.loads(out.read_text())["results"]["data"]
+def test_the_training_section_measures_train_py_on_nanogpts_cpu_shape_against_the_peak(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(SHAKESPEARE * 400)
+    out = tmp_path / "results" / "bench.json"
+    record, printed = run_bench("--only", "peak,training", "--repeats", "1", "--steps", "60", "--corpus", str(corpus),
+                                out=out, monkeypatch=monkeypatch, capsys=capsys)
+    assert record["repeats"] == 1 and record["machine"]["cores"] >= 1
+    figures = record["results"]
+    assert figures["peak"]["matmul_gflops"] > 0
+    training = figures["training"]
+    assert training["tokens_per_sec"] > 0 and 0 < training["mfu"] < 1.5
+    assert 780_000 < training["params"] < 820_000  # nanoGPT's CPU shape: about 0.8 M parameters
+    assert "fp32 matmul peak" in printed and "training, nanoGPT CPU shape" in printed and f"written: {out}" in printed
+    runs = [p for p in out.parent.iterdir() if p.name.startswith("runs-")]  # the run dirs go beside the record
+    assert len(runs) == 1 and (runs[0] / "throughput-0" / "ckpt_last.pt").is_file()
+
+
+def test_the_quality_section_reports_the_presets_val_loss_against_nanogpts(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(SHAKESPEARE * 400)
+    record, printed = run_bench("--only", "quality", "--repeats", "1", "--preset-steps", "20", "--corpus", str(corpus),
+                                out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    quality = record["results"]["quality"]
+    assert quality["seconds"] > 0 and 0 < quality["val_loss"] < 5
+    assert quality["reached_target"] == (quality["val_loss"] <= 1.886)
+    assert "time to quality (preset)" in printed
+
+
+def test_the_sampled_models_are_nanogpts_shakespeare_char_model_and_the_default():
+    models = bench.sampling.sampling_models()
+    assert set(models) == {"L6_H6_C384", "default"}
+    assert 900_000 < models["default"].num_parameters() < 1_000_000  # the default model, with the default run's vocabulary
+    assert 10_000_000 < models["L6_H6_C384"].num_parameters() < 11_000_000  # nanoGPT's shakespeare-char model
+    assert all(model.config.block_size == 256 for model in models.values())
+
+
+def test_the_sampling_section_times_each_model_cached_recomputed_and_compiled(tmp_path, monkeypatch, capsys):
+    # A tiny model in place of the two above: compiling its decode step is the same work, in a fraction of the time.
+    tiny = GPT(GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    monkeypatch.setattr(bench.sampling, "sampling_models", lambda: {"tiny": tiny})
+    record, printed = run_bench("--only", "sampling", "--repeats", "1", "--new-tokens", "4",
+                                out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    sampling = record["results"]["sampling"]
+    assert set(sampling) == {"tiny"} and sampling["tiny"]["params"] == tiny.num_parameters()
+    assert all(s["kv_cache_tokens_per_sec"] > 0 and s["recompute_tokens_per_sec"] > 0 for s in sampling.values())
+    assert all(s["compiled_tokens_per_sec"] > 0 and s["compile_seconds"] > 0 for s in sampling.values())
+    assert "tokens/s with KV cache" in printed and "compiled decode step" in printed
+
+
+def test_the_attention_section_times_three_paths_at_its_two_shapes(tmp_path, monkeypatch, capsys):
+    timings = bench.attention.attention_timings
+    monkeypatch.setattr(bench.attention, "attention_timings", lambda *args: timings(*args, iterations=1))  # not 20
+    record, printed = run_bench("--only", "attention", "--repeats", "1",
+                                out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    attention = record["results"]["attention"]
+    assert set(attention) == {"B8_T256_C384_H6", "B12_T64_C128_H4"}
+    for a in attention.values():
+        assert a["bare_sdpa_ms"] > 0 and a["sdpa_ms"] > 0 and a["manual_ms"] > 0
+        assert a["manual_vs_bare"] == pytest.approx(a["manual_ms"] / a["bare_sdpa_ms"])
+    assert "attention fwd+bwd B8_T256_C384_H6" in printed
+
+
+def test_the_startup_section_times_processes_that_import_torch_first(tmp_path, monkeypatch, capsys):
+    record, printed = run_bench("--only", "startup", "--repeats", "1",
+                                out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    startup = record["results"]["startup"]
+    # both processes import torch first; which of them is quicker depends on the load of the moment
+    assert 0 < startup["import_torch_seconds"] < min(startup["sample_seconds"], startup["train_first_step_seconds"])
+    assert "start-up, seconds from the process's start" in printed
+
+
+def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_ids(tmp_path, monkeypatch, capsys):
+    record, printed = run_bench("--only", "data", "--repeats", "1", "--data-mb", "1",
+                                out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    data = record["results"]["data"]
     assert 1 <= data["corpus_mb"] < 1.5
     for kind in ("char", "bpe"):
         streamed, at_once = data[kind]["streamed"], data[kind]["in_memory"]
         assert streamed["tokens"] == at_once["tokens"] + 1 > 1  # the same ids, and the <|endoftext|> before the file
         assert streamed["seconds"] >= streamed["encode_s"] > 0 and streamed["peak_mib"] > 0 and at_once["peak_mib"] > 0
-    assert "tokenising 1 MB, bpe, streamed" in result.stdout
+    assert "tokenising 1 MB, bpe, streamed" in printed
     assert data["trainers"]["mb"] == data["corpus_mb"] and data["trainers"]["lesson_s"] > data["trainers"]["rustbpe_s"] > 0
 
 
-def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_path):
+def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_path, monkeypatch, capsys):
     # The section itself needs nanoGPT's code, which this project does not ship (see the README).
-    missing = spawn_cli("bench.py", "--only", "nanogpt", cwd=tmp_path)
-    assert missing.returncode == 1
-    assert missing.stderr == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder\n"
+    # sys.exit's message is what the process prints to stderr, with exit status 1.
+    with pytest.raises(SystemExit) as missing:
+        run_bench("--only", "nanogpt", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert missing.value.code == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder"
     (tmp_path / "train.py").write_text("")
-    not_nanogpt = spawn_cli("bench.py", "--only", "nanogpt", "--nanogpt", str(tmp_path), cwd=tmp_path)
-    assert not_nanogpt.returncode == 1 and not_nanogpt.stderr.count("\n") == 1
-    assert not_nanogpt.stderr.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
+    with pytest.raises(SystemExit) as not_nanogpt:
+        run_bench("--only", "nanogpt", "--nanogpt", str(tmp_path), out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert "\n" not in not_nanogpt.value.code
+    assert not_nanogpt.value.code.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")

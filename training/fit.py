@@ -24,7 +24,7 @@ log = logging.getLogger("train")
 
 @dataclass
 class Figures:
-    """What a run measured, for the caller (train.py's last lines, bench.py, tests)."""
+    """What a run measured, for the caller (train.py's last lines, bench/, tests)."""
     best_val_loss: float
     evaluations: list[dict[str, float]]  # {"step", "train", "val"}, in order ("train" only with eval_train)
     tokens_per_sec: list[float] = field(default_factory=list)  # one per logged window

@@ -1,0 +1,50 @@
+"""How fast is this project on this machine? Prints a table and writes the figures to JSON.
+
+    python -m bench                              the default sections (about 6 minutes on 2 CPU cores)
+    python -m bench --only sampling,attention    some sections
+    python -m bench --only recipe                nanoGPT's full recipe in this trainer (slow)
+    python -m bench --only compile               train.compile=true against eager (slow)
+    make bench                                   the same as python -m bench
+
+Run it from the project's folder, where python -m finds the bench/ package (make bench does).
+
+Sections (each figure is the median of --repeats runs):
+    peak       fp32 matmul rate of this machine (1024 x 1024 x 1024), the yardstick for MFU
+    training   train.py itself on nanoGPT's CPU recipe shape (char-level tiny shakespeare,
+               4 layers, 4 heads, 128 dims, block 64, batch 12, AdamW): tokens/s as the run
+               logged it to TensorBoard, model FLOP/s and MFU against the measured peak, peak memory
+    quality    time to quality: wall time of `train.py experiment=shakespeare_char_cpu`, start
+               to exit, and the val loss it ends with (200 batches); the target is 1.886,
+               nanoGPT's README CPU recipe's val loss
+    recipe     (not by default) nanoGPT's CPU recipe itself in this trainer: 2,000 steps of
+               AdamW at lr 1e-3 with a cosine schedule, learned positions, GELU; wall time and val loss
+    compile    (not by default) the training section's runs eager and with train.compile=true:
+               tokens/s after the first log window, and wall time with compiling from scratch
+    startup    seconds from a process's start: train.py (the default run) to its first step,
+               sample.py to its text (50 tokens), and python -c 'import torch' alone
+    sampling   1,000 new tokens at block_size 256, with and without the KV cache, and with the
+               compiled decode step (compile=true; also its compile time), for nanoGPT's
+               shakespeare-char model (6 layers, 6 heads, 384 dims) and this project's default
+               model (configs/model/gpt.yaml, vocabulary 1,274)
+    attention  forward + backward of the sdpa and manual paths against the same projections
+               around a bare scaled_dot_product_attention call
+    data       (not by default) tokenising a corpus of --data-mb megabytes (the .py files of this
+               Python's installed packages, concatenated) from an empty cache, char and BPE (2,048
+               tokens): each phase's time, MB/s and peak memory, beside the nanoGPT way (the whole
+               file read into memory and encoded at once; BPE with the same learned vocabulary; up
+               to 200 MB); and learning 2,048 BPE tokens from its first 10 MB, by rustbpe and by
+               data/bpe.py
+    nanogpt    (not by default; needs --nanogpt <a checkout of karpathy/nanoGPT>) nanoGPT itself,
+               side by side with this project: its README CPU recipe's ms per iteration over
+               --steps iterations (after the first sixth), and the whole recipe (2,000 iterations)
+               start to exit with the val loss it prints; with the training and quality sections
+               in the same run, the ratios
+    tab        (not by default; needs Chromium, see make browser) the Attention tab in headless
+               Chromium at 1280 x 800, for a short real run of the default model and of a 12 x 12
+               one on a 128-token probe (5 logged steps each): time from navigation to the first
+               drawn view (a fresh browser each time), and, once the tab has fetched every step,
+               the slowest move of the step slider to its redrawn views
+
+Results go to bench_results/bench-<date>_<time>.json (git-ignored) unless --out says otherwise;
+the training section's run dirs go beside it.
+"""

@@ -1,0 +1,98 @@
+"""The command line: which sections run, then the table and the JSON record."""
+
+import argparse
+import json
+import platform
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+import bench
+from bench.attention import bench_attention
+from bench.common import ROOT
+from bench.corpora import bench_data
+from bench.nanogpt import bench_nanogpt
+from bench.sampling import bench_sampling
+from bench.startup import bench_startup
+from bench.tab import bench_tab
+from bench.table import print_table
+from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
+
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab")
+DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
+    parser.add_argument("--preset-steps", type=int, help="a quick check: override the preset's train.max_steps "
+                        "(the quality figure then no longer measures time to quality)")
+    parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")
+    parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
+    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
+                        help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
+    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt section")
+    parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
+    args = parser.parse_args()
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or args.repeats < 1:
+        sys.exit(f"error: --only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
+                 if unknown else f"error: --repeats {args.repeats} must be at least 1")
+
+    stamp = datetime.now()
+    out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
+    work = out.parent / f"runs-{stamp:%Y-%m-%d_%H-%M-%S}"  # the training section's run dirs
+    results: dict = {}
+    if "peak" in sections:
+        results["peak"] = bench_peak(args.repeats)
+    if "training" in sections:
+        peak = results.get("peak", {}).get("matmul_gflops")
+        results["training"] = bench_training(args.repeats, args.steps, args.corpus.resolve(), peak, work)
+    if "quality" in sections:
+        results["quality"] = bench_quality(args.repeats, args.corpus.resolve(), work, args.preset_steps)
+    if "recipe" in sections:
+        results["recipe"] = bench_recipe(args.repeats, args.corpus.resolve(), work)
+    if "compile" in sections:
+        peak = results.get("peak", {}).get("matmul_gflops")
+        results["compile"] = bench_compile(args.repeats, args.steps, args.corpus.resolve(), peak, work)
+    if "sampling" in sections:
+        results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
+    if "attention" in sections:
+        results["attention"] = bench_attention(args.repeats)
+    if "startup" in sections:
+        results["startup"] = bench_startup(args.repeats, work)
+    if "data" in sections:
+        results["data"] = bench_data(args.repeats, work, args.data_mb)
+    if "nanogpt" in sections:
+        results["nanogpt"] = bench_nanogpt(args.repeats, args.steps, args.corpus.resolve(), args.nanogpt, work)
+    if "tab" in sections:
+        results["tab"] = bench_tab(args.repeats, work)
+
+    print_table(results)
+    record = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
+                    "python": platform.python_version()},
+        "repeats": args.repeats,
+        "results": results,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written: {out}")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+

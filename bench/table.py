@@ -1,0 +1,88 @@
+"""The results as a two-column table on stdout."""
+
+from bench.corpora import AT_ONCE_MAX_MB
+from bench.training import TARGET_VAL_LOSS
+
+
+def print_table(results: dict) -> None:
+    rows = []
+    if "peak" in results:
+        rows.append(("fp32 matmul peak (1024^3)", f"{results['peak']['matmul_gflops']:.1f} GFLOP/s"))
+    if "training" in results:
+        t = results["training"]
+        mfu = f", MFU {t['mfu']:.0%}" if t["mfu"] else ""
+        rows += [
+            ("training, nanoGPT CPU shape", f"{t['tokens_per_sec']:,.0f} tokens/s ({t['ms_per_step']:.1f} ms/step)"),
+            ("  model FLOP/s", f"{t['model_gflops']:.1f} GFLOP/s{mfu}"),
+            ("  peak memory (train.py)", f"{t['peak_rss_mib']:.0f} MiB"),
+        ]
+    for key, label in (("quality", "time to quality (preset)"), ("recipe", "nanoGPT's recipe, this trainer")):
+        if key in results:
+            q = results[key]
+            rows.append((label, f"{q['seconds']:.1f} s wall, val loss {q['val_loss']:.4f} "
+                                f"({'reaches' if q['reached_target'] else 'misses'} {TARGET_VAL_LOSS})"))
+    if "compile" in results:
+        e, c = results["compile"]["eager"], results["compile"]["compiled"]
+        rows += [
+            ("training, train.compile=true", f"{c['tokens_per_sec']:,.0f} tokens/s ({results['compile']['speedup']:.2f}x "
+                                             f"eager's {e['tokens_per_sec']:,.0f})"),
+            (f"  wall time, {c['steps']} steps", f"{c['seconds']:.1f} s compiled, {e['seconds']:.1f} s eager"),
+        ]
+    for shape, s in results.get("sampling", {}).items():
+        rows += [
+            (f"sampling, {shape} model, block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache "
+                                                   f"({s['kv_cache_ms_per_token']:.2f} ms/token), "
+                                                   f"{s['recompute_tokens_per_sec']:,.0f} recomputing ({s['speedup']:.1f}x)"),
+            ("  compiled decode step (compile=true)", f"{s['compiled_tokens_per_sec']:,.0f} tokens/s "
+                                                     f"({s['compiled_ms_per_token']:.2f} ms/token, {s['compiled_speedup']:.1f}x "
+                                                     f"recomputing), after {s['compile_seconds']:.1f} s compiling"),
+        ]
+    for shape, a in results.get("attention", {}).items():
+        rows.append((
+            f"attention fwd+bwd {shape}",
+            f"bare {a['bare_sdpa_ms']:.2f} ms, sdpa {a['sdpa_ms']:.2f} ms ({a['sdpa_vs_bare']:.2f}x), "
+            f"manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)",
+        ))
+    if "startup" in results:
+        u = results["startup"]
+        rows.append(("start-up, seconds from the process's start", f"train.py to its first step {u['train_first_step_seconds']:.1f}, "
+                     f"sample.py to its text {u['sample_seconds']:.1f}, python -c 'import torch' {u['import_torch_seconds']:.1f}"))
+    if "data" in results:
+        rows += data_rows(results["data"])
+    if "nanogpt" in results:
+        rows += nanogpt_rows(results)
+    for shape, t in results.get("tab", {}).items():
+        rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
+                                                 f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+def data_rows(d: dict) -> list[tuple[str, str]]:
+    rows = []
+    for kind in ("char", "bpe"):
+        st, mem = d[kind]["streamed"], d[kind].get("in_memory")
+        learn = f", of which learning the vocabulary {st['tokenizer_s']:.1f} s" if kind == "bpe" else ""
+        rows.append((f"tokenising {d['corpus_mb']:.0f} MB, {kind}, streamed",
+                     f"{st['seconds']:.1f} s ({st['mb_per_s']:.1f} MB/s){learn}; peak memory {st['peak_mib']:.0f} MiB"))
+        rows.append(("  the same at once (nanoGPT's way)",
+                     f"{mem['seconds']:.1f} s ({mem['mb_per_s']:.1f} MB/s); peak memory {mem['peak_mib']:.0f} MiB"
+                     if mem else f"not run above {AT_ONCE_MAX_MB} MB (it holds the whole corpus in memory)"))
+    t = d["trainers"]
+    rows.append((f"learning 2,048 BPE tokens from {t['mb']:.0f} MB",
+                 f"rustbpe {t['rustbpe_s']:.1f} s, data/bpe.py {t['lesson_s']:.1f} s ({t['lesson_s'] / t['rustbpe_s']:.0f}x)"))
+    return rows
+
+
+def nanogpt_rows(results: dict) -> list[tuple[str, str]]:
+    """nanoGPT's figures, and the ratios to this project's when its sections ran too."""
+    n = results["nanogpt"]
+    ours, quality = results.get("training", {}).get("ms_per_step"), results.get("quality", {}).get("seconds")
+    return [
+        ("nanoGPT itself, same shape", f"{n['tokens_per_sec']:,.0f} tokens/s ({n['ms_per_iter']:.1f} ms/iteration)"
+         + (f"; this trainer {n['ms_per_iter'] / ours:.2f}x its speed" if ours else "")),
+        ("nanoGPT itself, its CPU recipe", f"{n['recipe_seconds']:.1f} s to val {n['recipe_val_loss']:.4f}"
+         + (f"; the preset takes {quality / n['recipe_seconds']:.2f}x its time" if quality else "")),
+    ]
+
