@@ -18,7 +18,8 @@ from model.generation import generate_text
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from training.config import validate_sample_config
 from training.distributed import pick_device
-from training.errors import UserError, exit_on_user_error, run_cli
+from training.errors import exit_on_user_error, run_cli
+from user_error import UserError
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")

@@ -31,12 +31,13 @@ from model import GPT
 from training.checkpoint import load_checkpoint, resolve_resume
 from training.config import resumed_config, validate_train_config
 from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact
-from training.errors import UserError, exit_on_user_error, run_cli, said_once_per_machine
+from training.errors import exit_on_user_error, run_cli, said_once_per_machine
 from training.fit import Figures, fit
 from training.run import Run, build_data_and_model, build_run, describe, restore
 from training.run_dir import RunRecord
 from training.shape_trace import trace_shapes
 from training.state import TrainState
+from user_error import UserError
 
 log = logging.getLogger("train")
 

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from data.download import fetch_verified, sha256_of
 from data.stories import iter_stories
-from training.errors import UserError
+from user_error import UserError
 
 SOURCES = ("stories", "shakespeare", "text")
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz")

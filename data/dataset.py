@@ -19,7 +19,7 @@ import torch
 
 from data.token_stream import Survey, encoded_corpus, survey_corpus, train_sample
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
-from training.errors import UserError
+from user_error import UserError
 
 SPLITS = ("train", "val")
 

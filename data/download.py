@@ -12,7 +12,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from training.errors import UserError
+from user_error import UserError
 
 TIMEOUT_S = 15.0  # per connection attempt and per read, not for the whole file
 

@@ -37,7 +37,7 @@ import tiktoken
 
 from data.bpe import GPT2_PATTERN, N_BYTES, ranks_from_text, ranks_to_text
 from data.gpt2_files import load_gpt2_encoding
-from training.errors import UserError
+from user_error import UserError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from attention_tab import browser  # noqa: E402
 from attention_tab.summary import PLUGIN_NAME  # noqa: E402
 from training.checkpoint import resolve_checkpoint  # noqa: E402
-from training.errors import UserError, exit_on_user_error  # noqa: E402
+from training.errors import exit_on_user_error  # noqa: E402
+from user_error import UserError  # noqa: E402
 
 SCREENSHOT = Path(__file__).resolve().parent / "attention_tab.png"
 

@@ -12,8 +12,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from training.config import plain_config, resumed_config
-from training.errors import UserError, config_error_line
+from training.errors import config_error_line
 from training.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
+from user_error import UserError
 
 
 def composed(config_name: str, *overrides: str):

@@ -11,7 +11,7 @@ import pytest
 
 from data import corpus
 from data.corpus import load_documents
-from training.errors import UserError
+from user_error import UserError
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
 TEXT_SHA256 = hashlib.sha256(TEXT.encode()).hexdigest()

@@ -10,7 +10,7 @@ from data.dataset import get_batch, prepare_tokens, probe_ids
 from data.stories import ITEMS, generate_stories
 from data.token_stream import split_pieces
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
-from training.errors import UserError
+from user_error import UserError
 
 
 def stories_cfg(tmp_path, n_chars=30_000, seed=1337):

@@ -13,7 +13,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from data.dataset import get_batch
 from model import GPT, GPTConfig
 from training.distributed import Ranks
-from training.errors import UserError
 from training.fit import fit
 from training.jobs import Every
 from training.lr_schedule import lr_at
@@ -22,6 +21,7 @@ from training.precision import Precision
 from training.run import build_data_and_model, build_run
 from training.state import TrainState, upgrade_run_state
 from training.step import TrainStep
+from user_error import UserError
 
 ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 

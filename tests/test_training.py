@@ -10,11 +10,11 @@ import torch
 from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, save_checkpoint
-from training.errors import UserError
 from training.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from training.lr_schedule import lr_at
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states
+from user_error import UserError
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():

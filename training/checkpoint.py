@@ -27,7 +27,7 @@ from torch import nn
 from data.tokenizer import Tokenizer, tokenizer_from_state
 from model import GPT
 from training.config import build_model
-from training.errors import UserError
+from user_error import UserError
 
 LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
 RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder

@@ -14,8 +14,9 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from model import GPT, GPTConfig
 from model.attention import divisors
-from training.errors import UserError, refused_value_line
+from training.errors import refused_value_line
 from training.schema import typed_train_config
+from user_error import UserError
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 

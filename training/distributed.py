@@ -14,7 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from training.errors import UserError
+from user_error import UserError
 
 
 def env_rank() -> int:

@@ -1,5 +1,5 @@
-"""Mistakes a user can make get one clear line, a non-zero exit and no traceback: UserError
-for what the project refuses (in any package), and the wording of what Hydra and OmegaConf refuse."""
+"""Mistakes a user can make get one clear line, a non-zero exit and no traceback: a UserError
+(user_error.py) for what the project refuses, and the wording of what Hydra and OmegaConf refuse."""
 
 import os
 import sys
@@ -11,9 +11,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-
-class UserError(Exception):
-    """Something the user asked for cannot be done; the message says what and how to fix it."""
+from user_error import UserError
 
 
 @contextmanager

@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from data.dataset import get_batch
 from training.distributed import Ranks
-from training.errors import UserError
 from training.precision import Precision
+from user_error import UserError
 
 
 @dataclass
