@@ -30,8 +30,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
-    parser.add_argument("--preset-steps", type=int, help="a quick check: override the preset's train.max_steps "
-                        "(the quality figure then no longer measures time to quality)")
+    parser.add_argument("--preset-steps", type=int, help="a quick check: the preset for this many steps, evaluated "
+                        "on 10 batches instead of 200 (the quality figure then no longer measures time to quality)")
     parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")
     parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",

@@ -119,7 +119,7 @@ def bench_quality(repeats: int, corpus: Path, work: Path, steps: int | None) -> 
     # data=text reads the file as it is (data=shakespeare would insist on the exact bytes).
     args = ["experiment=shakespeare_char_cpu", "data=text", f"data.path={corpus}", "train.attn_log_interval=0"]
     if steps:
-        args += [f"train.max_steps={steps}", f"train.eval_interval={steps}"]
+        args += [f"train.max_steps={steps}", f"train.eval_interval={steps}", "train.eval_iters=10"]
     return timed_training_runs("quality", args, repeats, corpus, work)
 
 
