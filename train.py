@@ -49,8 +49,7 @@ def main(cfg: DictConfig) -> float:
         try:
             best_val_loss = train(cfg, HydraConfig.get())
             # DistributedDataParallel holds the process group from inside reference cycles: free
-            # it now, or it goes only as Python shuts down, when Gloo's threads can no longer stop
-            # cleanly (a rare "terminate called without an active exception" after a finished run).
+            # it now, so that leaving the group ends the group's threads before the process exits.
             gc.collect()
             return best_val_loss
         except torch._dynamo.exc.BackendCompilerFailed as error:  # only train.compile=true gets here

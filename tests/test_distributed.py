@@ -8,6 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +24,10 @@ GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "mo
 QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
 
 
-def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
-    """python -m torch.distributed.run is the torchrun command: n processes on this machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-               str(ROOT / "train.py"), *args]
+def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
+             script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> subprocess.CompletedProcess:
+    """python -m torch.distributed.run is the torchrun command: n processes of script on this machine."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script, *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=preexec_fn)
@@ -39,17 +41,50 @@ def logged_losses(stdout: str) -> list[float]:
     return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
 
 
-def test_two_processes_write_one_run_and_their_loss_falls(tmp_path):
-    result = torchrun(2, *TINY_RUN, cwd=tmp_path)
+# 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
+EXACT = [*QUICK, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
+
+
+# train.py as Python runs a script, then the names of the Gloo threads its process still has.
+THEN_NAME_GLOO_THREADS = """
+import os, runpy, sys
+sys.argv = sys.argv[1:]  # train.py and its arguments
+sys.path[0] = os.path.dirname(sys.argv[0])
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+    print(f"rank {os.environ['RANK']} ended with these gloo threads: {sorted(n for n in names if 'gloo' in n)}")
+"""
+
+
+@dataclass
+class Finished:
+    dir: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def run_left_alone(tmp_path_factory) -> Finished:
+    """EXACT on 2 processes, in the default run dir, never stopped: what a stopped or killed run
+    must end as, bit for bit. Each process then names the Gloo threads it has left."""
+    workdir = tmp_path_factory.mktemp("alone")
+    wrapper = workdir / "then_name_gloo_threads.py"
+    wrapper.write_text(THEN_NAME_GLOO_THREADS)
+    result = torchrun(2, *EXACT, cwd=workdir, script=(str(wrapper), str(ROOT / "train.py")))
     assert result.returncode == 0, result.stdout + result.stderr
-    run_dirs = list((tmp_path / "outputs").glob("*/*"))
+    run_dirs = list((workdir / "outputs").glob("*/*"))
     assert len(run_dirs) == 1  # rank 1 made no run dir of its own
-    run = run_dirs[0]
+    return Finished(run_dirs[0], result.stdout)
+
+
+def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):
+    run, stdout = run_left_alone.dir, run_left_alone.stdout
     assert {"ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra"} <= {p.name for p in run.iterdir()}
     assert len(list(run.glob("events.out.tfevents.*"))) == 1  # one TensorBoard run
     # Only rank 0 speaks: each line of the run's story appears once.
-    assert result.stdout.count("model: ") == 1 and result.stdout.count("done: best val loss") == 1
-    assert "| 2 processes (gloo)" in result.stdout
+    assert stdout.count("model: ") == 1 and stdout.count("done: best val loss") == 1
+    assert "| 2 processes (gloo)" in stdout
     log_lines = (run / "train.log").read_text().splitlines()
     assert sum("run dir:" in line for line in log_lines) == 1
     events = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0}).Reload()
@@ -57,6 +92,13 @@ def test_two_processes_write_one_run_and_their_loss_falls(tmp_path):
     assert val[-1] < val[0] - 0.3, val
     assert events.Images("attention/layer_1/head_1")  # rank 0 drew the attention maps
     assert len(torch.load(run / "ckpt_last.pt", weights_only=True)["run_state"]["rng"]) == 2  # both ranks' RNGs
+
+
+def test_a_finished_run_ends_its_gloo_threads_before_its_process_exits(run_left_alone):
+    # Left running, they are torn down with the process, which now and then aborts it
+    # ("terminate called without an active exception"). Linux's /proc names every thread.
+    left = re.findall(r"rank (\d) ended with these gloo threads: (\[.*?\])", run_left_alone.stdout)  # (may share a line)
+    assert sorted(left) == [("0", "[]"), ("1", "[]")], run_left_alone.stdout
 
 
 # One optimizer step, then the saved weights. The first AdamW step moves every weight by
@@ -173,14 +215,10 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
     assert losses[-1] < losses[1]  # val loss fell
 
 
-def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path):
-    exact = [*QUICK, "train.max_steps=40", "train.log_interval=1", "model.dropout=0.1"]  # dropout: the RNGs matter
-    alone = torchrun(2, *exact, "hydra.run.dir=alone", cwd=tmp_path)
-    assert alone.returncode == 0, alone.stdout + alone.stderr
-
+def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path, run_left_alone):
     # Ctrl-C in a terminal signals the whole foreground process group: torchrun and both ranks.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(ROOT / "train.py"), *exact, "hydra.run.dir=stopped"]
+               str(ROOT / "train.py"), *EXACT, "hydra.run.dir=stopped"]
     process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen = []
@@ -201,7 +239,7 @@ def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run
     resumed = torchrun(2, "resume=stopped", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming stopped at step {step}" in resumed.stdout
-    a, b = weights(tmp_path / "alone"), weights(tmp_path / "stopped")
+    a, b = weights(run_left_alone.dir), weights(tmp_path / "stopped")
     for name, tensor in a.items():
         assert torch.equal(tensor, b[name]), name
 

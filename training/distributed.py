@@ -14,6 +14,13 @@ import os
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists, on purpose: torch.distributed.nn binds the default
+# group, as it is at that moment, into default arguments, where nothing frees it. Imported later
+# (torch._dynamo imports it, e.g. for the first optimizer), it would keep the group and its
+# threads alive past destroy_process_group, to be torn down with the process, which now and then
+# aborts ("terminate called without an active exception").
+import torch.distributed.nn  # noqa: F401
+
 from training.errors import UserError
 
 
@@ -87,7 +94,8 @@ def dist_backend() -> str:
 
 
 def leave_process_group() -> None:
-    """The last thing a process does under torchrun (a no-op without it)."""
+    """The last thing a process does under torchrun (a no-op without it). Once nothing else holds
+    the group (DistributedDataParallel does until collected), it ends here, and its threads with it."""
     if dist.is_initialized():
         dist.destroy_process_group()
 
