@@ -37,7 +37,8 @@ def fit(run: Run, state: TrainState) -> Figures:
     tb = open_tensorboard(run, state.step)
     saver = Saver(run)
     evaluation = Evaluation(run, tb)
-    jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb), Checkpoints(evaluation, saver)]
+    jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb),
+            Checkpoints(evaluation, saver, cfg.train.save_interval)]
     train_step = TrainStep(
         run.model, run.step_model, run.ddp, run.optimizer, run.precision, ranks, run.data.train, cfg.train.batch_size,
         cfg.model.block_size, cfg.train.grad_accum_steps, cfg.optim.grad_clip, cfg.train.skip_nonfinite, run.dir / LAST,
@@ -48,7 +49,7 @@ def fit(run: Run, state: TrainState) -> Figures:
     with StopSignals() as stop, ProgressBar(max_steps, state.step, wanted=ranks.is_main) as bar:
         while True:
             last = state.step >= max_steps
-            if not state.evaluated:  # (a resumed run's first step was evaluated before it was saved)
+            if not state.evaluated:  # (a resumed run's first step had its jobs before it was saved)
                 for job in jobs:
                     if job.due(state.step, last):
                         job(state)
