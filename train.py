@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from data.dataset import TokenData, get_batch
 from model import GPT
-from training.checkpoint import load_checkpoint, resolve_resume
+from training.checkpoint import AUTO, LAST, checkpoint_to_resume, load_checkpoint
 from training.config import resumed_config, validate_train_config
 from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact
 from training.errors import UserError, exit_on_user_error, run_cli, said_once_per_machine
@@ -72,6 +72,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     record = RunRecord(run_dir)
     try:
         run_cfg, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
+        if finished(run_cfg, checkpoint):  # resume=auto found nothing left to do
+            return checkpoint["best_val_loss"]
         ranks, precision, data, model = build_data_and_model(run_cfg)
         if run_cfg.debug == "shapes":  # the shape walk of this model instead of a run
             show_shapes(run_cfg, ranks, data, model)
@@ -90,24 +92,36 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
 
 def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: bool) -> tuple[DictConfig, dict | None]:
     """The run's config, checked, and the checkpoint it resumes from (None for a new run).
-    These checks read the config alone: every process would fail them alike."""
-    checkpoint = None
+    These checks read the config and the run dir alone: every process would fail them alike."""
+    checkpoint, changes = None, []
     with said_once_per_machine():
-        if cfg.resume:
-            checkpoint = load_checkpoint(resolve_resume(cfg.resume))
+        if source := checkpoint_to_resume(cfg.resume, run_dir):
+            checkpoint = load_checkpoint(source)
             cfg, changes = resumed_config(cfg, checkpoint["config"], overrides)
             if "run_state" not in checkpoint:
                 raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
                                 "saved by an older version); start a new run, or sample from it")
         validate_train_config(cfg)
-        if checkpoint and checkpoint["step"] >= cfg.train.max_steps:
+        if finished(cfg, checkpoint) and cfg.resume != AUTO:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint['step']}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
         if sweep and env_world_size() > 1:
             raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
-    if checkpoint:
-        log.info(f"resuming {os.path.relpath(run_dir)} at step {checkpoint['step']}" + "".join(f"; {c}" for c in changes))
+    say_where_it_starts(cfg, checkpoint, changes, os.path.relpath(run_dir))
     return cfg, checkpoint
+
+
+def finished(cfg: DictConfig, checkpoint: dict | None) -> bool:
+    return checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
+
+
+def say_where_it_starts(cfg: DictConfig, checkpoint: dict | None, changes: list[str], shown_dir: str) -> None:
+    if finished(cfg, checkpoint):
+        log.info(f"{shown_dir} finished at step {checkpoint['step']} (train.max_steps={cfg.train.max_steps}); nothing to train")
+    elif checkpoint:
+        log.info(f"resuming {shown_dir} at step {checkpoint['step']}" + "".join(f"; {c}" for c in changes))
+    elif cfg.resume == AUTO:
+        log.info(f"no {LAST} in {shown_dir} yet: a new run there")
 
 
 def show_shapes(cfg: DictConfig, ranks: Ranks, data: TokenData, model: GPT) -> None:

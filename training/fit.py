@@ -85,10 +85,10 @@ def fit(run: Run, state: TrainState) -> Figures:
 
 
 def open_tensorboard(run: Run, step: int) -> RunLogger:
-    """Rank 0's event writer, for a run starting at step. A resumed run hides what the old run
-    logged after its checkpoint's step (all before it was logged before the save), so that no
-    step appears twice."""
-    tb = RunLogger(run.dir if run.ranks.is_main else None, purge_step=step + 1 if step else None)
+    """Rank 0's event writer, for a run starting at step. It hides what an earlier attempt in the
+    run dir logged after the checkpoint's step (all before it was logged before the save; a new
+    run hides all of it), so that no step appears twice."""
+    tb = RunLogger(run.dir if run.ranks.is_main else None, purge_step=step + 1 if step else 0)
     if not step:
         tb.text("config", OmegaConf.to_yaml(run.cfg), 0)
     return tb
