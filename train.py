@@ -6,6 +6,9 @@
     python train.py -m model.n_head=1,2,4             a sweep: one run dir per value
     torchrun --standalone --nproc_per_node=4 train.py one run on 4 processes (GPUs), see
                                                       training/distributed.py
+    python train.py resume=outputs/<date>/<time>      go on where a run stopped; resume=auto with a
+                                                      fixed hydra.run.dir, and torchrun's restarts:
+                                                      docs/resume.md
 
 The run dir (outputs/<date>/<time>, or multirun/<date>/<time>/<n> in a sweep) receives
 .hydra/ (the config as composed), train.log, TensorBoard event files, ckpt_last.pt and
@@ -30,7 +33,7 @@ from data.dataset import TokenData, get_batch
 from model import GPT
 from training.checkpoint import AUTO, LAST, checkpoint_to_resume, load_checkpoint
 from training.config import resumed_config, validate_train_config
-from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact
+from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact, restart_count
 from training.errors import UserError, exit_on_user_error, run_cli, said_once_per_machine
 from training.fit import Figures, fit
 from training.run import Run, build_data_and_model, build_run, describe, restore
@@ -72,7 +75,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     record = RunRecord(run_dir)
     try:
         run_cfg, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
-        if finished(run_cfg, checkpoint):  # resume=auto found nothing left to do
+        if finished(run_cfg, checkpoint):  # resume=auto, or a restart, found nothing left to do
             return checkpoint["best_val_loss"]
         ranks, precision, data, model = build_data_and_model(run_cfg)
         if run_cfg.debug == "shapes":  # the shape walk of this model instead of a run
@@ -94,20 +97,21 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: 
     """The run's config, checked, and the checkpoint it resumes from (None for a new run).
     These checks read the config and the run dir alone: every process would fail them alike."""
     checkpoint, changes = None, []
+    restarted = restart_count() > 0  # by torchrun, after a process failed: go on from the run's last checkpoint
     with said_once_per_machine():
-        if source := checkpoint_to_resume(cfg.resume, run_dir):
+        if source := checkpoint_to_resume(cfg.resume, run_dir, restarted):
             checkpoint = load_checkpoint(source)
             cfg, changes = resumed_config(cfg, checkpoint["config"], overrides)
             if "run_state" not in checkpoint:
                 raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
                                 "saved by an older version); start a new run, or sample from it")
         validate_train_config(cfg)
-        if finished(cfg, checkpoint) and cfg.resume != AUTO:  # resume=<run> asks for more steps
+        if finished(cfg, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint['step']}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
         if sweep and env_world_size() > 1:
             raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
-    say_where_it_starts(cfg, checkpoint, changes, os.path.relpath(run_dir))
+    say_where_it_starts(cfg, checkpoint, changes, os.path.relpath(run_dir), restarted)
     return cfg, checkpoint
 
 
@@ -115,12 +119,15 @@ def finished(cfg: DictConfig, checkpoint: dict | None) -> bool:
     return checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
 
 
-def say_where_it_starts(cfg: DictConfig, checkpoint: dict | None, changes: list[str], shown_dir: str) -> None:
+def say_where_it_starts(cfg: DictConfig, checkpoint: dict | None, changes: list[str], shown_dir: str, restarted: bool) -> None:
+    if restarted:
+        log.info(f"torchrun restarted the processes (restart {restart_count()} of "
+                 f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')})")
     if finished(cfg, checkpoint):
         log.info(f"{shown_dir} finished at step {checkpoint['step']} (train.max_steps={cfg.train.max_steps}); nothing to train")
     elif checkpoint:
         log.info(f"resuming {shown_dir} at step {checkpoint['step']}" + "".join(f"; {c}" for c in changes))
-    elif cfg.resume == AUTO:
+    elif cfg.resume == AUTO or restarted:
         log.info(f"no {LAST} in {shown_dir} yet: a new run there")
 
 

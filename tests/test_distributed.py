@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,6 +243,79 @@ def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run
     a, b = weights(run_left_alone.dir), weights(tmp_path / "stopped")
     for name, tensor in a.items():
         assert torch.equal(tensor, b[name]), name
+
+
+def process_of_rank(torchrun_pid: int, rank: int) -> int:
+    """The pid of the process torchrun started as RANK=rank (read from Linux's /proc)."""
+    children = [int(pid) for task in Path(f"/proc/{torchrun_pid}/task").iterdir()
+                for pid in (task / "children").read_text().split()]
+    for pid in children:
+        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return pid
+    raise AssertionError(f"torchrun ({torchrun_pid}) has no process of rank {rank}: {children}")
+
+
+def read_events(run_dir: Path) -> EventAccumulator:
+    """The run's events as TensorBoard's own reader shows them, all its event files together."""
+    return EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0}).Reload()
+
+
+def curves(events: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def steps_by_tag(events: EventAccumulator) -> dict[str, list[int]]:
+    """The steps logged of every tag: scalars, images and tensors (texts, attention weights)."""
+    tags = events.Tags()
+    return {tag: [e.step for e in read(tag)] for kind, read in
+            (("scalars", events.Scalars), ("images", events.Images), ("tensors", events.Tensors)) for tag in tags[kind]}
+
+
+def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_ends_as_if_left_alone(
+        tmp_path, run_left_alone):
+    # The default run dir (a new folder per start), a checkpoint every 5 steps, and one restart
+    # allowed. Rank 1 is killed (SIGKILL: no chance to save or say goodbye) once rank 0 has
+    # logged step 7, two steps past the first checkpoint; torchrun then stops rank 0 and starts
+    # both again.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "--max-restarts=1", str(ROOT / "train.py"), *EXACT, "train.save_interval=5"]
+    output_file = tmp_path / "torchrun.log"
+    with open(output_file, "w") as output:
+        process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
+                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while "step 7/40" not in output_file.read_text() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(process_of_rank(process.pid, 1), signal.SIGKILL)
+            process.wait(timeout=180)
+        finally:
+            if process.poll() is None:  # the test failed: leave no processes behind
+                os.killpg(process.pid, signal.SIGKILL)
+    output = output_file.read_text()
+    assert process.returncode == 0, output
+    [run] = tmp_path.glob("outputs/*/*")  # one run dir for both attempts
+    resumed = re.search(rf"resuming {run.relative_to(tmp_path)} at step (\d+)", output)
+    assert "torchrun restarted the processes (restart 1 of 1)" in output and resumed, output
+    step = int(resumed.group(1))
+    assert 5 <= step < 40  # it went on from a checkpoint, not from the start
+    first_attempt = EventAccumulator(str(min(run.glob("events.out.tfevents.*")))).Reload()
+    assert first_attempt.Scalars("train/batch_loss")[-1].step > step  # so the steps after it were logged twice
+
+    a, b = weights(run_left_alone.dir), weights(run)
+    for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), name
+    # Both attempts' events, as TensorBoard's own reader shows them: every step of every tag once
+    # (the evaluation at step 0 too), and the curves of the run left alone, bit for bit (tokens/s
+    # aside: it is a speed).
+    killed, alone = read_events(run), read_events(run_left_alone.dir)
+    for tag, steps in steps_by_tag(killed).items():
+        assert len(steps) == len(set(steps)), f"{tag}: a step logged twice: {steps}"
+    assert steps_by_tag(killed)["loss/val"] == [0, 10, 20, 30, 40]
+    assert steps_by_tag(killed)["attention/layer_1/head_1"] == [0, 20, 40]
+    killed_curves, alone_curves = curves(killed), curves(alone)
+    del killed_curves["train/tokens_per_sec"], alone_curves["train/tokens_per_sec"]
+    assert killed_curves == alone_curves
 
 
 def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path):

@@ -111,10 +111,10 @@ def resolve_checkpoint(run: str) -> Path:
     return path
 
 
-def checkpoint_to_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint a run goes on from; None: a new run. With resume=auto, it is the run dir's
-    ckpt_last.pt (the run's latest) if there is one."""
-    if resume == AUTO and (run_dir / LAST).is_file():
+def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:
+    """The checkpoint a run goes on from; None: a new run. With resume=auto, and in processes
+    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one."""
+    if (resume == AUTO or restarted) and (run_dir / LAST).is_file():
         return run_dir / LAST
     if resume in (None, AUTO):
         return None

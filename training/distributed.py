@@ -34,6 +34,30 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def restart_count() -> int:
+    """How many times torchrun has restarted the processes (--max-restarts); 0 without torchrun."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def torchrun_store() -> dist.TCPStore | None:
+    """torchrun's own key-value store, which outlives the processes torchrun restarts; None
+    without torchrun (or with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which keeps it to torchrun)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+
+
+def rank_zero_choice(key: str, value: str) -> str:
+    """Under torchrun, the value rank 0 gave for key first, in this attempt or an earlier one
+    (the other ranks wait for it); without torchrun, value."""
+    store = torchrun_store()
+    if store is None:
+        return value
+    if env_rank() == 0:
+        return store.compare_set(key, "", value).decode()  # sets it unless an earlier attempt did
+    return store.get(key).decode()
+
+
 class Ranks:
     def __init__(self, rank: int, local_rank: int, world_size: int, device: torch.device) -> None:
         self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
@@ -46,7 +70,8 @@ class Ranks:
         if world_size > 1:
             if device.type == "cuda":
                 torch.cuda.set_device(device)  # NCCL talks through the current device
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=this_attempts_store(),
+                                    rank=rank, world_size=world_size)
         return cls(rank, local_rank, world_size, device)
 
     @property
@@ -80,6 +105,16 @@ class Ranks:
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+
+def this_attempts_store() -> dist.Store | None:
+    """Where the processes meet: torchrun's store, under a prefix of this attempt's own. torchrun
+    keeps its store across restarts, but torch 2.13 keys the processes' addresses in it without
+    the attempt (torch/distributed/rendezvous.py expects a new store per attempt): a restarted
+    process would read the address of a process that died, and fail to connect. None (torch's
+    own env:// meeting) without torchrun's store."""
+    store = torchrun_store()
+    return dist.PrefixStore(f"train.py attempt {restart_count()}/", store) if store else None
 
 
 def lost_contact(err: BaseException) -> bool:
