@@ -149,3 +149,6 @@ def report(run: Run, figures: Figures) -> None:
 
 if __name__ == "__main__":
     run_cli(main)
+    # The run is over, saved and closed (an error exits above): spare the exit a last garbage
+    # collection over all of torch's modules, a second or more for every process.
+    gc.freeze()
