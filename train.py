@@ -6,6 +6,9 @@
     python train.py -m model.n_head=1,2,4             a sweep: one run dir per value
     torchrun --standalone --nproc_per_node=4 train.py one run on 4 processes (GPUs), see
                                                       training/distributed.py
+    python train.py resume=outputs/<date>/<time>      go on where a run stopped; resume=auto with a
+                                                      fixed hydra.run.dir, and torchrun's restarts:
+                                                      docs/resume.md
 
 The run dir (outputs/<date>/<time>, or multirun/<date>/<time>/<n> in a sweep) receives
 .hydra/ (the config as composed), train.log, TensorBoard event files, ckpt_last.pt and
@@ -28,9 +31,9 @@ from omegaconf import DictConfig
 
 from data.dataset import TokenData, get_batch
 from model import GPT
-from training.checkpoint import load_checkpoint, resolve_resume
+from training.checkpoint import AUTO, LAST, checkpoint_to_resume, load_checkpoint
 from training.config import resumed_config, validate_train_config
-from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact
+from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact, restart_count
 from training.errors import exit_on_user_error, run_cli, said_once_per_machine
 from training.fit import Figures, fit
 from training.run import Run, build_data_and_model, build_run, describe, restore
@@ -50,8 +53,7 @@ def main(cfg: DictConfig) -> float:
         try:
             best_val_loss = train(cfg, HydraConfig.get())
             # DistributedDataParallel holds the process group from inside reference cycles: free
-            # it now, or it goes only as Python shuts down, when Gloo's threads can no longer stop
-            # cleanly (a rare "terminate called without an active exception" after a finished run).
+            # it now, so that leaving the group ends the group's threads before the process exits.
             gc.collect()
             return best_val_loss
         except torch._dynamo.exc.BackendCompilerFailed as error:  # only train.compile=true gets here
@@ -74,6 +76,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     record = RunRecord(run_dir)
     try:
         run_cfg, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
+        if finished(run_cfg, checkpoint):  # resume=auto, or a restart, found nothing left to do
+            return checkpoint["best_val_loss"]
         ranks, precision, data, model = build_data_and_model(run_cfg)
         if run_cfg.debug == "shapes":  # the shape walk of this model instead of a run
             show_shapes(run_cfg, ranks, data, model)
@@ -92,24 +96,40 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
 
 def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: bool) -> tuple[DictConfig, dict | None]:
     """The run's config, checked, and the checkpoint it resumes from (None for a new run).
-    These checks read the config alone: every process would fail them alike."""
-    checkpoint = None
+    These checks read the config and the run dir alone: every process would fail them alike."""
+    checkpoint, changes = None, []
+    restarted = restart_count() > 0  # by torchrun, after a process failed: go on from the run's last checkpoint
     with said_once_per_machine():
-        if cfg.resume:
-            checkpoint = load_checkpoint(resolve_resume(cfg.resume))
+        if source := checkpoint_to_resume(cfg.resume, run_dir, restarted):
+            checkpoint = load_checkpoint(source)
             cfg, changes = resumed_config(cfg, checkpoint["config"], overrides)
             if "run_state" not in checkpoint:
                 raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
                                 "saved by an older version); start a new run, or sample from it")
         validate_train_config(cfg)
-        if checkpoint and checkpoint["step"] >= cfg.train.max_steps:
+        if finished(cfg, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint['step']}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
         if sweep and env_world_size() > 1:
             raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
-    if checkpoint:
-        log.info(f"resuming {os.path.relpath(run_dir)} at step {checkpoint['step']}" + "".join(f"; {c}" for c in changes))
+    say_where_it_starts(cfg, checkpoint, changes, os.path.relpath(run_dir), restarted)
     return cfg, checkpoint
+
+
+def finished(cfg: DictConfig, checkpoint: dict | None) -> bool:
+    return checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
+
+
+def say_where_it_starts(cfg: DictConfig, checkpoint: dict | None, changes: list[str], shown_dir: str, restarted: bool) -> None:
+    if restarted:
+        log.info(f"torchrun restarted the processes (restart {restart_count()} of "
+                 f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')})")
+    if finished(cfg, checkpoint):
+        log.info(f"{shown_dir} finished at step {checkpoint['step']} (train.max_steps={cfg.train.max_steps}); nothing to train")
+    elif checkpoint:
+        log.info(f"resuming {shown_dir} at step {checkpoint['step']}" + "".join(f"; {c}" for c in changes))
+    elif cfg.resume == AUTO or restarted:
+        log.info(f"no {LAST} in {shown_dir} yet: a new run there")
 
 
 def show_shapes(cfg: DictConfig, ranks: Ranks, data: TokenData, model: GPT) -> None:
@@ -133,3 +153,6 @@ def report(run: Run, figures: Figures) -> None:
 
 if __name__ == "__main__":
     run_cli(main)
+    # The run is over, saved and closed (an error exits above): spare the exit a last garbage
+    # collection over all of torch's modules, a second or more for every process.
+    gc.freeze()

@@ -362,6 +362,9 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),
         (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: shakespeare_char_cpu"),
         (["resume=nowhere"], "error: resume=nowhere does not exist"),
+        (["resume=auto"], "error: resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
+                          "add hydra.run.dir=<folder>"),
+        (["train.save_interval=-1"], "error: train.save_interval=-1 must be 0 (only at evaluations) or more"),
         (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
         (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
         (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),

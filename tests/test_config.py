@@ -58,6 +58,7 @@ def test_the_preset_and_sampling_configs_are_typed_and_complete():
         ("train", "train.max_steps=abc", "train.max_steps=abc must be a whole number"),
         ("train", "train.max_steps=1.5", "train.max_steps=1.5 must be a whole number"),
         ("train", "train.max_steps=true", "train.max_steps=True must be a whole number"),
+        ("train", "train.save_interval=1.5", "train.save_interval=1.5 must be a whole number"),
         ("train", "model.dropout=x", "model.dropout=x must be a number"),
         ("train", "model.dropout=true", "model.dropout=True must be a number"),
         ("train", "model.dropout='0.1'", "model.dropout=0.1 must be a number"),  # a quoted string is no number

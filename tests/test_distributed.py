@@ -8,6 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +25,10 @@ GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "mo
 QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
 
 
-def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
-    """python -m torch.distributed.run is the torchrun command: n processes on this machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-               str(ROOT / "train.py"), *args]
+def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
+             script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> subprocess.CompletedProcess:
+    """python -m torch.distributed.run is the torchrun command: n processes of script on this machine."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script, *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=preexec_fn)
@@ -39,17 +42,50 @@ def logged_losses(stdout: str) -> list[float]:
     return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
 
 
-def test_two_processes_write_one_run_and_their_loss_falls(tmp_path):
-    result = torchrun(2, *TINY_RUN, cwd=tmp_path)
+# 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
+EXACT = [*QUICK, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
+
+
+# train.py as Python runs a script, then the names of the Gloo threads its process still has.
+THEN_NAME_GLOO_THREADS = """
+import os, runpy, sys
+sys.argv = sys.argv[1:]  # train.py and its arguments
+sys.path[0] = os.path.dirname(sys.argv[0])
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+    print(f"rank {os.environ['RANK']} ended with these gloo threads: {sorted(n for n in names if 'gloo' in n)}")
+"""
+
+
+@dataclass
+class Finished:
+    dir: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def run_left_alone(tmp_path_factory) -> Finished:
+    """EXACT on 2 processes, in the default run dir, never stopped: what a stopped or killed run
+    must end as, bit for bit. Each process then names the Gloo threads it has left."""
+    workdir = tmp_path_factory.mktemp("alone")
+    wrapper = workdir / "then_name_gloo_threads.py"
+    wrapper.write_text(THEN_NAME_GLOO_THREADS)
+    result = torchrun(2, *EXACT, cwd=workdir, script=(str(wrapper), str(ROOT / "train.py")))
     assert result.returncode == 0, result.stdout + result.stderr
-    run_dirs = list((tmp_path / "outputs").glob("*/*"))
+    run_dirs = list((workdir / "outputs").glob("*/*"))
     assert len(run_dirs) == 1  # rank 1 made no run dir of its own
-    run = run_dirs[0]
+    return Finished(run_dirs[0], result.stdout)
+
+
+def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):
+    run, stdout = run_left_alone.dir, run_left_alone.stdout
     assert {"ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra"} <= {p.name for p in run.iterdir()}
     assert len(list(run.glob("events.out.tfevents.*"))) == 1  # one TensorBoard run
     # Only rank 0 speaks: each line of the run's story appears once.
-    assert result.stdout.count("model: ") == 1 and result.stdout.count("done: best val loss") == 1
-    assert "| 2 processes (gloo)" in result.stdout
+    assert stdout.count("model: ") == 1 and stdout.count("done: best val loss") == 1
+    assert "| 2 processes (gloo)" in stdout
     log_lines = (run / "train.log").read_text().splitlines()
     assert sum("run dir:" in line for line in log_lines) == 1
     events = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0}).Reload()
@@ -59,12 +95,20 @@ def test_two_processes_write_one_run_and_their_loss_falls(tmp_path):
     assert len(torch.load(run / "ckpt_last.pt", weights_only=True)["run_state"]["rng"]) == 2  # both ranks' RNGs
 
 
+def test_a_finished_run_ends_its_gloo_threads_before_its_process_exits(run_left_alone):
+    # Left running, they are torn down with the process, which now and then aborts it
+    # ("terminate called without an active exception"). Linux's /proc names every thread.
+    left = re.findall(r"rank (\d) ended with these gloo threads: (\[.*?\])", run_left_alone.stdout)  # (may share a line)
+    assert sorted(left) == [("0", "[]"), ("1", "[]")], run_left_alone.stdout
+
+
 # One optimizer step, then the saved weights. The first AdamW step moves every weight by
 # about lr, so any difference in the data or the gradient averaging shows at that scale;
 # float sums in another order differ by far less than the 1e-6 allowed. (AdamW, not the
 # default Muon: orthogonalising the update magnifies those float differences in the
 # gradient's weakest directions to about 3e-5.)
-ONE_STEP = [*QUICK, "train.max_steps=1", "train.eval_iters=4", "optim.name=adamw", "optim.warmup_steps=0", "optim.lr=1e-2"]
+# 5 evaluation batches: on 2 ranks, rank 0 takes 3 of them and rank 1 takes 2.
+ONE_STEP = [*QUICK, "train.max_steps=1", "train.eval_iters=5", "optim.name=adamw", "optim.warmup_steps=0", "optim.lr=1e-2"]
 TOLERANCE = 1e-6
 
 
@@ -82,37 +126,50 @@ def one_batch_of_8(tmp_path_factory):
     return stepped
 
 
-@pytest.mark.parametrize(
-    ("processes", "args"),
-    [
-        (2, ["train.batch_size=4"]),  # DDP: 2 ranks x 4
-        (1, ["train.batch_size=4", "train.grad_accum_steps=2"]),  # accumulation: 2 micro-steps x 4
-        (2, ["train.batch_size=2", "train.grad_accum_steps=2"]),  # both: 2 ranks x 2 micro-steps x 2
-    ],
-    ids=["2 ranks x 4", "1 rank x 2 micro-steps x 4", "2 ranks x 2 micro-steps x 2"],
-)
-def test_the_first_step_equals_one_process_with_the_whole_batch(one_batch_of_8, tmp_path, processes, args):
-    expected_weights = one_batch_of_8
-    if processes == 1:
-        result = run_cli("train.py", *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
-    else:
-        result = torchrun(processes, *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def two_ranks_of_4(tmp_path_factory) -> Finished:
+    """ONE_STEP on 2 ranks with batches of 4 (DDP): its weights, and the losses it logged."""
+    workdir = tmp_path_factory.mktemp("two_ranks_of_4")
+    result = torchrun(2, *ONE_STEP, "train.batch_size=4", "hydra.run.dir=run", cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
-    got = weights(tmp_path / "run")
+    return Finished(workdir / "run", result.stdout)
+
+
+def assert_took_the_step(run_dir: Path, expected_weights: dict[str, torch.Tensor]) -> None:
+    got = weights(run_dir)
     moved = {k: (got[k] - expected_weights[k]).abs().max().item() for k in got}
     worst = max(moved, key=moved.get)
     assert moved[worst] < TOLERANCE, f"largest weight difference {moved[worst]:.2e} in {worst}"
 
 
-def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(tmp_path):
-    # 5 evaluation batches: rank 0 takes 3 of them, rank 1 takes 2, and the sums are added.
-    # The same update both ways (2 micro-steps of 4 = 2 ranks x 4), and the same eval batches of 4.
-    args = [*ONE_STEP, "train.batch_size=4", "train.eval_iters=5"]
-    one = run_cli("train.py", *args, "train.grad_accum_steps=2", "hydra.run.dir=one", cwd=tmp_path)
-    two = torchrun(2, *args, "hydra.run.dir=two", cwd=tmp_path)
-    assert one.returncode == 0 and two.returncode == 0, two.stdout + two.stderr
+def test_the_first_step_of_2_ranks_x_4_equals_one_process_with_the_whole_batch(one_batch_of_8, two_ranks_of_4):
+    assert_took_the_step(two_ranks_of_4.dir, one_batch_of_8)
+
+
+@pytest.mark.parametrize(
+    ("processes", "args"),
+    [
+        (1, ["train.batch_size=4", "train.grad_accum_steps=2"]),  # accumulation: 2 micro-steps x 4
+        (2, ["train.batch_size=2", "train.grad_accum_steps=2"]),  # both: 2 ranks x 2 micro-steps x 2
+    ],
+    ids=["1 rank x 2 micro-steps x 4", "2 ranks x 2 micro-steps x 2"],
+)
+def test_the_first_step_equals_one_process_with_the_whole_batch(one_batch_of_8, tmp_path, processes, args):
+    if processes == 1:
+        result = run_cli("train.py", *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
+    else:
+        result = torchrun(processes, *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_took_the_step(tmp_path / "run", one_batch_of_8)
+
+
+def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(two_ranks_of_4, tmp_path):
+    # Rank 0 takes 3 of the 5 evaluation batches, rank 1 takes 2, and the sums are added. The same
+    # update both ways (2 micro-steps of 4 = 2 ranks x 4), and the same eval batches of 4.
+    one = run_cli("train.py", *ONE_STEP, "train.batch_size=4", "train.grad_accum_steps=2", "hydra.run.dir=one", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
     assert len(logged_losses(one.stdout)) == 4  # train and val, before and after the step
-    assert logged_losses(two.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
+    assert logged_losses(two_ranks_of_4.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
 
 
 def limit_file_size(max_bytes: int):
@@ -136,9 +193,10 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        ("train.eval_every=20", "error: train.eval_every is not an option; check its spelling"),  # Hydra refuses it
-        ("train.dtype=fp8", "error: train.dtype=fp8 must be one of fp32, bf16, fp16"),  # ... and this, by its type
-        ("train.grad_accum_steps=0", "error: train.grad_accum_steps=0 must be at least 1"),  # train() refuses it
+        # One of each way: Hydra refuses the first as it composes, train() the second. (What each
+        # refusal says is checked in-process, in test_config.py and test_cli.py.)
+        ("train.eval_every=20", "error: train.eval_every is not an option; check its spelling"),
+        ("train.grad_accum_steps=0", "error: train.grad_accum_steps=0 must be at least 1"),
     ],
 )
 def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, message):
@@ -172,14 +230,10 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
     assert losses[-1] < losses[1]  # val loss fell
 
 
-def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path):
-    exact = [*QUICK, "train.max_steps=40", "train.log_interval=1", "model.dropout=0.1"]  # dropout: the RNGs matter
-    alone = torchrun(2, *exact, "hydra.run.dir=alone", cwd=tmp_path)
-    assert alone.returncode == 0, alone.stdout + alone.stderr
-
+def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path, run_left_alone):
     # Ctrl-C in a terminal signals the whole foreground process group: torchrun and both ranks.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(ROOT / "train.py"), *exact, "hydra.run.dir=stopped"]
+               str(ROOT / "train.py"), *EXACT, "hydra.run.dir=stopped"]
     process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen = []
@@ -200,9 +254,82 @@ def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run
     resumed = torchrun(2, "resume=stopped", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming stopped at step {step}" in resumed.stdout
-    a, b = weights(tmp_path / "alone"), weights(tmp_path / "stopped")
+    a, b = weights(run_left_alone.dir), weights(tmp_path / "stopped")
     for name, tensor in a.items():
         assert torch.equal(tensor, b[name]), name
+
+
+def process_of_rank(torchrun_pid: int, rank: int) -> int:
+    """The pid of the process torchrun started as RANK=rank (read from Linux's /proc)."""
+    children = [int(pid) for task in Path(f"/proc/{torchrun_pid}/task").iterdir()
+                for pid in (task / "children").read_text().split()]
+    for pid in children:
+        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return pid
+    raise AssertionError(f"torchrun ({torchrun_pid}) has no process of rank {rank}: {children}")
+
+
+def read_events(run_dir: Path) -> EventAccumulator:
+    """The run's events as TensorBoard's own reader shows them, all its event files together."""
+    return EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0}).Reload()
+
+
+def curves(events: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def steps_by_tag(events: EventAccumulator) -> dict[str, list[int]]:
+    """The steps logged of every tag: scalars, images and tensors (texts, attention weights)."""
+    tags = events.Tags()
+    return {tag: [e.step for e in read(tag)] for kind, read in
+            (("scalars", events.Scalars), ("images", events.Images), ("tensors", events.Tensors)) for tag in tags[kind]}
+
+
+def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_ends_as_if_left_alone(
+        tmp_path, run_left_alone):
+    # The default run dir (a new folder per start), a checkpoint every 5 steps, and one restart
+    # allowed. Rank 1 is killed (SIGKILL: no chance to save or say goodbye) once rank 0 has
+    # logged step 7, two steps past the first checkpoint; torchrun then stops rank 0 and starts
+    # both again.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "--max-restarts=1", str(ROOT / "train.py"), *EXACT, "train.save_interval=5"]
+    output_file = tmp_path / "torchrun.log"
+    with open(output_file, "w") as output:
+        process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
+                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while "step 7/40" not in output_file.read_text() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(process_of_rank(process.pid, 1), signal.SIGKILL)
+            process.wait(timeout=180)
+        finally:
+            if process.poll() is None:  # the test failed: leave no processes behind
+                os.killpg(process.pid, signal.SIGKILL)
+    output = output_file.read_text()
+    assert process.returncode == 0, output
+    [run] = tmp_path.glob("outputs/*/*")  # one run dir for both attempts
+    resumed = re.search(rf"resuming {run.relative_to(tmp_path)} at step (\d+)", output)
+    assert "torchrun restarted the processes (restart 1 of 1)" in output and resumed, output
+    step = int(resumed.group(1))
+    assert 5 <= step < 40  # it went on from a checkpoint, not from the start
+    first_attempt = EventAccumulator(str(min(run.glob("events.out.tfevents.*")))).Reload()
+    assert first_attempt.Scalars("train/batch_loss")[-1].step > step  # so the steps after it were logged twice
+
+    a, b = weights(run_left_alone.dir), weights(run)
+    for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), name
+    # Both attempts' events, as TensorBoard's own reader shows them: every step of every tag once
+    # (the evaluation at step 0 too), and the curves of the run left alone, bit for bit (tokens/s
+    # aside: it is a speed).
+    killed, alone = read_events(run), read_events(run_left_alone.dir)
+    for tag, steps in steps_by_tag(killed).items():
+        assert len(steps) == len(set(steps)), f"{tag}: a step logged twice: {steps}"
+    assert steps_by_tag(killed)["loss/val"] == [0, 10, 20, 30, 40]
+    assert steps_by_tag(killed)["attention/layer_1/head_1"] == [0, 20, 40]
+    killed_curves, alone_curves = curves(killed), curves(alone)
+    del killed_curves["train/tokens_per_sec"], alone_curves["train/tokens_per_sec"]
+    assert killed_curves == alone_curves
 
 
 def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path):

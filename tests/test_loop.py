@@ -2,6 +2,7 @@
 periodic jobs are due, the step log, and fit() with the figures it returns."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from data.dataset import get_batch
 from model import GPT, GPTConfig
 from training.distributed import Ranks
 from training.fit import fit
-from training.jobs import Every
+from training.jobs import Checkpoints, Every
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
 from training.precision import Precision
@@ -37,6 +38,16 @@ def test_a_job_is_due_every_interval_and_at_the_last_step():
     assert every_10(17, last=True) and not every_10(17, last=False)  # the last step, whatever its number
     assert not Every(10, at_start=False)(0, last=False)  # train.eval_at_start=false
     assert not Every(0)(0, last=False) and not Every(0)(20, last=True)  # 0: off, even at the end
+
+
+def test_the_last_model_is_saved_at_each_evaluation_and_every_save_interval_steps_between():
+    evaluation = SimpleNamespace(due=Every(10))  # here only when it is due matters
+
+    def saves(save_interval: int) -> list[int]:
+        checkpoints = Checkpoints(evaluation, saver=None, save_interval=save_interval)
+        return [step for step in range(23) if checkpoints.due(step, last=step == 22)]
+    assert saves(0) == [10, 20, 22]  # the default: at evaluations only (not the one before training)
+    assert saves(4) == [4, 8, 10, 12, 16, 20, 22]
 
 
 def test_the_state_comes_back_from_a_checkpoint_as_it_was_saved():

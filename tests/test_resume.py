@@ -197,6 +197,25 @@ def ten_step_run(tmp_path) -> Path:
     return tmp_path / "run"
 
 
+def test_resume_auto_goes_on_with_the_run_in_its_dir_or_starts_one_there(ten_step_run):
+    # What a cluster job passes each time it is (re)started: the same command, the same run dir.
+    workdir, requeued = ten_step_run.parent, [*SHORT_RUN, "resume=auto", "hydra.run.dir=run"]
+    finished = run_cli("train.py", *requeued, cwd=workdir)
+    assert finished.returncode == 0, finished.stderr
+    assert "run finished at step 10 (train.max_steps=10); nothing to train" in finished.stdout
+    longer = run_cli("train.py", *requeued, "train.max_steps=12", cwd=workdir)
+    assert longer.returncode == 0, longer.stderr
+    assert "resuming run at step 10; train.max_steps 10 -> 12" in longer.stdout
+
+    fresh = [*SHORT_RUN, "train.max_steps=2", "train.eval_interval=2", "resume=auto", "hydra.run.dir=new"]
+    assert "no ckpt_last.pt in new yet: a new run there" in run_cli("train.py", *fresh, cwd=workdir).stdout
+    for checkpoint in (workdir / "new").glob("*.pt"):  # as if killed before its first save: its events stay
+        checkpoint.unlink()
+    again = run_cli("train.py", *fresh, cwd=workdir)
+    assert again.returncode == 0 and "no ckpt_last.pt in new yet: a new run there" in again.stdout
+    assert [step for step, _ in scalars(workdir / "new", "loss/val")] == [0, 2]  # each once, from the new start
+
+
 def checkpoint_bytes(run_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(run_dir.glob("*.pt"))}
 

@@ -30,6 +30,7 @@ from training.config import build_model
 from user_error import UserError
 
 LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
+AUTO = "auto"  # resume=auto: the run in hydra.run.dir if it saved one, else a new run there
 RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder
 
 
@@ -108,6 +109,16 @@ def resolve_checkpoint(run: str) -> Path:
     if not path.is_file():
         raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     return path
+
+
+def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:
+    """The checkpoint a run goes on from; None: a new run. With resume=auto, and in processes
+    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one."""
+    if (resume == AUTO or restarted) and (run_dir / LAST).is_file():
+        return run_dir / LAST
+    if resume in (None, AUTO):
+        return None
+    return resolve_resume(resume)
 
 
 def resolve_resume(resume: str) -> Path:

@@ -46,6 +46,7 @@ def validate_train_config(cfg: Any) -> None:
             f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]")
     for key in ("max_steps", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
+    require(train.save_interval >= 0, f"train.save_interval={train.save_interval} must be 0 (only at evaluations) or more")
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
     require(train.sample_temperature >= 0, f"train.sample_temperature={train.sample_temperature} must be 0 (greedy) or more")
@@ -111,7 +112,7 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
 # Keys added after runs were saved without them, with the value that does what the versions
 # before them did, so that such a run resumes unchanged.
 ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
-              "optim.muon_momentum": 0.95}
+              "optim.muon_momentum": 0.95, "train.save_interval": 0}
 
 
 def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:

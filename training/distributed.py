@@ -14,6 +14,13 @@ import os
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists, on purpose: torch.distributed.nn binds the default
+# group, as it is at that moment, into default arguments, where nothing frees it. Imported later
+# (torch._dynamo imports it, e.g. for the first optimizer), it would keep the group and its
+# threads alive past destroy_process_group, to be torn down with the process, which now and then
+# aborts ("terminate called without an active exception").
+import torch.distributed.nn  # noqa: F401
+
 from user_error import UserError
 
 
@@ -25,6 +32,30 @@ def env_rank() -> int:
 def env_world_size() -> int:
     """How many processes torchrun started in all (1 without torchrun)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def restart_count() -> int:
+    """How many times torchrun has restarted the processes (--max-restarts); 0 without torchrun."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def torchrun_store() -> dist.TCPStore | None:
+    """torchrun's own key-value store, which outlives the processes torchrun restarts; None
+    without torchrun (or with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which keeps it to torchrun)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+
+
+def rank_zero_choice(key: str, value: str) -> str:
+    """Under torchrun, the value rank 0 gave for key first, in this attempt or an earlier one
+    (the other ranks wait for it); without torchrun, value."""
+    store = torchrun_store()
+    if store is None:
+        return value
+    if env_rank() == 0:
+        return store.compare_set(key, "", value).decode()  # sets it unless an earlier attempt did
+    return store.get(key).decode()
 
 
 class Ranks:
@@ -39,7 +70,8 @@ class Ranks:
         if world_size > 1:
             if device.type == "cuda":
                 torch.cuda.set_device(device)  # NCCL talks through the current device
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=this_attempts_store(),
+                                    rank=rank, world_size=world_size)
         return cls(rank, local_rank, world_size, device)
 
     @property
@@ -75,6 +107,16 @@ class Ranks:
             dist.barrier()
 
 
+def this_attempts_store() -> dist.Store | None:
+    """Where the processes meet: torchrun's store, under a prefix of this attempt's own. torchrun
+    keeps its store across restarts, but torch 2.13 keys the processes' addresses in it without
+    the attempt (torch/distributed/rendezvous.py expects a new store per attempt): a restarted
+    process would read the address of a process that died, and fail to connect. None (torch's
+    own env:// meeting) without torchrun's store."""
+    store = torchrun_store()
+    return dist.PrefixStore(f"train.py attempt {restart_count()}/", store) if store else None
+
+
 def lost_contact(err: BaseException) -> bool:
     """Whether err is a collective failing because another rank is gone (it failed or was stopped)."""
     return isinstance(err, dist.DistError) or any(
@@ -87,7 +129,8 @@ def dist_backend() -> str:
 
 
 def leave_process_group() -> None:
-    """The last thing a process does under torchrun (a no-op without it)."""
+    """The last thing a process does under torchrun (a no-op without it). Once nothing else holds
+    the group (DistributedDataParallel does until collected), it ends here, and its threads with it."""
     if dist.is_initialized():
         dist.destroy_process_group()
 

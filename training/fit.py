@@ -38,7 +38,8 @@ def fit(run: Run, state: TrainState) -> Figures:
     tb = open_tensorboard(run, state.step)
     saver = Saver(run)
     evaluation = Evaluation(run, tb)
-    jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb), Checkpoints(evaluation, saver)]
+    jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb),
+            Checkpoints(evaluation, saver, cfg.train.save_interval)]
     train_step = TrainStep(
         run.model, run.step_model, run.ddp, run.optimizer, run.precision, ranks, run.data.train, cfg.train.batch_size,
         cfg.model.block_size, cfg.train.grad_accum_steps, cfg.optim.grad_clip, cfg.train.skip_nonfinite, run.dir / LAST,
@@ -49,7 +50,7 @@ def fit(run: Run, state: TrainState) -> Figures:
     with StopSignals() as stop, ProgressBar(max_steps, state.step, wanted=ranks.is_main) as bar:
         while True:
             last = state.step >= max_steps
-            if not state.evaluated:  # (a resumed run's first step was evaluated before it was saved)
+            if not state.evaluated:  # (a resumed run's first step had its jobs before it was saved)
                 for job in jobs:
                     if job.due(state.step, last):
                         job(state)
@@ -85,10 +86,10 @@ def fit(run: Run, state: TrainState) -> Figures:
 
 
 def open_tensorboard(run: Run, step: int) -> RunLogger:
-    """Rank 0's event writer, for a run starting at step. A resumed run hides what the old run
-    logged after its checkpoint's step (all before it was logged before the save), so that no
-    step appears twice."""
-    tb = RunLogger(run.dir if run.ranks.is_main else None, purge_step=step + 1 if step else None)
+    """Rank 0's event writer, for a run starting at step. It hides what an earlier attempt in the
+    run dir logged after the checkpoint's step (all before it was logged before the save; a new
+    run hides all of it), so that no step appears twice."""
+    tb = RunLogger(run.dir if run.ranks.is_main else None, purge_step=step + 1 if step else 0)
     if not step:
         tb.text("config", OmegaConf.to_yaml(run.cfg), 0)
     return tb

@@ -72,18 +72,22 @@ class Evaluation:
 
 class Checkpoints:
     """After each evaluation but the one before training: keeps the last model, and the best
-    one when its val loss is the lowest yet (every rank has the same losses: they are summed)."""
+    one when its val loss is the lowest yet (every rank has the same losses: they are summed).
+    Also keeps the last model every save_interval steps between evaluations (0: never). It is
+    the last job of a step, so a run resumed from one of its saves skips that step's jobs: they
+    ran before the save."""
 
-    def __init__(self, evaluation: Evaluation, saver: Saver) -> None:
+    def __init__(self, evaluation: Evaluation, saver: Saver, save_interval: int) -> None:
         self.evaluation, self.saver = evaluation, saver
+        self.between_evaluations = Every(save_interval, at_start=False)
 
     def due(self, step: int, last: bool) -> bool:
-        return step > 0 and self.evaluation.due(step, last)
+        return step > 0 and (self.evaluation.due(step, last) or self.between_evaluations(step, last))
 
     def __call__(self, state: TrainState) -> None:
-        val_loss = self.evaluation.history[-1]["val"]
-        if val_loss < state.best_val_loss:
-            state.best_val_loss = val_loss
+        evaluated_now = self.evaluation.history and self.evaluation.history[-1]["step"] == state.step
+        if evaluated_now and self.evaluation.history[-1]["val"] < state.best_val_loss:
+            state.best_val_loss = self.evaluation.history[-1]["val"]
             self.saver.save(BEST, state, evaluated=True)
         self.saver.save(LAST, state, evaluated=True)
 

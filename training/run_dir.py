@@ -12,12 +12,21 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.checkpoint import resolve_resume
+from training.checkpoint import AUTO, resolve_resume
+from training.distributed import rank_zero_choice
+from user_error import UserError
 
 
 def run_dir_for(resume: str | None, fresh_dir: str) -> str:
-    """hydra.run.dir: a resumed run goes on in its own folder, a new one gets fresh_dir."""
-    return str(resolve_resume(resume).parent) if resume else fresh_dir
+    """hydra.run.dir unless given: a resumed run goes on in its own folder, a new one gets
+    fresh_dir; under torchrun, the fresh_dir of rank 0's first attempt, so that every process,
+    and every restart of them, writes to one run dir."""
+    if resume == AUTO:  # a given hydra.run.dir never comes here
+        raise UserError("resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
+                        "add hydra.run.dir=<folder>, the same folder every time")
+    if resume:
+        return str(resolve_resume(resume).parent)
+    return rank_zero_choice("train.py run dir", fresh_dir)
 
 
 OmegaConf.register_new_resolver("run_dir_for", run_dir_for)

@@ -153,6 +153,7 @@ class LoopSchema:
     batch_size: int = MISSING
     grad_accum_steps: int = MISSING
     eval_interval: int = MISSING
+    save_interval: int = MISSING
     eval_iters: int = MISSING
     eval_at_start: bool = MISSING
     eval_train: bool = MISSING

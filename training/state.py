@@ -12,7 +12,7 @@ class TrainState:
     skipped: int = 0  # updates skipped: an fp16 overflow, or a non-finite value (train.skip_nonfinite)
     window_loss: float = 0.0  # the sum of the train losses not yet logged...
     window_steps: int = 0  # ...over this many steps
-    evaluated: bool = False  # restored at a step whose evaluation was logged and saved: skip it
+    evaluated: bool = False  # restored at a step whose jobs (evaluation, maps, samples) ran before its save: skip them
 
     def add_to_window(self, loss: float) -> None:
         self.window_loss += loss
@@ -26,7 +26,7 @@ class TrainState:
 
     def to_checkpoint(self, evaluated: bool) -> dict[str, Any]:
         """The checkpoint's step and best_val_loss, and the loop's part of its run_state;
-        evaluated: this step's evaluation is done and saved with it."""
+        evaluated: this step's jobs (its evaluation, if due) are done and saved with it."""
         return {
             "step": self.step,
             "best_val_loss": self.best_val_loss,
