@@ -105,8 +105,9 @@ def test_the_startup_section_times_processes_that_import_torch_first(tmp_path, m
     record, printed = run_bench("--only", "startup", "--repeats", "1",
                                 out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
     startup = record["results"]["startup"]
-    # both processes import torch first; which of them is quicker depends on the load of the moment
-    assert 0 < startup["import_torch_seconds"] < min(startup["sample_seconds"], startup["train_first_step_seconds"])
+    # train.py imports torch, then tokenises and builds the default run: seconds more than the import alone
+    # (sample.py is only a little slower than the import, so under load the two can swap: no order claimed)
+    assert 0 < startup["import_torch_seconds"] < startup["train_first_step_seconds"] and startup["sample_seconds"] > 0
     assert "start-up, seconds from the process's start" in printed
 
 
