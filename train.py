@@ -30,6 +30,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from data.dataset import TokenData, get_batch
+from inspection.shape_trace import trace_shapes
 from model import GPT
 from training.checkpoint import AUTO, LAST, checkpoint_to_resume, load_checkpoint
 from training.config import resumed_config, validate_train_config
@@ -38,7 +39,6 @@ from training.errors import exit_on_user_error, run_cli, said_once_per_machine
 from training.fit import Figures, fit
 from training.run import Run, build_data_and_model, build_run, describe, restore
 from training.run_dir import RunRecord
-from training.shape_trace import trace_shapes
 from training.state import TrainState
 from user_error import UserError
 

@@ -23,7 +23,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
-from attention_tab.summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
+from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
 
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}

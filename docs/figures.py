@@ -15,11 +15,11 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data.dataset import prepare_tokens, probe_ids  # noqa: E402
+from inspection.head_metrics import head_metrics  # noqa: E402
+from inspection.heatmap import render_attention_map  # noqa: E402
+from inspection.recall_probe import RecallProbe  # noqa: E402
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint  # noqa: E402
 from training.errors import exit_on_user_error  # noqa: E402
-from training.head_metrics import head_metrics  # noqa: E402
-from training.heatmap import render_attention_map  # noqa: E402
-from training.recall_probe import RecallProbe  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 ATTENTION_MAPS = Path(__file__).resolve().parent / "attention_maps.png"

@@ -15,8 +15,8 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from inspection.heatmap import label_font, render_attention_map  # noqa: E402
 from model.attention import CausalSelfAttention  # noqa: E402
-from training.heatmap import label_font, render_attention_map  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parent / "questions"
 T = 6  # tokens in the small examples

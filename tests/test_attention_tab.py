@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
-from attention_tab.summary import PLUGIN_NAME, WEIGHTS_TAG
+from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from training.tensorboard_log import RunLogger
 
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"

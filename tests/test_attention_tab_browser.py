@@ -18,8 +18,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
-from attention_tab.summary import WEIGHTS_TAG
-from training.heatmap import COLORMAP
+from inspection.attention_summary import WEIGHTS_TAG
+from inspection.heatmap import COLORMAP
 from training.tensorboard_log import RunLogger
 
 MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)

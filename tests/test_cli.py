@@ -28,10 +28,10 @@ from tensorboard.util.tensor_util import make_ndarray
 from data.bpe import ranks_from_text
 from data.corpus import load_documents
 from data.tokenizer import train_bpe_fast
+from inspection.head_metrics import head_metrics, induction_probe, induction_score
+from inspection.recall_probe import RecallProbe, recall_points
 from training.checkpoint import model_from_checkpoint
-from training.head_metrics import head_metrics, induction_probe, induction_score
 from training.lr_schedule import lr_at
-from training.recall_probe import RecallProbe, recall_points
 
 
 def read_events(run_dir: Path) -> EventAccumulator:

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from model import GPT, GPTConfig
-from training.head_metrics import head_metrics, induction_probe, induction_score
 
 T = 12
 

@@ -5,7 +5,7 @@ import torch
 
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
-from training.recall_probe import RecallProbe, recall_points
+from inspection.recall_probe import RecallProbe, recall_points
 
 
 def test_recall_points_are_the_repeated_names_and_the_packed_items_named_again():

@@ -16,7 +16,7 @@ from data.dataset import prepare_tokens
 from data.gpt2_files import load_gpt2_encoding
 from data.stories import generate_stories
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
-from training.heatmap import readable_token
+from inspection.heatmap import readable_token
 from user_error import UserError
 
 HARD_TEXT = "Café naïve, Ærøskøbing! Emoji 🙂👍🏽 and 中文字符 and कि\n\n\ttabs   spaces\r\n 'quotes' don't 1234"

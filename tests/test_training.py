@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from data.tokenizer import CharTokenizer
+from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from model import GPT, GPTConfig
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, save_checkpoint
-from training.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from training.lr_schedule import lr_at
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states

@@ -5,11 +5,11 @@ import logging
 import torch
 
 from data.dataset import probe_ids
+from inspection.head_metrics import head_metrics, induction_probe, induction_score
+from inspection.recall_probe import RecallProbe
 from model.generation import generate_text
 from training.checkpoint import BEST, LAST, save_checkpoint
 from training.evaluation import evaluate
-from training.head_metrics import head_metrics, induction_probe, induction_score
-from training.recall_probe import RecallProbe
 from training.run import Run
 from training.run_state import capture_rng_states
 from training.state import TrainState
@@ -106,7 +106,7 @@ class AttentionMaps:
         self.labels = tokenizer.token_strings(probe)
         if fresh:
             tb.probe_tokens(self.labels)
-        # Random tokens, repeated once (see training/head_metrics.py).
+        # Random tokens, repeated once (see inspection/head_metrics.py).
         n_induction = n_probe // 2
         self.induction = torch.tensor(
             [induction_probe(tokenizer.vocab_size, n_induction, cfg.train.seed, avoid=tokenizer.eot_id)], device=device,

@@ -9,12 +9,12 @@
     attention/weights                     the same weights as numbers, (n_layer, n_head, T, T) in float16,
                                           with the probe's token labels: the Attention tab's data
     head_{metric}/layer_{l}/head_{h}      entropy, distance, previous_token and induction of each
-                                          head (training/head_metrics.py), at the same steps
+                                          head (inspection/head_metrics.py), at the same steps
     attention/probe                       the probe's tokens, as the heatmaps label them, once
     samples                               generated text, every sample_interval steps
     config                                the run's resolved config (YAML), once
     recall/accuracy, recall/accuracy_name, recall/accuracy_item   the recall probe (stories corpus:
-                                          training/recall_probe.py), at the attention steps
+                                          inspection/recall_probe.py), at the attention steps
     recall_heads/layer_{l}/head_{h}       each head's weight on the earlier mention there
     recall/top_heads                      the heads that look back at it most (text)
     HParams dashboard                     the run's hyperparameters and final metrics, when it
@@ -28,9 +28,9 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-from attention_tab.summary import weights_summary
-from training.heatmap import readable_token, render_attention_map, render_head_grid
-from training.recall_probe import RecallScores
+from inspection.attention_summary import weights_summary
+from inspection.heatmap import readable_token, render_attention_map, render_head_grid
+from inspection.recall_probe import RecallScores
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -70,7 +70,7 @@ class RunLogger:
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
 
     def attention_weights(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
-        """weights: (n_layer, n_head, T, T), for the Attention tab (attention_tab/summary.py)."""
+        """weights: (n_layer, n_head, T, T), for the Attention tab (inspection/attention_summary.py)."""
         if self.writer:
             numbers = weights.detach().to(torch.float16).cpu().numpy()
             self.writer.file_writer.add_summary(weights_summary(numbers, [readable_token(s) for s in labels]), step)

@@ -1,10 +1,10 @@
-// The colours of the tab: weights on the heatmap images' scale (training/heatmap.py: viridis on
+// The colours of the tab: weights on the heatmap images' scale (inspection/heatmap.py: viridis on
 // the square root of the weight, 256 levels; future cells grey), and one colour per head.
 
 const VIRIDIS_ANCHORS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const FUTURE = [236, 236, 236];
 
-// The 256-level table of training/heatmap.py: level i is viridis at i / 255.
+// The 256-level table of inspection/heatmap.py: level i is viridis at i / 255.
 const LEVELS = Array.from({length: 256}, (_, i) => {
   const x = (i / 255) * (VIRIDIS_ANCHORS.length - 1);
   const low = Math.min(Math.floor(x), VIRIDIS_ANCHORS.length - 2);

@@ -1,6 +1,6 @@
 // The heads of the chosen layer. HeadToggles: which heads the token view draws, each in its own
-// colour. HeadMetrics: the head metrics logged at the step shown (training/head_metrics.py and
-// training/recall_probe.py), one row per head; a row's name opens that head in the matrix view.
+// colour. HeadMetrics: the head metrics logged at the step shown (inspection/head_metrics.py and
+// inspection/recall_probe.py), one row per head; a row's name opens that head in the matrix view.
 import {headColour} from "./colours.js";
 import {el, formatValue} from "./dom.js";
 
