@@ -1,38 +1,106 @@
-"""Draw the pictures of docs/attention.md's "Questions learners ask": `python docs/questions.py`
-(part of `make docs`). Each picture is drawn from numbers worked out here with the real module
-and torch; docs/questions/figures.json keeps those numbers, and a test recomputes them.
+"""Draw the tour's pictures (docs/attention.md): `python docs/questions.py` (part of `make docs`).
+
+Each picture is drawn from numbers worked out here by running the project's own code (the
+attention module's steps, the GPT's initialisation); docs/questions/figures.json keeps those
+numbers, and tests/test_attention_tour.py recomputes them and redraws every picture.
 """
 
+import ast
 import json
+import linecache
 import math
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from PIL import Image, ImageDraw
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inspection.heatmap import label_font, render_attention_map  # noqa: E402
+from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, drawn_with, font, side_by_side  # noqa: E402
+from inspection.heatmap import INK, render_attention_map  # noqa: E402
+from inspection.shape_trace import LineShapes  # noqa: E402
+from model import attention  # noqa: E402
 from model.attention import CausalSelfAttention  # noqa: E402
+from training.config import build_model  # noqa: E402
 
-FOLDER = Path(__file__).resolve().parent / "questions"
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ROOT / "docs" / "questions"
+PICTURES = ("forward_pass", "mask_conventions", "softmax_overflow", "wq_for_k", "strides", "init_scale")
 T = 6  # tokens in the small examples
 
 
-def side_by_side(images: list[np.ndarray]) -> Image.Image:
-    height = max(image.shape[0] for image in images)
-    padded = [np.pad(image, ((0, height - image.shape[0]), (0, 8), (0, 0)), constant_values=255) for image in images]
-    return Image.fromarray(np.concatenate(padded, axis=1))
+def forward_pass() -> dict:
+    """One forward of a small module, traced line by line (inspection/shape_trace.py), each line
+    filed under the numbered step of model/attention.py it belongs to."""
+    torch.manual_seed(0)
+    B, T, C, H = 2, 5, 12, 3
+    module = CausalSelfAttention(C, H, attention="manual")
+    module.head_mask = torch.ones(H)  # step 7 runs only when a head_mask is set: here every head is kept
+    recorder = LineShapes()
+    with torch.no_grad(), recorder:
+        module(torch.randn(B, T, C))
+    steps = step_of_each_line()
+    traced = []
+    for _, filename, lineno, shapes in recorder.steps:
+        number, title = steps[lineno]
+        code, _, letters = linecache.getline(filename, lineno).strip().partition("  # ")
+        line = {"code": code, "letters": re.split(r"[:;]", letters)[0], "shapes": shapes}
+        if traced and traced[-1]["step"] == number:
+            traced[-1]["lines"].append(line)
+        else:
+            traced.append({"step": number, "title": title, "lines": [line]})
+    return {"sizes": {"B": B, "T": T, "C": C, "H": H, "D": C // H}, "steps": traced}
 
 
-def weights_under(q: torch.Tensor, k: torch.Tensor, may_attend: torch.Tensor) -> torch.Tensor:
-    """The weights (T, S) SDPA uses for a bool attn_mask (True = may attend); a row with no key
-    allowed gets zeros, as SDPA's output does."""
-    scores = (q @ k.T / math.sqrt(q.shape[-1])).masked_fill(~may_attend, float("-inf"))  # (T, S)
-    return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+def step_of_each_line() -> dict[int, tuple[int, str]]:
+    """{line number of model/attention.py: (step number, the step's comment)}: a line belongs to
+    the last `# N.` comment above it in its function, or to the `Step N` its docstring names."""
+    source = Path(attention.__file__).read_text()
+    lines = source.splitlines()
+    steps: dict[int, tuple[int, str]] = {}
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        named = re.match(r"Step (\d+): (.*?)[;.]", ast.get_docstring(function) or "", re.DOTALL)
+        current = (int(named[1]), short(" ".join(named[2].split()))) if named else None
+        for number in range(function.body[0].lineno, function.end_lineno + 1):
+            text = lines[number - 1].strip()
+            heading = re.match(r"# (\d+)\. (.*)", text)
+            if heading:
+                comment = [heading[2]]
+                for following in lines[number:]:  # the comment goes on in lines "#    ..."
+                    if not following.strip().startswith("#  "):
+                        break
+                    comment.append(following.strip().lstrip("# "))
+                current = (int(heading[1]), short(" ".join(comment)))
+            elif current is not None:
+                steps[number] = current
+    return steps
+
+
+def short(comment: str, most: int = 90) -> str:
+    """A step's comment as a title: its first sentence, capitalised, cut at a comma if too long."""
+    title = re.match(r".*?(?:[.:](?= |$)|$)", comment)[0].rstrip(".:")
+    while len(title) > most and ", " in title:
+        title = title.rsplit(", ", 1)[0]
+    return title[0].upper() + title[1:]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, may_attend: torch.Tensor) -> torch.Tensor:
+    """The weights (T, S) the module's steps 4 and 5 (attend_manual) give q (T, D) over k (S, D)
+    where may_attend (T, S) is True; a row with nothing to attend gets zeros, as in the module."""
+    module = CausalSelfAttention(q.shape[-1], 1, attention="manual")
+    no_key = ~may_attend.any(dim=-1, keepdim=True)  # (T, 1)
+    view = (1, 1, *may_attend.shape)
+    _, weights = module.attend_manual(q[None, None], k[None, None], k[None, None], (may_attend | no_key).view(view),
+                                      no_key.view(1, 1, -1, 1))
+    return weights[0, 0]  # (T, S)
 
 
 def mask_conventions() -> dict:
@@ -41,31 +109,36 @@ def mask_conventions() -> dict:
     module = CausalSelfAttention(16, 1, attention="manual")
     with torch.no_grad():
         q, k, v = module.qkv(torch.randn(T, 16)).split(16, dim=-1)  # (T, 16) each
-    hide = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # True = hide, masked_fill's convention
-    right, wrong = weights_under(q, k, ~hide), weights_under(q, k, hide)
-    # These are the weights SDPA itself used: times v, they give its outputs.
-    same = all(torch.allclose(w @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=1e-5)
-               for w, m in ((right, ~hide), (wrong, hide)))
-    return {"right": right.tolist(), "hide_mask_given_to_sdpa": wrong.tolist(), "are_sdpas_weights": same}
+        hide = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # True = hide, masked_fill's convention
+        right, wrong = attend(q, k, ~hide), attend(q, k, hide)
+        # These are the weights SDPA itself used: times v, they give its outputs.
+        same = all(torch.allclose(w @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=1e-5)
+                   for w, m in ((right, ~hide), (wrong, hide)))
+    return {"hide": hide.tolist(), "right": right.tolist(), "hide_mask_given_to_sdpa": wrong.tolist(),
+            "are_sdpas_weights": same}
 
 
 def softmax_overflow() -> dict:
-    """Q2: one row of scores, its naive softmax and the stable one."""
-    scores = torch.tensor([97.0, 33.0])
-    naive = scores.exp() / scores.exp().sum()
-    return {"scores": scores.tolist(), "naive": [None if x != x else x for x in naive.tolist()],
-            "stable": torch.softmax(scores, dim=0).tolist()}
+    """Q2: softmax of the row [s, 33] as s grows: naive in float32, and the module's."""
+    tops = torch.arange(0.0, 120.5, 0.5)  # (N,)
+    rows = torch.stack([tops, torch.full_like(tops, 33.0)], dim=-1)  # (N, 2)
+    naive = rows.exp() / rows.exp().sum(dim=-1, keepdim=True)  # (N, 2)
+    module = CausalSelfAttention(1, 1, attention="manual")
+    q = torch.ones(len(tops), 1, 1, 1)  # D = 1: q . k / sqrt(1) is the key itself
+    _, stable = module.attend_manual(q, rows.view(-1, 1, 2, 1), rows.view(-1, 1, 2, 1),
+                                     torch.ones(1, 1, 1, 2, dtype=torch.bool), None)  # (N, 1, 1, 2)
+    return {"top_score": tops.tolist(), "naive": [None if math.isnan(w) else w for w in naive[:, 0].tolist()],
+            "stable": stable[:, 0, 0, 0].tolist(), "exp_overflows_above": math.log(torch.finfo(torch.float32).max)}
 
 
 def wq_for_k() -> dict:
-    """Q5: softmax of each token's scores over all tokens, keys from W_q (the bug) and from W_k."""
+    """Q5: every token's weights over all tokens, keys from W_q (the bug) and from W_k."""
     torch.manual_seed(0)
     module = CausalSelfAttention(32, 1, bias=False, attention="manual")
+    everything = torch.ones(T, T, dtype=torch.bool)
     with torch.no_grad():
         q, k, _ = module.qkv(torch.randn(T, 32)).split(32, dim=-1)  # (T, 32) each
-        weights = {name: torch.softmax(q @ keys.T / math.sqrt(32), dim=-1).tolist()
-                   for name, keys in (("keys_from_w_q", q), ("keys_from_w_k", k))}
-    return weights
+        return {name: attend(q, keys, everything).tolist() for name, keys in (("keys_from_w_q", q), ("keys_from_w_k", k))}
 
 
 def strides() -> dict:
@@ -77,23 +150,96 @@ def strides() -> dict:
             "is_contiguous": flipped.is_contiguous()}
 
 
+INITS = ("the project's (GPT-2): std 0.02, residual projections 0.02 / sqrt(2 L)",
+         "std 0.02, residual projections not scaled", "std 1, every weight and embedding")
+
+
+def residual_spread(n_layer: int = 16) -> dict[str, list[float]]:
+    """Q17: the residual stream's std after each block, over the embeddings' std, for the default
+    model's options at 16 blocks of width 64: with the project's init and two others."""
+    spread = {}
+    defaults = yaml.safe_load((ROOT / "configs" / "model" / "gpt.yaml").read_text())
+    for init in INITS:
+        torch.manual_seed(0)
+        model = build_model({**defaults, "n_layer": n_layer, "n_embd": 64, "n_head": 4, "block_size": 32}, vocab_size=64)
+        with torch.no_grad():
+            for name, layer in model.named_modules():
+                if init == INITS[1] and name.endswith(("attn.proj", "mlp.proj")):
+                    nn.init.normal_(layer.weight, std=0.02)
+                elif init == INITS[2] and isinstance(layer, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(layer.weight, std=1.0)
+        with torch.no_grad():
+            x = model.embed(torch.randint(0, 64, (8, 32)))  # (B, T, C): the stream before block 0
+            stds = [x.std().item()]
+            for block in model.blocks:
+                x, _ = block(x)  # (B, T, C)
+                stds.append(x.std().item())
+        spread[init] = [std / stds[0] for std in stds]
+    return spread
+
+
 def figure_data() -> dict:
-    return {"mask_conventions": mask_conventions(), "softmax_overflow": softmax_overflow(), "wq_for_k": wq_for_k(),
-            "strides": strides()}
+    return {"forward_pass": forward_pass(), "mask_conventions": mask_conventions(), "softmax_overflow": softmax_overflow(),
+            "wq_for_k": wq_for_k(), "strides": strides(), "init_scale": residual_spread()}
 
 
-def text_picture(lines: list[str], width: int = 620) -> Image.Image:
-    font, _ = label_font()
-    image = Image.new("RGB", (width, 22 * len(lines) + 16), "white")
+def draw_forward_pass(data: dict) -> Image.Image:
+    """The numbered steps top to bottom: each traced line, the shapes it made in numbers, and in letters."""
+    face, small = font(12), font(11)
+    sizes = data["sizes"]
+    rows: list[tuple[str, object]] = []
+    for step in data["steps"]:
+        rows.append(("step", step))
+        rows += [("line", line) for line in step["lines"]]
+    heights = {"step": 26, "line": 36}
+    top = 52
+    image = Image.new("RGB", (SHOWN_WIDTH - 10, top + sum(heights[kind] for kind, _ in rows) + 10), "white")
     draw = ImageDraw.Draw(image)
-    for i, line in enumerate(lines):
-        draw.text((12, 8 + 22 * i), line, fill="black", font=font)
+    draw.text((12, 8), f"One forward of CausalSelfAttention(n_embd={sizes['C']}, n_head={sizes['H']}) on x of shape "
+              f"(B, T, C) = ({sizes['B']}, {sizes['T']}, {sizes['C']})", font=face, fill=INK)
+    draw.text((12, 28), f"H = {sizes['H']} heads of D = {sizes['D']} channels; S = T = {sizes['T']} keys. "
+              "Blue: the shapes each line made; grey: its comment in letters.", font=small, fill=FAINT)
+    y = top
+    for kind, item in rows:
+        if kind == "step":
+            draw.rectangle([8, y + 2, image.width - 8, y + heights["step"] - 4], fill=(236, 242, 250))
+            note = " (only with a head_mask; here every head kept)" if item["step"] == 7 else ""
+            draw.text((16, y + 12), f"{item['step']}. {item['title']}{note}", font=face, fill=INK, anchor="lm")
+        else:
+            draw.text((28, y + 2), item["code"], font=face, fill=INK)
+            shapes = "-> " + " -> ".join(item["shapes"])
+            draw.text((44, y + 18), shapes, font=face, fill=BLUE)
+            draw.text((44 + max(260, face.getbbox(shapes)[2] + 24), y + 18), item["letters"], font=face, fill=FAINT)
+        y += heights[kind]
+    return image
+
+
+READING = "True = hide, as masked_fill reads it"
+
+
+def draw_mask(hide: list[list[bool]], cell: int) -> Image.Image:
+    """The bool mask as a grid: True cells shaded and marked."""
+    face = font()
+    n = len(hide)
+    left, top = 24, 56
+    image = Image.new("RGB", (max(left + n * cell + 16, face.getbbox(READING)[2] + 12), top + n * cell + 8), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((6, 6), "hide = ones(T, T).triu(1)", font=face, fill=INK)
+    draw.text((6, 22), READING, font=face, fill=FAINT)
+    for i in range(n):
+        draw.text((left - 4, top + i * cell + cell // 2), f"t{i}", font=face, fill=INK, anchor="rm")
+        draw.text((left + i * cell + cell // 2, top - 4), f"t{i}", font=face, fill=INK, anchor="mb")
+        for j in range(n):
+            box = [left + j * cell, top + i * cell, left + (j + 1) * cell, top + (i + 1) * cell]
+            draw.rectangle(box, fill=(250, 215, 210) if hide[i][j] else "white", outline=(190, 190, 190))
+            draw.text((box[0] + cell // 2, box[1] + cell // 2), "T" if hide[i][j] else "F", font=face,
+                      fill=RED if hide[i][j] else FAINT, anchor="mm")
     return image
 
 
 def draw_strides(data: dict) -> Image.Image:
     """Two rows of boxes: memory in order (head by head), then the order the transposed view reads it."""
-    font, _ = label_font()
+    face = font()
     image = Image.new("RGB", (12 * 50 + 40, 230), "white")
     draw = ImageDraw.Draw(image)
     H, T, D = data["shape"][1:]
@@ -102,45 +248,77 @@ def draw_strides(data: dict) -> Image.Image:
             ("transpose(1, 2) reads: (B, T, H, D), strides " + str(tuple(data["transposed_strides"])), data["read_order"]))
     for r, (title, order) in enumerate(rows):
         top = 10 + r * 105
-        draw.text((20, top), title, fill="black", font=font)
+        draw.text((20, top), title, fill="black", font=face)
         for i, offset in enumerate(order):
             x = 20 + 50 * i
             shade = (200, 220, 255) if names[offset].startswith("h0") else (255, 220, 190)
             draw.rectangle([x, top + 22, x + 46, top + 70], fill=shade, outline="black")
             for j, part in enumerate(names[offset].split()):
-                draw.text((x + 6, top + 24 + 14 * j), part, fill="black", font=font)
-            draw.text((x + 6, top + 74), f"@{offset}", fill="gray", font=font)
+                draw.text((x + 6, top + 24 + 14 * j), part, fill="black", font=face)
+            draw.text((x + 6, top + 74), f"@{offset}", fill="gray", font=face)
     note = "not contiguous: view(B, T, H*D) cannot read this; contiguous() copies it into this order"
-    draw.text((20, 212), note if not data["is_contiguous"] else "contiguous", fill="black", font=font)
+    draw.text((20, 212), note if not data["is_contiguous"] else "contiguous", fill="black", font=face)
     return image
 
 
-def draw_all(data: dict) -> None:
-    FOLDER.mkdir(exist_ok=True)
+def draw_softmax_overflow(data: dict) -> Image.Image:
+    limit = data["exp_overflows_above"]
+    plot = Plot(
+        title="softmax([s, 33]): the weight on s, computed two ways in float32",
+        x_label="s, the larger score of the row", y_label="weight on s",
+        x_range=(0, 120), y_range=(-0.05, 1.2), x_ticks=list(range(0, 121, 20)), y_ticks=[0, 0.25, 0.5, 0.75, 1],
+        lines=[Line("naive: exp(s) / (exp(s) + exp(33))", data["top_score"], data["naive"], ORANGE, width=5),
+               Line("stable: the module's softmax (subtracts the max first)", data["top_score"], data["stable"], BLUE)],
+        bands=[(limit, 120, "naive: inf / inf = nan")],
+        marks=[(limit, f"exp(s) > float32 max above s = {limit:.2f}")],
+        points=[(97, data["stable"][data["top_score"].index(97.0)], "[97, 33]: stable 1, naive nan")],
+        legend=(44, 0.55),
+    )
+    return plot.draw(SHOWN_WIDTH - 10, 320)
+
+
+def draw_init_scale(spread: dict[str, list[float]]) -> Image.Image:
+    blocks = list(range(len(spread[INITS[0]])))
+    plot = Plot(
+        title=f"The residual stream's spread through {len(blocks) - 1} blocks (the default model's options, width 64)",
+        x_label="after block (0: the embeddings)", y_label="std / the embeddings' std",
+        x_range=(0, blocks[-1]), y_range=(0.5, 1e4), log_y=True, x_ticks=blocks[::2], y_ticks=[1, 10, 100, 1000, 10000],
+        lines=[Line(name, blocks, spread[name], colour, width=3) for name, colour in zip(INITS, (BLUE, ORANGE, RED), strict=True)],
+        legend=(4.5, 250),
+    )
+    return plot.draw(SHOWN_WIDTH - 10, 340)
+
+
+def draw_all(data: dict, folder: Path = FOLDER) -> None:
+    """Every picture of PICTURES, as folder/<name>.png."""
+    folder.mkdir(exist_ok=True)
     labels = [f"t{i}" for i in range(T)]
     masks = data["mask_conventions"]
-    side_by_side([
-        render_attention_map(np.array(masks["right"]), labels, "SDPA, attn_mask=~hide: right", causal=False),
-        render_attention_map(np.array(masks["hide_mask_given_to_sdpa"]), labels, "attn_mask=hide: the future",
-                             causal=False),
-    ]).save(FOLDER / "mask_conventions.png", optimize=True)
-    soft = data["softmax_overflow"]
-    text_picture([
-        f"scores                         {soft['scores']}",
-        f"naive  exp(s) / sum(exp(s))    {['nan' if x is None else x for x in soft['naive']]}",
-        f"stable torch.softmax(s)        [{soft['stable'][0]:.1f}, {soft['stable'][1]:.2e}]",
-        "float32 exp overflows above ~88.7: exp(97) = inf, inf / inf = nan",
-    ]).save(FOLDER / "softmax_overflow.png", optimize=True)
-    wq = data["wq_for_k"]
-    side_by_side([
-        render_attention_map(np.array(wq["keys_from_w_q"]), labels, "keys from W_q: the diagonal", causal=False),
-        render_attention_map(np.array(wq["keys_from_w_k"]), labels, "keys from W_k", causal=False),
-    ]).save(FOLDER / "wq_for_k.png", optimize=True)
-    draw_strides(data["strides"]).save(FOLDER / "strides.png", optimize=True)
+    cell = 33
+    pictures = {
+        "forward_pass": draw_forward_pass(data["forward_pass"]),
+        "mask_conventions": side_by_side([
+            draw_mask(masks["hide"], cell),
+            render_attention_map(np.array(masks["right"]), labels, "SDPA, attn_mask=~hide: right", causal=False, cell=cell),
+            render_attention_map(np.array(masks["hide_mask_given_to_sdpa"]), labels, "SDPA, attn_mask=hide: the future",
+                                 causal=False, cell=cell),
+        ], gap=16),
+        "softmax_overflow": draw_softmax_overflow(data["softmax_overflow"]),
+        "wq_for_k": side_by_side([
+            render_attention_map(np.array(data["wq_for_k"]["keys_from_w_q"]), labels, "keys from W_q: the diagonal",
+                                 causal=False, cell=cell),
+            render_attention_map(np.array(data["wq_for_k"]["keys_from_w_k"]), labels, "keys from W_k", causal=False, cell=cell),
+        ], gap=16),
+        "strides": draw_strides(data["strides"]),
+        "init_scale": draw_init_scale(data["init_scale"]),
+    }
+    assert pictures.keys() == set(PICTURES)
+    for name, picture in pictures.items():
+        picture.save(folder / f"{name}.png", optimize=True)
 
 
 if __name__ == "__main__":
     data = figure_data()
     draw_all(data)
-    (FOLDER / "figures.json").write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {len(data)} figures and their numbers to {FOLDER}")
+    (FOLDER / "figures.json").write_text(json.dumps({**data, "drawn_with": drawn_with()}, indent=1) + "\n")
+    print(f"wrote {len(PICTURES)} pictures and their numbers to {FOLDER}")

@@ -62,13 +62,16 @@ def readable_token(piece: str, unicode_ok: bool = True) -> str:
     return "".join(out) or "∅"
 
 
-def render_attention_map(weights: np.ndarray, labels: list[str], title: str, causal: bool = True) -> np.ndarray:
+def render_attention_map(
+    weights: np.ndarray, labels: list[str], title: str, causal: bool = True, cell: int | None = None
+) -> np.ndarray:
     """weights: (T, T), rows = queries, columns = keys; labels: T token strings. causal: the
-    future (above the diagonal) is drawn as hidden."""
+    future (above the diagonal) is drawn as hidden. cell: pixels per weight (default: up to 16,
+    the map at most about 720 px)."""
     T = weights.shape[0]
     font, unicode_ok = label_font()
     labels = [readable_token(label, unicode_ok)[:12] for label in labels]
-    cell = int(np.clip(720 // T, 4, 16))
+    cell = cell or int(np.clip(720 // T, 4, 16))
     pad = 6
     label_width = max(text_width(font, label) for label in labels) + pad
     title_height = FONT_SIZE + 2 * pad

@@ -27,6 +27,10 @@ can hold one number per head (H,) that scales each head's output just before the
 keeping a head and 0 knocking it out, so that the output projection gets nothing from it.
 GPT.heads_knocked_out (model/gpt.py) sets the masks for a block of code and clears them after.
 With head_mask None, step 7 is skipped: no work, and not a bit of the output changes.
+
+Two variants, by the same steps: causal=False lets every query see every key (bidirectional,
+as in an encoder), and forward(x, context=...) takes the keys and values from another
+sequence (cross-attention, as when a decoder reads an encoder's output). The model uses neither.
 """
 
 import math
@@ -83,9 +87,11 @@ class CausalSelfAttention(nn.Module):
         attention: str = "sdpa",
         rope_length: int = 0,
         qk_norm: bool = False,
+        causal: bool = True,
     ) -> None:
         """rope_length > 0 turns on rotary positions for up to that many tokens (see rotate);
-        qk_norm scales every query and key to a fixed RMS (with a learned gain per dim) first."""
+        qk_norm scales every query and key to a fixed RMS (with a learned gain per dim) first;
+        causal=False lets every query see every key, later ones included (not for a language model)."""
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(
@@ -98,6 +104,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = n_embd // n_head
         self.attention = attention
         self.dropout = dropout
+        self.causal = causal
         # None, or (H,): each head's output is scaled by its entry (0 knocks the head out) in step 7.
         # A plain attribute, not a buffer: it is not saved in checkpoints.
         self.head_mask: torch.Tensor | None = None
@@ -127,8 +134,9 @@ class CausalSelfAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        context: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attend causally over x.
+        """Attend causally over x (over all of it with causal=False).
 
         x:                (B, T, C)
         key_padding_mask: optional (B, S) bool, True marks a padding key that no query
@@ -137,31 +145,38 @@ class CausalSelfAttention(nn.Module):
                           manual path, whichever path the module was built with.
         cache:            optional KVCache holding the earlier tokens' keys and values:
                           x then holds the T tokens that come after them. It is extended.
+        context:          optional (B, S, C), another sequence: cross-attention, the keys and
+                          values come from it and every query sees all of it (needs causal=False).
 
         Returns (out, weights): out is (B, T, C); weights is (B, H, T, S) or None.
         A query that can see no key at all gets an output row of zeros.
         """
         B, T, C = x.shape
         H, D = self.n_head, self.head_dim
+        if context is not None:
+            self._check_context(x, context, cache)
 
         # 1. Project every token to a query, a key and a value.
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        if context is not None:  # cross-attention: keys and values from the other sequence, by the same W_k, W_v
+            _, k, v = self.qkv(context).split(C, dim=2)  # 2 x (B, S, C); its queries go unused
 
         # 2. Split the channels into H heads of D dims and move heads next to batch,
         #    so each head becomes an independent attention over (T, D) matrices.
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
-        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, -1, H, D).transpose(1, 2)  # (B, H, T, D); (B, H, S, D) from a context
+        v = v.view(B, -1, H, D).transpose(1, 2)  # (B, H, T, D); (B, H, S, D) from a context
         #    QK-norm and rotary positions, where turned on. A KV cache (when generating) holds
         #    the earlier tokens: these T come after them, and their keys and values join them.
         start = cache.length if cache is not None else 0  # the position of this call's first token
         q, k = self.qk_norm_and_rope(q, k, slice(start, start + T))  # (B, H, T, D), (B, H, T, D)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, H, S, D), (B, H, S, D); the queries are only these T tokens
-        S = k.shape[2]  # keys: these T tokens and any cached earlier ones
+        S = k.shape[2]  # keys: these T tokens and any cached earlier ones, or the context's
 
-        # 3. Which keys may each query see? Its own token and earlier ones, never a padding key.
-        visible, no_key_visible = self._visible(B, T, S, key_padding_mask, x.device)  # (1 or B, 1, T, S), (B, 1, T, 1) or None
+        # 3. Which keys may each query see? Its own token and earlier ones (every key with
+        #    causal=False), never a padding key.
+        visible, no_key_visible = self._visible(B, T, S, key_padding_mask, x.device, self.causal)  # (1 or B, 1, T, S), (B, 1, T, 1) or None
 
         # 4-6. Scores, softmax over keys, weighted sum of values: spelt out, or one fused call.
         if need_weights or self.attention == "manual":
@@ -197,16 +212,29 @@ class CausalSelfAttention(nn.Module):
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, H, T, D)
         return q, k
 
+    def _check_context(self, x: torch.Tensor, context: torch.Tensor, cache: KVCache | None) -> None:
+        """ValueError unless cross-attention from x over context can run here."""
+        if context.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[2] != x.shape[2]:
+            raise ValueError(f"context must be (B, S, C) = ({x.shape[0]}, S, {x.shape[2]}) like x, not {tuple(context.shape)}")
+        if self.causal:
+            raise ValueError("context= (cross-attention) lets every query see every key of the other "
+                             "sequence: build the module with causal=False")
+        if cache is not None or self.rope_length:
+            raise ValueError("context= (cross-attention) takes no KV cache and no rotary positions "
+                             "(rope_length=0): the other sequence's positions are not this one's")
+
     @staticmethod
     def _visible(
-        B: int, T: int, S: int, key_padding_mask: torch.Tensor | None, device: torch.device
+        B: int, T: int, S: int, key_padding_mask: torch.Tensor | None, device: torch.device, causal: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Step 3: which of the S keys each of the T queries may see; returns (visible,
         no_key_visible): visible (1, 1, T, S), or (B, 1, T, S) with a padding mask; no_key_visible
         (B, 1, T, 1) marks the queries that could see no key at all (None without padding)."""
         # Its own position and earlier ones: query t is token S - T + t of the sequence (the
-        # cached tokens come first), so it sees keys 0 .. S - T + t...
-        visible = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)  # (T, S)
+        # cached tokens come first), so it sees keys 0 .. S - T + t (causal=False: every key)...
+        visible = torch.ones(T, S, dtype=torch.bool, device=device)  # (T, S)
+        if causal:
+            visible = visible.tril(diagonal=S - T)  # (T, S): True on and below the diagonal
         visible = visible.view(1, 1, T, S)  # (1, 1, T, S): the same for every batch row and head
         if key_padding_mask is None:
             return visible, None
@@ -259,12 +287,13 @@ class CausalSelfAttention(nn.Module):
         T, S = q.shape[2], k.shape[2]
         # No padding mask: the fused kernels' own causal handling can stand in for `visible`.
         only_causal = no_key_visible is None
-        if only_causal and T == S:
+        if only_causal and self.causal and T == S:
             # is_causal lets PyTorch skip reading a mask and use its fastest kernel.
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, H, T, D)
-        if only_causal and T == 1:
-            # One new token after a KV cache sees every key: no mask at all.
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, H, 1, D)
+        if only_causal and (T == 1 or not self.causal):
+            # One new token after a KV cache sees every key, and so does every query with
+            # causal=False: no mask at all.
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, H, T, D)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, H, T, D)
         if no_key_visible is not None:
             out = out.masked_fill(no_key_visible, 0.0)  # (B, H, T, D): such rows attend to nothing

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.attention import CausalSelfAttention, KVCache, rotate
@@ -176,6 +177,31 @@ def test_odd_sizes_agree_with_each_other_and_the_loop_reference(n_embd, n_head, 
         reference = per_head_loop_reference(manual, x)
         torch.testing.assert_close(manual(x)[0], reference, atol=ATOL, rtol=RTOL)
         torch.testing.assert_close(sdpa(x)[0], reference, atol=ATOL, rtol=RTOL)
+
+
+def test_the_default_causal_module_computes_bit_for_bit_what_it_did_before_the_variants():
+    # causal=False and context= (the variants) must leave the default untouched: its output
+    # and gradients equal, bit for bit, these same torch calls in the same order, with the fused
+    # path's is_causal=True (an explicit mask, say, would pick another kernel and other last bits).
+    torch.manual_seed(0)
+    B, T, C, H = 2, 7, 32, 4
+    D = C // H
+    x = torch.randn(B, T, C)
+    for attention in ("sdpa", "manual"):
+        module = CausalSelfAttention(C, H, attention=attention)
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in module.qkv(x).split(C, dim=2))  # (B, H, T, D)
+        if attention == "sdpa":
+            heads = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            visible = torch.ones(T, T, dtype=torch.bool).tril().view(1, 1, T, T)
+            scores = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~visible, float("-inf"))
+            heads = torch.softmax(scores, dim=-1) @ v
+        expected = module.proj(heads.transpose(1, 2).contiguous().view(B, T, C))
+        out, _ = module(x)
+        assert torch.equal(out, expected), attention
+        expected_grads = torch.autograd.grad(expected.square().sum(), list(module.parameters()))
+        grads = torch.autograd.grad(out.square().sum(), list(module.parameters()))
+        assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads, strict=True)), attention
 
 
 def test_n_embd_not_divisible_by_n_head_raises_a_clear_error():

@@ -1,11 +1,15 @@
-"""Every claim docs/attention.md makes, checked: one test per claim, named in the text."""
+"""docs/attention.md's claims about the module, checked by the tests it names; its pictures,
+current; and the run it quotes, a run of today's defaults."""
 
+import json
 import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from model.attention import CausalSelfAttention
 
@@ -179,6 +183,15 @@ def test_tour_the_at_operator_batches_over_leading_dims_where_bmm_needs_exactly_
         torch.testing.assert_close(weights[1, 2], attention_by_hand(module, x[1:2])[1][0, 2], atol=ATOL, rtol=RTOL)
 
 
+def test_tour_heatmap_colours_are_on_a_square_root_scale():
+    from inspection.heatmap import COLORMAP, FUTURE, colour_level, render_attention_map
+
+    assert colour_level(np.array([0.0, 0.25, 1.0])).tolist() == [0, 128, 255]  # 0.25: half way up
+    weights = np.tril(np.full((4, 4), 0.25))  # every visible weight 0.25
+    pixels = render_attention_map(weights, ["a", "b", "c", "d"], "t").reshape(-1, 3)
+    assert (pixels == COLORMAP[128]).all(axis=1).sum() > (pixels == FUTURE).all(axis=1).sum() > 0
+
+
 def test_every_test_the_tour_cites_exists():
     tour = (ROOT / "docs" / "attention.md").read_text()
     cited = set(re.findall(r"`(test_\w+)`", tour))
@@ -193,25 +206,76 @@ def test_every_numbered_section_and_question_of_the_tour_cites_a_test():
     tour = (ROOT / "docs" / "attention.md").read_text()
     parts = re.split(r"^(?=## \d+\.|\*\*Q\d+\.)", tour, flags=re.MULTILINE)[1:]  # from each heading to the next
     numbered = [part for part in parts if re.match(r"## \d+\.|\*\*Q\d+\.", part)]
-    assert len(numbered) >= 18  # sections 1 to 9 and questions 1 to 10 (section 9 holds the questions)
+    assert len(numbered) >= 27  # sections 1 to 8 and questions 1 to 19 (section 9 holds the questions)
     for part in numbered:
         assert re.search(r"`test_\w+`", part), part.splitlines()[0]
 
 
-def test_the_question_figures_match_the_code():
-    # The pictures are drawn from these numbers: a change in the module or in docs/questions.py
-    # that would change a picture fails here until `make docs` redraws it.
-    import json
-
+def test_the_tour_pictures_numbers_are_what_the_code_computes_now():
+    # The pictures are drawn from these numbers, computed by running the module and the GPT's
+    # init: a change there or in docs/questions.py that would change a picture fails here
+    # until `make docs` redraws it.
     from docs.questions import FOLDER, figure_data
 
     committed = json.loads((FOLDER / "figures.json").read_text())
-    assert committed.keys() == figure_data().keys()
-    for name, numbers in figure_data().items():
-        assert_same_numbers(numbers, committed[name], name)
+    committed.pop("drawn_with")
+    assert_same_numbers(figure_data(), committed, "figures.json")
     tour = (ROOT / "docs" / "attention.md").read_text()
     for picture in re.findall(r"\]\((questions/\w+\.png)\)", tour):
         assert (ROOT / "docs" / picture).is_file(), picture
+
+
+def test_the_tour_pictures_are_what_docs_questions_py_draws_from_their_numbers(tmp_path):
+    from docs.drawing import drawn_with
+    from docs.questions import FOLDER, PICTURES, draw_all
+
+    committed = json.loads((FOLDER / "figures.json").read_text())
+    if committed.pop("drawn_with") != drawn_with():
+        pytest.skip(f"the pictures were drawn with {committed} and this machine has {drawn_with()}: "
+                    "other anti-aliasing (their numbers are still checked)")
+    draw_all(committed, tmp_path)
+    for name in PICTURES:
+        kept, drawn = (np.asarray(Image.open(folder / f"{name}.png").convert("RGB")) for folder in (FOLDER, tmp_path))
+        assert kept.shape == drawn.shape and (kept == drawn).all(), f"docs/questions/{name}.png is stale: run make docs"
+
+
+def test_every_picture_of_the_docs_is_shown_at_its_own_size_so_its_labels_stay_11_px():
+    from docs.drawing import SHOWN_WIDTH
+
+    pictures = sorted((ROOT / "docs").glob("**/*.png"))
+    assert len(pictures) >= 8
+    for picture in pictures:
+        width, _ = Image.open(picture).size
+        if picture.name != "attention_tab.png":  # a browser screenshot, taken at the tab's own size
+            assert width <= SHOWN_WIDTH, f"{picture.name} is {width} px wide: shown at {SHOWN_WIDTH}, its labels shrink"
+        assert picture.stat().st_size < 300_000, picture.name
+    assert Image.open(ROOT / "docs" / "questions" / "mask_conventions.png").size[0] >= 800
+
+
+def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_right():
+    # docs/attention_maps.png and section 8's numbers come from one run, recorded by `make docs`
+    # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
+    from hydra import compose, initialize_config_dir
+
+    from training.config import plain_config
+
+    record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        defaults = plain_config(compose("train"))
+    for group in ("model", "data", "tokenizer", "optim", "train"):
+        assert record["config"][group] == defaults[group], (
+            f"docs/attention_maps.png comes from a run whose {group} config is not today's default: "
+            "make train, then make docs RUN=<that run>")
+    assert record["step"] == defaults["train"]["max_steps"]
+    tour = (ROOT / "docs" / "attention.md").read_text()
+    section_8 = tour[tour.index("## 8."): tour.index("## 9.")]
+    recall = record["name_recall"]
+    for quoted in (f"{record['largest_induction_score_at_the_end']:.3f} or below at step {record['step']}",
+                   f"from {recall['400']:.1%} at step 400 to {recall[str(record['step'])]:.1%} at step {record['step']}"):
+        assert quoted in " ".join(section_8.split()), quoted
+    for page in ("README.md", "docs/default_model.md"):
+        heads = " and ".join(f"layer {layer} head {head}" for layer, head, _ in record["heads"])
+        assert f"Attention maps of {heads} at step {record['step']} of the default run" in (ROOT / page).read_text(), page
 
 
 def assert_same_numbers(made: object, kept: object, where: str) -> None:
@@ -225,6 +289,8 @@ def assert_same_numbers(made: object, kept: object, where: str) -> None:
             assert_same_numbers(a, b, f"{where}[{i}]")
     elif isinstance(made, float):
         assert made == pytest.approx(kept, rel=1e-5, abs=1e-7), where  # float32 on another CPU: last bits
+    elif isinstance(made, tuple):
+        assert_same_numbers(list(made), kept, where)
     else:
         assert made == kept, where
 

@@ -551,6 +551,7 @@ def test_debug_shapes_walks_one_forward_of_the_configured_model_and_writes_nothi
 
 def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run, tmp_path):
     import docs.figures  # the script behind `make docs`
+    from docs.drawing import SHOWN_WIDTH
 
     out = tmp_path / "maps.png"
     (copier, _), (other, _) = [((layer, head), role) for layer, head, role in
@@ -561,7 +562,7 @@ def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run
               for layer in range(2) for head in range(2)}
     assert copier == max(logged, key=logged.get) and other != copier
     width, height = Image.open(out).size
-    assert width > 1.8 * height  # two square maps side by side
+    assert 1.5 * height < width <= SHOWN_WIDTH  # two square maps side by side, shown at their own size
 
 
 def test_the_docs_picture_of_a_missing_run_is_one_clear_line(tmp_path):
