@@ -27,8 +27,10 @@ from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
 
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
-# head_{metric}/layer_{l}/head_{h} and recall_heads/layer_{l}/head_{h} (training/tensorboard_log.py).
-HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall_heads))/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
+# head_{metric}/, recall_heads/ and ablation/recall_name/ + layer_{l}/head_{h} (training/tensorboard_log.py):
+# the metrics {metric}, "recall" and "ablation".
+HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall)_heads|(?P<ablation>ablation)/recall_name)"
+                         r"/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
 
 
 class AttentionLoader(base_plugin.TBLoader):
@@ -132,10 +134,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
 
 def head_metric_table(heads: dict[str, re.Match], series: dict[str, list[provider.ScalarDatum]]) -> dict:
-    """Scalars head_{metric}/layer_{l}/head_{h} -> {metric: {"steps", "values" (step, layer, head)}}."""
+    """Per-head scalars (HEAD_SCALAR) -> {metric: {"steps", "values" (step, layer, head)}}."""
     table: dict[str, dict[int, dict[tuple[int, int], float]]] = {}
     for tag, match in heads.items():
-        metric = "recall" if match["recall"] else match["metric"]
+        metric = match["metric"] or match["recall"] or match["ablation"]
         where = (int(match["layer"]), int(match["head"]))
         for datum in series.get(tag, []):
             value = datum.value if math.isfinite(datum.value) else None  # a model gone non-finite

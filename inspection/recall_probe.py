@@ -112,15 +112,34 @@ class RecallProbe:
     def read(self, logits: torch.Tensor, weights: torch.Tensor, first_window: int) -> list[tuple[str, bool, torch.Tensor]]:
         """(kind, right or not, (L, H) weight on the earlier mention) for the recall points of
         windows first_window, first_window + 1, ... (as many as logits holds)."""
+        windows = list(range(first_window, first_window + logits.shape[0]))
+        next_logits, targets = self.before_points(logits, windows)  # (P, vocab)
         reads = []
-        for window, position, first, end, kind in self.targets:
-            n = window - first_window
-            if not 0 <= n < logits.shape[0]:
-                continue
-            predicted = logits[n, position - 1].argmax().item()  # read up to the mention: what comes next?
-            looks = weights[:, n, :, position - 1, first:end].sum(dim=-1)  # (L, H): weight on the earlier mention
-            reads.append((kind, predicted == self.windows[window, position].item(), looks))
+        for (window, position, first, end, kind), hit in zip(targets, self.right(next_logits, targets), strict=True):
+            looks = weights[:, window - first_window, :, position - 1, first:end].sum(dim=-1)  # (L, H): weight on the earlier mention
+            reads.append((kind, hit.item(), looks))
         return reads
+
+    def before_points(self, per_token: torch.Tensor, windows: list[int], kind: str | None = None) -> tuple[torch.Tensor, list]:
+        """per_token (n, T, ...) of the probe's windows `windows` (one row each, in that order)
+        read just before each of their recall points (of one kind, or all): what the model had
+        when it predicted the mention. Returns (P, ...) and those P targets."""
+        row = {window: n for n, window in enumerate(windows)}
+        targets = [t for t in self.targets if t[0] in row and kind in (None, t[-1])]
+        rows = torch.tensor([row[window] for window, *_ in targets], dtype=torch.long)  # (P,)
+        positions = torch.tensor([position - 1 for _, position, *_ in targets], dtype=torch.long)  # (P,)
+        return per_token[rows.to(per_token.device), positions.to(per_token.device)], targets
+
+    def right(self, next_logits: torch.Tensor, targets: list) -> torch.Tensor:
+        """(P,) bool: whether the likeliest next token of next_logits (P, vocab) is the first
+        token of each target's mention."""
+        answers = torch.tensor([self.windows[window, position].item() for window, position, *_ in targets], dtype=torch.long)  # (P,)
+        return next_logits.argmax(dim=-1).cpu() == answers
+
+
+def accuracy(hits: list[bool]) -> float:
+    """The share of recall points where the model was right."""
+    return sum(hits) / len(hits)
 
 
 def summarise(reads: list[tuple[str, bool, torch.Tensor]]) -> RecallScores:
@@ -128,7 +147,7 @@ def summarise(reads: list[tuple[str, bool, torch.Tensor]]) -> RecallScores:
     for kind, hit, _ in reads:
         by_kind.setdefault(kind, []).append(hit)
     return RecallScores(
-        accuracy=sum(hit for _, hit, _ in reads) / len(reads),
-        accuracy_by_kind={kind: sum(hits) / len(hits) for kind, hits in sorted(by_kind.items())},
+        accuracy=accuracy([hit for _, hit, _ in reads]),
+        accuracy_by_kind={kind: accuracy(hits) for kind, hits in sorted(by_kind.items())},
         head_weight=torch.stack([looks for _, _, looks in reads]).double().mean(dim=0),  # (L, H)
     )

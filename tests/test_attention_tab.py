@@ -84,9 +84,14 @@ def test_metrics_are_the_logged_head_scalars_per_step_layer_and_head(served, tra
     base, name = served
     events = logged(trained_run)
     metrics = json.loads(get(f"{base}{PLUGIN}/metrics?run={name}")[2])
-    assert set(metrics) == {"entropy", "distance", "previous_token", "induction", "recall"}
+    prefixes = {"entropy": "head_entropy", "distance": "head_distance", "previous_token": "head_previous_token",
+                "induction": "head_induction", "recall": "recall_heads", "ablation": "ablation/recall_name"}
+    assert set(metrics) == set(prefixes)
+    heads_js = (Path(__file__).parent.parent / "attention_tab" / "static" / "heads.js").read_text()
+    shown = re.findall(r"^  (\w+): \[", heads_js.split("export const METRICS = {")[1].split("};")[0], flags=re.M)
+    assert set(shown) == set(prefixes)  # each one a column of the head table and a number for the model view
     for metric, table in metrics.items():
-        prefix = "recall_heads" if metric == "recall" else f"head_{metric}"
+        prefix = prefixes[metric]
         assert table["steps"] == [0, 10, 20]
         for i, step in enumerate(table["steps"]):
             for layer, head in np.ndindex(2, 2):

@@ -50,19 +50,25 @@ def last_values(events: EventAccumulator, tags) -> dict[str, float]:
 
 
 def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
-    """The induction and recall scalars of a run's last step, computed afresh from its ckpt_last.pt:
-    the held-out stories (data.seed + 1) and the induction probe of train.seed, as the run builds them."""
+    """The induction, recall and ablation scalars of a run's last step, computed afresh from its
+    ckpt_last.pt: the held-out stories (data.seed + 1) and the induction probe of train.seed, as the
+    run builds them; name recall without each head the plain way, head by head."""
     checkpoint = torch.load(run_dir / "ckpt_last.pt", weights_only=True)
     cfg, (model, tokenizer) = checkpoint["config"], model_from_checkpoint(checkpoint)
     n = min(cfg["train"]["probe_tokens"], cfg["model"]["block_size"]) // 2
     probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, cfg["train"]["seed"], avoid=tokenizer.eot_id)])
     induction = induction_score(model.attention_weights(probe)[:, 0], n)  # (L, H)
-    recall = RecallProbe.build(tokenizer, cfg["model"]["block_size"], seed=cfg["data"]["seed"] + 1).evaluate(model)
+    recall_probe = RecallProbe.build(tokenizer, cfg["model"]["block_size"], seed=cfg["data"]["seed"] + 1)
+    recall = recall_probe.evaluate(model)
     per_head = {f"{prefix}/layer_{layer}/head_{head}": values[layer, head].item()
                 for prefix, values in (("head_induction", induction), ("recall_heads", recall.head_weight))
                 for layer, head in np.ndindex(*values.shape)}
     by_kind = {f"recall/accuracy_{kind}": value for kind, value in recall.accuracy_by_kind.items()}
-    return {**per_head, "recall/accuracy": recall.accuracy, **by_kind}
+    ablation = {}
+    for layer, head in np.ndindex(*induction.shape):
+        with model.heads_knocked_out({(layer, head)}):
+            ablation[f"ablation/recall_name/layer_{layer}/head_{head}"] = recall_probe.evaluate(model).accuracy_by_kind["name"]
+    return {**per_head, "recall/accuracy": recall.accuracy, **by_kind, **ablation}
 
 
 def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
@@ -107,6 +113,10 @@ def test_every_head_has_its_metrics_and_all_heads_share_one_grid_image(trained_r
     assert [v.step for v in events.Scalars("recall/accuracy")] == [0, 10, 20]
     assert all(0 <= v.value <= 1 for v in events.Scalars("recall/accuracy"))
     assert "weight on the earlier mention: layer " in text_of(events, "recall/top_heads")
+    # And its name recall with each head knocked out alone, at the same steps.
+    for layer, head in np.ndindex(2, 2):
+        assert [v.step for v in events.Scalars(f"ablation/recall_name/layer_{layer}/head_{head}")] == [0, 10, 20]
+    assert re.match(r"name recall \d\.\d\d with every head; without layer \d head \d: ", text_of(events, "ablation/top_heads"))
     # Guards logging another probe's numbers, or a head under another's tag: recomputed from ckpt_last.pt.
     expected = recomputed_last_step_scalars(trained_run)
     assert last_values(events, expected) == pytest.approx(expected, abs=1e-5)

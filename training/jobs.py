@@ -5,6 +5,7 @@ import logging
 import torch
 
 from data.dataset import probe_ids
+from inspection.ablation import recall_without_each_head
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model.generation import generate_text
@@ -94,7 +95,8 @@ class Checkpoints:
 
 class AttentionMaps:
     """Rank 0: the probe text's attention maps, drawn from the weights the model uses right now,
-    and what each head does in numbers (on the probe, the induction probe and the recall probe)."""
+    and what each head does in numbers (on the probe, the induction probe and the recall probe),
+    and the recall probe's name recall with each head knocked out alone."""
 
     def __init__(self, run: Run, tb: RunLogger, fresh: bool) -> None:
         cfg, tokenizer, device = run.cfg, run.data.tokenizer, run.ranks.device
@@ -128,7 +130,10 @@ class AttentionMaps:
             metrics["induction"] = induction_score(induction_weights, self.induction.shape[1] // 2)
         self.tb.head_metrics(state.step, metrics)
         if self.recall is not None:
-            self.tb.recall(state.step, self.recall.evaluate(self.model))
+            scores = self.recall.evaluate(self.model)
+            self.tb.recall(state.step, scores)
+            if "name" in scores.accuracy_by_kind:
+                self.tb.ablation(state.step, recall_without_each_head(self.model, self.recall, "name"))
 
 
 class Samples:

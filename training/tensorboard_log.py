@@ -17,6 +17,9 @@
                                           inspection/recall_probe.py), at the attention steps
     recall_heads/layer_{l}/head_{h}       each head's weight on the earlier mention there
     recall/top_heads                      the heads that look back at it most (text)
+    ablation/recall_name/layer_{l}/head_{h}   recall/accuracy_name with that head knocked out alone
+                                          (inspection/ablation.py), at the same steps
+    ablation/top_heads                    the heads whose loss hurts name recall most (text)
     HParams dashboard                     the run's hyperparameters and final metrics, when it
                                           ends: runs of a sweep side by side (hparams below)
     hparams/best_val_loss                 the metric that goes with them
@@ -28,6 +31,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
+from inspection.ablation import RecallAblation
 from inspection.attention_summary import weights_summary
 from inspection.heatmap import readable_token, render_attention_map, render_head_grid
 from inspection.recall_probe import RecallScores
@@ -108,6 +112,15 @@ class RunLogger:
         order = weight.flatten().argsort(descending=True)[:3].tolist()
         top = ", ".join(f"layer {i // H} head {i % H}: {weight.flatten()[i]:.2f}" for i in order)
         self.text("recall/top_heads", f"weight on the earlier mention: {top}", step)
+
+    def ablation(self, step: int, ablation: RecallAblation) -> None:
+        without = ablation.without  # (L, H)
+        L, H = without.shape
+        self.scalars(step, {f"ablation/recall_{ablation.kind}/layer_{layer}/head_{head}": without[layer, head].item()
+                            for layer in range(L) for head in range(H)})
+        order = without.flatten().argsort(stable=True)[:3].tolist()
+        worst = ", ".join(f"layer {i // H} head {i % H}: {without.flatten()[i]:.2f}" for i in order)
+        self.text("ablation/top_heads", f"{ablation.kind} recall {ablation.intact:.2f} with every head; without {worst}", step)
 
     def probe_tokens(self, labels: list[str]) -> None:
         """The probe text, token by token, so a heatmap's axes can be read in full."""

@@ -1,6 +1,7 @@
 // The heads of the chosen layer. HeadToggles: which heads the token view draws, each in its own
-// colour. HeadMetrics: the head metrics logged at the step shown (inspection/head_metrics.py and
-// inspection/recall_probe.py), one row per head; a row's name opens that head in the matrix view.
+// colour. HeadMetrics: the head metrics logged at the step shown (inspection/head_metrics.py,
+// inspection/recall_probe.py, inspection/ablation.py), one row per head; a row's name opens that
+// head in the matrix view.
 import {headColour} from "./colours.js";
 import {el, formatValue} from "./dom.js";
 
@@ -10,6 +11,7 @@ export const METRICS = {
   previous_token: ["prev-token", "weight on the token just before"],
   induction: ["induction", "on a random sequence seen twice: weight on the token after the earlier copy"],
   recall: ["recall", "weight on the earlier mention of a name or item that comes back (stories)"],
+  ablation: ["without it: name recall", "the recall probe's name recall with this head knocked out alone (with every head: recall/accuracy_name)"],
 };
 
 const swatch = (head, nHead) => el("i", {class: "swatch", style: `background:${headColour(head, nHead)}`});

@@ -1,0 +1,57 @@
+"""Which heads the model needs: the recall probe's score with each head knocked out alone.
+
+Where a head looks (head metrics, the recall probe's look-back weights) is not what the model
+needs it for. Taking a head away and scoring the probe again says that directly.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from inspection.recall_probe import RecallProbe, accuracy
+from model import GPT, eval_mode
+
+
+@dataclass
+class RecallAblation:
+    kind: str  # the recall points scored: "name" or "item"
+    intact: float  # accuracy with every head in
+    without: torch.Tensor  # (L, H): accuracy with that head knocked out alone
+
+
+@torch.no_grad()
+def recall_without_each_head(model: GPT, probe: RecallProbe, kind: str = "name", chunk: int = 16) -> RecallAblation:
+    """The probe's accuracy on recall points of one kind, intact and with each head knocked out
+    alone: the numbers probe.evaluate(model).accuracy_by_kind[kind] gives inside
+    model.heads_knocked_out({(layer, head)}), at a fraction of the cost. Only the windows that
+    hold such points are run; the LM head reads only the positions that predict them; and the
+    blocks below a head's layer, which knocking it out leaves unchanged, run once per window."""
+    L, H = model.config.n_layer, model.config.n_head
+    device = next(model.parameters()).device
+    windows = sorted({window for window, *_, point_kind in probe.targets if point_kind == kind})
+    intact: list[bool] = []
+    without = [[[] for _ in range(H)] for _ in range(L)]  # L x H lists of hits
+
+    def hits(x: torch.Tensor, part: list[int]) -> list[bool]:
+        """x: (n, T, C), the last block's output for the windows part."""
+        x, targets = probe.before_points(x, part, kind)  # (P, C)
+        return probe.right(model.lm_head(model.ln_f(x)), targets).tolist()  # (P, C) -> (P, vocab) -> P
+
+    with eval_mode(model):
+        for lo in range(0, len(windows), chunk):
+            part = windows[lo : lo + chunk]
+            x = model.embed(probe.windows[part].to(device))  # (n, T) -> (n, T, C)
+            block_inputs = []  # the residual stream entering each block, all heads in
+            for block in model.blocks:
+                block_inputs.append(x)
+                x, _ = block(x)  # (n, T, C)
+            intact += hits(x, part)
+            for layer in range(L):
+                for head in range(H):
+                    with model.heads_knocked_out({(layer, head)}):
+                        x = block_inputs[layer]
+                        for block in model.blocks[layer:]:
+                            x, _ = block(x)  # (n, T, C)
+                    without[layer][head] += hits(x, part)
+    return RecallAblation(kind, accuracy(intact), torch.tensor(
+        [[accuracy(without[layer][head]) for head in range(H)] for layer in range(L)], dtype=torch.float64))
