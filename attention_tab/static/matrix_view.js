@@ -22,8 +22,8 @@ export class MatrixView {
       headMetrics.root);
   }
 
-  draw({weights, layer, head, token, run}) {
-    this.state = {weights, layer, head, labels: run.labels};
+  draw({weights, labels, layer, head, token}) {
+    this.state = {weights, layer, head, labels};
     const {T} = weights;
     this.cell = Math.max(2, Math.floor(SIZE / T));
     this.title.textContent = `Matrix view · layer ${layer} · head ${head}`;
