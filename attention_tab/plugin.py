@@ -144,11 +144,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
             raise errors.InvalidArgumentError(f"no run {run!r}; the runs are those /runs lists")
         from attention_tab import your_text  # torch: loaded on the first text, not at TensorBoard's start
 
-        flags = self.flags
         if self.models is None:
-            self.models = your_text.ModelCache(flags.attention_tab_cache_mb * 2**20, flags.attention_tab_device)
+            self.models = your_text.ModelCache.in_tensorboard(self.flags)
         try:
-            folder = your_text.run_folder(run, your_text.logdir_roots(flags.logdir, flags.logdir_spec))
+            folder = your_text.run_folder(run, your_text.logdir_roots(self.flags.logdir, self.flags.logdir_spec))
             return json_response(request, self.models.read(folder, run, text, knocked_out))
         except UserError as err:
             raise errors.InvalidArgumentError(str(err)) from None

@@ -21,6 +21,11 @@ from model import GPT
 from training.checkpoint import BEST, LAST, load_checkpoint, model_from_checkpoint
 from user_error import UserError
 
+# torch threads in TensorBoard's process. The tab's models are small, and a run training beside
+# TensorBoard keeps the cores busy: one thread answers 128 tokens of the default model in about
+# 30 ms there, where two threads fighting the trainer's took 700 ms (2 cores; make bench's text section).
+THREADS = 1
+
 
 def logdir_roots(logdir: str, logdir_spec: str) -> dict[str, str | None]:
     """{folder: the name its runs are prefixed with, or None}, as TensorBoard reads --logdir or
@@ -87,6 +92,12 @@ class ModelCache:
         self.max_bytes, self.device = max_bytes, device
         self.models: OrderedDict[Path, LoadedModel] = OrderedDict()
         self.lock = threading.Lock()
+
+    @classmethod
+    def in_tensorboard(cls, flags) -> "ModelCache":
+        """The plugin's cache, as TensorBoard's flags set it; torch in that process then runs on THREADS threads."""
+        torch.set_num_threads(THREADS)
+        return cls(flags.attention_tab_cache_mb * 2**20, flags.attention_tab_device)
 
     def get(self, folder: Path, run: str) -> LoadedModel:
         path = checkpoint_in(folder, run)
