@@ -330,7 +330,8 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
     assert next_tokens(tab) == [[token, f"{p:.3f}", f"{p_intact:.3f}"] for token, p, p_intact in zip(
         out["next"]["tokens"][6], out["next"]["probs"][6], out["intact"]["probs_of_top"][6], strict=True)]
     changes = [loss - intact_loss for loss, intact_loss in zip(out["next"]["loss"], intact["next"]["loss"], strict=True)]
-    assert losses_beside_queries(tab) == [f"{'+' if c >= 0 else '−'}{abs(c):.2f}" for c in changes] + [""]
+    assert losses_beside_queries(tab) == [f"{abs(c):.2f}" if f"{abs(c):.2f}" == "0.00" else f"{'+' if c > 0 else '−'}{abs(c):.2f}"
+                                          for c in changes] + [""]
     assert max(abs(c) for c in changes) > 0.01  # the numbers moved
     Select(tab.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value("1")
     point_at(tab, "query", 12)

@@ -1,7 +1,7 @@
 // Your text's predictions at the token pointed at: the model's top 5 next tokens with their
 // probabilities, and the loss of the token that really came next. With heads knocked out, the
 // intact model's numbers beside them: its probability of the same tokens, its loss, and the change.
-import {el, formatValue} from "./dom.js";
+import {el, formatChange, formatValue} from "./dom.js";
 
 export class NextTokens {
   constructor() {
@@ -35,8 +35,8 @@ export class NextTokens {
 }
 
 // " (intact 1.20, +1.11)", red where knocking out made the model more surprised, green where less.
-export function lossChange(loss, intactLoss) {
+function lossChange(loss, intactLoss) {
   const change = loss - intactLoss;
   return el("span", {class: change > 0 ? "worse" : "better"},
-    ` (intact ${formatValue(intactLoss, 2)}, ${change >= 0 ? "+" : "−"}${formatValue(Math.abs(change), 2)})`);
+    ` (intact ${formatValue(intactLoss, 2)}, ${formatChange(change)})`);
 }

@@ -5,7 +5,7 @@
 // the token; the arrow keys move between tokens and columns. On your text, each query also shows
 // the loss of the token that came after it, and the next-token box its top 5 guesses.
 import {headColour} from "./colours.js";
-import {el, formatValue} from "./dom.js";
+import {el, formatChange, formatValue} from "./dom.js";
 
 const ROW = 18;  // px per token
 const MIN_WEIGHT = 0.01;  // lighter lines are left out, they only blur the picture
@@ -104,8 +104,8 @@ export class TokenView {
         continue;
       }
       const change = loss - intactLoss;
-      span.textContent = `${change >= 0 ? "+" : "−"}${formatValue(Math.abs(change), 2)}`;
-      span.classList.add(change > 0 ? "worse" : "better");
+      span.textContent = formatChange(change);
+      if (Number(formatValue(Math.abs(change), 2)) > 0) span.classList.add(change > 0 ? "worse" : "better");
       span.title += `: ${formatValue(loss, 2)}, intact ${formatValue(intactLoss, 2)}`;
     }
   }
