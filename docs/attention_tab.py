@@ -82,7 +82,7 @@ def take_screenshot(run_dir: Path, out: Path = SCREENSHOT) -> tuple[int, int, fl
         driver.find_element(By.XPATH, f"//button[contains(@class, 'head-name')][normalize-space()='head {head}']").click()
         driver.find_element(By.XPATH, "//button[text()='all heads']").click()
         token = driver.find_element(By.CSS_SELECTOR, f".token[data-side=query][data-index='{query}']")
-        driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", token)
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", token)
         token.click()
         canvas = driver.find_element(By.CSS_SELECTOR, "canvas.matrix")
         cell = canvas.size["width"] / T
