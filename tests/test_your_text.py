@@ -1,11 +1,14 @@
 """The Attention tab's text box, less the HTTP (attention_tab/your_text.py): a run's name leads
 only to a folder under TensorBoard's logdir, and its model is cached within a bound."""
 
+import argparse
 import os
 import shutil
 
 import pytest
+from tensorboard.plugins.base_plugin import FlagsError
 
+from attention_tab.plugin import AttentionLoader
 from attention_tab.your_text import ModelCache, logdir_roots, model_bytes, run_folder
 from user_error import UserError
 
@@ -87,3 +90,24 @@ def test_a_run_with_no_checkpoint_yet_is_refused_saying_when_it_will_have_one(tr
     with pytest.raises(UserError, match=r"run 'young' has no checkpoint yet \(ckpt_best.pt or ckpt_last.pt\); "
                                         r"a run saves one at its first evaluation \(train.eval_interval\)"):
         ModelCache(2**30).get(tmp_path / "young", "young")
+
+
+def tensorboard_flags(*args: str) -> argparse.Namespace:
+    """The tab's flags as TensorBoard parses and then fixes them."""
+    parser = argparse.ArgumentParser()
+    AttentionLoader().define_flags(parser)
+    flags = parser.parse_args(args)
+    flags.samples_per_plugin = {}
+    AttentionLoader().fix_flags(flags)
+    return flags
+
+
+def test_the_text_box_runs_on_the_cpu_with_512_mb_of_models_unless_told_otherwise():
+    flags = tensorboard_flags()
+    assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cpu", 512)
+    flags = tensorboard_flags("--attention_tab_device", "cuda:1", "--attention_tab_cache_mb", "0")
+    assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cuda:1", 0)
+    with pytest.raises(FlagsError, match="--attention_tab_device=gpu is not a device; give cpu, cuda, cuda:<index> or mps"):
+        tensorboard_flags("--attention_tab_device", "gpu")
+    with pytest.raises(FlagsError, match="--attention_tab_cache_mb=-1 must be at least 0"):
+        tensorboard_flags("--attention_tab_cache_mb", "-1")
