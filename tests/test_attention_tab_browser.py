@@ -81,12 +81,13 @@ def browser(logdir, live):
 
 @pytest.fixture
 def tab(browser):
-    """The browser inside the tab's frame, showing the tiny run's layer 0 with all heads drawn and
-    head 0 in the matrix, whatever the test before left it at."""
+    """The browser inside the tab's frame, showing the tiny run's probe at layer 0 with all heads
+    drawn and head 0 in the matrix, whatever the test before left it at."""
     browser.switch_to.default_content()
     browser.switch_to.frame(browser.find_element(By.CSS_SELECTOR, "iframe"))
     if browser.execute_script("return document.body.dataset.drawnRun") != "run":
         choose_run(browser, "run")
+    browser.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]").click()
     Select(browser.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value("0")
     browser.find_element(By.XPATH, "//button[text()='all heads']").click()
     browser.find_element(By.XPATH, "//button[contains(@class, 'head-name')][normalize-space()='head 0']").click()
