@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,12 +23,15 @@ BROWSER_MISSING = ("the Attention tab's browser tests need Chromium and its driv
 
 
 @contextmanager
-def tensorboard_server(*logdir_args: str, timeout: float = 60) -> Iterator[str]:
+def tensorboard_server(*logdir_args: str, timeout: float = 60, console_script: bool = False) -> Iterator[str]:
     """`tensorboard <logdir_args>` on 127.0.0.1 and a free port, as a subprocess of this
-    interpreter's environment: yields its base URL, stops it at the end."""
-    command = [sys.executable, "-m", "tensorboard.main", *logdir_args, "--host", "127.0.0.1", "--port", "0",
-               "--reload_interval", "1"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    interpreter's environment: yields its base URL, stops it at the end. console_script: run the
+    environment's `tensorboard` command (what make tensorboard runs) from a folder outside the
+    project, so the tab works from the installed packages alone; else `python -m tensorboard.main`."""
+    command = [str(Path(sys.executable).parent / "tensorboard")] if console_script else [sys.executable, "-m", "tensorboard.main"]
+    command += [*logdir_args, "--host", "127.0.0.1", "--port", "0", "--reload_interval", "1"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=tempfile.gettempdir() if console_script else None)
     try:
         yield wait_for_url(server, timeout)
     finally:

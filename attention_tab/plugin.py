@@ -6,8 +6,12 @@ data/plugin/tinyattn_attention/:
     runs                            JSON: each run with attention data, its steps, shape and labels
     weights?run=R&step=S[&tag=T]    one step's weights: float16 little-endian (n_layer, n_head, T, T)
     metrics?run=R                   JSON: the head metrics logged as scalars, per head and step
+    text  (POST run, text[, knocked_out=L:H,...])
+                                    JSON: the model of the run's checkpoint reads the text, with
+                                    those heads knocked out (attention_tab/your_text.py)
 
-A bad run, tag or step gets a 400 or 404 with one line saying what is wrong.
+A bad run, tag, step or text gets a 400 or 404 with one line saying what is wrong. The text's
+model runs on --attention_tab_device (cpu); models stay cached up to --attention_tab_cache_mb.
 """
 
 import json
@@ -24,6 +28,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
+from user_error import UserError
 
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
@@ -31,6 +36,8 @@ STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 # the metrics {metric}, "recall" and "ablation".
 HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall)_heads|(?P<ablation>ablation)/recall_name)"
                          r"/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
+HEAD_PAIR = re.compile(r"(\d+):(\d+)")  # knocked_out=1:0,2:3
+DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
 
 class AttentionLoader(base_plugin.TBLoader):
@@ -38,8 +45,20 @@ class AttentionLoader(base_plugin.TBLoader):
     per tag, and the step slider would skip most of training. `--samples_per_plugin
     tinyattn_attention=N` still wins."""
 
+    def define_flags(self, parser) -> None:
+        group = parser.add_argument_group(PLUGIN_NAME)
+        group.add_argument("--attention_tab_device", default="cpu", help="where the Attention tab's text box runs "
+                           "a run's model: cpu (the default), cuda, cuda:1, mps")
+        group.add_argument("--attention_tab_cache_mb", type=int, default=512, help="megabytes of models the "
+                           "Attention tab keeps loaded for its text box, least recently used out first")
+
     def fix_flags(self, flags) -> None:
         flags.samples_per_plugin.setdefault(PLUGIN_NAME, 0)
+        if not DEVICE.fullmatch(flags.attention_tab_device):
+            raise base_plugin.FlagsError(f"--attention_tab_device={flags.attention_tab_device} is not a device; "
+                                         "give cpu, cuda, cuda:<index> or mps")
+        if flags.attention_tab_cache_mb < 0:
+            raise base_plugin.FlagsError(f"--attention_tab_cache_mb={flags.attention_tab_cache_mb} must be at least 0")
 
     def load(self, context: base_plugin.TBContext) -> base_plugin.TBPlugin:
         return AttentionPlugin(context)
@@ -50,11 +69,13 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self.data = context.data_provider
+        self.flags = context.flags
         self.cache: dict[tuple[str, str], tuple[tuple, dict[int, np.ndarray]]] = {}
+        self.models = None  # your_text.ModelCache, made on the first text
 
     def get_plugin_apps(self):
         return {"/static/*": self.serve_static, "/runs": self.serve_runs,
-                "/weights": self.serve_weights, "/metrics": self.serve_metrics}
+                "/weights": self.serve_weights, "/metrics": self.serve_metrics, "/text": self.serve_text}
 
     def is_active(self) -> bool:
         return False  # the frontend asks the data provider (data_plugin_names) instead
@@ -113,6 +134,26 @@ class AttentionPlugin(base_plugin.TBPlugin):
                                         downsample=100_000, run_tag_filter=provider.RunTagFilter([run], list(heads)))
         return json_response(request, head_metric_table(heads, series.get(run, {})))
 
+    @wrappers.Request.application
+    def serve_text(self, request):
+        """The run's model reads the text: your_text.answer's JSON."""
+        if request.method != "POST":
+            raise errors.InvalidArgumentError("send the text as a POST form: run, text, knocked_out")
+        ctx, experiment = request_context(request)
+        run, text = form_field(request, "run"), form_field(request, "text")
+        knocked_out = head_pairs(request.form.get("knocked_out", ""))
+        if run not in {r.run_name for r in self.data.list_runs(ctx, experiment_id=experiment)}:
+            raise errors.InvalidArgumentError(f"no run {run!r}; the runs are those /runs lists")
+        from attention_tab import your_text  # torch: loaded on the first text, not at TensorBoard's start
+
+        if self.models is None:
+            self.models = your_text.ModelCache.in_tensorboard(self.flags)
+        try:
+            folder = your_text.run_folder(run, your_text.logdir_roots(self.flags.logdir, self.flags.logdir_spec))
+            return json_response(request, self.models.read(folder, run, text, knocked_out))
+        except UserError as err:
+            raise errors.InvalidArgumentError(str(err)) from None
+
     def series(self, ctx, experiment: str, run: str, tag: str) -> provider.TensorTimeSeries:
         listing = self.data.list_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME,
                                          run_tag_filter=provider.RunTagFilter(runs=[run]))
@@ -162,6 +203,21 @@ def required(request, name: str) -> str:
     if value is None:
         raise errors.InvalidArgumentError(f"missing query parameter {name!r}")
     return value
+
+
+def form_field(request, name: str) -> str:
+    value = request.form.get(name)
+    if value is None:
+        raise errors.InvalidArgumentError(f"missing form field {name!r}")
+    return value
+
+
+def head_pairs(value: str) -> list[tuple[int, int]]:
+    """"1:0,2:3" -> [(1, 0), (2, 3)]: (layer, head) pairs."""
+    pairs = [HEAD_PAIR.fullmatch(item.strip()) for item in value.split(",") if item.strip()]
+    if not all(pairs):
+        raise errors.InvalidArgumentError(f"knocked_out takes layer:head pairs, e.g. 1:0,2:3; not {value!r}")
+    return [(int(pair[1]), int(pair[2])) for pair in pairs]
 
 
 def integer(value: str, name: str) -> int:

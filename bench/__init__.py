@@ -44,6 +44,10 @@ Sections (each figure is the median of --repeats runs):
                one on a 128-token probe (5 logged steps each): time from navigation to the first
                drawn view (a fresh browser each time), and, once the tab has fetched every step,
                the slowest move of the step slider to its redrawn views
+    text       the Attention tab's answer to your own text: ms from the text to the JSON the route
+               sends (tokenizing, the forward with attention weights, the top 5 next tokens, the
+               losses), for block_size (128) tokens of a held-out story and the default model on
+               CPU; intact, and with one head knocked out (two forwards)
 
 Results go to bench_results/bench-<date>_<time>.json (git-ignored) unless --out says otherwise;
 the training section's run dirs go beside it.

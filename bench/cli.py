@@ -18,10 +18,12 @@ from bench.sampling import bench_sampling
 from bench.startup import bench_startup
 from bench.tab import bench_tab
 from bench.table import print_table
+from bench.text import bench_text
 from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
-SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab")
-DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup")
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab",
+            "text")
+DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup", "text")
 
 
 def main() -> None:
@@ -73,6 +75,8 @@ def main() -> None:
         results["nanogpt"] = bench_nanogpt(args.repeats, args.steps, args.corpus.resolve(), args.nanogpt, work)
     if "tab" in sections:
         results["tab"] = bench_tab(args.repeats, work)
+    if "text" in sections:
+        results["text"] = bench_text(args.repeats, work)
 
     print_table(results)
     record = {

@@ -54,6 +54,11 @@ def print_table(results: dict) -> None:
     for shape, t in results.get("tab", {}).items():
         rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
                                                  f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))
+    if "text" in results:
+        t = results["text"]
+        rows.append((f"Attention tab, your text ({t['tokens']} tokens)", f"{t['answer_ms']:.0f} ms per answer, "
+                     f"{t['knocked_out_answer_ms']:.0f} ms with a head knocked out (default model, CPU, "
+                     f"{t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

@@ -1,31 +1,40 @@
 """The Attention tab's server side: its routes on a real TensorBoard server (the `tensorboard`
 entry point `make setup` installs) serving a real tiny run, under both of TensorBoard's loaders:
---logdir (what the training log prints; the Rust data server) and --logdir_spec (make tensorboard)."""
+--logdir (what the training log prints; the Rust data server) and --logdir_spec (make tensorboard,
+through the `tensorboard` command it runs, from a folder outside the project)."""
 
+import base64
 import json
 import re
+import shutil
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import made_up_attention
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
+from inspection.heatmap import readable_token
+from training.checkpoint import load_checkpoint, model_from_checkpoint
 from training.tensorboard_log import RunLogger
 
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"
 
 
-def get(url: str) -> tuple[int, str, bytes]:
-    """(status, content type, body) of a GET, errors included."""
+def get(url: str, form: dict[str, str] | None = None) -> tuple[int, str, bytes]:
+    """(status, content type, body) of a GET, or a POST of form, errors included."""
+    data = urllib.parse.urlencode(form).encode() if form is not None else None
     try:
-        with urllib.request.urlopen(url) as response:
+        with urllib.request.urlopen(url, data=data) as response:
             return response.status, response.headers["Content-Type"], response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.headers["Content-Type"], error.read()
@@ -37,15 +46,30 @@ def logged(run_dir: Path) -> EventAccumulator:
     return events
 
 
+@pytest.fixture(scope="module")
+def logdir(trained_run, tmp_path_factory):
+    """The tiny run as "run", and beside it "young": a run that has logged a scalar and saved no
+    checkpoint yet (so it has no attention data either)."""
+    logdir = tmp_path_factory.mktemp("logdir")
+    shutil.copytree(trained_run, logdir / "run")
+    young = RunLogger(logdir / "young")
+    young.scalars(0, {"loss/train": 7.0})
+    young.close()
+    return logdir
+
+
 @pytest.fixture(scope="module", params=["logdir", "logdir_spec"])
-def served(request, trained_run):
+def served(request, logdir):
     """(base URL, the run's name there) for the tiny run, under one of the two loaders."""
     if request.param == "logdir":
-        args, name = ["--logdir", str(trained_run.parent)], trained_run.name
+        args, name = ["--logdir", str(logdir)], "run"
     else:
-        args, name = ["--logdir_spec", f"outputs:{trained_run.parent}"], f"outputs/{trained_run.name}"
-    with tensorboard_server(*args) as base:
+        args, name = ["--logdir_spec", f"outputs:{logdir}"], "outputs/run"
+    with tensorboard_server(*args, console_script=request.param == "logdir_spec") as base:
         attention_runs(base)
+        deadline = time.monotonic() + 30
+        while len(json.loads(get(f"{base}/data/runs")[2])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # "young" too
         yield base, name
 
 
@@ -142,3 +166,100 @@ def test_every_step_is_kept_and_a_run_still_writing_shows_its_new_steps(tmp_path
         body = get(f"{base}{PLUGIN}/weights?run={name}&step={n_steps + 1}")[2]
         assert np.frombuffer(body, "<f2").tobytes() == weights_at(n_steps + 1).half().numpy().tobytes()
     logger.close()
+
+
+SENTENCE = "Once upon a time, a girl named Alice met a dog. Alice"
+
+
+def sibling(name: str, run: str) -> str:
+    """The name TensorBoard gives another run of the logdir, under the same loader."""
+    return name.removesuffix("run") + run
+
+
+@pytest.fixture(scope="module")
+def run_model(trained_run):
+    """The tiny run's best checkpoint as a model and its tokenizer, loaded here, not by the tab."""
+    model, tokenizer = model_from_checkpoint(load_checkpoint(trained_run / "ckpt_best.pt"))
+    return model.eval(), tokenizer
+
+
+def read_text(base: str, form: dict[str, str]) -> dict:
+    status, kind, body = get(f"{base}{PLUGIN}/text", form)
+    assert (status, kind) == (200, "application/json"), body
+    return json.loads(body)
+
+
+def expected_numbers(model, tokenizer, idx: torch.Tensor) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+    """The top 5 next tokens (labels) and probabilities, the losses, the float16 weights of the model as it is."""
+    with torch.no_grad():
+        logits = model(idx)[0][0]  # (T, vocab_size)
+    probs, top = logits.softmax(-1).topk(5, dim=-1)  # (T, 5) each
+    labels = [[readable_token(piece) for piece in tokenizer.token_strings(row)] for row in top.tolist()]
+    loss = F.cross_entropy(logits[:-1], idx[0, 1:], reduction="none")  # (T - 1,)
+    return labels, probs.numpy(), loss.numpy(), model.attention_weights(idx)[:, 0].half().numpy()
+
+
+def sent_weights(answer: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(answer["weights"]), "<f2").reshape(answer["shape"])
+
+
+def test_your_text_comes_back_with_the_numbers_of_the_runs_best_checkpoint(served, run_model, trained_run):
+    base, name = served
+    model, tokenizer = run_model
+    answer = read_text(base, {"run": name, "text": SENTENCE})
+    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(SENTENCE)]])  # (1, T)
+    T = idx.shape[1]
+    assert (answer["run"], answer["checkpoint"], answer["step"]) == (name, "ckpt_best.pt", load_checkpoint(trained_run / "ckpt_best.pt")["step"])
+    assert answer["shape"] == [2, 2, T, T] and answer["knocked_out"] == [] and answer["intact"] is None
+    assert answer["labels"] == [readable_token(piece) for piece in tokenizer.token_strings(idx[0].tolist())]
+    labels, probs, loss, weights = expected_numbers(model, tokenizer, idx)
+    assert answer["next"]["tokens"] == labels
+    np.testing.assert_allclose(answer["next"]["probs"], probs, rtol=1e-5, atol=1e-6)  # the tab takes attention's manual path
+    np.testing.assert_allclose(answer["next"]["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(sent_weights(answer), weights, atol=1e-3)  # float16 of weights equal to ~1e-6
+
+
+def test_your_text_with_heads_knocked_out_has_the_knocked_out_models_numbers_beside_the_intact_ones(served, run_model):
+    base, name = served
+    model, tokenizer = run_model
+    answer = read_text(base, {"run": name, "text": SENTENCE, "knocked_out": "1:0, 0:1"})
+    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(SENTENCE)]])
+    with model.heads_knocked_out({(1, 0), (0, 1)}):
+        labels, probs, loss, weights = expected_numbers(model, tokenizer, idx)
+    intact_labels, intact_probs, intact_loss, _ = expected_numbers(model, tokenizer, idx)
+    assert answer["knocked_out"] == [[0, 1], [1, 0]]
+    assert answer["next"]["tokens"] == labels and answer["intact"]["tokens"] == intact_labels
+    np.testing.assert_allclose(answer["next"]["probs"], probs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(answer["next"]["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(answer["intact"]["probs"], intact_probs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(answer["intact"]["loss"], intact_loss, rtol=1e-5)
+    with torch.no_grad(), model.heads_knocked_out({(1, 0), (0, 1)}):
+        top = model(idx)[0][0].topk(5, dim=-1).indices  # (T, 5) the knocked-out model's likeliest
+    with torch.no_grad():
+        intact_probs_of_top = model(idx)[0][0].softmax(-1).gather(1, top)  # (T, 5)
+    np.testing.assert_allclose(answer["intact"]["probs_of_top"], intact_probs_of_top, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sent_weights(answer), weights, atol=1e-3)
+    assert np.abs(np.array(answer["next"]["loss"]) - intact_loss).max() > 1e-3  # the heads mattered
+
+
+@pytest.mark.parametrize("form, says", [
+    ({"run": "{run}", "text": ""}, "the text is empty: type a sentence"),
+    ({"run": "{run}", "text": SENTENCE * 3}, "the text is too long: "),
+    ({"run": "{run}", "text": "x" * 100_000}, "the text is too long: 100,000 characters"),
+    ({"run": "nope", "text": "Hi"}, "no run 'nope'; the runs are those /runs lists"),
+    ({"run": "../run", "text": "Hi"}, "no run '../run'"),
+    ({"run": "{young}", "text": "Hi"}, "has no checkpoint yet (ckpt_best.pt or ckpt_last.pt)"),
+    ({"run": "{run}", "text": "Hi", "knocked_out": "1-0"}, "knocked_out takes layer:head pairs, e.g. 1:0,2:3; not '1-0'"),
+    ({"run": "{run}", "text": "Hi", "knocked_out": "2:0"}, "no head 0 in layer 2: this model has layers 0 to 1"),
+    ({"run": "{run}"}, "missing form field 'text'"),
+    (None, "send the text as a POST form: run, text, knocked_out"),
+])
+def test_a_bad_text_gets_a_400_with_one_line_and_the_server_goes_on(served, form, says):
+    base, name = served
+    if form is not None:
+        form = {key: value.format(run=name, young=sibling(name, "young")) for key, value in form.items()}
+    code, _, body = get(f"{base}{PLUGIN}/text?run={name}&text=Hi", form)
+    text = body.decode()
+    assert code == 400 and says in text
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1
+    assert read_text(base, {"run": name, "text": "Hi"})["labels"][0] == "<eot>"

@@ -1,15 +1,22 @@
 """The Attention tab in a real browser: TensorBoard on 127.0.0.1 serving a real tiny run, the tab
 opened in headless Chromium at 1280 x 800 (Debian's chromium and chromium-driver, through
-Selenium). What the tab draws is checked against the numbers in the run's event file."""
+Selenium). What the tab draws is checked against the numbers in the run's event file, and for
+your own text against the text route's answer (tests/test_attention_tab.py checks that answer
+against the run's model)."""
 
+import base64
 import io
+import json
 import shutil
+import urllib.parse
+import urllib.request
 
 import numpy as np
 import pytest
 import torch
 from conftest import made_up_attention
 from PIL import Image
+from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -18,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
-from inspection.attention_summary import WEIGHTS_TAG
+from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.heatmap import COLORMAP
 from training.tensorboard_log import RunLogger
 
@@ -27,11 +34,11 @@ MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/stat
 
 @pytest.fixture(scope="module")
 def logdir(trained_run, tmp_path_factory):
-    """The tiny run's event file and, beside it, runs of made-up weights: a 12 x 12 model on 128
-    tokens, heads that weigh every visible token the same, and a run "still training"."""
+    """The tiny run's event file and best checkpoint and, beside it, runs of made-up weights: a
+    12 x 12 model on 128 tokens, heads that weigh every visible token the same, and a run "still training"."""
     logdir = tmp_path_factory.mktemp("logdir")
     (logdir / "run").mkdir()
-    for events in trained_run.glob("events.out.tfevents.*"):
+    for events in [*trained_run.glob("events.out.tfevents.*"), trained_run / "ckpt_best.pt"]:
         shutil.copy(events, logdir / "run")
     big = RunLogger(logdir / "big")
     for step in (0, 5, 10):
@@ -74,12 +81,13 @@ def browser(logdir, live):
 
 @pytest.fixture
 def tab(browser):
-    """The browser inside the tab's frame, showing the tiny run's layer 0 with all heads drawn and
-    head 0 in the matrix, whatever the test before left it at."""
+    """The browser inside the tab's frame, showing the tiny run's probe at layer 0 with all heads
+    drawn and head 0 in the matrix, whatever the test before left it at."""
     browser.switch_to.default_content()
     browser.switch_to.frame(browser.find_element(By.CSS_SELECTOR, "iframe"))
     if browser.execute_script("return document.body.dataset.drawnRun") != "run":
         choose_run(browser, "run")
+    browser.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]").click()
     Select(browser.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value("0")
     browser.find_element(By.XPATH, "//button[text()='all heads']").click()
     browser.find_element(By.XPATH, "//button[contains(@class, 'head-name')][normalize-space()='head 0']").click()
@@ -253,3 +261,100 @@ def test_the_screenshot_shows_the_maps_and_no_script_failed(browser):
     assert np.isin(packed(pixels), packed(COLORMAP)).mean() > 0.03  # maps, in the heatmaps' exact colours
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors
+
+
+SENTENCE = "Once upon a time, a girl named Alice met a dog. Alice"
+
+
+def text_route(driver, text: str, knocked_out: str = "") -> dict:
+    """The text route's answer for the tiny run, fetched here (not by the tab); its weights as
+    (L, H, T, T) float32 from float16, as the tab decodes them."""
+    driver.switch_to.default_content()
+    base = driver.current_url.split("/#")[0]
+    driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
+    form = urllib.parse.urlencode({"run": "run", "text": text, "knocked_out": knocked_out}).encode()
+    with urllib.request.urlopen(f"{base}/data/plugin/{PLUGIN_NAME}/text", data=form) as response:
+        answer = json.load(response)
+    weights = np.frombuffer(base64.b64decode(answer["weights"]), "<f2").astype(np.float32)
+    return {**answer, "weights": weights.reshape(answer["shape"])}
+
+
+def type_text(driver, text: str) -> None:
+    box = driver.find_element(By.CSS_SELECTOR, "input[aria-label='your text']")
+    box.clear()
+    box.send_keys(text, Keys.ENTER)
+
+
+def wait_for_text(driver, knocked_out: str = "") -> None:
+    WebDriverWait(driver, 30, poll_frequency=0.05).until(lambda d: js(
+        d, "return [document.body.dataset.drawnMode, document.body.dataset.drawnKnockedOut]") == ["text", knocked_out])
+
+
+def next_tokens(driver) -> list[list[str]]:
+    """The next-token box's rows: token, probability (and the intact model's)."""
+    return js(driver, "return [...document.querySelectorAll('.next-tokens tbody tr')]"
+                      ".map(r => [...r.children].map(c => c.textContent))")
+
+
+def losses_beside_queries(driver) -> list[str]:
+    return js(driver, "return [...document.querySelectorAll('.token[data-side=query] .loss')].map(s => s.textContent)")
+
+
+def test_your_text_is_drawn_in_every_view_with_the_top_5_and_the_loss_beside_each_token(tab):
+    answer = text_route(tab, SENTENCE)
+    type_text(tab, SENTENCE)
+    wait_for_text(tab)
+    T = len(answer["labels"])
+    assert js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)") == answer["labels"]
+    assert tab.find_element(By.CSS_SELECTOR, ".token-view h2").text == "Token view · layer 0 · your text"
+    assert tab.find_element(By.CSS_SELECTOR, ".model-view h2").text == "Model view · your text · ckpt_best.pt (step 20)"
+    assert js(tab, "return document.querySelector('canvas.matrix').width") == T
+    for query in (T - 1, 6):
+        point_at(tab, "query", query)
+        assert drawn_lines(tab) == expected_lines(answer["weights"], 0, range(2), query) and lines_land_on_their_tokens(tab)
+        assert top_marks(tab, "key") == {h: int(np.argmax(answer["weights"][0, h, query, : query + 1])) for h in range(2)}
+    assert next_tokens(tab) == [[token, f"{p:.3f}"] for token, p in zip(answer["next"]["tokens"][6], answer["next"]["probs"][6], strict=True)]
+    came = tab.find_element(By.CSS_SELECTOR, ".next-loss").text
+    assert came == f"came next: “{answer['labels'][7]}”, loss {answer['next']['loss'][6]:.2f} nats"
+    assert losses_beside_queries(tab) == [f"{loss:.2f}" for loss in answer["next"]["loss"]] + [""]
+
+
+def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second_click_brings_it_back(tab):
+    intact, out = text_route(tab, SENTENCE), text_route(tab, SENTENCE, "0:1")
+    type_text(tab, SENTENCE)
+    wait_for_text(tab)
+    cell = tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1']")
+    cell.click()
+    wait_for_text(tab, "0:1")
+    assert "knocked" in cell.get_attribute("class") and cell.get_attribute("aria-pressed") == "true"
+    point_at(tab, "query", 6)
+    assert next_tokens(tab) == [[token, f"{p:.3f}", f"{p_intact:.3f}"] for token, p, p_intact in zip(
+        out["next"]["tokens"][6], out["next"]["probs"][6], out["intact"]["probs_of_top"][6], strict=True)]
+    changes = [loss - intact_loss for loss, intact_loss in zip(out["next"]["loss"], intact["next"]["loss"], strict=True)]
+    assert losses_beside_queries(tab) == [f"{abs(c):.2f}" if f"{abs(c):.2f}" == "0.00" else f"{'+' if c > 0 else '−'}{abs(c):.2f}"
+                                          for c in changes] + [""]
+    assert max(abs(c) for c in changes) > 0.01  # the numbers moved
+    Select(tab.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value("1")
+    point_at(tab, "query", 12)
+    assert drawn_lines(tab) == expected_lines(out["weights"], 1, range(2), 12)  # layer 1 reads the changed layer 0
+    assert drawn_lines(tab) != expected_lines(intact["weights"], 1, range(2), 12)
+    cell.click()
+    wait_for_text(tab, "")
+    assert "knocked" not in cell.get_attribute("class")
+    assert drawn_lines(tab) == expected_lines(intact["weights"], 1, range(2), 12)
+    assert losses_beside_queries(tab) == [f"{loss:.2f}" for loss in intact["next"]["loss"]] + [""]
+
+
+def test_a_too_long_text_gets_its_error_under_the_box_and_the_views_stay_as_they_were(tab):
+    type_text(tab, SENTENCE)
+    wait_for_text(tab)
+    labels = js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)")
+    type_text(tab, SENTENCE * 3)
+    error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".text-error:not([hidden])"))
+    assert error.text.startswith("the text is too long: ") and "this model reads at most 32 (its block_size)" in error.text
+    assert error.is_displayed() and error.location["y"] > tab.find_element(By.CSS_SELECTOR, "input[aria-label='your text']").location["y"]
+    with pytest.raises(NoAlertPresentException):
+        tab.switch_to.alert.text  # noqa: B018  # in place, not in an alert
+    assert js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)") == labels
+    type_text(tab, SENTENCE)  # a good text again: the error goes
+    WebDriverWait(tab, 30).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".text-error").is_displayed())

@@ -35,7 +35,7 @@ def test_an_unknown_section_is_one_clear_line():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab, text)\n"
     )
 
 
@@ -135,3 +135,12 @@ def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_pa
         run_bench("--only", "nanogpt", "--nanogpt", str(tmp_path), out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
     assert "\n" not in not_nanogpt.value.code
     assert not_nanogpt.value.code.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
+
+
+def test_the_text_section_times_the_tabs_answer_to_128_tokens_for_the_default_model(tmp_path, monkeypatch, capsys):
+    record, printed = run_bench("--only", "text", "--repeats", "1", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    text = record["results"]["text"]
+    assert text["tokens"] == 128  # the default block_size: <|endoftext|> and 127 tokens of a held-out story
+    assert 900_000 < text["params"] < 1_000_000  # the default model, with the default run's vocabulary
+    assert 0 < text["answer_ms"] < text["knocked_out_answer_ms"]  # knocked out: the intact forward too
+    assert "Attention tab, your text (128 tokens)" in printed and "ms per answer" in printed

@@ -1,5 +1,6 @@
 // What the tab reads from the plugin's routes (attention_tab/plugin.py). A step's weights come
 // as float16 bytes, (n_layer, n_head, T, T) row-major; they are fetched once per step and kept.
+// Your text goes to the text route and comes back as JSON, its weights as the same bytes in base64.
 
 const route = (name, params = {}) => {
   const url = new URL(`../${name}`, import.meta.url);
@@ -21,6 +22,20 @@ export async function fetchMetrics(run) {
   return (await fetchOk(route("metrics", {run: run.run}))).json();
 }
 
+// The run's model reads text with the heads knockedOut ([[layer, head], ...]) switched off:
+// the text route's answer, its weights as StepWeights. A refusal (too long, no checkpoint yet)
+// throws the route's one line as it is, for the tab to show.
+export async function readText(run, text, knockedOut) {
+  const form = new URLSearchParams({run: run.run, text, knocked_out: knockedOut.map(([l, h]) => `${l}:${h}`).join(",")});
+  const response = await fetch(route("text"), {method: "POST", body: form});
+  if (!response.ok) {  // TensorBoard words a 400 "Invalid argument: <the route's line>"
+    throw new Error((await response.text()).trim().replace(/^Invalid argument: /, "") || `the text route answered ${response.status}`);
+  }
+  const answer = await response.json();
+  const bytes = Uint8Array.from(atob(answer.weights), (c) => c.charCodeAt(0));
+  return {...answer, text, weights: halfWeights(answer.shape, bytes.buffer)};
+}
+
 // float16 bits -> float32, for all 65536 bit patterns at once.
 let halfTable = null;
 function halfToFloat() {
@@ -37,7 +52,16 @@ function halfToFloat() {
   return halfTable;
 }
 
-// One logged step: weights of every layer and head on the probe.
+// float16 bytes (n_layer, n_head, T, T) -> StepWeights.
+function halfWeights(shape, buffer) {
+  const bits = new Uint16Array(buffer);
+  const table = halfToFloat();
+  const values = new Float32Array(bits.length);
+  for (let i = 0; i < bits.length; i++) values[i] = table[bits[i]];
+  return new StepWeights(shape, values);
+}
+
+// One logged step (or your text): weights of every layer and head.
 export class StepWeights {
   constructor(shape, values) {
     [this.nLayer, this.nHead, this.T] = shape;
@@ -72,11 +96,7 @@ export class RunWeights {
   }
 
   async step(step) {
-    const bits = new Uint16Array(await this.load(step));
-    const table = halfToFloat();
-    const values = new Float32Array(bits.length);
-    for (let i = 0; i < bits.length; i++) values[i] = table[bits[i]];
-    return new StepWeights(this.run.shape, values);
+    return halfWeights(this.run.shape, await this.load(step));
   }
 
   // Every step ahead of time, when all of them are small enough to keep (the step slider is then

@@ -12,6 +12,12 @@ export function el(tag, attributes = {}, ...children) {
   return element;
 }
 
+// "+1.20", "−0.45" (a minus sign), or "0.00" for a change that rounds to nothing.
+export function formatChange(value, digits = 2) {
+  const shown = formatValue(Math.abs(value), digits);
+  return Number(shown) === 0 ? shown : `${value > 0 ? "+" : "−"}${shown}`;
+}
+
 // "0.8312"-style numbers, or a dash where a value is missing.
 export function formatValue(value, digits = 3) {
   return value === null || value === undefined || Number.isNaN(value) ? "–" : value.toFixed(digits);

@@ -1,31 +1,37 @@
 // The Attention tab: TensorBoard loads this module in the tab's frame and calls render().
-// One state object (run, step, layer, head, drawn heads, the token pointed at) and the parts
-// that draw it: the token view with its head toggles, the matrix view with the head metrics, the model view.
-import {fetchMetrics, fetchRuns, RunWeights} from "./data.js";
+// One state object (run, step, layer, head, drawn heads, the token pointed at, whether the views
+// show the probe or your text, and your text's reading) and the parts that draw it: the text box,
+// the token view with its head toggles and next tokens, the matrix view with the head metrics, the model view.
+import {fetchMetrics, fetchRuns, readText, RunWeights} from "./data.js";
 import {el, formatValue} from "./dom.js";
 import {HeadMetrics, HeadToggles, METRICS} from "./heads.js";
 import {MatrixView} from "./matrix_view.js";
 import {ModelView} from "./model_view.js";
+import {NextTokens} from "./next_tokens.js";
+import {TextBox} from "./text_box.js";
 import {TokenView} from "./token_view.js";
 
 const RELOAD_SECONDS = 30;  // a run still training: new steps appear without reloading the page
 
 class AttentionTab {
   constructor() {
-    this.state = {layer: 0, head: 0, shown: new Set(), token: {side: "query", index: 0}, pinned: false};
+    this.state = {layer: 0, head: 0, shown: new Set(), token: {side: "query", index: 0}, pinned: false,
+                  mode: "probe", reading: null};
+    this.textReads = 0;  // texts sent so far: an answer to an older one is dropped
     this.runSelect = el("select", {"aria-label": "run", onchange: () => this.openRun(this.runs[this.runSelect.value])});
     this.slider = el("input", {type: "range", min: 0, value: 0, "aria-label": "logged step",
-      oninput: () => this.showStep(Number(this.slider.value))});
+      oninput: () => { this.state.mode = "probe"; this.showStep(Number(this.slider.value)); }});
     this.stepLabel = el("output", {class: "step-label"});
     this.status = el("p", {class: "status", role: "status"});
     this.toggles = new HeadToggles(this);
     this.headMetrics = new HeadMetrics(this);
-    this.tokens = new TokenView(this, this.toggles);
+    this.textBox = new TextBox(this);
+    this.tokens = new TokenView(this, this.toggles, new NextTokens());
     this.matrix = new MatrixView(this, this.headMetrics);
     this.model = new ModelView(this, Object.fromEntries(Object.entries(METRICS).map(([name, [label]]) => [name, label])));
     document.body.append(
       el("header", {}, el("label", {class: "inline"}, "run ", this.runSelect),
-        el("label", {class: "inline step"}, "step ", this.slider, this.stepLabel), this.status),
+        el("label", {class: "inline step"}, "step ", this.slider, this.stepLabel), this.textBox.root, this.status),
       el("main", {}, this.tokens.root, this.matrix.root, this.model.root));
   }
 
@@ -52,11 +58,13 @@ class AttentionTab {
     this.weights = new RunWeights(run);
     this.metrics = await fetchMetrics(run);
     const [, H, T] = run.shape;
+    this.textReads++;  // an answer still on its way was for the run before
+    this.textBox.busy(false);
+    this.textBox.say("");
     Object.assign(this.state, {run, layer: 0, head: 0, shown: new Set(Array.from({length: H}, (_, h) => h)),
-                               token: {side: "query", index: T - 1, reveal: true}, pinned: false});
+                               token: {side: "query", index: T - 1, reveal: true}, pinned: false, mode: "probe", reading: null});
     this.toggles.setRun(run);
     this.headMetrics.setRun(run);
-    this.tokens.setRun(run);
     this.model.setRun(run, this.metrics);
     this.slider.max = run.steps.length - 1;
     await this.showStep(run.steps.length - 1);
@@ -106,17 +114,51 @@ class AttentionTab {
     this.set(token ? {token, pinned: true} : {pinned: false});
   }
 
+  // The run's model reads text with the heads knocked out so far; the views then show it.
+  async readText(text, knockedOut = this.state.reading?.knocked_out ?? []) {
+    const read = ++this.textReads;
+    this.textBox.busy(true);
+    try {
+      const reading = await readText(this.run, text, knockedOut);
+      if (read !== this.textReads) return;  // another text, or another run, since
+      const T = reading.labels.length;
+      const token = this.state.mode === "text" ? {...this.state.token, index: Math.min(this.state.token.index, T - 1)}
+        : {side: "query", index: T - 1, reveal: true};
+      this.textBox.say("");
+      this.set({mode: "text", reading, token});
+    } catch (error) {
+      if (read === this.textReads) this.textBox.say(error.message);
+    } finally {
+      if (read === this.textReads) this.textBox.busy(false);
+    }
+  }
+
+  toggleKnockedOut(layer, head) {
+    const {text, knocked_out: out} = this.state.reading;
+    const others = out.filter(([l, h]) => l !== layer || h !== head);
+    this.readText(text, others.length < out.length ? others : [...out, [layer, head]]);
+  }
+
+  showMode(mode) {
+    this.set({mode: mode === "text" && this.state.reading ? "text" : "probe"});
+  }
+
   toggleHead(head) {
     const shown = new Set(this.state.shown);
     if (shown.has(head)) shown.delete(head); else shown.add(head);
     this.set({shown});
   }
 
+  // What the views show: the probe's weights at the step, or your text's.
   redraw() {
     if (!this.state.weights) return;
-    const state = {...this.state, metricAt: this.metricAt()};
-    for (const part of [this.toggles, this.headMetrics, this.tokens, this.matrix, this.model]) part.draw(state);
-    Object.assign(document.body.dataset, {drawnRun: this.run.run, drawnStep: state.step});
+    const reading = this.state.mode === "text" ? this.state.reading : null;
+    const shown = reading ? {weights: reading.weights, labels: reading.labels} : {weights: this.state.weights, labels: this.run.labels};
+    this.state.token.index = Math.min(this.state.token.index, shown.labels.length - 1);
+    const state = {...this.state, ...shown, reading, metricAt: this.metricAt()};
+    for (const part of [this.textBox, this.toggles, this.headMetrics, this.tokens, this.matrix, this.model]) part.draw(state);
+    Object.assign(document.body.dataset, {drawnRun: this.run.run, drawnStep: state.step, drawnMode: this.state.mode,
+      drawnKnockedOut: reading ? reading.knocked_out.map(([l, h]) => `${l}:${h}`).join(" ") : ""});
     document.body.dataset.firstDrawnAt ??= performance.timeOrigin + performance.now();
     this.say("");
   }

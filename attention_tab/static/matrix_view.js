@@ -22,11 +22,12 @@ export class MatrixView {
       headMetrics.root);
   }
 
-  draw({weights, layer, head, token, run}) {
-    this.state = {weights, layer, head, labels: run.labels};
+  draw({weights, labels, reading, layer, head, token}) {
+    this.state = {weights, layer, head, labels};
     const {T} = weights;
     this.cell = Math.max(2, Math.floor(SIZE / T));
-    this.title.textContent = `Matrix view · layer ${layer} · head ${head}`;
+    const out = reading?.knocked_out.some(([l, h]) => l === layer && h === head);
+    this.title.textContent = `Matrix view · layer ${layer} · head ${head}${out ? " · knocked out: where it would look" : ""}`;
     paintMap(this.canvas, weights.map(layer, head), T);
     this.canvas.style.width = this.canvas.style.height = `${T * this.cell}px`;
     const query = token.side === "query" ? token.index : null;

@@ -1,5 +1,6 @@
 // Model view: every head of every layer as a small map, with one head metric printed on each;
-// a click opens that head in the token and matrix views.
+// a click opens that head in the token and matrix views. On your text a click knocks the head
+// out instead (and a second click brings it back): the model reads the text again without it.
 import {paintMap} from "./colours.js";
 import {el, formatValue} from "./dom.js";
 
@@ -13,8 +14,9 @@ export class ModelView {
       el("option", {value: ""}, "no number"),
       ...Object.entries(metricNames).map(([name, label]) => el("option", {value: name}, label)));
     this.grid = el("div", {class: "model-grid"});
+    this.hint = el("p", {class: "hint"});
     this.root = el("section", {class: "panel model-view", "aria-label": "Model view"}, this.title,
-      el("label", {class: "inline"}, "on each head: ", this.metric), this.grid);
+      el("label", {class: "inline"}, "on each head: ", this.metric), this.hint, this.grid);
   }
 
   setRun(run, metrics) {
@@ -29,22 +31,35 @@ export class ModelView {
         const canvas = el("canvas", {style: `width:${size}px;height:${size}px`});
         const badge = el("span", {class: "badge"});
         const cell = el("button", {class: "head-cell", "data-layer": layer, "data-head": head,
-          onclick: () => this.app.set({layer, head, shown: new Set([head])})}, canvas, badge);
+          onclick: () => this.click(layer, head)}, canvas, badge);
         this.cells.push({cell, canvas, badge, layer, head});
         return cell;
       })]);
     this.grid.replaceChildren(el("span"), ...heads, ...rows.flat());
   }
 
-  draw({weights, layer, head, step, metricAt}) {
-    this.title.textContent = `Model view · step ${step}`;
+  click(layer, head) {
+    if (this.knocking) this.app.toggleKnockedOut(layer, head);
+    else this.app.set({layer, head, shown: new Set([head])});
+  }
+
+  draw({weights, reading, layer, head, step, metricAt}) {
+    this.knocking = Boolean(reading);
+    const out = new Set(reading ? reading.knocked_out.map(([l, h]) => `${l}:${h}`) : []);
+    this.title.textContent = reading ? `Model view · your text · ${reading.checkpoint} (step ${reading.step})` : `Model view · step ${step}`;
+    this.hint.textContent = reading ? "Click a head to knock it out, again to bring it back." : "";
+    this.hint.hidden = !reading;
     for (const {cell, canvas, badge, layer: l, head: h} of this.cells) {
       paintMap(canvas, weights.map(l, h), weights.T);
       const value = this.metric.value ? metricAt(this.metric.value, l, h) : null;
-      badge.textContent = this.metric.value ? formatValue(value, 2) : "";
+      const knocked = out.has(`${l}:${h}`);
+      badge.textContent = knocked ? "out" : this.metric.value ? formatValue(value, 2) : "";
       cell.classList.toggle("selected", l === layer && h === head);
+      cell.classList.toggle("knocked", knocked);
       cell.title = `layer ${l} head ${h}: ${metricAt.describe(l, h)}`;
-      cell.setAttribute("aria-label", `open layer ${l} head ${h}`);
+      if (this.knocking) cell.setAttribute("aria-pressed", knocked);
+      else cell.removeAttribute("aria-pressed");
+      cell.setAttribute("aria-label", this.knocking ? `knock out layer ${l} head ${h}` : `open layer ${l} head ${h}`);
     }
   }
 }

@@ -1,38 +1,41 @@
-// Token view: the probe's tokens in two columns, queries on the left and keys on the right.
-// Pointing at a query draws its attention to the earlier tokens, one colour per head and the line
-// as strong as the weight; pointing at a key draws the later queries that look at it. A dot
-// beside a token marks it as the top weight of that head's row (or column). Click pins the token;
-// the arrow keys move between tokens and columns.
+// Token view: the probe's tokens (or your text's) in two columns, queries on the left and keys on
+// the right. Pointing at a query draws its attention to the earlier tokens, one colour per head
+// and the line as strong as the weight; pointing at a key draws the later queries that look at
+// it. A dot beside a token marks it as the top weight of that head's row (or column). Click pins
+// the token; the arrow keys move between tokens and columns. On your text, each query also shows
+// the loss of the token that came after it, and the next-token box its top 5 guesses.
 import {headColour} from "./colours.js";
-import {el} from "./dom.js";
+import {el, formatChange, formatValue} from "./dom.js";
 
 const ROW = 18;  // px per token
 const MIN_WEIGHT = 0.01;  // lighter lines are left out, they only blur the picture
 
 export class TokenView {
-  constructor(app, toggles) {
+  constructor(app, toggles, nextTokens) {
     this.app = app;
     this.title = el("h2", {}, "Token view");
     this.columns = {query: el("div", {class: "tokens queries", role: "listbox", "aria-label": "queries"}),
                     key: el("div", {class: "tokens keys", role: "listbox", "aria-label": "keys"})};
     this.lines = el("svg", {class: "lines", "aria-hidden": "true"});
+    this.nextTokens = nextTokens;
     this.root = el("section", {class: "panel token-view", "aria-label": "Token view"},
       this.title, toggles.root,
       el("p", {class: "hint"}, "Point at a query (left) to see the earlier tokens it looks at, or at a key (right) to see "
-        + "which later tokens look at it. Click pins it; arrow keys move."),
+        + "which later tokens look at it. Click pins it; arrow keys move."), nextTokens.root,
       el("div", {class: "token-scroll"}, el("div", {class: "column-heads"}, el("span", {}, "queries"), el("span", {}, "keys")),
         el("div", {class: "token-columns"}, this.columns.query, this.lines, this.columns.key)));
   }
 
-  setRun(run) {
-    const T = run.labels.length;
+  setTokens(labels) {
+    this.labels = labels;
+    const T = labels.length;
     for (const side of ["query", "key"]) {
-      this.columns[side].replaceChildren(...run.labels.map((label, index) => el("button", {
+      this.columns[side].replaceChildren(...labels.map((label, index) => el("button", {
         class: "token", "data-index": index, "data-side": side, tabindex: -1, role: "option",
         title: `${side} ${index}`, onmouseenter: () => this.app.point({side, index}),
         onfocus: () => this.app.point({side, index}), onclick: () => this.app.pin({side, index}),
         onkeydown: (event) => this.move(event, side, index, T),
-      }, el("span", {class: "label"}, label), el("span", {class: "dots"}))));
+      }, side === "query" ? el("span", {class: "loss"}) : [], el("span", {class: "label"}, label), el("span", {class: "dots"}))));
     }
     this.lines.setAttribute("height", T * ROW);
   }
@@ -47,8 +50,11 @@ export class TokenView {
     this.columns[nextSide].children[Math.max(0, Math.min(T - 1, next))]?.focus();
   }
 
-  draw({weights, layer, shown, token, pinned}) {
-    this.title.textContent = `Token view · layer ${layer}`;
+  draw({weights, labels, reading, layer, shown, token, pinned}) {
+    if (labels !== this.labels) this.setTokens(labels);
+    this.title.textContent = `Token view · layer ${layer}${reading ? " · your text" : ""}`;
+    this.nextTokens.draw(reading, token.index);
+    this.drawLosses(reading);
     const {nHead, T} = weights;
     const width = this.lines.getBoundingClientRect().width || 160;
     const others = token.side === "query" ? "key" : "query";
@@ -80,6 +86,27 @@ export class TokenView {
         if (active && token.reveal) this.reveal(button, token);
         button.lastChild.replaceChildren(...heads.map((head) => el("i", {style: `background:${headColour(head, nHead)}`})));
       }
+    }
+  }
+
+  // Beside each query of your text: the loss of the token after it (with heads knocked out, the
+  // change from the intact model's).
+  drawLosses(reading) {
+    for (const button of this.columns.query.children) {
+      const index = Number(button.dataset.index), span = button.firstChild;
+      const loss = reading?.next.loss[index], intactLoss = reading?.intact?.loss[index];
+      span.className = "loss";
+      span.textContent = span.title = "";
+      if (loss === undefined) continue;  // the probe, or the text's last token
+      span.title = `loss of the next token “${this.labels[index + 1]}”`;
+      if (intactLoss === undefined) {
+        span.textContent = formatValue(loss, 2);
+        continue;
+      }
+      const change = loss - intactLoss;
+      span.textContent = formatChange(change);
+      if (Number(formatValue(Math.abs(change), 2)) > 0) span.classList.add(change > 0 ? "worse" : "better");
+      span.title += `: ${formatValue(loss, 2)}, intact ${formatValue(intactLoss, 2)}`;
     }
   }
 

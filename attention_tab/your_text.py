@@ -1,0 +1,163 @@
+"""The Attention tab's "your text" route, less the HTTP: the folder of a run TensorBoard names,
+its checkpoint's model kept in a cache bounded by bytes, and the answer as JSON. Loads torch,
+so the plugin imports it on the first text rather than at TensorBoard's start."""
+
+import base64
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
+
+from data.tokenizer import Tokenizer
+from inspection.heatmap import readable_token
+from inspection.text_forward import Predictions, TextForward, forward_text
+from model import GPT
+from training.checkpoint import BEST, LAST, load_checkpoint, model_from_checkpoint
+from user_error import UserError
+
+# torch threads in TensorBoard's process. The tab's models are small, and a run training beside
+# TensorBoard keeps the cores busy: one thread answers 128 tokens of the default model in about
+# 30 ms there, where two threads fighting the trainer's took 700 ms (2 cores; make bench's text section).
+THREADS = 1
+
+
+def logdir_roots(logdir: str, logdir_spec: str) -> dict[str, str | None]:
+    """{folder: the name its runs are prefixed with, or None}, as TensorBoard reads --logdir or
+    --logdir_spec (its own parser: the run names then match the ones it lists)."""
+    if logdir:
+        return {os.path.expanduser(logdir): None}
+    return _parse_event_files_spec(logdir_spec or None)
+
+
+def run_folder(run: str, roots: dict[str, str | None]) -> Path:
+    """The folder of a run TensorBoard lists, inside one of the roots; never a folder outside
+    them, whatever the name holds ("..", an absolute path, a link out)."""
+    for root, prefix in roots.items():
+        if "://" in root:
+            continue  # gs:// and the like: the tab loads checkpoints from local folders only
+        if prefix is None:
+            relative = run
+        elif run == prefix or run.startswith(prefix + "/"):
+            relative = run[len(prefix) + 1:] or "."
+        else:
+            continue
+        folder = os.path.realpath(os.path.join(root, relative))
+        if is_inside(folder, root) and os.path.isdir(folder):
+            return Path(folder)
+    raise UserError(f"run {run!r} is not a folder under TensorBoard's logdir")
+
+
+def is_inside(path: str, root: str) -> bool:
+    root = os.path.realpath(root)
+    return os.path.commonpath([os.path.realpath(path), root]) == root
+
+
+def checkpoint_in(folder: Path, run: str) -> Path:
+    """The run's ckpt_best.pt, else its ckpt_last.pt, as sample.py picks."""
+    for name in (BEST, LAST):
+        path = folder / name
+        if path.is_file() and is_inside(str(path), str(folder)):
+            return path
+    raise UserError(f"run {run!r} has no checkpoint yet ({BEST} or {LAST}); a run saves one at its first "
+                    "evaluation (train.eval_interval)")
+
+
+@dataclass
+class LoadedModel:
+    model: GPT
+    tokenizer: Tokenizer
+    checkpoint: Path
+    step: int
+    version: tuple[int, int]  # the file's (mtime_ns, size): a run still training writes a new one
+    n_bytes: int
+
+
+def model_bytes(model: GPT) -> int:
+    """Bytes of the parameters (the tied embedding counted once) and buffers."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+class ModelCache:
+    """Each run's model, least recently used first out once they pass max_bytes together; a
+    run's model is loaded again when its checkpoint file changes. One reads at a time: knocking
+    heads out sets masks on the shared model."""
+
+    def __init__(self, max_bytes: int, device: str = "cpu") -> None:
+        self.max_bytes, self.device = max_bytes, device
+        self.models: OrderedDict[Path, LoadedModel] = OrderedDict()
+        self.lock = threading.Lock()
+
+    @classmethod
+    def in_tensorboard(cls, flags) -> "ModelCache":
+        """The plugin's cache, as TensorBoard's flags set it; torch in that process then runs on THREADS threads."""
+        torch.set_num_threads(THREADS)
+        return cls(flags.attention_tab_cache_mb * 2**20, flags.attention_tab_device)
+
+    def get(self, folder: Path, run: str) -> LoadedModel:
+        path = checkpoint_in(folder, run)
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+        loaded = self.models.pop(folder, None)
+        if loaded is None or loaded.checkpoint != path or loaded.version != version:
+            loaded = self.load(path, version)
+        self.models[folder] = loaded  # the most recently used is last
+        while self.models and sum(m.n_bytes for m in self.models.values()) > self.max_bytes:
+            self.models.popitem(last=False)  # a model bigger than the bound alone answers, and is not kept
+        return loaded
+
+    def load(self, path: Path, version: tuple[int, int]) -> LoadedModel:
+        checkpoint = load_checkpoint(path)  # weights_only
+        model, tokenizer = model_from_checkpoint(checkpoint)
+        try:
+            model.to(self.device).eval().requires_grad_(False)
+        except (RuntimeError, AssertionError) as err:  # no such device here, or torch built without it
+            raise UserError(f"cannot run the model on --attention_tab_device={self.device} ({err}); "
+                            "leave it at cpu") from None
+        return LoadedModel(model, tokenizer, path, int(checkpoint["step"]), version, model_bytes(model))
+
+    def read(self, folder: Path, run: str, text: str, knocked_out: Collection[tuple[int, int]]) -> dict:
+        """The answer to one text: forward_text's numbers as the tab reads them."""
+        with self.lock:
+            loaded = self.get(folder, run)
+            return answer(run, loaded, forward_text(loaded.model, loaded.tokenizer, text, knocked_out))
+
+
+def answer(run: str, loaded: LoadedModel, forward: TextForward) -> dict:
+    """JSON for the tab:
+        run, checkpoint (file name), step (the checkpoint's), shape [L, H, T, T], labels [T],
+        weights       base64 of float16 little-endian (L, H, T, T), as the weights route sends
+        knocked_out   [[layer, head], ...]
+        next          {tokens [T][k], probs [T][k], loss [T - 1]}: the top next tokens after each
+                      token, and the loss (nats) of the one that came next
+        intact        null, or with heads knocked out the intact model's next, plus
+                      probs_of_top [T][k]: its probabilities of next's tokens."""
+    L, H, T, _ = forward.weights.shape
+    weights = forward.weights.to("cpu", torch.float16).numpy().astype("<f2")
+    intact = None
+    if forward.intact is not None:
+        intact = {**predictions_json(forward.intact, loaded.tokenizer),
+                  "probs_of_top": finite(forward.intact_top_probs)}
+    return {"run": run, "checkpoint": loaded.checkpoint.name, "step": loaded.step, "shape": [L, H, T, T],
+            "labels": forward.labels, "weights": base64.b64encode(weights.tobytes()).decode("ascii"),
+            "knocked_out": [list(pair) for pair in forward.knocked_out],
+            "next": predictions_json(forward.predictions, loaded.tokenizer), "intact": intact}
+
+
+def predictions_json(predictions: Predictions, tokenizer: Tokenizer) -> dict:
+    top_ids = predictions.top_ids.cpu()  # (T, k)
+    pieces = tokenizer.token_strings(top_ids.flatten().tolist())
+    labels = np.array([readable_token(piece) for piece in pieces], dtype=object).reshape(top_ids.shape)
+    return {"tokens": labels.tolist(), "probs": finite(predictions.top_probs), "loss": finite(predictions.next_loss)}
+
+
+def finite(values: torch.Tensor) -> list:
+    """Nested lists of floats, None where a model gone non-finite gives NaN or inf (JSON has neither)."""
+    if values.dim() > 1:
+        return [finite(row) for row in values]
+    return [value if np.isfinite(value) else None for value in values.tolist()]

@@ -1,0 +1,93 @@
+"""One forward on a learner's own text, for the Attention tab: every head's attention weights
+on its tokens, the model's likeliest next tokens after each one, and the loss of the token that
+really came next; with heads knocked out, the same numbers beside the intact model's."""
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from data.tokenizer import Tokenizer
+from inspection.heatmap import readable_token
+from model import GPT, eval_mode
+from user_error import UserError
+
+TOP_K = 5
+CHARS_PER_TOKEN = 32  # a text with more characters than this per token it may hold is too long before tokenizing
+
+
+@dataclass
+class Predictions:
+    """What the model says after each of T tokens, k next-token guesses each."""
+
+    top_ids: torch.Tensor  # (T, k) the likeliest next tokens, likeliest first
+    top_probs: torch.Tensor  # (T, k) their probabilities
+    next_loss: torch.Tensor  # (T - 1,) -log p(the token that came next), in nats
+    log_probs: torch.Tensor  # (T, vocab_size)
+
+
+@dataclass
+class TextForward:
+    ids: list[int]  # (T,) <|endoftext|>, then the text's tokens
+    labels: list[str]  # (T,) each token as the tab prints it
+    weights: torch.Tensor  # (L, H, T, T) attention weights, with the heads knocked_out out
+    predictions: Predictions
+    knocked_out: list[tuple[int, int]]  # (layer, head), sorted
+    intact: Predictions | None  # the intact model's, when heads are knocked out
+    intact_top_probs: torch.Tensor | None  # (T, k) the intact model's probabilities of predictions.top_ids
+
+
+def text_ids(tokenizer: Tokenizer, text: str, block_size: int) -> list[int]:
+    """<|endoftext|> and the text's ids, as a document starts in training; UserError when the
+    text is empty or does not fit in block_size tokens."""
+    if not text.strip():
+        raise UserError("the text is empty: type a sentence")
+    if len(text) > CHARS_PER_TOKEN * block_size:  # tokenizing a megabyte to say it is too long would take long
+        raise UserError(f"the text is too long: {len(text):,} characters, and this model reads at most "
+                        f"{block_size} tokens (its block_size); shorten it")
+    ids = [tokenizer.eot_id, *tokenizer.encode(text)]
+    if len(ids) > block_size:
+        raise UserError(f"the text is too long: {len(ids) - 1} tokens, and this model reads at most "
+                        f"{block_size} (its block_size), <|endoftext|> before the text included; shorten it")
+    return ids
+
+
+def check_heads(model: GPT, heads: Collection[tuple[int, int]]) -> None:
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    for layer, head in heads:
+        if layer not in range(n_layer) or head not in range(n_head):
+            raise UserError(f"no head {head} in layer {layer}: this model has layers 0 to {n_layer - 1} "
+                            f"and heads 0 to {n_head - 1}")
+
+
+@torch.no_grad()
+def predict(model: GPT, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, Predictions]:
+    """idx (1, T): the attention weights (L, H, T, T) and the predictions, from one forward."""
+    with eval_mode(model):
+        hidden, all_weights = model.hidden_states(idx, need_weights=True)  # (1, T, C), L x (1, H, T, T)
+        logits = model.lm_head(hidden)[0].float()  # (T, vocab_size)
+    log_probs = F.log_softmax(logits, dim=-1)  # (T, vocab_size)
+    top_log_probs, top_ids = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)  # (T, k), (T, k)
+    next_ids = idx[0, 1:]  # (T - 1,) the tokens that really came next
+    next_loss = -log_probs[:-1].gather(1, next_ids.unsqueeze(1)).squeeze(1)  # (T - 1,)
+    weights = torch.stack(all_weights)[:, 0]  # (L, H, T, T)
+    return weights, Predictions(top_ids, top_log_probs.exp(), next_loss, log_probs)
+
+
+def forward_text(model: GPT, tokenizer: Tokenizer, text: str, knocked_out: Collection[tuple[int, int]] = (),
+                 k: int = TOP_K) -> TextForward:
+    """The model reads text after <|endoftext|>, with the heads in knocked_out switched off."""
+    ids = text_ids(tokenizer, text, model.config.block_size)
+    heads = sorted(set(knocked_out))
+    check_heads(model, heads)
+    device = next(model.parameters()).device
+    idx = torch.tensor([ids], device=device)  # (1, T)
+    with model.heads_knocked_out(heads):
+        weights, predictions = predict(model, idx, k)
+    intact = intact_top_probs = None
+    if heads:
+        _, intact = predict(model, idx, k)
+        intact_top_probs = intact.log_probs.gather(1, predictions.top_ids).exp()  # (T, k)
+    labels = [readable_token(piece) for piece in tokenizer.token_strings(ids)]
+    return TextForward(ids, labels, weights, predictions, heads, intact, intact_top_probs)

@@ -1,0 +1,113 @@
+"""The Attention tab's text box, less the HTTP (attention_tab/your_text.py): a run's name leads
+only to a folder under TensorBoard's logdir, and its model is cached within a bound."""
+
+import argparse
+import os
+import shutil
+
+import pytest
+from tensorboard.plugins.base_plugin import FlagsError
+
+from attention_tab.plugin import AttentionLoader
+from attention_tab.your_text import ModelCache, logdir_roots, model_bytes, run_folder
+from user_error import UserError
+
+
+@pytest.fixture
+def logdir(tmp_path):
+    """outputs/<date>/<time> and multirun/<date>/<time>/0 run folders, and a secret beside them."""
+    for run in ("outputs/2026-01-02/03-04-05", "multirun/2026-01-02/03-04-05/0"):
+        (tmp_path / run).mkdir(parents=True)
+    (tmp_path / "secret").mkdir()
+    return tmp_path
+
+
+def test_under_logdir_a_run_is_its_folder_relative_to_the_logdir(logdir):
+    roots = logdir_roots(str(logdir / "outputs"), "")
+    assert run_folder("2026-01-02/03-04-05", roots) == logdir / "outputs/2026-01-02/03-04-05"
+    assert run_folder(".", roots) == logdir / "outputs"  # event files in the logdir itself
+
+
+def test_under_logdir_spec_a_run_is_its_folder_under_the_group_its_name_starts_with(logdir, monkeypatch):
+    monkeypatch.chdir(logdir)  # make tensorboard's spec: relative folders
+    roots = logdir_roots("", "outputs:outputs,multirun:multirun")
+    assert run_folder("outputs/2026-01-02/03-04-05", roots) == logdir / "outputs/2026-01-02/03-04-05"
+    assert run_folder("multirun/2026-01-02/03-04-05/0", roots) == logdir / "multirun/2026-01-02/03-04-05/0"
+    assert run_folder("outputs/.", roots) == logdir / "outputs"
+    unnamed = logdir_roots("", f"{logdir / 'outputs'},{logdir / 'multirun'}")  # groups without a name
+    assert run_folder("2026-01-02/03-04-05/0", unnamed) == logdir / "multirun/2026-01-02/03-04-05/0"
+
+
+@pytest.mark.parametrize("run", ["..", "../secret", "2026-01-02/../../secret", "/etc", "{logdir}/secret",
+                                 "outputs-escape", "nope"])
+def test_a_name_that_leads_out_of_the_logdir_or_nowhere_is_refused(logdir, run):
+    (logdir / "outputs" / "outputs-escape").symlink_to(logdir / "secret")  # a link out of the logdir
+    with pytest.raises(UserError, match=f"run '{run.format(logdir=logdir)}' is not a folder under TensorBoard's logdir"):
+        run_folder(run.format(logdir=logdir), logdir_roots(str(logdir / "outputs"), ""))
+    with pytest.raises(UserError, match="is not a folder under TensorBoard's logdir"):
+        run_folder(f"outputs/{run.format(logdir=logdir)}", logdir_roots("", f"outputs:{logdir / 'outputs'}"))
+
+
+def copy_run(trained_run, folder, *names: str):
+    folder.mkdir(parents=True)
+    for name in names:
+        shutil.copy(trained_run / name, folder / name)
+    return folder
+
+
+def test_the_cache_reads_ckpt_best_else_ckpt_last_and_reloads_a_checkpoint_written_again(trained_run, tmp_path):
+    cache = ModelCache(max_bytes=2**30)
+    run = copy_run(trained_run, tmp_path / "run", "ckpt_last.pt")
+    first = cache.get(run, "run")
+    assert first.checkpoint.name == "ckpt_last.pt" and first.step == 20
+    assert cache.get(run, "run") is first  # kept
+    shutil.copy(trained_run / "ckpt_best.pt", run / "ckpt_best.pt")
+    best = cache.get(run, "run")
+    assert best.checkpoint.name == "ckpt_best.pt" and best is not first
+    os.utime(run / "ckpt_best.pt", ns=(0, 0))  # the same name written again (a run still training)
+    assert cache.get(run, "run") is not best
+    assert list(cache.models) == [run]
+
+
+def test_the_cache_keeps_the_models_used_last_within_its_bound_in_bytes(trained_run, tmp_path):
+    runs = [copy_run(trained_run, tmp_path / name, "ckpt_best.pt") for name in "abc"]
+    model = ModelCache(2**30).get(runs[0], "a").model
+    size = model_bytes(model)
+    assert size == 4 * model.num_parameters() + 4 * (2 * 2 * 32 * 8)  # float32: the tied embedding once, 4 rope tables
+    cache = ModelCache(max_bytes=2 * size)
+    a = cache.get(runs[0], "a")
+    cache.get(runs[1], "b")
+    assert cache.get(runs[0], "a") is a  # a used again: b is now the least recently used
+    cache.get(runs[2], "c")
+    assert list(cache.models) == [runs[0], runs[2]]
+    tiny = ModelCache(max_bytes=size - 1)  # a model bigger than the bound answers, and is not kept
+    assert tiny.get(runs[0], "a").step == 20 and not tiny.models
+
+
+def test_a_run_with_no_checkpoint_yet_is_refused_saying_when_it_will_have_one(trained_run, tmp_path):
+    (tmp_path / "young").mkdir()
+    (tmp_path / "young" / "ckpt_best.pt").symlink_to(trained_run / "ckpt_best.pt")  # a link out of the run is no checkpoint
+    with pytest.raises(UserError, match=r"run 'young' has no checkpoint yet \(ckpt_best.pt or ckpt_last.pt\); "
+                                        r"a run saves one at its first evaluation \(train.eval_interval\)"):
+        ModelCache(2**30).get(tmp_path / "young", "young")
+
+
+def tensorboard_flags(*args: str) -> argparse.Namespace:
+    """The tab's flags as TensorBoard parses and then fixes them."""
+    parser = argparse.ArgumentParser()
+    AttentionLoader().define_flags(parser)
+    flags = parser.parse_args(args)
+    flags.samples_per_plugin = {}
+    AttentionLoader().fix_flags(flags)
+    return flags
+
+
+def test_the_text_box_runs_on_the_cpu_with_512_mb_of_models_unless_told_otherwise():
+    flags = tensorboard_flags()
+    assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cpu", 512)
+    flags = tensorboard_flags("--attention_tab_device", "cuda:1", "--attention_tab_cache_mb", "0")
+    assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cuda:1", 0)
+    with pytest.raises(FlagsError, match="--attention_tab_device=gpu is not a device; give cpu, cuda, cuda:<index> or mps"):
+        tensorboard_flags("--attention_tab_device", "gpu")
+    with pytest.raises(FlagsError, match="--attention_tab_cache_mb=-1 must be at least 0"):
+        tensorboard_flags("--attention_tab_cache_mb", "-1")
