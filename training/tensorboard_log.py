@@ -88,10 +88,13 @@ class RunLogger:
     def head_metrics(self, step: int, metrics: dict[str, torch.Tensor]) -> None:
         """metrics: {name: (n_layer, n_head)}, one scalar per head under head_{name}/."""
         for name, values in metrics.items():
-            self.scalars(step, {
-                f"head_{name}/layer_{layer}/head_{head}": values[layer, head].item()
-                for layer in range(values.shape[0]) for head in range(values.shape[1])
-            })
+            self.per_head(step, f"head_{name}", values)
+
+    def per_head(self, step: int, prefix: str, values: torch.Tensor) -> None:
+        """values: (n_layer, n_head), one scalar per head: {prefix}/layer_{l}/head_{h}."""
+        L, H = values.shape
+        self.scalars(step, {f"{prefix}/layer_{layer}/head_{head}": values[layer, head].item()
+                            for layer in range(L) for head in range(H)})
 
     def hparams(self, params: dict[str, int | float | str | bool], metrics: dict[str, float]) -> None:
         """The run's hyperparameters and final metrics, for TensorBoard's HParams tab. Written
@@ -103,23 +106,15 @@ class RunLogger:
         self.scalars(0, metrics)
 
     def recall(self, step: int, scores: RecallScores) -> None:
-        weight = scores.head_weight  # (L, H)
         self.scalars(step, {"recall/accuracy": scores.accuracy,
                             **{f"recall/accuracy_{kind}": value for kind, value in scores.accuracy_by_kind.items()}})
-        L, H = weight.shape
-        self.scalars(step, {f"recall_heads/layer_{layer}/head_{head}": weight[layer, head].item()
-                            for layer in range(L) for head in range(H)})
-        order = weight.flatten().argsort(descending=True)[:3].tolist()
-        top = ", ".join(f"layer {i // H} head {i % H}: {weight.flatten()[i]:.2f}" for i in order)
+        self.per_head(step, "recall_heads", scores.head_weight)
+        top = three_heads(scores.head_weight, highest=True)
         self.text("recall/top_heads", f"weight on the earlier mention: {top}", step)
 
     def ablation(self, step: int, ablation: RecallAblation) -> None:
-        without = ablation.without  # (L, H)
-        L, H = without.shape
-        self.scalars(step, {f"ablation/recall_{ablation.kind}/layer_{layer}/head_{head}": without[layer, head].item()
-                            for layer in range(L) for head in range(H)})
-        order = without.flatten().argsort(stable=True)[:3].tolist()
-        worst = ", ".join(f"layer {i // H} head {i % H}: {without.flatten()[i]:.2f}" for i in order)
+        self.per_head(step, f"ablation/recall_{ablation.kind}", ablation.without)
+        worst = three_heads(ablation.without, highest=False)
         self.text("ablation/top_heads", f"{ablation.kind} recall {ablation.intact:.2f} with every head; without {worst}", step)
 
     def probe_tokens(self, labels: list[str]) -> None:
@@ -133,3 +128,11 @@ class RunLogger:
     def close(self) -> None:
         if self.writer:
             self.writer.close()
+
+
+def three_heads(values: torch.Tensor, highest: bool) -> str:
+    """The three heads with the highest (or lowest) of values (n_layer, n_head), as text."""
+    H = values.shape[1]
+    flat = values.flatten()  # (L * H,)
+    order = flat.argsort(descending=highest, stable=True)[:3].tolist()
+    return ", ".join(f"layer {i // H} head {i % H}: {flat[i]:.2f}" for i in order)
