@@ -6,14 +6,19 @@ import random
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util.tensor_util import make_ndarray
 
 from data.tokenizer import CharTokenizer
+from inspection.ablation import RecallAblation
 from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
+from inspection.recall_probe import RecallScores
 from model import GPT, GPTConfig
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, save_checkpoint
 from training.lr_schedule import lr_at
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states
+from training.tensorboard_log import RunLogger
 from user_error import UserError
 
 
@@ -268,3 +273,27 @@ def test_resolve_checkpoint_prefers_best_in_a_run_dir(tmp_path):
     empty.mkdir()
     with pytest.raises(UserError, match="has no ckpt_best.pt or ckpt_last.pt"):
         resolve_checkpoint(str(empty))
+
+
+def test_the_recall_and_ablation_logs_name_each_head_and_the_three_that_look_most_and_are_needed_most(tmp_path):
+    weight = torch.tensor([[0.10, 0.50, 0.00], [0.30, 0.05, 0.20]], dtype=torch.float64)  # (L, H) = (2, 3)
+    without = torch.tensor([[0.80, 0.85, 0.10], [0.84, 0.40, 0.83]], dtype=torch.float64)
+    logger = RunLogger(tmp_path)
+    logger.recall(5, RecallScores(0.5, {"name": 0.8, "item": 0.2}, weight))
+    logger.ablation(5, RecallAblation("name", 0.83, without))
+    logger.close()
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    scalar = {tag: events.Scalars(tag)[0].value for tag in events.Tags()["scalars"]}
+    for layer in range(2):
+        for head in range(3):
+            assert scalar[f"recall_heads/layer_{layer}/head_{head}"] == pytest.approx(weight[layer, head].item())
+            assert scalar[f"ablation/recall_name/layer_{layer}/head_{head}"] == pytest.approx(without[layer, head].item())
+    assert scalar["recall/accuracy_name"] == pytest.approx(0.8)
+
+    def text(tag: str) -> str:
+        return make_ndarray(events.Tensors(f"{tag}/text_summary")[0].tensor_proto).item().decode().strip()  # an indented block
+
+    assert text("recall/top_heads") == ("weight on the earlier mention: "
+                                        "layer 0 head 1: 0.50, layer 1 head 0: 0.30, layer 1 head 2: 0.20")
+    assert text("ablation/top_heads") == ("name recall 0.83 with every head; without "
+                                          "layer 0 head 2: 0.10, layer 1 head 1: 0.40, layer 0 head 0: 0.80")
