@@ -223,6 +223,15 @@ def test_the_arrow_keys_move_from_token_to_token(tab, logged):
     assert top_marks(tab, "query") == {h: 9 + int(np.argmax(weights[0, h, 9:, 9])) for h in range(2)}
 
 
+def test_the_arrow_keys_move_a_pinned_token_and_it_stays_pinned(tab, logged):
+    weights = logged[drawn_step(tab)]
+    tab.find_element(By.CSS_SELECTOR, ".token[data-side=query][data-index='10']").click()
+    tab.switch_to.active_element.send_keys(Keys.ARROW_UP)
+    assert top_marks(tab, "key") == {h: int(np.argmax(weights[0, h, 9, :10])) for h in range(2)}
+    assert "pinned" in tab.find_element(By.CSS_SELECTOR, ".token[data-side=query][data-index='9']").get_attribute("class")
+    tab.switch_to.active_element.send_keys(Keys.ESCAPE)
+
+
 def test_a_12_by_12_model_on_128_tokens_is_drawn_whole(tab, logdir):
     choose_run(tab, "big")
     weights = made_up_attention(10, 12, 12, 128).half().float().numpy()
@@ -343,6 +352,21 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
     assert "knocked" not in cell.get_attribute("class")
     assert drawn_lines(tab) == expected_lines(intact["weights"], 1, range(2), 12)
     assert losses_beside_queries(tab) == [f"{loss:.2f}" for loss in intact["next"]["loss"]] + [""]
+
+
+def test_your_text_stays_a_click_away_with_its_knocked_out_heads_after_the_probe_is_shown(tab):
+    type_text(tab, SENTENCE)
+    wait_for_text(tab)
+    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1']").click()
+    wait_for_text(tab, "0:1")
+    tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]").click()
+    assert js(tab, "return document.body.dataset.drawnMode") == "probe"
+    text_mode = tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=text]")
+    assert text_mode.is_enabled()
+    text_mode.click()
+    wait_for_text(tab, "0:1")
+    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1']").click()  # back, for the tests after
+    wait_for_text(tab, "")
 
 
 def test_a_too_long_text_gets_its_error_under_the_box_and_the_views_stay_as_they_were(tab):

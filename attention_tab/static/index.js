@@ -155,7 +155,7 @@ class AttentionTab {
     const reading = this.state.mode === "text" ? this.state.reading : null;
     const shown = reading ? {weights: reading.weights, labels: reading.labels} : {weights: this.state.weights, labels: this.run.labels};
     this.state.token.index = Math.min(this.state.token.index, shown.labels.length - 1);
-    const state = {...this.state, ...shown, reading, metricAt: this.metricAt()};
+    const state = {...this.state, ...shown, reading, hasReading: this.state.reading !== null, metricAt: this.metricAt()};
     for (const part of [this.textBox, this.toggles, this.headMetrics, this.tokens, this.matrix, this.model]) part.draw(state);
     Object.assign(document.body.dataset, {drawnRun: this.run.run, drawnStep: state.step, drawnMode: this.state.mode,
       drawnKnockedOut: reading ? reading.knocked_out.map(([l, h]) => `${l}:${h}`).join(" ") : ""});

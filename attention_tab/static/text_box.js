@@ -36,9 +36,9 @@ export class TextBox {
     this.error.hidden = !message;
   }
 
-  draw({mode, step, reading}) {
+  draw({mode, step, hasReading}) {
     this.modes[mode].checked = true;
-    this.modes.text.disabled = !reading;
+    this.modes.text.disabled = !hasReading;  // a text read once stays a click away, its knocked-out heads with it
     this.probeLabel.textContent = `probe at step ${step}`;
   }
 }

@@ -47,7 +47,9 @@ export class TokenView {
     if (!(event.key in steps)) return;
     event.preventDefault();
     const [nextSide, next] = steps[event.key];
-    this.columns[nextSide].children[Math.max(0, Math.min(T - 1, next))]?.focus();
+    const target = Math.max(0, Math.min(T - 1, next));
+    if (this.app.state.pinned) this.app.pin({side: nextSide, index: target});  // a pinned token moves, pinned
+    this.columns[nextSide].children[target]?.focus();
   }
 
   draw({weights, labels, reading, layer, shown, token, pinned}) {
