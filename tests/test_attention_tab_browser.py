@@ -326,6 +326,7 @@ def test_your_text_is_drawn_in_every_view_with_the_top_5_and_the_loss_beside_eac
     came = tab.find_element(By.CSS_SELECTOR, ".next-loss").text
     assert came == f"came next: “{answer['labels'][7]}”, loss {answer['next']['loss'][6]:.2f} nats"
     assert losses_beside_queries(tab) == [f"{loss:.2f}" for loss in answer["next"]["loss"]] + [""]
+    assert tab.find_element(By.CSS_SELECTOR, ".column-heads span").text == "next-token loss · queries"
 
 
 def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second_click_brings_it_back(tab):
@@ -343,6 +344,7 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
     assert losses_beside_queries(tab) == [f"{abs(c):.2f}" if f"{abs(c):.2f}" == "0.00" else f"{'+' if c > 0 else '−'}{abs(c):.2f}"
                                           for c in changes] + [""]
     assert max(abs(c) for c in changes) > 0.01  # the numbers moved
+    assert tab.find_element(By.CSS_SELECTOR, ".column-heads span").text == "Δ loss vs intact · queries"
     Select(tab.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value("1")
     point_at(tab, "query", 12)
     assert drawn_lines(tab) == expected_lines(out["weights"], 1, range(2), 12)  # layer 1 reads the changed layer 0

@@ -22,7 +22,7 @@ export class TokenView {
       this.title, toggles.root,
       el("p", {class: "hint"}, "Point at a query (left) to see the earlier tokens it looks at, or at a key (right) to see "
         + "which later tokens look at it. Click pins it; arrow keys move."), nextTokens.root,
-      el("div", {class: "token-scroll"}, el("div", {class: "column-heads"}, el("span", {}, "queries"), el("span", {}, "keys")),
+      el("div", {class: "token-scroll"}, el("div", {class: "column-heads"}, this.queriesHead = el("span", {}, "queries"), el("span", {}, "keys")),
         el("div", {class: "token-columns"}, this.columns.query, this.lines, this.columns.key)));
   }
 
@@ -94,6 +94,8 @@ export class TokenView {
   // Beside each query of your text: the loss of the token after it (with heads knocked out, the
   // change from the intact model's).
   drawLosses(reading) {
+    this.queriesHead.textContent = !reading ? "queries"
+      : reading.intact ? "Δ loss vs intact · queries" : "next-token loss · queries";
     for (const button of this.columns.query.children) {
       const index = Number(button.dataset.index), span = button.firstChild;
       const loss = reading?.next.loss[index], intactLoss = reading?.intact?.loss[index];
