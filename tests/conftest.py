@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
+from model import CausalSelfAttention
 from training.errors import run_cli as cli_entry
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
@@ -151,3 +153,15 @@ def closed_port_url() -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+def multihead_attention_like(module: CausalSelfAttention) -> nn.MultiheadAttention:
+    """torch's nn.MultiheadAttention with the module's weights (the same [W_q; W_k; W_v] layout)."""
+    C = module.proj.weight.shape[0]
+    mha = nn.MultiheadAttention(C, module.n_head, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(module.qkv.weight)
+        mha.in_proj_bias.copy_(module.qkv.bias)
+        mha.out_proj.weight.copy_(module.proj.weight)
+        mha.out_proj.bias.copy_(module.proj.bias)
+    return mha

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import multihead_attention_like
 from torch import nn
 
 from model.attention import CausalSelfAttention, KVCache, rotate
@@ -71,12 +72,7 @@ def test_both_paths_equal_a_per_head_python_loop(attention):
 
 def test_equals_torch_multihead_attention_with_copied_weights_and_a_causal_mask():
     manual, _ = make_pair(n_embd=32, n_head=4)
-    mha = nn.MultiheadAttention(32, 4, bias=True, batch_first=True)
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(manual.qkv.weight)  # the same [W_q; W_k; W_v] layout
-        mha.in_proj_bias.copy_(manual.qkv.bias)
-        mha.out_proj.weight.copy_(manual.proj.weight)
-        mha.out_proj.bias.copy_(manual.proj.bias)
+    mha = multihead_attention_like(manual)
     x = torch.randn(2, 9, 32)
     future = torch.ones(9, 9, dtype=torch.bool).triu(diagonal=1)  # True = may not attend
     with torch.no_grad():

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import multihead_attention_like
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -278,12 +279,7 @@ def test_multihead_attention_uses_true_to_hide_like_masked_fill():
     # True = hide, and so does the module's key_padding_mask: given the same weights, they agree.
     torch.manual_seed(0)
     module = CausalSelfAttention(8, 2, attention="manual")
-    mha = nn.MultiheadAttention(8, 2, batch_first=True)
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(module.qkv.weight)  # the same [W_q; W_k; W_v] layout
-        mha.in_proj_bias.copy_(module.qkv.bias)
-        mha.out_proj.weight.copy_(module.proj.weight)
-        mha.out_proj.bias.copy_(module.proj.bias)
+    mha = multihead_attention_like(module)
     x = torch.randn(2, 4, 8)
     hide = torch.ones(4, 4, dtype=torch.bool).triu(diagonal=1)  # True = hide, for nn.MultiheadAttention
     padding = torch.tensor([[False, True, False, False], [False, False, False, True]])  # True = a padding key
@@ -456,18 +452,6 @@ def test_q17_the_gpt2_init_keeps_the_residual_streams_spread_flat_through_depth(
     assert max(gpt2) < 1.5  # flat: 16 blocks add about as much as the embeddings hold
     assert unscaled[-1] > 2 * gpt2[-1]  # without the scaling it grows with depth, as sqrt(blocks)
     assert std_1[-1] > 100  # std 1: each block adds far more than the tokens' embeddings hold
-
-
-def multihead_attention_like(module: CausalSelfAttention) -> nn.MultiheadAttention:
-    """torch's nn.MultiheadAttention with the module's weights (the same [W_q; W_k; W_v] layout)."""
-    C = module.proj.weight.shape[0]
-    mha = nn.MultiheadAttention(C, module.n_head, batch_first=True)
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(module.qkv.weight)
-        mha.in_proj_bias.copy_(module.qkv.bias)
-        mha.out_proj.weight.copy_(module.proj.weight)
-        mha.out_proj.bias.copy_(module.proj.bias)
-    return mha
 
 
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])
