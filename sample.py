@@ -14,11 +14,11 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from cli.config import validate_sample_config
+from cli.errors import exit_on_user_error, run_cli
 from model.generation import generate_text
-from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from training.config import validate_sample_config
+from model_io.checkpoint import Checkpoint, resolve_checkpoint
 from training.distributed import pick_device
-from training.errors import exit_on_user_error, run_cli
 from user_error import UserError
 
 
@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
 def sample(cfg: DictConfig) -> None:
     device = pick_device(cfg.device, key="device")
     path = resolve_checkpoint(str(cfg.run))
-    model, tokenizer = model_from_checkpoint(load_checkpoint(path))
+    model, tokenizer = Checkpoint.load(path).build_model()
     model.to(device)
     validate_sample_config(cfg, tokenizer.vocab_size)
     if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step

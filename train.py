@@ -29,16 +29,16 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from cli.config import resumed_config, validate_train_config
+from cli.errors import exit_on_user_error, run_cli, said_once_per_machine
+from cli.run_dir import RunRecord
 from data.dataset import TokenData, get_batch
 from inspection.shape_trace import trace_shapes
 from model import GPT
-from training.checkpoint import AUTO, LAST, checkpoint_to_resume, load_checkpoint
-from training.config import resumed_config, validate_train_config
+from model_io.checkpoint import AUTO, LAST, Checkpoint, checkpoint_to_resume
 from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact, restart_count
-from training.errors import exit_on_user_error, run_cli, said_once_per_machine
 from training.fit import Figures, fit
 from training.run import Run, build_data_and_model, build_run, describe, restore
-from training.run_dir import RunRecord
 from training.state import TrainState
 from user_error import UserError
 
@@ -77,7 +77,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     try:
         run_cfg, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
         if finished(run_cfg, checkpoint):  # resume=auto, or a restart, found nothing left to do
-            return checkpoint["best_val_loss"]
+            return checkpoint.best_val_loss
         ranks, precision, data, model = build_data_and_model(run_cfg)
         if run_cfg.debug == "shapes":  # the shape walk of this model instead of a run
             show_shapes(run_cfg, ranks, data, model)
@@ -94,21 +94,21 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
         record.close()
 
 
-def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: bool) -> tuple[DictConfig, dict | None]:
+def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: bool) -> tuple[DictConfig, Checkpoint | None]:
     """The run's config, checked, and the checkpoint it resumes from (None for a new run).
     These checks read the config and the run dir alone: every process would fail them alike."""
     checkpoint, changes = None, []
     restarted = restart_count() > 0  # by torchrun, after a process failed: go on from the run's last checkpoint
     with said_once_per_machine():
         if source := checkpoint_to_resume(cfg.resume, run_dir, restarted):
-            checkpoint = load_checkpoint(source)
-            cfg, changes = resumed_config(cfg, checkpoint["config"], overrides)
-            if "run_state" not in checkpoint:
+            checkpoint = Checkpoint.load(source)
+            cfg, changes = resumed_config(cfg, checkpoint.config, overrides)
+            if checkpoint.run_state is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
                                 "saved by an older version); start a new run, or sample from it")
         validate_train_config(cfg)
         if finished(cfg, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
-            raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint['step']}, and "
+            raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
         if sweep and env_world_size() > 1:
             raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
@@ -116,18 +116,18 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: 
     return cfg, checkpoint
 
 
-def finished(cfg: DictConfig, checkpoint: dict | None) -> bool:
-    return checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
+def finished(cfg: DictConfig, checkpoint: Checkpoint | None) -> bool:
+    return checkpoint is not None and checkpoint.step >= cfg.train.max_steps
 
 
-def say_where_it_starts(cfg: DictConfig, checkpoint: dict | None, changes: list[str], shown_dir: str, restarted: bool) -> None:
+def say_where_it_starts(cfg: DictConfig, checkpoint: Checkpoint | None, changes: list[str], shown_dir: str, restarted: bool) -> None:
     if restarted:
         log.info(f"torchrun restarted the processes (restart {restart_count()} of "
                  f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')})")
     if finished(cfg, checkpoint):
-        log.info(f"{shown_dir} finished at step {checkpoint['step']} (train.max_steps={cfg.train.max_steps}); nothing to train")
+        log.info(f"{shown_dir} finished at step {checkpoint.step} (train.max_steps={cfg.train.max_steps}); nothing to train")
     elif checkpoint:
-        log.info(f"resuming {shown_dir} at step {checkpoint['step']}" + "".join(f"; {c}" for c in changes))
+        log.info(f"resuming {shown_dir} at step {checkpoint.step}" + "".join(f"; {c}" for c in changes))
     elif cfg.resume == AUTO or restarted:
         log.info(f"no {LAST} in {shown_dir} yet: a new run there")
 

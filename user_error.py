@@ -1,7 +1,7 @@
 """UserError: what any part of the project raises when a user asked for something it cannot do.
 
 Its message is one line: what is wrong, with which value, and what to do. The commands print
-it as "error: <message>" and exit 2 (training/errors.py). It lives here, on the ground floor,
+it as "error: <message>" and exit 2 (cli/errors.py). It lives here, on the ground floor,
 so that data/ and model/ can raise it without importing the training loop's package.
 """
 

@@ -18,7 +18,7 @@ from data.tokenizer import Tokenizer
 from inspection.heatmap import readable_token
 from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
-from training.checkpoint import BEST, LAST, load_checkpoint, model_from_checkpoint
+from model_io.checkpoint import BEST, LAST, Checkpoint
 from user_error import UserError
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside
@@ -112,14 +112,14 @@ class ModelCache:
         return loaded
 
     def load(self, path: Path, version: tuple[int, int]) -> LoadedModel:
-        checkpoint = load_checkpoint(path)  # weights_only
-        model, tokenizer = model_from_checkpoint(checkpoint)
+        checkpoint = Checkpoint.load(path)  # weights_only
+        model, tokenizer = checkpoint.build_model()
         try:
             model.to(self.device).eval().requires_grad_(False)
         except (RuntimeError, AssertionError) as err:  # no such device here, or torch built without it
             raise UserError(f"cannot run the model on --attention_tab_device={self.device} ({err}); "
                             "leave it at cpu") from None
-        return LoadedModel(model, tokenizer, path, int(checkpoint["step"]), version, model_bytes(model))
+        return LoadedModel(model, tokenizer, path, int(checkpoint.step), version, model_bytes(model))
 
     def read(self, folder: Path, run: str, text: str, knocked_out: Collection[tuple[int, int]]) -> dict:
         """The answer to one text: forward_text's numbers as the tab reads them."""

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from bench.common import ROOT, median_time
 from model import GPT, GPTConfig, generate_tokens
 from model.decode_step import CompiledDecodeStep
-from training.config import build_model
+from model_io.checkpoint import build_model
 
 # The models sampled from, both at block_size 256: nanoGPT's shakespeare-char model (its
 # train_shakespeare_char config: GPT-2 blocks, 6 layers, 6 heads, 384 dims, 10.7 M parameters)

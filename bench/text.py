@@ -10,7 +10,7 @@ from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes
 from bench.common import ROOT, median_time
 from data.dataset import prepare_tokens, probe_ids
 from inspection.text_forward import forward_text
-from training.config import build_model
+from model_io.checkpoint import build_model
 
 ANSWERS_PER_RUN = 10
 

@@ -12,7 +12,7 @@ import torch
 
 from bench.common import ROOT, logged, median_time
 from model import GPT
-from training.checkpoint import load_checkpoint, model_from_checkpoint
+from model_io.checkpoint import Checkpoint
 
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
@@ -74,7 +74,7 @@ def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | 
             sys.exit(f"error: the {name} benchmark run failed:\n{result.stderr}")
         rates.append(statistics.median(logged(run_dir, "train/tokens_per_sec")[1:]))
         max_rss = max(max_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    model, _ = model_from_checkpoint(load_checkpoint(run_dir / "ckpt_last.pt"))
+    model, _ = Checkpoint.load(run_dir / "ckpt_last.pt").build_model()
     tokens_per_sec = statistics.median(rates)
     model_gflops = tokens_per_sec * training_flops_per_token(model) / 1e9
     return {

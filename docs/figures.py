@@ -17,6 +17,7 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cli.errors import exit_on_user_error  # noqa: E402
 from data.dataset import prepare_tokens, probe_ids  # noqa: E402
 from inspection.head_metrics import head_metrics  # noqa: E402
 from inspection.heatmap import (  # noqa: E402
@@ -32,8 +33,7 @@ from inspection.heatmap import (  # noqa: E402
     text_width,
 )
 from inspection.recall_probe import RecallProbe  # noqa: E402
-from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint  # noqa: E402
-from training.errors import exit_on_user_error  # noqa: E402
+from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 ATTENTION_MAPS = Path(__file__).resolve().parent / "attention_maps.png"
@@ -57,9 +57,9 @@ def pick_heads(model, tokenizer, data_seed: int, probe_weights: torch.Tensor) ->
 
 
 def attention_maps_figure(run: str, out: Path = ATTENTION_MAPS) -> list[tuple[int, int, str]]:
-    checkpoint = load_checkpoint(resolve_checkpoint(run))
-    model, tokenizer = model_from_checkpoint(checkpoint)
-    config, step = checkpoint["config"], checkpoint["step"]
+    checkpoint = Checkpoint.load(resolve_checkpoint(run))
+    model, tokenizer = checkpoint.build_model()
+    config, step = checkpoint.config, checkpoint.step
     if config["data"]["source"] != "stories":
         raise UserError(f"{run} was trained on data={config['data']['source']}; the picture needs a run on the "
                         "built-in stories, where names come back (the default)")
@@ -110,12 +110,12 @@ def run_record(run: str) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     path = resolve_checkpoint(run)
-    checkpoint = load_checkpoint(path)
+    checkpoint = Checkpoint.load(path)
     events = EventAccumulator(str(path.parent), size_guidance={"scalars": 0})
     events.Reload()
     tags = events.Tags()["scalars"]
     induction = [events.Scalars(tag)[-1].value for tag in tags if tag.startswith("head_induction/")]
-    return {"step": checkpoint["step"], "config": checkpoint["config"],
+    return {"step": checkpoint.step, "config": checkpoint.config,
             "name_recall": {str(e.step): round(e.value, 4) for e in events.Scalars("recall/accuracy_name")},
             "largest_induction_score_at_the_end": round(max(induction), 4)}
 

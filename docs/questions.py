@@ -27,7 +27,7 @@ from inspection.heatmap import INK, render_attention_map  # noqa: E402
 from inspection.shape_trace import LineShapes  # noqa: E402
 from model import attention  # noqa: E402
 from model.attention import CausalSelfAttention  # noqa: E402
-from training.config import build_model  # noqa: E402
+from model_io.checkpoint import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "docs" / "questions"

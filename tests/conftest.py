@@ -20,8 +20,8 @@ import pytest
 import torch
 from torch import nn
 
+from cli.errors import run_cli as cli_entry
 from model import CausalSelfAttention
-from training.errors import run_cli as cli_entry
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
 # with two torch threads each on two cores spend their time waiting on each other's threads.

@@ -24,7 +24,7 @@ from tensorboard.util.tensor_util import make_ndarray
 from attention_tab.browser import attention_runs, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.heatmap import readable_token
-from training.checkpoint import load_checkpoint, model_from_checkpoint
+from model_io.checkpoint import Checkpoint
 from training.tensorboard_log import RunLogger
 
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"
@@ -179,7 +179,7 @@ def sibling(name: str, run: str) -> str:
 @pytest.fixture(scope="module")
 def run_model(trained_run):
     """The tiny run's best checkpoint as a model and its tokenizer, loaded here, not by the tab."""
-    model, tokenizer = model_from_checkpoint(load_checkpoint(trained_run / "ckpt_best.pt"))
+    model, tokenizer = Checkpoint.load(trained_run / "ckpt_best.pt").build_model()
     return model.eval(), tokenizer
 
 
@@ -209,7 +209,7 @@ def test_your_text_comes_back_with_the_numbers_of_the_runs_best_checkpoint(serve
     answer = read_text(base, {"run": name, "text": SENTENCE})
     idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(SENTENCE)]])  # (1, T)
     T = idx.shape[1]
-    assert (answer["run"], answer["checkpoint"], answer["step"]) == (name, "ckpt_best.pt", load_checkpoint(trained_run / "ckpt_best.pt")["step"])
+    assert (answer["run"], answer["checkpoint"], answer["step"]) == (name, "ckpt_best.pt", Checkpoint.load(trained_run / "ckpt_best.pt").step)
     assert answer["shape"] == [2, 2, T, T] and answer["knocked_out"] == [] and answer["intact"] is None
     assert answer["labels"] == [readable_token(piece) for piece in tokenizer.token_strings(idx[0].tolist())]
     labels, probs, loss, weights = expected_numbers(model, tokenizer, idx)

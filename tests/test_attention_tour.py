@@ -257,7 +257,7 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
     # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
     from hydra import compose, initialize_config_dir
 
-    from training.config import plain_config
+    from training.run import plain_config
 
     record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

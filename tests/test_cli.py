@@ -30,7 +30,7 @@ from data.corpus import load_documents
 from data.tokenizer import train_bpe_fast
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe, recall_points
-from training.checkpoint import model_from_checkpoint
+from model_io.checkpoint import Checkpoint
 from training.lr_schedule import lr_at
 
 
@@ -53,8 +53,8 @@ def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
     """The induction, recall and ablation scalars of a run's last step, computed afresh from its
     ckpt_last.pt: the held-out stories (data.seed + 1) and the induction probe of train.seed, as the
     run builds them; name recall without each head the plain way, head by head."""
-    checkpoint = torch.load(run_dir / "ckpt_last.pt", weights_only=True)
-    cfg, (model, tokenizer) = checkpoint["config"], model_from_checkpoint(checkpoint)
+    checkpoint = Checkpoint.load(run_dir / "ckpt_last.pt")
+    cfg, (model, tokenizer) = checkpoint.config, checkpoint.build_model()
     n = min(cfg["train"]["probe_tokens"], cfg["model"]["block_size"]) // 2
     probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, cfg["train"]["seed"], avoid=tokenizer.eot_id)])
     induction = induction_score(model.attention_weights(probe)[:, 0], n)  # (L, H)

@@ -1,4 +1,4 @@
-"""The config as Hydra composes it, in-process: every key typed by training/schema.py, a wrong
+"""The config as Hydra composes it, in-process: every key typed by cli/schema.py, a wrong
 type or choice refused in today's words, and choices kept as plain strings where they are saved."""
 
 import itertools
@@ -11,9 +11,11 @@ from conftest import ROOT
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from training.config import plain_config, resumed_config
-from training.errors import config_error_line
-from training.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
+from cli.config import resumed_config
+from cli.errors import config_error_line
+from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
+from model_io.checkpoint import Checkpoint, upgrade
+from training.run import plain_config
 from user_error import UserError
 
 
@@ -32,7 +34,7 @@ def test_hydra_and_omegaconf_are_the_versions_the_error_wording_was_written_agai
     pinned = dict(re.findall(r"^(hydra-core|omegaconf)==(\S+)", (ROOT / "requirements.txt").read_text(), re.MULTILINE))
     installed = {package: version(package) for package in ("hydra-core", "omegaconf")}
     assert installed == pinned, (
-        "training/errors.py (config_error_line, MUST_BE) words the errors of these exact versions: re-check "
+        "cli/errors.py (config_error_line, MUST_BE) words the errors of these exact versions: re-check "
         "tests/test_cli.py's bad-input tables against the new ones, then update the pins in requirements.txt"
     )
 
@@ -115,6 +117,7 @@ def test_a_checkpoint_saved_before_smear_eval_train_and_muons_options_resumes_as
     cfg.resume = "old"
     old = saved_config("model.smear=true", "train.eval_train=false")
     del old["model"]["smear"], old["train"]["eval_train"], old["optim"]["ns_dtype"], old["optim"]["muon_momentum"]
+    old = upgrade(Checkpoint(model={}, config=old, tokenizer={})).config  # as Checkpoint.load hands it over
     resumed, changes = resumed_config(cfg, old, ["resume=old"])
     assert resumed.model.smear is False and resumed.train.eval_train is True and changes == []
     assert resumed.optim.ns_dtype == "bfloat16" and resumed.optim.muon_momentum == 0.95  # torch.optim.Muon's

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from data.dataset import get_batch
 from model import GPT, GPTConfig
+from model_io.checkpoint import Checkpoint, upgrade
 from training.distributed import Ranks
 from training.fit import fit
 from training.jobs import Checkpoints, Every
@@ -20,7 +21,7 @@ from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
 from training.precision import Precision
 from training.run import build_data_and_model, build_run
-from training.state import TrainState, upgrade_run_state
+from training.state import TrainState
 from training.step import TrainStep
 from user_error import UserError
 
@@ -52,9 +53,11 @@ def test_the_last_model_is_saved_at_each_evaluation_and_every_save_interval_step
 
 def test_the_state_comes_back_from_a_checkpoint_as_it_was_saved():
     state = TrainState(step=30, best_val_loss=2.5, skipped=2, window_loss=7.5, window_steps=3)
-    saved = state.to_checkpoint(evaluated=True)
-    assert TrainState.from_checkpoint(saved) == TrainState(30, 2.5, 2, 7.5, 3, evaluated=True)
-    assert TrainState.from_checkpoint(state.to_checkpoint(evaluated=False)).evaluated is False
+    def saved(evaluated: bool) -> Checkpoint:
+        return Checkpoint(model={}, config={}, tokenizer={}, step=state.step, best_val_loss=state.best_val_loss,
+                          run_state=state.run_state(evaluated))
+    assert TrainState.from_checkpoint(saved(True)) == TrainState(30, 2.5, 2, 7.5, 3, evaluated=True)
+    assert TrainState.from_checkpoint(saved(False)).evaluated is False
 
 
 def test_the_log_window_gives_its_mean_once_and_starts_again():
@@ -67,10 +70,10 @@ def test_the_log_window_gives_its_mean_once_and_starts_again():
 
 def test_an_older_checkpoints_run_state_is_brought_up_to_date_in_one_place():
     old = {"rng": {"torch": "state"}, "evaluated": True, "skipped": 0, "window_loss": 0.0, "window_steps": 0}
-    upgraded = upgrade_run_state(old)
+    upgraded = upgrade(Checkpoint(model={}, config={}, tokenizer={}, run_state=old)).run_state
     assert upgraded["rng"] == [{"torch": "state"}]  # one RNG state per rank, as a single process saved it
     assert upgraded["world_size"] == 1 and upgraded["grad_scaler"] is None
-    assert upgrade_run_state(upgraded) == upgraded  # today's form stays as it is
+    assert upgrade(Checkpoint(model={}, config={}, tokenizer={}, run_state=upgraded)).run_state == upgraded  # today's form stays
 
 
 def tiny_step(tmp_path, skip_nonfinite=False, accum=1, batch_size=4) -> TrainStep:

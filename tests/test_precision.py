@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model import GPT, GPTConfig
-from training.checkpoint import load_checkpoint
+from model_io.checkpoint import Checkpoint
 from training.distributed import Ranks
 from training.fit import fit
 from training.optimizer import build_optimizer
@@ -117,9 +117,9 @@ def test_an_fp16_run_counts_its_overflows_logs_its_scale_and_resumes_bitwise(tmp
     first = fp16_run(tmp_path / "split", max_steps=8)
     fit(first, TrainState())
     second = fp16_run(tmp_path / "split", max_steps=16, scale=2.0**16)  # restore() must bring the saved scaler back
-    saved = load_checkpoint(tmp_path / "split" / "ckpt_last.pt")
+    saved = Checkpoint.load(tmp_path / "split" / "ckpt_last.pt")
     fit(second, restore(second, saved))
-    assert saved["run_state"]["grad_scaler"]["scale"] == scales[7]  # the scale the run had after step 8
+    assert saved.run_state["grad_scaler"]["scale"] == scales[7]  # the scale the run had after step 8
     assert second.precision.scaler.state_dict() == alone.precision.scaler.state_dict()
     for a, b in zip(alone.model.parameters(), second.model.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -129,4 +129,4 @@ def test_train_py_runs_fp16_on_a_cpu_and_says_so(tmp_path):
     result = run_cli("train.py", *TINY_RUN, "train.max_steps=4", "train.dtype=fp16", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warning: train.dtype=fp16 on a CPU" in result.stdout + result.stderr
-    assert load_checkpoint(tmp_path / "run" / "ckpt_last.pt")["run_state"]["grad_scaler"]["scale"] == 2.0**16
+    assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").run_state["grad_scaler"]["scale"] == 2.0**16

@@ -15,7 +15,7 @@ import torch
 from conftest import ROOT, TINY_RUN, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.checkpoint import load_checkpoint
+from model_io.checkpoint import Checkpoint
 
 # TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
 EXACT_RUN = [a for a in TINY_RUN if not a.startswith(("train.max_steps", "train.log_interval"))] + [
@@ -65,7 +65,7 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_p
     output = signal_after_line(stopped, "step 15/40", signal.SIGINT)
     assert stopped.returncode == 128 + signal.SIGINT, output
     assert "Traceback" not in output
-    step = load_checkpoint(tmp_path / "stopped" / "ckpt_last.pt")["step"]
+    step = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt").step
     assert 15 <= step < 40  # stopped between evaluations, after finishing its step
     assert f"stopped by SIGINT after step {step}; saved stopped/ckpt_last.pt" in output
     assert "Resume with: .venv/bin/python train.py resume=stopped" in output
@@ -74,11 +74,11 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_p
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming stopped at step {step}" in resumed.stdout
 
-    a = load_checkpoint(tmp_path / "alone" / "ckpt_last.pt")
-    b = load_checkpoint(tmp_path / "stopped" / "ckpt_last.pt")
-    assert a["step"] == b["step"] == 40
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
+    a = Checkpoint.load(tmp_path / "alone" / "ckpt_last.pt")
+    b = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt")
+    assert a.step == b.step == 40
+    for name, tensor in a.model.items():
+        assert torch.equal(tensor, b.model[name]), name
     for tag in ("train/batch_loss", "loss/train", "loss/val"):
         assert scalars(tmp_path / "stopped", tag) == scalars(tmp_path / "alone", tag), tag  # bitwise, every step once
     assert [s for s, _ in scalars(tmp_path / "stopped", "train/batch_loss")] == list(range(1, 41))
@@ -91,7 +91,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
     assert process.returncode == 128 + signal.SIGTERM, output
     assert "Traceback" not in output
     assert re.search(r"stopped by SIGTERM after step \d+; saved run/ckpt_last.pt", output), output
-    assert 5 <= load_checkpoint(tmp_path / "run" / "ckpt_last.pt")["step"] < 10
+    assert 5 <= Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").step < 10
 
 
 def start_script(code: str, tmp_path: Path) -> subprocess.Popen:
@@ -180,12 +180,12 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_pa
     assert process.returncode == -signal.SIGKILL
     assert partial.exists(), "the kill did not land during a save"
 
-    saved = load_checkpoint(run / "ckpt_last.pt")  # whole, and loads
-    assert saved["step"] >= 1
-    resumed = run_cli("train.py", "resume=run", f"train.max_steps={saved['step'] + 2}", "train.eval_interval=1000",
+    saved = Checkpoint.load(run / "ckpt_last.pt")  # whole, and loads
+    assert saved.step >= 1
+    resumed = run_cli("train.py", "resume=run", f"train.max_steps={saved.step + 2}", "train.eval_interval=1000",
                       cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert load_checkpoint(run / "ckpt_last.pt")["step"] == saved["step"] + 2
+    assert Checkpoint.load(run / "ckpt_last.pt").step == saved.step + 2
     assert not partial.exists()
 
 
@@ -315,8 +315,8 @@ def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_ru
                      cwd=ten_step_run.parent)
     assert longer.returncode == 0, longer.stderr
     assert "resuming run at step 10; train.max_steps 10 -> 20; optim.muon_momentum 0.95 -> 0.9" in longer.stdout
-    resumed = load_checkpoint(ten_step_run / "ckpt_last.pt")
-    assert resumed["step"] == 20 and resumed["optimizer"]["optimizers"][1]["param_groups"][0]["momentum"] == 0.9
+    resumed = Checkpoint.load(ten_step_run / "ckpt_last.pt")
+    assert resumed.step == 20 and resumed.optimizer["optimizers"][1]["param_groups"][0]["momentum"] == 0.9
     assert [step for step, _ in scalars(ten_step_run, "loss/val")] == [0, 10, 20]
     assert (ten_step_run / ".hydra" / "config.yaml").read_text().count("max_steps: 10") == 1  # the original kept
     assert len(list((ten_step_run / ".hydra").glob("resumed-*/config.yaml"))) == 1

@@ -14,7 +14,7 @@ from inspection.ablation import RecallAblation
 from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from inspection.recall_probe import RecallScores
 from model import GPT, GPTConfig
-from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, save_checkpoint
+from model_io.checkpoint import Checkpoint, resolve_checkpoint
 from training.lr_schedule import lr_at
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states
@@ -177,17 +177,17 @@ def small_checkpoint(tmp_path, name="ckpt_last.pt"):
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **model_cfg))
     optimizer = torch.optim.AdamW(model.parameters())
     path = tmp_path / name
-    save_checkpoint(path, model=model, optimizer=optimizer, step=7, best_val_loss=1.5,
-                    config={"model": model_cfg}, tokenizer=tokenizer,
-                    run_state={"rng": capture_rng_states(np.random.default_rng(0))})
+    Checkpoint(model=model.state_dict(), optimizer=optimizer.state_dict(), step=7, best_val_loss=1.5,
+               config={"model": model_cfg}, tokenizer=tokenizer.state(),
+               run_state={"rng": capture_rng_states(np.random.default_rng(0))}).save(path)
     return path, model
 
 
 def test_a_checkpoint_round_trips_the_model_and_tokenizer(tmp_path):
     path, model = small_checkpoint(tmp_path)
-    checkpoint = load_checkpoint(path)
-    assert checkpoint["step"] == 7 and checkpoint["best_val_loss"] == 1.5
-    loaded, tokenizer = model_from_checkpoint(checkpoint)
+    checkpoint = Checkpoint.load(path)
+    assert checkpoint.step == 7 and checkpoint.best_val_loss == 1.5
+    loaded, tokenizer = checkpoint.build_model()
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert tokenizer.decode(tokenizer.encode("cab")) == "cab"
@@ -203,14 +203,14 @@ def test_every_random_generator_draws_the_same_after_a_checkpoint_round_trip(tmp
     batch_rng.integers(10, size=5)  # move it away from its seed
     path = tmp_path / "ckpt_last.pt"
     model = GPT(GPTConfig(vocab_size=5, n_layer=1, n_head=1, n_embd=4, block_size=4))
-    save_checkpoint(path, model=model, optimizer=torch.optim.AdamW(model.parameters()), step=1, best_val_loss=1.0,
-                    config={}, tokenizer=CharTokenizer.from_text("abcd"),
-                    run_state={"rng": capture_rng_states(batch_rng)})
+    Checkpoint(model=model.state_dict(), optimizer=torch.optim.AdamW(model.parameters()).state_dict(), step=1,
+               best_val_loss=1.0, config={}, tokenizer=CharTokenizer.from_text("abcd").state(),
+               run_state={"rng": capture_rng_states(batch_rng)}).save(path)
     expected = draws(batch_rng)
     assert draws(batch_rng) != expected  # the generators really moved on
 
     fresh_rng = np.random.default_rng(99)
-    restore_rng_states(load_checkpoint(path)["run_state"]["rng"], fresh_rng)  # weights_only=True inside
+    restore_rng_states(Checkpoint.load(path).run_state["rng"][0], fresh_rng)  # weights_only=True inside
     assert draws(fresh_rng) == expected
 
 
@@ -223,7 +223,7 @@ def test_saving_over_a_checkpoint_replaces_it_whole(tmp_path):
     small_checkpoint(tmp_path)  # a new random model: other bytes
     assert (tmp_path / "held_by_a_reader.pt").read_bytes() == first
     assert path.stat().st_ino != (tmp_path / "held_by_a_reader.pt").stat().st_ino
-    assert path.read_bytes() != first and load_checkpoint(path)["step"] == 7
+    assert path.read_bytes() != first and Checkpoint.load(path).step == 7
 
 
 def test_a_save_reaches_the_disk_before_it_replaces_the_old_checkpoint(tmp_path, monkeypatch):
@@ -251,15 +251,15 @@ def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     with pytest.raises(UserError, match="truncated.pt is not a readable checkpoint"):
-        load_checkpoint(truncated)
+        Checkpoint.load(truncated)
     text = tmp_path / "notes.pt"
     text.write_text("hello")
     with pytest.raises(UserError, match="notes.pt is not a readable checkpoint"):
-        load_checkpoint(text)
+        Checkpoint.load(text)
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(2)}, foreign)
     with pytest.raises(UserError, match="not a checkpoint of this project"):
-        load_checkpoint(foreign)
+        Checkpoint.load(foreign)
 
 
 def test_resolve_checkpoint_prefers_best_in_a_run_dir(tmp_path):

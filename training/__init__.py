@@ -1,3 +1,3 @@
-"""The pieces train.py and sample.py wire together, one role per module:
-config checks and builders, the optimizer and LR schedule, the step and the loop's periodic
-jobs, checkpoints, TensorBoard logging, the progress bar, and one-line error reporting."""
+"""The training loop and what it is made of, one role per module: the run built from its config,
+the optimizer and LR schedule, the step, evaluation, the loop's periodic jobs, precision, ranks
+under torchrun, resume state, TensorBoard logging and the progress bar."""

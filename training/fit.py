@@ -9,7 +9,7 @@ from functools import partial
 
 from omegaconf import OmegaConf
 
-from training.checkpoint import LAST
+from model_io.checkpoint import LAST
 from training.interrupt import StopSignals
 from training.jobs import AttentionMaps, Checkpoints, Evaluation, Samples, Saver
 from training.lr_schedule import lr_at

@@ -9,7 +9,7 @@ from inspection.ablation import recall_without_each_head
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model.generation import generate_text
-from training.checkpoint import BEST, LAST, save_checkpoint
+from model_io.checkpoint import BEST, LAST, Checkpoint
 from training.evaluation import evaluate
 from training.run import Run
 from training.run_state import capture_rng_states
@@ -44,13 +44,12 @@ class Saver:
         rng_states = run.ranks.gather(capture_rng_states(run.batch_rng))
         if not run.ranks.is_main:
             return  # one copy of the model is enough
-        saved = state.to_checkpoint(evaluated)
         run_state = {"rng": rng_states, "world_size": run.ranks.world_size,
-                     "grad_scaler": run.precision.scaler.state_dict(), **saved["run_state"]}
-        save_checkpoint(
-            run.dir / name, model=run.model, optimizer=run.optimizer, step=saved["step"],
-            best_val_loss=saved["best_val_loss"], config=self.config, tokenizer=run.data.tokenizer, run_state=run_state,
-        )
+                     "grad_scaler": run.precision.scaler.state_dict(), **state.run_state(evaluated)}
+        Checkpoint(
+            model=run.model.state_dict(), config=self.config, tokenizer=run.data.tokenizer.state(), step=state.step,
+            best_val_loss=state.best_val_loss, optimizer=run.optimizer.state_dict(), run_state=run_state,
+        ).save(run.dir / name)
 
 
 class Evaluation:

@@ -2,23 +2,24 @@
 
 import logging
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
-from training.checkpoint import load_weights
-from training.config import build_model, plain_config, seed_everything
+from model_io.checkpoint import Checkpoint, build_model, load_weights
 from training.distributed import Ranks, dist_backend
 from training.optimizer import build_optimizer
 from training.precision import Precision
 from training.run_state import restore_rng_states
-from training.state import TrainState, upgrade_run_state
+from training.state import TrainState
 
 log = logging.getLogger("train")
 
@@ -106,11 +107,11 @@ def describe(run: Run) -> None:
         log.info("train.compile=true: the first training step and the first evaluation compile first")
 
 
-def restore(run: Run, checkpoint: dict[str, Any]) -> TrainState:
+def restore(run: Run, checkpoint: Checkpoint) -> TrainState:
     """Put a saved run back exactly where it stopped: weights, optimizer, RNGs, loop state."""
-    load_weights(run.model, checkpoint["model"])
-    run.optimizer.load_state_dict(checkpoint["optimizer"])
-    run_state = upgrade_run_state(checkpoint["run_state"])
+    load_weights(run.model, checkpoint.model)
+    run.optimizer.load_state_dict(checkpoint.optimizer)
+    run_state = checkpoint.run_state
     rng_states = run_state["rng"]  # one per rank
     restore_rng_states(rng_states[run.ranks.rank % len(rng_states)], run.batch_rng)
     if run_state["grad_scaler"]:
@@ -119,3 +120,15 @@ def restore(run: Run, checkpoint: dict[str, Any]) -> TrainState:
         log.info(f"note: the run was saved by {run_state['world_size']} process(es) and goes on with "
                  f"{run.ranks.world_size}, so its batches differ from here on")
     return TrainState.from_checkpoint(checkpoint)
+
+
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain dicts, lists, strings and numbers (a choice as its word), resolved:
+    what a checkpoint, whose loading admits nothing else, and TensorBoard keep."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA too

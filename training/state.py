@@ -4,6 +4,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_io.checkpoint import Checkpoint
+
 
 @dataclass
 class TrainState:
@@ -24,31 +26,18 @@ class TrainState:
         self.window_loss, self.window_steps = 0.0, 0
         return mean
 
-    def to_checkpoint(self, evaluated: bool) -> dict[str, Any]:
-        """The checkpoint's step and best_val_loss, and the loop's part of its run_state;
-        evaluated: this step's jobs (its evaluation, if due) are done and saved with it."""
-        return {
-            "step": self.step,
-            "best_val_loss": self.best_val_loss,
-            "run_state": {
-                "evaluated": evaluated, "skipped": self.skipped,
-                "window_loss": self.window_loss, "window_steps": self.window_steps,
-            },
-        }
+    def run_state(self, evaluated: bool) -> dict[str, Any]:
+        """The loop's part of a checkpoint's run_state (its step and best_val_loss are the
+        checkpoint's own); evaluated: this step's jobs (its evaluation, if due) are done and saved with it."""
+        return {"evaluated": evaluated, "skipped": self.skipped,
+                "window_loss": self.window_loss, "window_steps": self.window_steps}
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: dict[str, Any]) -> "TrainState":
-        run_state = checkpoint["run_state"]
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "TrainState":
+        run_state = checkpoint.run_state
         return cls(
-            step=checkpoint["step"], best_val_loss=checkpoint["best_val_loss"], skipped=run_state["skipped"],
+            step=checkpoint.step, best_val_loss=checkpoint.best_val_loss, skipped=run_state["skipped"],
             window_loss=run_state["window_loss"], window_steps=run_state["window_steps"],
             evaluated=run_state["evaluated"],
         )
 
-
-def upgrade_run_state(run_state: dict[str, Any]) -> dict[str, Any]:
-    """An older checkpoint's run_state in today's form: one RNG state per rank (older runs saved
-    one dict), the number of processes that saved it (older: 1), and no fp16 loss scale."""
-    rng = run_state["rng"] if isinstance(run_state["rng"], list) else [run_state["rng"]]
-    return {**run_state, "rng": rng, "world_size": run_state.get("world_size", 1),
-            "grad_scaler": run_state.get("grad_scaler") or None}

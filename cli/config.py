@@ -1,24 +1,17 @@
-"""From config to objects: the range of every value (types and choices are checked earlier,
-by Hydra, against training/schema.py), a resumed run's config, the model, the seeds."""
+"""The config's checks: the range of every value (types and choices are checked earlier, by
+Hydra, against cli/schema.py), and a resumed run's config."""
 
-import random
-from collections.abc import Mapping
-from dataclasses import fields
 from enum import Enum
 from typing import Any
 
-import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from model import GPT, GPTConfig
+from cli.errors import refused_value_line
+from cli.schema import typed_train_config
 from model.attention import divisors
-from training.errors import refused_value_line
-from training.schema import typed_train_config
+from training.run import plain_config
 from user_error import UserError
-
-MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
 
 def validate_train_config(cfg: Any) -> None:
@@ -74,12 +67,6 @@ def validate_sample_config(cfg: Any, vocab_size: int) -> None:
             "compile=true compiles the cached one-token step: drop use_kv_cache=false, or compile=true")
 
 
-def plain_config(cfg: DictConfig) -> dict[str, Any]:
-    """The config as plain dicts, lists, strings and numbers (a choice as its word), resolved:
-    what a checkpoint, whose loading admits nothing else, and TensorBoard keep."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-
 # What a resumed run may not change: the network, its tokens, the text it learns from, and
 # which optimizer holds its state.
 FIXED_ON_RESUME = ("model", "tokenizer", "data", "optim.name")
@@ -109,14 +96,9 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
     return resumed, changes
 
 
-# Keys added after runs were saved without them, with the value that does what the versions
-# before them did, so that such a run resumes unchanged.
-ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
-              "optim.muon_momentum": 0.95, "train.save_interval": 0}
-
-
 def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:
-    """The checkpoint's config, typed and checked against training/schema.py as a new run's is."""
+    """The checkpoint's config, typed and checked against cli/schema.py as a new run's is (Checkpoint.load has
+    added the keys that came after it was saved)."""
     fix = "start a new run, or sample from it"
     try:
         resumed = typed_train_config({"debug": None, **saved, "resume": resume})  # how to run, not what was run
@@ -125,8 +107,6 @@ def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:
         raise UserError(f"resume={resume}: this checkpoint's config does not fit this version of train.py ({detail}); {fix}") from None
     except KeyError as err:  # a data.source or tokenizer.kind this version has no schema for
         raise UserError(f"resume={resume}: this checkpoint's config names {err}, which this version of train.py does not know; {fix}") from None
-    for key in ADDED_KEYS.keys() & OmegaConf.missing_keys(resumed):
-        OmegaConf.update(resumed, key, ADDED_KEYS[key])
     missing = sorted(OmegaConf.missing_keys(resumed))
     require(not missing, f"resume={resume}: this checkpoint's config has no {', '.join(missing)} (it was saved by an older version); {fix}")
     return resumed
@@ -142,13 +122,3 @@ def require(ok: bool, message: str) -> None:
     if not ok:
         raise UserError(message)
 
-
-def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
-    # A key missing from an older checkpoint's config keeps GPTConfig's default.
-    return GPT(GPTConfig(vocab_size=vocab_size, **{key: plain(model_cfg[key]) for key in MODEL_KEYS if key in model_cfg}))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # seeds CUDA too

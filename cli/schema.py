@@ -2,11 +2,11 @@
 
 Hydra checks each value against these while it composes the config, before train.py or
 sample.py runs: model.n_layer=abc, model.bias=maybe or model.pos=alibi stops there, and
-training/errors.py words the refusal. Here every key has a type and no value (`???`): the
+cli/errors.py words the refusal. Here every key has a type and no value (`???`): the
 values, and what each key means, live in configs/ alone. The ranges (at least 1, in [0, 1),
-...) are checked in training/config.py.
+...) are checked in cli/config.py.
 
-Each schema is stored in Hydra's ConfigStore when this module is imported (training/config.py
+Each schema is stored in Hydra's ConfigStore when this module is imported (cli/config.py
 imports it). configs/train.yaml and configs/sample.yaml extend theirs through their defaults
 list; so does each option of the groups whose options have different keys (data, tokenizer),
 e.g. configs/data/stories.yaml starts with `- /data_stories_schema@_here_`. The schemas are
@@ -31,7 +31,7 @@ from training.precision import DTYPES
 class Choice(str, Enum):
     """A value picked from a fixed list. It is a str, so cfg.model.pos == "rope" holds, and it
     prints as its value; name and value are the same word, so the YAML Hydra writes and
-    plain_config() (training/config.py) hold that word."""
+    plain_config() (training/run.py) hold that word."""
 
     def __str__(self) -> str:  # f-strings use it too
         return self.value

@@ -135,7 +135,7 @@ def config_error_line(err: Exception) -> str:
 
 
 # What a value must be, by the kind of node OmegaConf refused it for while Hydra composed the
-# config (the key's type in training/schema.py; a Union there is int | float). Written against
+# config (the key's type in cli/schema.py; a Union there is int | float). Written against
 # omegaconf 2.3 and hydra-core 1.3: tests/test_config.py pins the versions it was checked with.
 MUST_BE = {IntegerNode: "a whole number", FloatNode: "a number", UnionNode: "a number", BooleanNode: "true or false",
            ListConfig: "a list"}
@@ -145,7 +145,7 @@ def refused_value_line(refusal: ValidationError) -> str | None:
     """'train.max_steps=abc must be a whole number' for a value its key's type refused; None
     for another ValidationError."""
     node, key, value = refusal.child_node, refusal.full_key, refusal.value
-    if isinstance(node, EnumNode):  # every enum of the schema is a training.schema.Choice
+    if isinstance(node, EnumNode):  # every enum of the schema is a cli.schema.Choice
         return node.enum_type.refusal(key, value)
     must_be = MUST_BE.get(type(node))
     if must_be:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.checkpoint import AUTO, resolve_resume
+from model_io.checkpoint import AUTO, resolve_resume
 from training.distributed import rank_zero_choice
 from user_error import UserError
 

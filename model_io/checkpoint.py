@@ -1,0 +1,206 @@
+"""The checkpoint: the one module that owns its format. It saves and loads one, upgrades an old
+one, finds one from what a user typed, and builds the model and tokenizer it holds. Loading a
+model needs nothing else: neither the training loop nor the config schema (no hydra, no omegaconf).
+
+A checkpoint file is a plain dict that torch.load(weights_only=True) can read, so loading one
+never runs code from the file; Checkpoint is that dict with names:
+
+    model          the weights (state_dict)
+    config         the run's resolved config as plain dicts (config["model"] is the net's shape)
+    tokenizer      the tokenizer's state(): sampling needs no corpus
+    step           optimizer updates done
+    best_val_loss  the lowest val loss seen so far
+    optimizer      its state_dict; None where there is none (a run's start from weights)
+    run_state      what an exact resume needs besides: RNG states, where in the step the loop
+                   stopped, the open log window (training/state.py, training/run_state.py)
+
+A save goes to a temporary file, is fsynced, then renamed into place: a crash mid-save
+leaves the previous file intact.
+"""
+
+import math
+import os
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from data.tokenizer import Tokenizer, tokenizer_from_state
+from model import GPT, GPTConfig
+from user_error import UserError
+
+LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
+AUTO = "auto"  # resume=auto: the run in hydra.run.dir if it saved one, else a new run there
+RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
+
+# Config keys added after runs were saved without them, with the value that does what the
+# versions before them did, so that such a run samples and resumes unchanged.
+ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
+              "optim.muon_momentum": 0.95, "train.save_interval": 0}
+
+
+@dataclass
+class Checkpoint:
+    model: dict[str, torch.Tensor]
+    config: dict[str, Any]
+    tokenizer: dict[str, Any]
+    step: int = 0
+    best_val_loss: float = math.inf
+    optimizer: dict[str, Any] | None = None
+    run_state: dict[str, Any] | None = None
+
+    def save(self, path: Path) -> None:
+        save_file({f.name: getattr(self, f.name) for f in fields(self)}, path)  # asdict would copy every tensor
+
+    @classmethod
+    def load(cls, path: Path, map_location: str | torch.device = "cpu") -> "Checkpoint":
+        """The checkpoint at path, in today's form; UserError for a file that is not one."""
+        saved = read_file(path, map_location)
+        required = ("model", "config", "tokenizer", "step")
+        if not isinstance(saved, dict) or any(key not in saved for key in required):
+            raise UserError(f"{path} is not a checkpoint of this project (it lacks {', '.join(required)})")
+        known = {f.name for f in fields(cls)}
+        return upgrade(cls(**{key: value for key, value in saved.items() if key in known}))
+
+    def build_tokenizer(self) -> Tokenizer:
+        cache_dir = Path(self.config.get("data", {}).get("cache_dir", ".cache"))  # tokenizer=gpt2's files live there
+        return tokenizer_from_state(self.tokenizer, cache_dir)
+
+    def build_model(self) -> tuple[GPT, Tokenizer]:
+        """The trained model (on the CPU, in train mode) and its tokenizer."""
+        tokenizer = self.build_tokenizer()
+        model = build_model(self.config["model"], tokenizer.vocab_size)
+        load_weights(model, self.model)
+        return model, tokenizer
+
+
+def upgrade(checkpoint: Checkpoint) -> Checkpoint:
+    """An older checkpoint in today's form: config keys added since (ADDED_KEYS), one RNG state
+    per rank (older runs saved one dict), the number of processes that saved it (older: 1), and
+    no fp16 loss scale."""
+    for dotted, value in ADDED_KEYS.items():
+        group, key = dotted.split(".")
+        if group in checkpoint.config and key not in checkpoint.config[group]:
+            checkpoint.config[group][key] = value
+    if checkpoint.run_state is not None:
+        run_state = checkpoint.run_state
+        rng = run_state["rng"] if isinstance(run_state["rng"], list) else [run_state["rng"]]
+        checkpoint.run_state = {**run_state, "rng": rng, "world_size": run_state.get("world_size", 1),
+                                "grad_scaler": run_state.get("grad_scaler") or None}
+    return checkpoint
+
+
+def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
+    """A new GPT of the shape model_cfg gives (the `model` config group, as plain values or a
+    config); a key missing from an older checkpoint's config keeps GPTConfig's default."""
+    def plain(value: Any) -> Any:
+        return value.value if isinstance(value, Enum) else value
+    return GPT(GPTConfig(vocab_size=vocab_size, **{key: plain(model_cfg[key]) for key in MODEL_KEYS if key in model_cfg}))
+
+
+def load_weights(model: GPT, weights: dict[str, torch.Tensor]) -> None:
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        detail = str(err).strip().splitlines()[1].strip() if len(str(err).strip().splitlines()) > 1 else "shapes differ"
+        raise UserError(f"the checkpoint's weights do not fit the model its config describes ({detail})") from None
+
+
+def save_file(checkpoint: dict[str, Any], path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            writer = WriteErrorKeeper(f)
+            try:
+                torch.save(checkpoint, writer)
+            except RuntimeError:
+                if writer.error is None:
+                    raise
+                raise writer.error from None
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:  # a full disk, a file size limit, a folder gone read-only
+        tmp.unlink(missing_ok=True)
+        kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written"
+        raise UserError(f"could not save {os.path.relpath(path)} ({err.strerror or err}); {kept}. Free some disk space and resume") from None
+
+
+class WriteErrorKeeper:
+    """A file's write() that keeps the OSError it raised: torch.save swallows it and then fails
+    with an unrelated RuntimeError ("unexpected pos"), which would hide a full disk."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def read_file(path: Path, map_location: str | torch.device) -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except PermissionError as err:  # the file is there, but not for us to read
+        raise UserError(f"could not read {path} ({err.strerror or err})") from None
+    except Exception as err:  # a broken file fails in many ways (zip, unpickler, storage): all mean the same
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; PyTorch's own words would mislead
+            raise UserError(f"{path} is not a readable checkpoint (not a zip file, as torch.save writes); "
+                            "it may be truncated or not a checkpoint") from None
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if len(first_line) > 120:
+            first_line = first_line[:120].rsplit(" ", 1)[0] + " ..."
+        detail = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+        raise UserError(f"{path} is not a readable checkpoint ({detail}); it may be truncated or not a checkpoint") from None
+
+
+def resolve_checkpoint(run: str) -> Path:
+    """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt);
+    "latest" is the run dir under outputs/ and multirun/ whose checkpoint was written last."""
+    if run == "latest":
+        found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
+        if not found:
+            raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
+        newest_dir = max(found, key=lambda p: p.stat().st_mtime).parent
+        return resolve_checkpoint(str(newest_dir))
+    path = Path(run).expanduser()
+    if path.is_dir():
+        for name in (BEST, LAST):
+            if (path / name).is_file():
+                return path / name
+        raise UserError(f"run={run} has no {BEST} or {LAST}; point run= at a training run dir or a .pt file")
+    if not path.is_file():
+        raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
+    return path
+
+
+def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:
+    """The checkpoint a run goes on from; None: a new run. With resume=auto, and in processes
+    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one."""
+    if (resume == AUTO or restarted) and (run_dir / LAST).is_file():
+        return run_dir / LAST
+    if resume in (None, AUTO):
+        return None
+    return resolve_resume(resume)
+
+
+def resolve_resume(resume: str) -> Path:
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        if not (path / LAST).is_file():
+            raise UserError(f"resume={resume} has no {LAST}; give the run dir of a run that saved one, or a .pt file")
+        return path / LAST
+    if not path.is_file():
+        raise UserError(f"resume={resume} does not exist; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
+    return path
