@@ -19,7 +19,7 @@ from user_error import UserError
 
 STORIES = "".join(generate_stories(seed=11, n_chars=30_000))
 HARD_TEXT = ("Café naïve, Straße, 日本語 and 🙂👍🏽 emoji\n\n\ttabs\t\tand   runs of    spaces \r\n"
-             "digits 1234567890 and 3.14, don't 'quote' it  \n")
+             "digits 1234567890 and 3.14, don't 'quote' it , so . it is ! is it ? it 's do n't \n")
 rng = random.Random(0)
 WIDE_CHARS = [chr(c) for c in range(0x20, 0x30000, 7) if not 0xD800 <= c < 0xE000]  # letters, digits, marks, spaces of many scripts
 WIDE_TEXT = "".join(rng.choice([*WIDE_CHARS, " ", "  ", "\n", "\t", " the", "e"]) for _ in range(6000))
