@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import tiktoken
+from tiktoken_ext.openai_public import r50k_pat_str
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -34,6 +35,9 @@ def gpt2_byte_chars() -> dict[int, str]:
     return {byte: chr(byte) for byte in printable} | {byte: chr(256 + n) for n, byte in enumerate(others)}
 
 
+# GPT-2's pre-tokenisation as data/bpe.py writes it, and as tiktoken's gpt2 encoding does (possessive
+# quantifiers, the same pieces): Hugging Face's ByteLevel pre-tokenizer runs either.
+GPT2_PATTERNS = (GPT2_PATTERN, r50k_pat_str)
 BYTE_CHAR = gpt2_byte_chars()
 CHAR_BYTE = {char: byte for byte, char in BYTE_CHAR.items()}
 
@@ -193,7 +197,7 @@ def hf_char_tokenizer(tokenizer: CharTokenizer) -> HFTokenizer:
 
 def hf_byte_level_tokenizer(encoding: tiktoken.Encoding) -> HFTokenizer:
     """GPT-2's byte-level BPE with the encoding's ranks as ids and the merges tiktoken applies."""
-    if encoding._pat_str != GPT2_PATTERN:
+    if encoding._pat_str not in GPT2_PATTERNS:
         raise UserError(f"the tokenizer splits text with {encoding._pat_str!r}; only GPT-2's pattern can be written "
                         "for Hugging Face")
     ranks = encoding._mergeable_ranks
