@@ -115,6 +115,11 @@ def read_hf_bpe(folder: Path) -> tuple[dict[str, int], list[tuple[str, str]], di
     """vocab, merges, special tokens and whether whole words are looked up before merging (ignore_merges)."""
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder; give a folder holding tokenizer.json, or vocab.json and merges.txt")
+    config_json = folder / "tokenizer_config.json"
+    config = read_json(config_json) if config_json.is_file() else {}
+    for key in ("add_prefix_space", "add_bos_token"):  # transformers applies these on top of the files
+        if config.get(key):
+            raise UserError(f"{config_json}: {key} is true, which GPT-2's tokenizer does not do; set it to false")
     if (folder / "tokenizer.json").is_file():
         return read_tokenizer_json(folder / "tokenizer.json")
     vocab_json, merges_txt = folder / "vocab.json", folder / "merges.txt"
@@ -124,10 +129,6 @@ def read_hf_bpe(folder: Path) -> tuple[dict[str, int], list[tuple[str, str]], di
         if not absent.is_file():
             raise UserError(f"{folder} has {present.name} but no {absent.name}; a GPT-2-style BPE needs both "
                             "(or a tokenizer.json)")
-    config_json = folder / "tokenizer_config.json"
-    if config_json.is_file() and read_json(config_json).get("add_prefix_space"):
-        raise UserError(f"{config_json}: add_prefix_space is true, which GPT-2's pre-tokenisation does not do; "
-                        "set it to false")
     vocab = read_json(vocab_json)
     merges = []
     for n, line in enumerate(merges_txt.read_text(encoding="utf-8").splitlines(), start=1):

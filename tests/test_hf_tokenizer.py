@@ -181,6 +181,9 @@ def bad_folder(case: str, hf_folder, tmp_path):
         spec = json.loads((folder / "tokenizer.json").read_text())
         spec["pre_tokenizer"]["add_prefix_space"] = True
         (folder / "tokenizer.json").write_text(json.dumps(spec))
+    elif case == "bos added":
+        shutil.copytree(hf_folder, folder)
+        (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True}))
     elif case == "bytes missing":
         save_byte_level_bpe(folder, {"a": 0, "b": 1, "ab": 2, EOT: 3}, [("a", "b")])
     elif case == "a token no merge makes":
@@ -193,6 +196,7 @@ def bad_folder(case: str, hf_folder, tmp_path):
     ("no endoftext", f"has no special token {EOT}"),
     ("not byte-level", "its model is WordLevel, not BPE"),
     ("prefix space", "adds a prefix space"),
+    ("bos added", "add_bos_token is true"),
     ("bytes missing", "lacks 254 of the 256 single bytes"),
     ("a token no merge makes", "no merge makes the token 'abc'"),
 ])
