@@ -13,7 +13,7 @@ TensorBoard labels never care which one is in use:
     state()                 -> plain dict (str, int) that rebuilds it: stored in
                                checkpoints and in the token cache
 
-The three kinds:
+The kinds:
     char   one token per character of the corpus, plus <|endoftext|>.
     bpe    byte-level BPE learned from the training split by rustbpe (data/bpe.py is the same
            algorithm as a lesson), run by tiktoken.
