@@ -3,7 +3,7 @@
 Every tokenizer offers the same small interface, so train.py, sample.py and the
 TensorBoard labels never care which one is in use:
 
-    kind                    the name used in config (`tokenizer=char`, `bpe`, `gpt2`)
+    kind                    the name used in config (`tokenizer=char`, `bpe`, `gpt2`), or `pretrained`
     vocab_size              ids run from 0 to vocab_size - 1, <|endoftext|> included
     eot_id                  the id of <|endoftext|>, the token before every document
     encode(text)            -> list[int]; plain text never produces eot_id, even if it
@@ -13,11 +13,13 @@ TensorBoard labels never care which one is in use:
     state()                 -> plain dict (str, int) that rebuilds it: stored in
                                checkpoints and in the token cache
 
-The three kinds:
+The kinds:
     char   one token per character of the corpus, plus <|endoftext|>.
     bpe    byte-level BPE learned from the training split by rustbpe (data/bpe.py is the same
            algorithm as a lesson), run by tiktoken.
     gpt2   tiktoken's GPT-2 encoding (50,257 tokens); its files are downloaded once.
+    pretrained  a Hugging Face byte-level BPE (GPT-2's vocab.json and merges.txt, or a tokenizer.json)
+           run by tiktoken with Hugging Face's ids (model_io/hf_tokenizer.py reads the folder).
 
     build_tokenizer(cfg, corpus_chars, train_texts, cache_dir, corpus_key)   a new one, from the config
     tokenizer_from_state(state, cache_dir)                                  the one a checkpoint stored
@@ -42,7 +44,7 @@ from user_error import UserError
 log = logging.getLogger(__name__)
 
 EOT = "<|endoftext|>"
-KINDS = ("char", "bpe", "gpt2")
+KINDS = ("char", "bpe", "gpt2", "pretrained")
 TRAINER_BUFFER_TEXTS = 64  # texts rustbpe holds at once (a text is a segment: usually about 1M characters at most)
 
 
@@ -111,7 +113,7 @@ class CharTokenizer:
 
 
 class TiktokenTokenizer:
-    """A tiktoken Encoding behind the common interface (the bpe and gpt2 kinds)."""
+    """A tiktoken Encoding behind the common interface (the bpe, gpt2 and pretrained kinds)."""
 
     def __init__(self, kind: str, encoding: tiktoken.Encoding) -> None:
         self.kind = kind
@@ -139,12 +141,18 @@ class TiktokenTokenizer:
     def state(self) -> dict[str, Any]:
         if self.kind == "gpt2":
             return {"kind": "gpt2", "name": self.encoding.name, "ranks_sha256": ranks_digest(self.encoding)}
-        return {"kind": "bpe", "pattern": self.encoding._pat_str, "ranks": ranks_to_text(self.encoding._mergeable_ranks)}
+        state = {"kind": self.kind, "pattern": self.encoding._pat_str, "ranks": ranks_to_text(self.encoding._mergeable_ranks)}
+        if self.kind == "pretrained":  # ids as the folder had them: the special tokens may come anywhere
+            state |= {"name": self.encoding.name, "special_tokens": dict(self.encoding._special_tokens)}
+        return state
 
 
-def bpe_encoding(ranks: Mapping[bytes, int], pattern: str) -> tiktoken.Encoding:
+def bpe_encoding(ranks: Mapping[bytes, int], pattern: str, special_tokens: Mapping[str, int] | None = None,
+                 name: str | None = None) -> tiktoken.Encoding:
+    """tiktoken running these ranks; <|endoftext|> is the id after them unless special_tokens say otherwise."""
     return tiktoken.Encoding(
-        name=f"bpe_{len(ranks)}", pat_str=pattern, mergeable_ranks=dict(ranks), special_tokens={EOT: len(ranks)}
+        name=name or f"bpe_{len(ranks)}", pat_str=pattern, mergeable_ranks=dict(ranks),
+        special_tokens=dict(special_tokens or {EOT: len(ranks)}),
     )
 
 
@@ -212,4 +220,7 @@ def tokenizer_from_state(state: Mapping[str, Any], cache_dir: Path = Path(".cach
                 f"delete {cache_dir / 'tiktoken'} so it is downloaded again"
             )
         return TiktokenTokenizer("gpt2", encoding)
+    if kind == "pretrained":
+        encoding = bpe_encoding(ranks_from_text(state["ranks"]), state["pattern"], state["special_tokens"], state["name"])
+        return TiktokenTokenizer("pretrained", encoding)
     raise UserError(f"a stored tokenizer of kind {kind!r} is not known to this version; use a checkpoint made with tokenizer={'|'.join(KINDS)}")
