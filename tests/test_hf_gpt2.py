@@ -150,7 +150,7 @@ def random_gpt(**options) -> GPT:
                           pos="learned", norm="layernorm", qk_norm=False, smear=False, **options))
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.normal_(0, 0.3 if parameter.dim() == 1 else 0.05)
+            parameter.normal_(0, 0.3 if parameter.dim() == 1 else 0.2)  # GELU inputs around 1: its form shows
     return model
 
 
@@ -208,7 +208,7 @@ def test_missing_files_and_a_pickle_each_get_one_line(gpt2_folder: Path, tmp_pat
      "holds tensor transformer.h.1.mlp.c_fc.weight of shape (32, 100), but its config.json's GPT-2 needs (32, 128)"),
     ({"transformer.h.2.ln_1.weight": torch.ones(32)}, "holds tensor transformer.h.2.ln_1.weight (32,), which a GPT-2"),
     ({"transformer.ln_f.bias": None}, "lacks tensor transformer.ln_f.bias, which a GPT-2 of its config.json's shape has"),
-])
+], ids=["wrong shape", "unexpected", "missing"])
 def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
     gpt2_folder: Path, tmp_path: Path, change: dict, words: str
 ) -> None:
@@ -224,7 +224,7 @@ def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
     ({"n_inner": 100}, "n_inner=100: this project's MLP is 4 * n_embd = 128 wide"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),
     ({"activation_function": "silu"}, 'activation_function="silu": this project\'s MLP has gelu_new, gelu_pytorch_tanh, gelu, relu2'),
-])
+], ids=lambda value: next(iter(value)) if isinstance(value, dict) else "")
 def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_folder: Path, tmp_path: Path, change: dict, words: str) -> None:
     folder = copy_folder(gpt2_folder, tmp_path / "edited")
     edit_config(folder, **change)
