@@ -61,7 +61,7 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     """config.json of a Hugging Face folder, with GPT2Config's defaults for the keys it leaves out."""
     path = Path(folder) / CONFIG
     if not path.is_file():
-        raise UserError(f"{folder} holds no {CONFIG}: a Hugging Face GPT-2 folder has {CONFIG} and {WEIGHTS}")
+        raise UserError(f"{folder} has no {CONFIG}: a Hugging Face GPT-2 folder holds {CONFIG} and {WEIGHTS}")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -169,7 +169,7 @@ def load_hf_weights(folder: Path, model: GPT) -> None:
     parameters = dict(model.named_parameters(remove_duplicate=False))  # tied: lm_head.weight too
     plan = _load_plan(path, header, model.config, parameters)
     # A tensor to transpose (Conv1D) or convert passes through one scratch buffer, reused: a new
-    # temporary per tensor leaves glibc's heap fragmented, 0.35 GB over one copy at gpt2-medium.
+    # temporary per tensor leaves glibc's heap fragmented, 0.4 GB over one copy at gpt2-medium.
     staged = [(name, shape) for name, ours, shape in plan if _needs_staging(name, header, parameters[ours])]
     scratch = torch.empty(max((_nbytes(header, name, shape) for name, shape in staged), default=0), dtype=torch.uint8)
     with open(path, "rb") as file:
