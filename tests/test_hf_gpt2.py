@@ -129,6 +129,13 @@ def test_the_original_gpt2_files_names_without_prefix_and_with_mask_buffers_load
     assert max_logit_gap(model, reference, tokens()) < TOLERANCE
 
 
+def test_half_precision_weights_load_as_float32(tmp_path: Path) -> None:
+    tiny_gpt2().half().save_pretrained(tmp_path)  # F16 in the file: read, then converted (and transposed)
+    model, _ = gpt_from_hf(tmp_path)
+    assert model.tok_emb.weight.dtype == torch.float32
+    assert max_logit_gap(model, tiny_gpt2().half().float(), tokens()) < TOLERANCE
+
+
 def test_a_smaller_block_size_crops_the_positions_and_a_larger_one_is_refused(gpt2_folder: Path, reference: GPT2LMHeadModel) -> None:
     model, notes = gpt_from_hf(gpt2_folder, block_size=16)
     assert notes == [f"model.block_size=16 crops GPT-2's {POSITIONS} positions to 16"]
