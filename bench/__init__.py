@@ -48,6 +48,8 @@ Sections (each figure is the median of --repeats runs):
                sends (tokenizing, the forward with attention weights, the top 5 next tokens, the
                losses), for block_size (128) tokens of a held-out story and the default model on
                CPU; intact, and with one head knocked out (two forwards)
+    loading    (not by default; writes 1.4 GB) peak memory of a fresh process loading GPT-2 medium's shape of
+               random weights from a Hugging Face folder (model_io/hf_gpt2.py), against their file's size
 
 Results go to bench_results/bench-<date>_<time>.json (git-ignored) unless --out says otherwise;
 the training section's run dirs go beside it.

@@ -13,6 +13,7 @@ import bench
 from bench.attention import bench_attention
 from bench.common import ROOT
 from bench.corpora import bench_data
+from bench.loading import bench_loading
 from bench.nanogpt import bench_nanogpt
 from bench.sampling import bench_sampling
 from bench.startup import bench_startup
@@ -22,7 +23,7 @@ from bench.text import bench_text
 from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab",
-            "text")
+            "text", "loading")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup", "text")
 
 
@@ -77,6 +78,8 @@ def main() -> None:
         results["tab"] = bench_tab(args.repeats, work)
     if "text" in sections:
         results["text"] = bench_text(args.repeats, work)
+    if "loading" in sections:
+        results["loading"] = bench_loading(work)
 
     print_table(results)
     record = {

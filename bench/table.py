@@ -59,6 +59,11 @@ def print_table(results: dict) -> None:
         rows.append((f"Attention tab, your text ({t['tokens']} tokens)", f"{t['answer_ms']:.0f} ms per answer, "
                      f"{t['knocked_out_answer_ms']:.0f} ms with a head knocked out (default model, CPU, "
                      f"{t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
+    if "loading" in results:
+        m = results["loading"]
+        rows.append(("loading GPT-2 medium's shape (Hugging Face folder)",
+                     f"peak memory {m['peak_gb']:.2f} GB for {m['weights_gb']:.2f} GB of weights ({m['peak_vs_weights']:.2f}x; "
+                     f"{m['imports_gb']:.2f} GB of it the imports)"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

@@ -2,7 +2,7 @@
 
 What is here:
     GPTConfig  the shape of the network (the keys of the `model` config group, plus vocab_size)
-    MLP        position-wise feed-forward: Linear(C, 4C) -> GELU -> Linear(4C, C)
+    MLP        position-wise feed-forward: Linear(C, 4C) -> GELU (or ReLU^2) -> Linear(4C, C)
     Block      pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))
     Smear      each token's embedding takes in a gated share of the previous token's
     Caches     what generation keeps between calls: a KVCache per layer, the last embedding
@@ -50,13 +50,13 @@ class GPTConfig:
     attention: str = "sdpa"  # "sdpa" (fused) or "manual" (explicit math)
     pos: str = "learned"  # "learned" position embeddings (GPT-2), or "rope": rotary, in attention
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
-    mlp: str = "gelu"  # "gelu" (GPT-2) or "relu2": ReLU(x)^2
+    mlp: str = "gelu"  # "gelu_tanh" (GPT-2's tanh-approximated GELU), "gelu" (exact, erf) or "relu2": ReLU(x)^2
     tie_head: bool = True  # the LM head shares the token embedding matrix
     qk_norm: bool = False  # RMS-normalise queries and keys in every head before scoring
     smear: bool = False  # add to each token's embedding a gated share of the previous token's
 
 
-POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2")
+POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "gelu_tanh", "relu2")
 
 
 def make_norm(config: GPTConfig) -> nn.Module:
@@ -95,11 +95,15 @@ class MLP(nn.Module):
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.relu2 = config.mlp == "relu2"
+        self.activation = config.mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.fc(x)  # (B, T, C) -> (B, T, 4C)
-        x = relu_squared(x) if self.relu2 else F.gelu(x)  # (B, T, 4C)
+        if self.activation == "relu2":
+            x = relu_squared(x)  # (B, T, 4C)
+        else:
+            # GPT-2 was trained with tanh's approximation of GELU; its weights expect it exactly.
+            x = F.gelu(x, approximate="tanh" if self.activation == "gelu_tanh" else "none")  # (B, T, 4C)
         return self.dropout(self.proj(x))  # (B, T, 4C) -> (B, T, C)
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT
 
 import bench.attention
+import bench.loading
 import bench.sampling
 from bench.cli import main
 from model import GPT, GPTConfig
@@ -35,7 +36,7 @@ def test_an_unknown_section_is_one_clear_line():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab, text)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab, text, loading)\n"
     )
 
 
@@ -144,3 +145,13 @@ def test_the_text_section_times_the_tabs_answer_to_128_tokens_for_the_default_mo
     assert 900_000 < text["params"] < 1_000_000  # the default model, with the default run's vocabulary
     assert 0 < text["answer_ms"] < text["knocked_out_answer_ms"]  # knocked out: the intact forward too
     assert "Attention tab, your text (128 tokens)" in printed and "ms per answer" in printed
+
+
+def test_the_loading_section_measures_a_fresh_process_loading_a_hugging_face_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.loading, "GPT2_MEDIUM", {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 64, "vocab_size": 5000})
+    record, printed = run_bench("--only", "loading", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    loading = record["results"]["loading"]
+    assert 0.0015 < loading["weights_gb"] < 0.0017  # (5000 + 64) x 64 + 2 blocks of 12 x 64 x 64 + biases, fp32
+    assert 0 < loading["imports_gb"] <= loading["peak_gb"]  # a tiny model fits in what the imports left free
+    assert "loading GPT-2 medium's shape (Hugging Face folder)" in printed and "GB of weights" in printed
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("*.safetensors"))

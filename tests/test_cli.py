@@ -367,7 +367,7 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         (["optim.lr=0"], "error: optim.lr=0"),
         (["model.pos=alibi"], "error: model.pos=alibi must be one of learned, rope"),
         (["model.pos=rope", "model.n_embd=36", "model.n_head=4"], "error: model.pos=rope needs an even head size"),
-        (["model.mlp=swish"], "error: model.mlp=swish must be one of gelu, relu2"),
+        (["model.mlp=swish"], "error: model.mlp=swish must be one of gelu, gelu_tanh, relu2"),
         (["optim.name=sgd"], "error: optim.name=sgd must be one of adamw, muon"),
         (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),
         (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: shakespeare_char_cpu"),

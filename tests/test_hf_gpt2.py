@@ -1,0 +1,262 @@
+"""Hugging Face GPT-2 folders in and out (model_io/hf_gpt2.py), with transformers' GPT2LMHeadModel as
+the reference: tiny random GPT-2s written by save_pretrained, never the Hub."""
+
+import json
+import time
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from model.generation import generate_tokens
+from model.gpt import GPT, GPTConfig, eval_mode
+from model_io.hf_gpt2 import (
+    export_blockers,
+    gpt_config_from_hf,
+    gpt_from_hf,
+    hf_files_for,
+    load_hf_weights,
+    resolve_pretrained,
+    save_hf_gpt2,
+)
+from user_error import UserError
+
+VOCAB, POSITIONS, EOT = 301, 64, 300
+TOLERANCE = 1e-5  # fp32: the same math in another order is ~2e-6 apart here, exact GELU ~2e-3
+
+
+# A trained GPT-2's scale rather than HF's init (0.02 everywhere): logits of a few units, and GELU
+# inputs around 1, where its tanh form is ~1e-4 off erf's (near 0 the two agree).
+WEIGHT_STDS = {"wte.weight": 0.3, "mlp.c_fc.weight": 0.3, "mlp.c_proj.weight": 0.2}
+
+
+def tiny_gpt2(seed: int = 0, **options) -> GPT2LMHeadModel:
+    """A random GPT2LMHeadModel with GPT-2's settings (tanh GELU, eps 1e-5, biases) at a tiny size;
+    its LayerNorms perturbed away from 1 and 0 so that a lost or swapped one shows."""
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=POSITIONS, vocab_size=VOCAB,
+                        activation_function="gelu_new", bos_token_id=EOT, eos_token_id=EOT, **options)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            std = next((std for suffix, std in WEIGHT_STDS.items() if name.endswith(suffix)), None)
+            if ".ln_" in name:
+                parameter.add_(0.3 * torch.randn_like(parameter))
+            elif std is not None:
+                parameter.normal_(0, std)
+            elif name.endswith("bias"):
+                parameter.normal_(0, 0.02)
+    return model
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("gpt2")
+    tiny_gpt2().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(gpt2_folder: Path) -> GPT2LMHeadModel:
+    return AutoModelForCausalLM.from_pretrained(gpt2_folder).eval()
+
+
+def tokens(length: int = 40, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))  # (2, length)
+
+
+def max_logit_gap(ours: GPT, theirs: GPT2LMHeadModel, idx: torch.Tensor) -> float:
+    with torch.no_grad(), eval_mode(ours):
+        return (ours(idx)[0] - theirs(idx).logits).abs().max().item()
+
+
+def copy_folder(source: Path, destination: Path, leave_out: str = "") -> Path:
+    destination.mkdir()
+    for path in source.iterdir():
+        if path.name != leave_out:
+            (destination / path.name).write_bytes(path.read_bytes())
+    return destination
+
+
+def one_line_error(call, *args, **kwargs) -> str:
+    with pytest.raises(UserError) as raised:
+        call(*args, **kwargs)
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+def test_gpt2_folder_gives_transformers_logits(gpt2_folder: Path, reference: GPT2LMHeadModel) -> None:
+    model, notes = gpt_from_hf(gpt2_folder)
+    assert (model.config.mlp, model.config.pos, model.config.bias, model.config.tie_head) == ("gelu_tanh", "learned", True, True)
+    assert notes == []
+    assert model.lm_head.weight is model.tok_emb.weight
+    assert max_logit_gap(model, reference, tokens()) < TOLERANCE
+
+
+def test_exact_gelu_in_place_of_gpt2s_tanh_gelu_changes_the_logits(gpt2_folder: Path, reference: GPT2LMHeadModel) -> None:
+    config, _ = gpt_config_from_hf(gpt2_folder)
+    config.mlp = "gelu"
+    model = GPT(config)
+    load_hf_weights(gpt2_folder, model)  # into a model with real parameters this time
+    assert max_logit_gap(model, reference, tokens()) > 10 * TOLERANCE
+
+
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_greedy_tokens_match_transformers_generate(gpt2_folder: Path, reference: GPT2LMHeadModel, use_kv_cache: bool) -> None:
+    model, _ = gpt_from_hf(gpt2_folder)
+    prompt = tokens(length=6)
+    theirs = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30,
+                                do_sample=False, pad_token_id=EOT)
+    ours = generate_tokens(model, prompt, max_new_tokens=30, temperature=0.0, use_kv_cache=use_kv_cache)
+    assert ours.tolist() == theirs.tolist()
+
+
+def test_the_original_gpt2_files_names_without_prefix_and_with_mask_buffers_load(
+    gpt2_folder: Path, reference: GPT2LMHeadModel, tmp_path: Path
+) -> None:
+    # The gpt2 repo's model.safetensors holds GPT2Model's names ("wte.weight", "h.0.ln_1.weight")
+    # and each layer's causal-mask buffer "h.{i}.attn.bias", which older transformers saved.
+    folder = copy_folder(gpt2_folder, tmp_path / "original", leave_out="model.safetensors")
+    tensors = {name.removeprefix("transformer."): tensor for name, tensor in load_file(gpt2_folder / "model.safetensors").items()}
+    for layer in range(2):
+        tensors[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS))
+    save_file(tensors, folder / "model.safetensors")
+    model, _ = gpt_from_hf(folder)
+    assert max_logit_gap(model, reference, tokens()) < TOLERANCE
+
+
+def test_half_precision_weights_load_as_float32(tmp_path: Path) -> None:
+    tiny_gpt2().half().save_pretrained(tmp_path)  # F16 in the file: read, then converted (and transposed)
+    model, _ = gpt_from_hf(tmp_path)
+    assert model.tok_emb.weight.dtype == torch.float32
+    assert max_logit_gap(model, tiny_gpt2().half().float(), tokens()) < TOLERANCE
+
+
+def test_a_smaller_block_size_crops_the_positions_and_a_larger_one_is_refused(gpt2_folder: Path, reference: GPT2LMHeadModel) -> None:
+    model, notes = gpt_from_hf(gpt2_folder, block_size=16)
+    assert notes == [f"model.block_size=16 crops GPT-2's {POSITIONS} positions to 16"]
+    assert model.pos_emb.weight.shape == (16, 32)
+    assert max_logit_gap(model, reference, tokens(length=16)) < TOLERANCE
+    message = one_line_error(gpt_from_hf, gpt2_folder, block_size=POSITIONS + 1)
+    assert f"model.block_size={POSITIONS + 1} is longer than the {POSITIONS} positions" in message
+
+
+def test_a_vocab_size_that_contradicts_the_weights_is_refused(gpt2_folder: Path) -> None:
+    message = one_line_error(gpt_config_from_hf, gpt2_folder, vocab_size=50304)
+    assert f"vocab_size=50304 contradicts {gpt2_folder / 'config.json'}, whose weights have {VOCAB} tokens" in message
+
+
+def random_gpt(**options) -> GPT:
+    """Our GPT, GPT-2-shaped unless options say otherwise, with every parameter random."""
+    torch.manual_seed(2)
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=POSITIONS, n_layer=2, n_head=2, n_embd=32,
+                          pos="learned", norm="layernorm", qk_norm=False, smear=False, **options))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3 if parameter.dim() == 1 else 0.2)  # GELU inputs around 1: its form shows
+    return model
+
+
+@pytest.mark.parametrize("options", [{"bias": True, "mlp": "gelu_tanh"}, {"bias": False, "mlp": "gelu"},
+                                     {"bias": True, "mlp": "relu2", "tie_head": False}],
+                         ids=["gpt2", "bias=False,gelu", "relu2,untied"])
+def test_export_loads_in_transformers_with_the_same_logits_and_back(options: dict, tmp_path: Path) -> None:
+    model = random_gpt(**options)
+    save_hf_gpt2(model, tmp_path, eot_id=EOT)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(theirs) is GPT2LMHeadModel
+    assert theirs.config.eos_token_id == EOT
+    assert max_logit_gap(model, theirs, tokens()) < TOLERANCE
+    back, _ = gpt_from_hf(tmp_path)
+    assert max_logit_gap(back, theirs, tokens()) < TOLERANCE
+
+
+def test_a_bias_free_model_exports_zero_biases(tmp_path: Path) -> None:
+    _, tensors = hf_files_for(random_gpt(bias=False), eot_id=EOT)
+    assert tensors["transformer.h.0.attn.c_attn.bias"].shape == (96,)
+    assert all(tensor.count_nonzero() == 0 for name, tensor in tensors.items() if name.endswith(".bias"))
+
+
+def test_export_blockers_name_every_option_gpt2_cannot_represent() -> None:
+    default = GPTConfig(vocab_size=VOCAB, pos="rope", norm="rmsnorm", qk_norm=True, smear=True, mlp="relu2")
+    blockers = export_blockers(default)
+    assert [blocker.split(" ")[0] for blocker in blockers] == ["model.pos=rope", "model.norm=rmsnorm",
+                                                                "model.qk_norm=true", "model.smear=true"]
+    assert export_blockers(random_gpt().config) == []
+    message = one_line_error(hf_files_for, GPT(default), eot_id=EOT)
+    assert all(blocker in message for blocker in blockers)
+
+
+def edit_config(folder: Path, **changes) -> None:
+    path = folder / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def test_missing_files_and_a_pickle_each_get_one_line(gpt2_folder: Path, tmp_path: Path) -> None:
+    no_config = copy_folder(gpt2_folder, tmp_path / "no_config", leave_out="config.json")
+    assert f"{no_config} has no config.json: a Hugging Face GPT-2 folder holds" in one_line_error(gpt_from_hf, no_config)
+    no_weights = copy_folder(gpt2_folder, tmp_path / "no_weights", leave_out="model.safetensors")
+    assert f"{no_weights} has no model.safetensors:" in one_line_error(resolve_pretrained, no_weights)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert f"{empty} has no config.json and no model.safetensors" in one_line_error(resolve_pretrained, empty)
+    pickle = copy_folder(gpt2_folder, tmp_path / "pickle", leave_out="model.safetensors")
+    (pickle / "pytorch_model.bin").write_bytes(b"never unpickled")
+    message = one_line_error(gpt_from_hf, pickle)
+    assert "holds pytorch_model.bin but no model.safetensors: only safetensors are read, never a pickle" in message
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"transformer.h.1.mlp.c_fc.weight": torch.zeros(32, 100)},
+     "holds tensor transformer.h.1.mlp.c_fc.weight of shape (32, 100), but its config.json's GPT-2 needs (32, 128)"),
+    ({"transformer.h.2.ln_1.weight": torch.ones(32)}, "holds tensor transformer.h.2.ln_1.weight (32,), which a GPT-2"),
+    ({"transformer.ln_f.bias": None}, "lacks tensor transformer.ln_f.bias, which a GPT-2 of its config.json's shape has"),
+], ids=["wrong shape", "unexpected", "missing"])
+def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
+    gpt2_folder: Path, tmp_path: Path, change: dict, words: str
+) -> None:
+    folder = copy_folder(gpt2_folder, tmp_path / "edited", leave_out="model.safetensors")
+    tensors = load_file(gpt2_folder / "model.safetensors") | change
+    save_file({name: tensor for name, tensor in tensors.items() if tensor is not None}, folder / "model.safetensors")
+    assert words in one_line_error(gpt_from_hf, folder)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"model_type": "llama"}, 'model_type="llama": this project reads GPT-2 models only'),
+    ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06: this project's LayerNorm uses 1e-05"),
+    ({"n_inner": 100}, "n_inner=100: this project's MLP is 4 * n_embd = 128 wide"),
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),
+    ({"activation_function": "silu"}, 'activation_function="silu": this project\'s MLP has gelu_new, gelu_pytorch_tanh, gelu, relu2'),
+], ids=lambda value: next(iter(value)) if isinstance(value, dict) else "")
+def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_folder: Path, tmp_path: Path, change: dict, words: str) -> None:
+    folder = copy_folder(gpt2_folder, tmp_path / "edited")
+    edit_config(folder, **change)
+    assert f"{folder / 'config.json'} has {words}" in one_line_error(gpt_from_hf, folder)
+
+
+def test_a_local_folder_resolves_to_itself_and_a_missing_path_is_named(gpt2_folder: Path, tmp_path: Path) -> None:
+    assert resolve_pretrained(str(gpt2_folder)) == gpt2_folder
+    message = one_line_error(resolve_pretrained, str(tmp_path / "nowhere"))
+    assert "is neither a folder here nor a Hugging Face Hub repo id" in message
+
+
+@pytest.mark.parametrize("no_hub", ["HF_HUB_OFFLINE=1", "an endpoint that refuses"])
+def test_a_hub_repo_id_without_the_hub_fails_at_once_and_writes_nothing(
+    no_hub: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same as setting HF_HUB_OFFLINE or HF_ENDPOINT before huggingface_hub is imported.
+    if no_hub == "HF_HUB_OFFLINE=1":
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    else:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port: refused
+    cache = tmp_path / "cache"
+    start = time.perf_counter()
+    message = one_line_error(resolve_pretrained, "openai-community/gpt2", cache_dir=cache)
+    assert time.perf_counter() - start < 5
+    assert message.startswith("init_from=openai-community/gpt2 is not a folder here and needs the Hugging Face Hub once")
+    assert "nothing was written" in message and "hf download openai-community/gpt2 config.json model.safetensors" in message
+    assert not cache.exists() or not any(cache.rglob("*"))
