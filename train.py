@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from cli.config import resumed_config, validate_train_config
+from cli.config import pretrained_config, resumed_config, validate_train_config
 from cli.errors import exit_on_user_error, run_cli, said_once_per_machine
 from cli.run_dir import RunRecord
 from data.dataset import TokenData, get_batch
@@ -78,7 +78,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
         run_cfg, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
         if finished(run_cfg, checkpoint):  # resume=auto, or a restart, found nothing left to do
             return checkpoint.best_val_loss
-        ranks, precision, data, model = build_data_and_model(run_cfg)
+        ranks, precision, data, model = build_data_and_model(run_cfg, from_weights=checkpoint is None)
         if run_cfg.debug == "shapes":  # the shape walk of this model instead of a run
             show_shapes(run_cfg, ranks, data, model)
             return math.nan
@@ -106,6 +106,8 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: 
             if checkpoint.run_state is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
                                 "saved by an older version); start a new run, or sample from it")
+        if cfg.init_from and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
+            changes = pretrained_config(cfg, overrides)
         validate_train_config(cfg)
         if finished(cfg, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "
@@ -130,6 +132,9 @@ def say_where_it_starts(cfg: DictConfig, checkpoint: Checkpoint | None, changes:
         log.info(f"resuming {shown_dir} at step {checkpoint.step}" + "".join(f"; {c}" for c in changes))
     elif cfg.resume == AUTO or restarted:
         log.info(f"no {LAST} in {shown_dir} yet: a new run there")
+    if cfg.init_from and not checkpoint:
+        log.info(f"init_from={cfg.init_from}: weights, shape and tokenizer from {cfg.tokenizer.path}"
+                 + "".join(f"; {note}" for note in changes))
 
 
 def show_shapes(cfg: DictConfig, ranks: Ranks, data: TokenData, model: GPT) -> None:

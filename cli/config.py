@@ -1,7 +1,9 @@
 """The config's checks: the range of every value (types and choices are checked earlier, by
 Hydra, against cli/schema.py), and a resumed run's config."""
 
+import hashlib
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -10,6 +12,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 from cli.errors import refused_value_line
 from cli.schema import typed_train_config
 from model.attention import divisors
+from model_io.hf_gpt2 import gpt_config_from_hf, resolve_pretrained
 from training.run import plain_config
 from user_error import UserError
 
@@ -37,7 +40,9 @@ def validate_train_config(cfg: Any) -> None:
     betas = list(optim.betas)
     require(len(betas) == 2 and all(isinstance(b, int | float) and 0 <= b < 1 for b in betas),
             f"optim.betas={betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]")
-    for key in ("max_steps", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
+    require(train.max_steps >= 1 or (train.max_steps == 0 and cfg.init_from),
+            f"train.max_steps={train.max_steps} must be at least 1 (0 only with init_from: the weights as they came)")
+    for key in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
     require(train.save_interval >= 0, f"train.save_interval={train.save_interval} must be 0 (only at evaluations) or more")
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
@@ -69,7 +74,7 @@ def validate_sample_config(cfg: Any, vocab_size: int) -> None:
 
 # What a resumed run may not change: the network, its tokens, the text it learns from, and
 # which optimizer holds its state.
-FIXED_ON_RESUME = ("model", "tokenizer", "data", "optim.name")
+FIXED_ON_RESUME = ("model", "tokenizer", "data", "optim.name", "init_from")
 
 
 def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tuple[Any, list[str]]:
@@ -94,6 +99,50 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
         OmegaConf.update(resumed, key, new, merge=False, force_add=True)
         changes.append(f"{key} {old} -> {new}")
     return resumed, changes
+
+
+# What the weights fix, and what a run starting from them may still choose (model.block_size
+# crops the positions; model.dropout and model.attention change no weight).
+SHAPE_FROM_WEIGHTS = ("n_layer", "n_head", "n_embd", "bias", "pos", "norm", "mlp", "tie_head", "qk_norm", "smear")
+MODEL_DEFAULTS = Path(__file__).resolve().parent.parent / "configs" / "model" / "gpt.yaml"
+
+
+def pretrained_config(cfg: Any, overrides: list[str]) -> list[str]:
+    """A new run with init_from: cfg's model group becomes the shape of the weights and its
+    tokenizer theirs (in place). A model value asked for (on the command line, or by a preset
+    where it differs from configs/model/gpt.yaml) that contradicts the weights, or any tokenizer
+    choice, is refused. Returns notes for the log (a cropped context)."""
+    folder = resolve_pretrained(cfg.init_from)
+    typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
+    tokenizer_choice = next((typed[key] for key in typed if key == "tokenizer" or key.startswith("tokenizer.")), None)
+    require(tokenizer_choice is None, f"init_from={cfg.init_from} brings its own tokenizer (from {folder}); "
+                                      f"drop {tokenizer_choice}")
+    defaults = OmegaConf.load(MODEL_DEFAULTS)
+
+    def asked(key: str) -> bool:
+        return f"model.{key}" in typed or plain(cfg.model[key]) != defaults[key]
+
+    block_size = cfg.model.block_size if asked("block_size") else None
+    shape, notes = gpt_config_from_hf(folder, block_size=block_size, dropout=cfg.model.dropout)
+    for key in SHAPE_FROM_WEIGHTS:
+        weights_value = getattr(shape, key)
+        require(not asked(key) or plain(cfg.model[key]) == weights_value,
+                f"model.{key}={plain(cfg.model[key])} contradicts the weights of init_from={cfg.init_from}, "
+                f"which have model.{key}={weights_value}; drop it: the shape comes from the weights")
+        cfg.model[key] = weights_value
+    cfg.model.block_size = shape.block_size
+    cfg.tokenizer = {"kind": "pretrained", "path": str(folder), "files_sha256": tokenizer_files_sha256(folder)}
+    return notes
+
+
+def tokenizer_files_sha256(folder: Path) -> str:
+    """One hash of the tokenizer files a Hugging Face folder holds."""
+    names = [name for name in ("tokenizer.json", "vocab.json", "merges.txt") if (folder / name).is_file()]
+    require(bool(names), f"{folder} has no tokenizer: a GPT-2 folder holds vocab.json and merges.txt, or tokenizer.json")
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(name.encode() + (folder / name).read_bytes())
+    return digest.hexdigest()
 
 
 def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:

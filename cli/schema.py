@@ -173,7 +173,16 @@ class LoopSchema:
 # The options of the groups whose keys differ from option to option, by the name of the
 # option, which is also the value of its data.source or tokenizer.kind.
 DATA_SCHEMAS = {"stories": StoriesSchema, "shakespeare": ShakespeareSchema, "text": TextFilesSchema}
-TOKENIZER_SCHEMAS = {"bpe": BPESchema, "char": CharSchema, "gpt2": GPT2Schema}
+@dataclass
+class PretrainedSchema:
+    """The tokenizer of the weights init_from starts from: no config option picks it, train.py sets it."""
+
+    kind: str = MISSING
+    path: str = MISSING  # the Hugging Face folder (vocab.json and merges.txt, or tokenizer.json)
+    files_sha256: str = MISSING  # of those files: a changed folder never reuses cached ids
+
+
+TOKENIZER_SCHEMAS = {"bpe": BPESchema, "char": CharSchema, "gpt2": GPT2Schema, "pretrained": PretrainedSchema}
 
 
 @dataclass
@@ -186,6 +195,7 @@ class TrainSchema:
     optim: OptimSchema = field(default_factory=OptimSchema)
     train: LoopSchema = field(default_factory=LoopSchema)
     resume: str | None = MISSING
+    init_from: str | None = MISSING
     debug: DebugMode | None = MISSING
 
 

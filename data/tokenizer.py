@@ -19,7 +19,7 @@ The kinds:
            algorithm as a lesson), run by tiktoken.
     gpt2   tiktoken's GPT-2 encoding (50,257 tokens); its files are downloaded once.
     pretrained  a Hugging Face byte-level BPE (GPT-2's vocab.json and merges.txt, or a tokenizer.json)
-           run by tiktoken with Hugging Face's ids (model_io/hf_tokenizer.py reads the folder).
+           run by tiktoken with Hugging Face's ids (data/hf_tokenizer.py reads the folder).
 
     build_tokenizer(cfg, corpus_chars, train_texts, cache_dir, corpus_key)   a new one, from the config
     tokenizer_from_state(state, cache_dir)                                  the one a checkpoint stored
@@ -176,6 +176,10 @@ def build_tokenizer(cfg: Mapping[str, Any], corpus_chars: Iterable[str], train_t
         return TiktokenTokenizer("bpe", bpe_encoding(ranks, GPT2_PATTERN))
     if cfg["kind"] == "gpt2":
         return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=cfg.get("url")))
+    if cfg["kind"] == "pretrained":
+        from data.hf_tokenizer import encoding_from_hf_folder  # the tokenizers library only when needed
+
+        return TiktokenTokenizer("pretrained", encoding_from_hf_folder(cfg["path"]))
     raise UserError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
 
 

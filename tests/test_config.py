@@ -39,7 +39,15 @@ def test_hydra_and_omegaconf_are_the_versions_the_error_wording_was_written_agai
     )
 
 
-@pytest.mark.parametrize(("data", "tokenizer"), list(itertools.product(DATA_SCHEMAS, TOKENIZER_SCHEMAS)))
+# The tokenizer options a user picks; "pretrained" is set by init_from (the weights' own tokenizer).
+TOKENIZER_OPTIONS = sorted(path.stem for path in (ROOT / "configs" / "tokenizer").glob("*.yaml"))
+
+
+def test_every_tokenizer_schema_is_an_option_but_the_one_init_from_sets():
+    assert set(TOKENIZER_SCHEMAS) == {*TOKENIZER_OPTIONS, "pretrained"}
+
+
+@pytest.mark.parametrize(("data", "tokenizer"), list(itertools.product(DATA_SCHEMAS, TOKENIZER_OPTIONS)))
 def test_every_option_gives_every_key_a_type_and_a_value(data, tokenizer):
     cfg = composed("train", f"data={data}", f"tokenizer={tokenizer}")
     assert OmegaConf.missing_keys(cfg) == set()  # no key the YAML files forgot
@@ -50,7 +58,8 @@ def test_every_option_gives_every_key_a_type_and_a_value(data, tokenizer):
 
 
 def test_the_preset_and_sampling_configs_are_typed_and_complete():
-    assert OmegaConf.missing_keys(composed("train", "experiment=shakespeare_char_cpu")) == set()
+    for preset in ("shakespeare_char_cpu", "finetune_gpt2"):
+        assert OmegaConf.missing_keys(composed("train", f"experiment={preset}")) == set(), preset
     assert OmegaConf.missing_keys(composed("sample")) == set()
 
 

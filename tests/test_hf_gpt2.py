@@ -9,7 +9,7 @@ import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
 from model.generation import generate_tokens
 from model.gpt import GPT, GPTConfig, eval_mode
@@ -22,34 +22,11 @@ from model_io.hf_gpt2 import (
     resolve_pretrained,
     save_hf_gpt2,
 )
+from tests.helpers import tiny_gpt2
 from user_error import UserError
 
 VOCAB, POSITIONS, EOT = 301, 64, 300
 TOLERANCE = 1e-5  # fp32: the same math in another order is ~2e-6 apart here, exact GELU ~2e-3
-
-
-# A trained GPT-2's scale rather than HF's init (0.02 everywhere): logits of a few units, and GELU
-# inputs around 1, where its tanh form is ~1e-4 off erf's (near 0 the two agree).
-WEIGHT_STDS = {"wte.weight": 0.3, "mlp.c_fc.weight": 0.3, "mlp.c_proj.weight": 0.2}
-
-
-def tiny_gpt2(seed: int = 0, **options) -> GPT2LMHeadModel:
-    """A random GPT2LMHeadModel with GPT-2's settings (tanh GELU, eps 1e-5, biases) at a tiny size;
-    its LayerNorms perturbed away from 1 and 0 so that a lost or swapped one shows."""
-    torch.manual_seed(seed)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=POSITIONS, vocab_size=VOCAB,
-                        activation_function="gelu_new", bos_token_id=EOT, eos_token_id=EOT, **options)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            std = next((std for suffix, std in WEIGHT_STDS.items() if name.endswith(suffix)), None)
-            if ".ln_" in name:
-                parameter.add_(0.3 * torch.randn_like(parameter))
-            elif std is not None:
-                parameter.normal_(0, std)
-            elif name.endswith("bias"):
-                parameter.normal_(0, 0.02)
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from transformers import AutoTokenizer
 
 from data.bpe import GPT2_PATTERN, N_BYTES
+from data.hf_tokenizer import encoding_from_hf_folder, write_hf_tokenizer
 from data.stories import generate_stories
 from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, bpe_encoding, tokenizer_from_state, train_bpe_fast
-from model_io.hf_tokenizer import encoding_from_hf_folder, write_hf_tokenizer
 from user_error import UserError
 
 STORIES = "".join(generate_stories(seed=11, n_chars=30_000))

@@ -82,7 +82,8 @@ class Checkpoints:
         self.between_evaluations = Every(save_interval, at_start=False)
 
     def due(self, step: int, last: bool) -> bool:
-        return step > 0 and (self.evaluation.due(step, last) or self.between_evaluations(step, last))
+        # Step 0 is saved only when it is also the last (train.max_steps=0: weights as they came).
+        return (step > 0 or last) and (self.evaluation.due(step, last) or self.between_evaluations(step, last))
 
     def __call__(self, state: TrainState) -> None:
         evaluated_now = self.evaluation.history and self.evaluation.history[-1]["step"] == state.step

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model, load_weights
+from model_io.hf_gpt2 import load_hf_weights
 from training.distributed import Ranks, dist_backend
 from training.optimizer import build_optimizer
 from training.precision import Precision
@@ -46,8 +47,10 @@ class Run:
         return plain_config(self.cfg)
 
 
-def build_data_and_model(cfg: Any) -> tuple[Ranks, Precision, TokenData, GPT]:
-    """This process's place among the ranks, its precision, the tokenized corpus and a new model."""
+def build_data_and_model(cfg: Any, from_weights: bool = True) -> tuple[Ranks, Precision, TokenData, GPT]:
+    """This process's place among the ranks, its precision, the tokenized corpus and a new model:
+    random, or with init_from the weights of cfg.tokenizer.path (from_weights=False: a resumed run,
+    whose checkpoint brings its own)."""
     ranks = Ranks.join(cfg.train.device)
     precision = Precision(cfg.train.dtype, ranks.device)
     if precision.warning:
@@ -64,7 +67,13 @@ def build_data_and_model(cfg: Any) -> tuple[Ranks, Precision, TokenData, GPT]:
     if ranks.local_rank == 0:
         ranks.barrier()
     check_splits_fit(data, cfg.model.block_size)
-    model = build_model(cfg.model, data.tokenizer.vocab_size).to(ranks.device)
+    if cfg.init_from and from_weights:
+        with torch.device("meta"):  # no memory for random weights the file's replace at once
+            model = build_model(cfg.model, data.tokenizer.vocab_size)
+        load_hf_weights(Path(cfg.tokenizer.path), model)
+    else:
+        model = build_model(cfg.model, data.tokenizer.vocab_size)
+    model = model.to(ranks.device)
     return ranks, precision, data, model
 
 

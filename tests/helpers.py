@@ -1,0 +1,66 @@
+"""What several test files build: tiny Hugging Face GPT-2 folders, made offline with transformers
+and tokenizers (the independent reference), never fetched from the Hub."""
+
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tokenizers import ByteLevelBPETokenizer
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from data.stories import generate_stories
+from data.tokenizer import EOT
+
+# A trained GPT-2's scale rather than HF's init (0.02 everywhere): logits of a few units, and GELU
+# inputs around 1, where its tanh form is ~1e-4 off erf's (near 0 the two agree).
+WEIGHT_STDS = {"wte.weight": 0.3, "mlp.c_fc.weight": 0.3, "mlp.c_proj.weight": 0.2}
+HARD_TEXT = ("Café naïve, Straße, 日本語 and 🙂👍🏽 emoji\n\n\ttabs\t\tand   runs of    spaces \r\n"
+             "digits 1234567890 and 3.14, don't 'quote' it , so . it is ! is it ? it 's do n't \n")
+
+
+def tiny_gpt2(seed: int = 0, vocab_size: int = 301, eot_id: int = 300, n_positions: int = 64,
+              **options) -> GPT2LMHeadModel:
+    """A random GPT2LMHeadModel with GPT-2's settings (tanh GELU, eps 1e-5, biases) at a tiny size;
+    its LayerNorms perturbed away from 1 and 0 so that a lost or swapped one shows."""
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=n_positions, vocab_size=vocab_size,
+                        activation_function="gelu_new", bos_token_id=eot_id, eos_token_id=eot_id, **options)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            std = next((std for suffix, std in WEIGHT_STDS.items() if name.endswith(suffix)), None)
+            if ".ln_" in name:
+                parameter.add_(0.3 * torch.randn_like(parameter))
+            elif std is not None:
+                parameter.normal_(0, std)
+            elif name.endswith("bias"):
+                parameter.normal_(0, 0.02)
+    return model
+
+
+def tiny_bpe_folder(folder: Path, vocab_size: int = 400) -> ByteLevelBPETokenizer:
+    """A byte-level BPE trained by `tokenizers` on the built-in stories, <|endoftext|> first (id 0),
+    saved in GPT-2's layout (vocab.json, merges.txt) and as tokenizer.json."""
+    trained = ByteLevelBPETokenizer()
+    stories = "".join(generate_stories(seed=11, n_chars=30_000))
+    trained.train_from_iterator([stories, HARD_TEXT], vocab_size=vocab_size, special_tokens=[EOT], show_progress=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    trained.save(str(folder / "tokenizer.json"))
+    trained.save_model(str(folder))
+    return trained
+
+
+def tiny_gpt2_folder(folder: Path, seed: int = 0, n_positions: int = 64) -> Path:
+    """A whole Hugging Face GPT-2 folder, as init_from reads one: a tiny random model
+    (model.safetensors, config.json) and its tiny BPE (vocab.json, merges.txt, tokenizer.json)."""
+    trained = tiny_bpe_folder(folder)
+    eot_id = trained.token_to_id(EOT)
+    tiny_gpt2(seed, vocab_size=trained.get_vocab_size(), eot_id=eot_id, n_positions=n_positions).save_pretrained(folder)
+    return folder
+
+
+def read_events(run_dir: Path) -> EventAccumulator:
+    """A run's TensorBoard events, read whole by TensorBoard's own reader."""
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
