@@ -76,6 +76,15 @@ class LoadedModel:
     step: int
     version: tuple[int, int]  # the file's (mtime_ns, size): a run still training writes a new one
     n_bytes: int
+    last_intact: tuple[str, Predictions] | None = None  # the intact model's numbers on the last text read
+
+    def read(self, text: str, knocked_out: Collection[tuple[int, int]]) -> TextForward:
+        """forward_text, reusing the intact numbers of the same text read before: knocking heads
+        out after reading a text costs one forward, not two (at GPT-2 small's size, half the time)."""
+        kept = self.last_intact[1] if self.last_intact and self.last_intact[0] == text else None
+        forward = forward_text(self.model, self.tokenizer, text, knocked_out, intact=kept)
+        self.last_intact = (text, forward.intact or forward.predictions)
+        return forward
 
 
 def model_bytes(model: GPT) -> int:
@@ -125,7 +134,7 @@ class ModelCache:
         """The answer to one text: forward_text's numbers as the tab reads them."""
         with self.lock:
             loaded = self.get(folder, run)
-            return answer(run, loaded, forward_text(loaded.model, loaded.tokenizer, text, knocked_out))
+            return answer(run, loaded, loaded.read(text, knocked_out))
 
 
 def answer(run: str, loaded: LoadedModel, forward: TextForward) -> dict:

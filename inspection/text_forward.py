@@ -76,8 +76,10 @@ def predict(model: GPT, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, Predic
 
 
 def forward_text(model: GPT, tokenizer: Tokenizer, text: str, knocked_out: Collection[tuple[int, int]] = (),
-                 k: int = TOP_K) -> TextForward:
-    """The model reads text after <|endoftext|>, with the heads in knocked_out switched off."""
+                 k: int = TOP_K, intact: Predictions | None = None) -> TextForward:
+    """The model reads text after <|endoftext|>, with the heads in knocked_out switched off.
+    intact: the intact model's predictions on this text, when the caller kept them from an
+    earlier read (the tab: type a text, then knock heads out); else a second forward makes them."""
     ids = text_ids(tokenizer, text, model.config.block_size)
     heads = sorted(set(knocked_out))
     check_heads(model, heads)
@@ -85,9 +87,12 @@ def forward_text(model: GPT, tokenizer: Tokenizer, text: str, knocked_out: Colle
     idx = torch.tensor([ids], device=device)  # (1, T)
     with model.heads_knocked_out(heads):
         weights, predictions = predict(model, idx, k)
-    intact = intact_top_probs = None
-    if heads:
-        _, intact = predict(model, idx, k)
+    intact_top_probs = None
+    if not heads:
+        intact = None
+    else:
+        if intact is None:
+            _, intact = predict(model, idx, k)
         intact_top_probs = intact.log_probs.gather(1, predictions.top_ids).exp()  # (T, k)
     labels = [readable_token(piece) for piece in tokenizer.token_strings(ids)]
     return TextForward(ids, labels, weights, predictions, heads, intact, intact_top_probs)

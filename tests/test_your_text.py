@@ -6,10 +6,13 @@ import os
 import shutil
 
 import pytest
+import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
 from attention_tab.plugin import AttentionLoader
-from attention_tab.your_text import ModelCache, logdir_roots, model_bytes, run_folder
+from attention_tab.your_text import LoadedModel, ModelCache, logdir_roots, model_bytes, run_folder
+from inspection.text_forward import forward_text
+from model_io.checkpoint import Checkpoint
 from user_error import UserError
 
 
@@ -111,3 +114,21 @@ def test_the_text_box_runs_on_the_cpu_with_512_mb_of_models_unless_told_otherwis
         tensorboard_flags("--attention_tab_device", "gpu")
     with pytest.raises(FlagsError, match="--attention_tab_cache_mb=-1 must be at least 0"):
         tensorboard_flags("--attention_tab_cache_mb", "-1")
+
+
+def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_numbers(trained_run):
+    model, tokenizer = Checkpoint.load(trained_run / "ckpt_best.pt").build_model()
+    loaded = LoadedModel(model, tokenizer, trained_run / "ckpt_best.pt", 0, (0, 0), model_bytes(model))
+    forwards = []
+    model.lm_head.register_forward_hook(lambda *_: forwards.append(1))
+    text = "Once upon a time, there was a boy named Leo. One day, Leo"
+    loaded.read(text, [])
+    assert len(forwards) == 1
+    knocked = loaded.read(text, [(1, 0)])
+    assert len(forwards) == 2  # the knocked-out model's forward only: the intact numbers were kept
+    fresh = forward_text(model, tokenizer, text, [(1, 0)])  # both forwards, from scratch
+    assert torch.equal(knocked.intact.log_probs, fresh.intact.log_probs)
+    assert torch.equal(knocked.predictions.log_probs, fresh.predictions.log_probs)
+    before = len(forwards)
+    loaded.read(text + " went", [(1, 0)])  # another text: its intact numbers are computed anew
+    assert len(forwards) == before + 2
