@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from model.generation import generate_text
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from training.config import validate_sample_config
-from training.distributed import pick_device
+from training.devices import Machine, check_compiler, pick_device
 from training.errors import exit_on_user_error, run_cli
 from user_error import UserError
 
@@ -29,7 +29,10 @@ def main(cfg: DictConfig) -> None:
 
 
 def sample(cfg: DictConfig) -> None:
-    device = pick_device(cfg.device, key="device")
+    machine = Machine.this_one()
+    device = pick_device(cfg.device, machine, key="device")
+    if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
+        check_compiler("compile", device, machine)
     path = resolve_checkpoint(str(cfg.run))
     model, tokenizer = model_from_checkpoint(load_checkpoint(path))
     model.to(device)

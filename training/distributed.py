@@ -21,7 +21,7 @@ import torch.distributed as dist
 # aborts ("terminate called without an active exception").
 import torch.distributed.nn  # noqa: F401
 
-from user_error import UserError
+from training.devices import Machine, pick_device
 
 
 def env_rank() -> int:
@@ -63,10 +63,10 @@ class Ranks:
         self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
 
     @classmethod
-    def join(cls, device_name: str) -> "Ranks":
+    def join(cls, device_name: str, machine: Machine) -> "Ranks":
         rank, world_size = env_rank(), env_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = pick_device(device_name, local_rank, world_size)
+        device = pick_device(device_name, machine, local_rank, world_size)
         if world_size > 1:
             if device.type == "cuda":
                 torch.cuda.set_device(device)  # NCCL talks through the current device
@@ -133,26 +133,3 @@ def leave_process_group() -> None:
     the group (DistributedDataParallel does until collected), it ends here, and its threads with it."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def pick_device(name: str, local_rank: int = 0, world_size: int = 1, key: str = "train.device") -> torch.device:
-    """The device option (key: train.device, or sample.py's device): auto (CUDA when PyTorch
-    sees a GPU, else the CPU), cpu, cuda, cuda:<i>. Under torchrun, auto and cuda give each
-    process on a machine its own GPU: cuda:LOCAL_RANK."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"{key}={name} is not a device; use auto, cpu, cuda or cuda:<index>") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"{key}={name} but PyTorch sees no CUDA GPU here; use {key}=cpu (or auto)")
-    if device.type == "cuda" and world_size > 1:
-        if device.index is not None:
-            raise UserError(f"{key}={name} names one GPU, but torchrun started {world_size} processes; "
-                            f"use {key}=auto (or cuda): each process then takes GPU LOCAL_RANK")
-        device = torch.device("cuda", local_rank)
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"{key}={name} but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
-                        + (f" to local rank {local_rank}" if world_size > 1 else ""))
-    return device

@@ -14,6 +14,7 @@ from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
 from training.checkpoint import load_weights
 from training.config import build_model, plain_config, seed_everything
+from training.devices import Machine, check_compiler
 from training.distributed import Ranks, dist_backend
 from training.optimizer import build_optimizer
 from training.precision import Precision
@@ -47,8 +48,11 @@ class Run:
 
 def build_data_and_model(cfg: Any) -> tuple[Ranks, Precision, TokenData, GPT]:
     """This process's place among the ranks, its precision, the tokenized corpus and a new model."""
-    ranks = Ranks.join(cfg.train.device)
-    precision = Precision(cfg.train.dtype, ranks.device)
+    machine = Machine.this_one()
+    ranks = Ranks.join(cfg.train.device, machine)
+    precision = Precision.for_run(cfg.train.dtype, ranks.device, machine)
+    if cfg.train.compile:
+        check_compiler("train.compile", ranks.device, machine)
     if precision.warning:
         log.warning(f"warning: {precision.warning}")
     # Each rank its own seed, so dropout masks differ between ranks; the model itself starts
@@ -93,6 +97,7 @@ def describe(run: Run) -> None:
         f"vocab {tokenizer.vocab_size} ({tokenizer.kind}) | device: {run.ranks.device}"
         + (f" | {run.ranks.world_size} processes ({dist_backend()})" if run.ranks.distributed else "")
     )
+    log.info(f"precision: {run.precision.name} ({run.precision.why})")
     learned = tokenizer.vocab_size - 1  # BPE's byte tokens: all but <|endoftext|>
     if cfg.tokenizer.kind == "bpe" and learned < cfg.tokenizer.vocab_size:
         log.info(f"note: bpe has {learned} byte tokens, not the {cfg.tokenizer.vocab_size} of tokenizer.vocab_size: "
