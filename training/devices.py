@@ -59,10 +59,11 @@ def pick_device(name: str, machine: Machine, local_rank: int = 0, world_size: in
     """The device option (key: train.device, or sample.py's device): auto (a CUDA GPU, else Apple's
     MPS, else the CPU), cpu, cuda, cuda:<i> or mps. Under torchrun, auto and cuda give each process
     on a machine its own GPU, cuda:LOCAL_RANK; MPS takes one process (auto falls back to the CPU)."""
+    chosen = name
     if name == "auto":
-        name = "cuda" if machine.cuda_count else "mps" if machine.mps and world_size == 1 else "cpu"
+        chosen = "cuda" if machine.cuda_count else "mps" if machine.mps and world_size == 1 else "cpu"
     try:
-        device = torch.device(name)
+        device = torch.device(chosen)
     except RuntimeError:
         device = None
     if device is None or device.type not in DEVICE_TYPES:
