@@ -103,7 +103,7 @@ def test_fp16_stops_naming_the_step_once_an_overflow_takes_the_loss_scale_below_
     step = train_step("fp16", "adamw")
     # Every gradient overflows, at any scale, while the loss stays finite: fp16 has no room for it.
     next(step.model.parameters()).register_hook(lambda grad: torch.full_like(grad, math.inf))
-    step.precision.scaler.update(new_scale=4.0)
+    step.precision.scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     rng = np.random.default_rng(1)
     for i, scale in enumerate((2.0, 1.0)):
         result = step(i, 3e-3, rng)
