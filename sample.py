@@ -14,6 +14,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import generate_text
 from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from training.config import validate_sample_config
@@ -32,7 +33,7 @@ def sample(cfg: DictConfig) -> None:
     machine = Machine.this_one()
     device = pick_device(cfg.device, machine, key="device")
     if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
-        check_compiler("compile", device, machine)
+        check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     path = resolve_checkpoint(str(cfg.run))
     model, tokenizer = model_from_checkpoint(load_checkpoint(path))
     model.to(device)

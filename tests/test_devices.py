@@ -86,24 +86,27 @@ def test_train_dtype_auto_picks_bf16_fp16_or_fp32_by_the_machine_and_says_why(ma
         assert chosen == name and reason.startswith(why)
 
 
-COMPILERS = [  # machine, device -> the start of the refusal of compile=true, or None
-    (CPU_ONLY, "cpu", None),
-    (Machine(cc="/usr/bin/gcc"), "cpu", "train.compile=true needs a C++ compiler for Inductor's CPU kernels"),
-    (T4, "cuda", None),  # Triton builds with a C compiler; Inductor's C++ one is not needed on a GPU
-    (Machine(cuda_count=1, cxx="/usr/bin/g++"), "cuda", "train.compile=true needs a C compiler for Triton's GPU kernels"),
-    (Machine(cuda_count=1, cxx="/usr/bin/g++"), "cpu", None),
-    (INTEL_MAC, "cpu", "train.compile=true needs a C++ compiler"),
-    (Machine(mps=True, macos=(14, 0)), "mps", None),  # Metal compiles Inductor's shaders itself
+COMPILERS = [  # machine, device, C++ wrapper -> the start of the refusal of compile=true, or None
+    (CPU_ONLY, "cpu", False, None),
+    (Machine(cc="/usr/bin/gcc"), "cpu", False, "compile=true needs a C++ compiler for Inductor's CPU kernels"),
+    (T4, "cuda", False, None),  # Triton builds with a C compiler; Inductor's Python wrapper needs no C++ one
+    (T4, "cuda", True, "compile=true needs a C++ compiler for the C++ code Inductor writes around the kernels"),
+    (Machine(cuda_count=1, cxx="/usr/bin/g++"), "cuda", False, "compile=true needs a C compiler for Triton's GPU kernels"),
+    (Machine(cuda_count=1, cxx="/usr/bin/g++"), "cpu", False, None),
+    (INTEL_MAC, "cpu", False, "compile=true needs a C++ compiler"),
+    (Machine(mps=True, macos=(14, 0)), "mps", False, None),  # Metal compiles Inductor's shaders itself
+    (Machine(mps=True, macos=(14, 0)), "mps", True, "compile=true needs a C++ compiler for the C++ code"),
+    (MAC_14, "mps", True, None),
 ]
 
 
-@pytest.mark.parametrize(("machine", "device", "refusal"), COMPILERS)
-def test_compile_needs_the_compiler_its_device_compiles_with(machine, device, refusal):
+@pytest.mark.parametrize(("machine", "device", "cpp_wrapper", "refusal"), COMPILERS)
+def test_compile_needs_the_compilers_its_device_and_wrapper_compile_with(machine, device, cpp_wrapper, refusal):
     if refusal is None:
-        check_compiler("train.compile", torch.device(device), machine)
+        check_compiler("compile", torch.device(device), machine, cpp_wrapper)
     else:
         with pytest.raises(UserError, match="^" + re.escape(refusal)):
-            check_compiler("train.compile", torch.device(device), machine)
+            check_compiler("compile", torch.device(device), machine, cpp_wrapper)
 
 
 @pytest.fixture

@@ -90,11 +90,14 @@ def pick_device(name: str, machine: Machine, local_rank: int = 0, world_size: in
     return device
 
 
-def check_compiler(key: str, device: torch.device, machine: Machine) -> None:
+def check_compiler(key: str, device: torch.device, machine: Machine, cpp_wrapper: bool = False) -> None:
     """UserError, before any work, when key=true (train.compile, sample.py's compile) cannot compile
-    for device for want of a compiler. Apple's MPS needs none: Metal compiles Inductor's shaders."""
-    if device.type == "cpu" and machine.cxx is None:
-        raise UserError(f"{key}=true needs a C++ compiler for Inductor's CPU kernels, and there is none here "
+    for device for want of a compiler. cpp_wrapper: Inductor writes the code around the kernels in
+    C++ too (the compiled decode step), which takes the C++ compiler on every device. Apple's MPS
+    needs none of its own: Metal compiles Inductor's shaders."""
+    if (device.type == "cpu" or cpp_wrapper) and machine.cxx is None:
+        what = "Inductor's CPU kernels" if device.type == "cpu" else "the C++ code Inductor writes around the kernels"
+        raise UserError(f"{key}=true needs a C++ compiler for {what}, and there is none here "
                         f"($CXX, else {INDUCTOR_CXX} on PATH); install one (e.g. g++), point CXX at it, "
                         f"or run with {key}=false")
     if device.type == "cuda" and machine.cc is None:
