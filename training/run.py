@@ -16,6 +16,7 @@ from training.checkpoint import load_weights
 from training.config import build_model, plain_config, seed_everything
 from training.devices import Machine, check_compiler
 from training.distributed import Ranks, dist_backend
+from training.errors import said_once_per_machine
 from training.optimizer import build_optimizer
 from training.precision import Precision
 from training.run_state import restore_rng_states
@@ -49,10 +50,11 @@ class Run:
 def build_data_and_model(cfg: Any) -> tuple[Ranks, Precision, TokenData, GPT]:
     """This process's place among the ranks, its precision, the tokenized corpus and a new model."""
     machine = Machine.this_one()
-    ranks = Ranks.join(cfg.train.device, machine)
-    precision = Precision.for_run(cfg.train.dtype, ranks.device, machine)
-    if cfg.train.compile:
-        check_compiler("train.compile", ranks.device, machine)
+    with said_once_per_machine():  # the processes on a machine see the same one, and would all say it
+        ranks = Ranks.join(cfg.train.device, machine)
+        precision = Precision.for_run(cfg.train.dtype, ranks.device, machine)
+        if cfg.train.compile:
+            check_compiler("train.compile", ranks.device, machine)
     if precision.warning:
         log.warning(f"warning: {precision.warning}")
     # Each rank its own seed, so dropout masks differ between ranks; the model itself starts
