@@ -24,7 +24,7 @@ class Machine:
     cuda_bf16: bool = False  # the first one computes in bf16 natively (compute capability 8.0 or more)
     mps: bool = False  # Apple's GPU, through the MPS backend
     macos: tuple[int, ...] | None = None  # (14, 2) on macOS 14.2; None elsewhere
-    cxx: str | None = None  # the C++ compiler Inductor builds CPU kernels with, if found
+    cxx: str | None = None  # the C++ compiler Inductor builds CPU kernels and C++ wrappers with, if found
     cc: str | None = None  # the C compiler Triton builds its GPU kernels' launchers with, if found
 
     @classmethod
