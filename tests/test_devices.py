@@ -159,11 +159,6 @@ def test_sample_py_compile_true_without_a_compiler_is_refused_before_it_reads_th
     assert "no-such-run" in one_token.stderr  # one new token compiles nothing: no compiler needed
 
 
-def test_train_log_names_the_precision_auto_chose_and_why(trained_run):
-    log = (trained_run / "train.log").read_text()
-    assert "precision: fp32 (train.dtype=auto: fp32 on a CPU, where bf16 and fp16 matmuls are slower)" in log
-
-
 # A call to torch.cuda.<f> or torch.mps.<f> must sit where its backend was checked: in the body of
 # an `if` (or the true side of `x if test else y`, or a later operand of `and`) whose test asserts
 # the backend, or in the else branch of one whose test is `not` such a check. A test asserts CUDA
