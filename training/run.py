@@ -50,8 +50,8 @@ class Run:
 def build_data_and_model(cfg: Any) -> tuple[Ranks, Precision, TokenData, GPT]:
     """This process's place among the ranks, its precision, the tokenized corpus and a new model."""
     machine = Machine.this_one()
-    with said_once_per_machine():  # the processes on a machine see the same one, and would all say it
-        ranks = Ranks.join(cfg.train.device, machine)
+    ranks = Ranks.join(cfg.train.device, machine)
+    with said_once_per_machine():  # every process on a machine would refuse alike
         precision = Precision.for_run(cfg.train.dtype, ranks.device, machine)
         if cfg.train.compile:
             check_compiler("train.compile", ranks.device, machine)
