@@ -16,9 +16,10 @@ from omegaconf import DictConfig
 
 from cli.config import validate_sample_config
 from cli.errors import exit_on_user_error, run_cli
+from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import generate_text
 from model_io.checkpoint import Checkpoint, resolve_checkpoint
-from training.distributed import pick_device
+from training.devices import Machine, check_compiler, pick_device
 from user_error import UserError
 
 
@@ -29,7 +30,10 @@ def main(cfg: DictConfig) -> None:
 
 
 def sample(cfg: DictConfig) -> None:
-    device = pick_device(cfg.device, key="device")
+    machine = Machine.this_one()
+    device = pick_device(cfg.device, machine, key="device")
+    if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
+        check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     path = resolve_checkpoint(str(cfg.run))
     model, tokenizer = Checkpoint.load(path).build_model()
     model.to(device)

@@ -30,13 +30,21 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from cli.config import pretrained_config, resumed_config, validate_train_config
-from cli.errors import exit_on_user_error, run_cli, said_once_per_machine
+from cli.errors import exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from data.dataset import TokenData, get_batch
 from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import AUTO, LAST, Checkpoint, checkpoint_to_resume
-from training.distributed import Ranks, env_rank, env_world_size, leave_process_group, lost_contact, restart_count
+from training.distributed import (
+    Ranks,
+    env_rank,
+    env_world_size,
+    leave_process_group,
+    lost_contact,
+    restart_count,
+    said_once_per_machine,
+)
 from training.fit import Figures, fit
 from training.run import Run, build_data_and_model, build_run, describe, restore
 from training.state import TrainState

@@ -3,7 +3,6 @@
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -11,6 +10,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from training.distributed import leave_it_to_local_rank_zero, said_once_per_machine
 from user_error import UserError
 
 
@@ -70,32 +70,6 @@ def check_flags(args: list[str]) -> None:
         if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):
             key = arg.lstrip("+").split("=", 1)[0]
             raise UserError(f"{arg} adds {key}, which is not an option here; {options_hint()}")
-
-
-@contextmanager
-def said_once_per_machine() -> Iterator[None]:
-    """Under torchrun every process on a machine reads the same command line and config files,
-    so a check of the config alone fails the same way in each of them. The first process on
-    the machine (LOCAL_RANK 0) says why; the others leave it to that one."""
-    try:
-        yield
-    except UserError as err:
-        leave_it_to_local_rank_zero(str(err))
-        raise
-
-
-def leave_it_to_local_rank_zero(message: str) -> None:
-    """In a process other than the first on its machine, wait for torchrun to stop it: torchrun
-    stops every process once one has failed, so local rank 0 says the error and is reported as
-    the cause. (Were this one to exit first, torchrun could stop local rank 0 before it spoke.)"""
-    if os.environ.get("LOCAL_RANK", "0") in ("", "0") or os.environ.get("WORLD_SIZE", "1") in ("", "1"):
-        return  # the first process on its machine, or not started by torchrun
-    try:
-        time.sleep(60)
-    except KeyboardInterrupt:
-        sys.exit(130)  # Ctrl-C reaches every process: local rank 0 says what went wrong
-    print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
-    sys.exit(2)
 
 
 def options_hint() -> str:

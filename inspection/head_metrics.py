@@ -26,7 +26,7 @@ METRICS = ("entropy", "distance", "previous_token", "induction")
 def head_metrics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     """weights: (L, H, T, T), each row a query's weights over keys (rows sum to 1)."""
     T = weights.shape[-1]
-    weights = weights.double()  # (L, H, T, T)
+    weights = weights.to("cpu", torch.float64)  # (L, H, T, T); on the CPU, as Apple's MPS has no float64
     # xlogy(w, w) = w log w, and 0 where w == 0 (the masked future), as the limit says.
     entropy = -torch.special.xlogy(weights, weights).sum(dim=-1)  # (L, H, T): one number per query
     positions = torch.arange(T, dtype=weights.dtype)  # (T,)
@@ -52,4 +52,4 @@ def induction_score(weights: torch.Tensor, n: int) -> torch.Tensor:
     """weights: (L, H, 2n, 2n) on an induction_probe. Query n + i holds the token first seen
     at position i, which was followed by position i + 1: its weight there, averaged over i."""
     i = torch.arange(n)  # (n,)
-    return weights.double()[..., n + i, i + 1].mean(dim=-1)  # (L, H, n) -> (L, H)
+    return weights.to("cpu", torch.float64)[..., n + i, i + 1].mean(dim=-1)  # (L, H, n) -> (L, H)

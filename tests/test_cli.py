@@ -81,6 +81,7 @@ def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
     assert checkpoint["tokenizer"]["kind"] == "bpe"  # the default
     log = (trained_run / "train.log").read_text()
     assert "step 20: train loss" in log and "val loss" in log
+    assert "precision: fp32 (train.dtype=auto: fp32 on a CPU, where bf16 and fp16 matmuls are slower)" in log
     # Guards ckpt_best saved at the wrong evaluation or with a stale best_val_loss: the lowest val loss logged.
     val = {e.step: e.value for e in read_events(trained_run).Scalars("loss/val") if e.step > 0}
     best = torch.load(trained_run / "ckpt_best.pt", weights_only=True)
@@ -231,8 +232,18 @@ def test_sampling_with_the_compiled_decode_step_gives_the_eager_text(trained_run
     assert one_token.returncode == 0 and "compil" not in one_token.stderr  # the prompt's forward makes it
 
 
+def broken_compiler(folder: Path) -> dict[str, str]:
+    """The environment of a C++ compiler that is there but fails (no compiler at all is refused
+    before any work: tests/test_devices.py), with an empty kernel cache so that nothing compiled
+    earlier is reused."""
+    compiler = folder / "broken-g++"
+    compiler.write_text("#!/bin/sh\nexit 1\n")
+    compiler.chmod(0o755)
+    return {"CXX": str(compiler), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
+
+
 def test_a_decode_step_that_cannot_compile_is_one_line_that_names_the_way_out(trained_run, tmp_path):
-    env = {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = broken_compiler(tmp_path)
     result = spawn_cli("sample.py", f"run={trained_run}", "max_new_tokens=5", "compile=true", cwd=tmp_path, env=env)
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout, result.stderr
     note, error = result.stderr.strip().splitlines()  # what it was doing, then why it stopped
@@ -500,9 +511,7 @@ def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
 
 
 def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path):
-    # A real failure: inductor is pointed at a C++ compiler that does not exist, with an
-    # empty kernel cache so that nothing compiled earlier is reused.
-    env = {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = broken_compiler(tmp_path)  # a real failure, inside Inductor
     result = spawn_cli("train.py", *TINY_RUN, "train.compile=true", "hydra.run.dir=run", cwd=tmp_path, env=env)
     assert_one_error_line(result, "error: train.compile=true: torch.compile could not build the model (")
     assert "run with train.compile=false" in result.stderr

@@ -211,7 +211,7 @@ def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_pat
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["train.dtype=fp8"], "error: train.dtype=fp8 must be one of fp32, bf16, fp16"),
+        (["train.dtype=fp8"], "error: train.dtype=fp8 must be one of auto, fp32, bf16, fp16"),
         (["train.grad_accum_steps=0"], "error: train.grad_accum_steps=0 must be at least 1"),
     ],
 )

@@ -1,5 +1,6 @@
 """train.dtype=fp16 on a CPU: its loss scaling (torch.amp.GradScaler) skips an overflowing
-update, lowers and regrows the scale, tracks fp32, and resumes exactly, with AdamW and with Muon."""
+update, lowers and regrows the scale, stops once the scale collapses, tracks fp32, and resumes
+exactly, with AdamW and with Muon."""
 
 import math
 
@@ -19,6 +20,7 @@ from training.precision import Precision
 from training.run import build_data_and_model, build_run, restore
 from training.state import TrainState
 from training.step import TrainStep
+from user_error import UserError
 
 CPU = torch.device("cpu")
 ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
@@ -95,6 +97,22 @@ def test_fp16_training_tracks_fp32_within_0_005_of_the_loss_over_30_steps(optimi
     assert pairs[-1][1].loss < pairs[0][1].loss - 0.5  # and it learns
 
 
+def test_fp16_stops_naming_the_step_once_an_overflow_takes_the_loss_scale_below_1():
+    """MIN_LOSS_SCALE = 1: a scale of 1 still trains, the overflow that halves it to 0.5 stops the
+    run (from the starting 2**16, the 17th update skipped in a row)."""
+    step = train_step("fp16", "adamw")
+    # Every gradient overflows, at any scale, while the loss stays finite: fp16 has no room for it.
+    next(step.model.parameters()).register_hook(lambda grad: torch.full_like(grad, math.inf))
+    step.precision.scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    rng = np.random.default_rng(1)
+    for i, scale in enumerate((2.0, 1.0)):
+        result = step(i, 3e-3, rng)
+        assert not result.updated and math.isfinite(result.loss) and result.loss_scale == scale
+    with pytest.raises(UserError, match=r"^fp16's loss scale fell to 0.5 at step 3: the gradients overflow fp16 even "
+                                        r"unscaled, so every update is skipped; stopped without saving"):
+        step(2, 3e-3, rng)
+
+
 def fp16_run(workdir, max_steps: int, scale: float = 2.0**22):
     """An fp16 run of the tiny config at a constant lr, with a loss scale that starts too high and
     regrows after 3 updates, so that it moves during the run."""
@@ -129,4 +147,5 @@ def test_train_py_runs_fp16_on_a_cpu_and_says_so(tmp_path):
     result = run_cli("train.py", *TINY_RUN, "train.max_steps=4", "train.dtype=fp16", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warning: train.dtype=fp16 on a CPU" in result.stdout + result.stderr
+    assert "precision: fp16 (train.dtype=fp16)" in result.stdout + result.stderr
     assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").run_state["grad_scaler"]["scale"] == 2.0**16

@@ -10,6 +10,10 @@ so every rank takes the same optimizer step, and the ranks stay identical copies
 """
 
 import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -21,6 +25,7 @@ import torch.distributed as dist
 # aborts ("terminate called without an active exception").
 import torch.distributed.nn  # noqa: F401
 
+from training.devices import Machine, pick_device
 from user_error import UserError
 
 
@@ -63,10 +68,10 @@ class Ranks:
         self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
 
     @classmethod
-    def join(cls, device_name: str) -> "Ranks":
+    def join(cls, device_name: str, machine: Machine) -> "Ranks":
         rank, world_size = env_rank(), env_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = pick_device(device_name, local_rank, world_size)
+        device = pick_device(device_name, machine, local_rank, world_size)
         if world_size > 1:
             if device.type == "cuda":
                 torch.cuda.set_device(device)  # NCCL talks through the current device
@@ -135,24 +140,27 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def pick_device(name: str, local_rank: int = 0, world_size: int = 1, key: str = "train.device") -> torch.device:
-    """The device option (key: train.device, or sample.py's device): auto (CUDA when PyTorch
-    sees a GPU, else the CPU), cpu, cuda, cuda:<i>. Under torchrun, auto and cuda give each
-    process on a machine its own GPU: cuda:LOCAL_RANK."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+@contextmanager
+def said_once_per_machine() -> Iterator[None]:
+    """Under torchrun every process on a machine reads the same command line and config files,
+    so a check of the config alone fails the same way in each of them. The first process on
+    the machine (LOCAL_RANK 0) says why; the others leave it to that one."""
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"{key}={name} is not a device; use auto, cpu, cuda or cuda:<index>") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"{key}={name} but PyTorch sees no CUDA GPU here; use {key}=cpu (or auto)")
-    if device.type == "cuda" and world_size > 1:
-        if device.index is not None:
-            raise UserError(f"{key}={name} names one GPU, but torchrun started {world_size} processes; "
-                            f"use {key}=auto (or cuda): each process then takes GPU LOCAL_RANK")
-        device = torch.device("cuda", local_rank)
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"{key}={name} but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
-                        + (f" to local rank {local_rank}" if world_size > 1 else ""))
-    return device
+        yield
+    except UserError as err:
+        leave_it_to_local_rank_zero(str(err))
+        raise
+
+
+def leave_it_to_local_rank_zero(message: str) -> None:
+    """In a process other than the first on its machine, wait for torchrun to stop it: torchrun
+    stops every process once one has failed, so local rank 0 says the error and is reported as
+    the cause. (Were this one to exit first, torchrun could stop local rank 0 before it spoke.)"""
+    if os.environ.get("LOCAL_RANK", "0") in ("", "0") or os.environ.get("WORLD_SIZE", "1") in ("", "1"):
+        return  # the first process on its machine, or not started by torchrun
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C reaches every process: local rank 0 says what went wrong
+    print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
+    sys.exit(2)

@@ -1,6 +1,8 @@
 """train.dtype: the precision of the training matmuls.
 
-    fp32  full precision, the default, and the right choice on a CPU
+    auto  the default: bf16 on a GPU that computes in it natively, fp16 on an older GPU, fp32 on
+          a CPU and on Apple's MPS (choose_dtype; the log says which and why)
+    fp32  full precision, and the right choice on a CPU
     bf16  autocast to bfloat16: on recent GPUs about twice the speed of fp32, with fp32's
           range, so no loss scaling is needed (on most CPUs, bf16 matmuls are far slower)
     fp16  autocast to float16: on a GPU as fast as bf16, but its small range lets small
@@ -17,23 +19,57 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from training.devices import Machine
+from user_error import UserError
+
+DTYPES = ("auto", "fp32", "bf16", "fp16")  # train.dtype's choices
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_WARNINGS = {
     "bf16": "train.dtype=bf16 on a CPU: bf16 matmuls are much slower than fp32 on most CPUs (about 60x without "
             "AVX-512 BF16, as on the 2-core AMD machines this project is tested on); fp32 is the CPU default",
     "fp16": "train.dtype=fp16 on a CPU: fp16 matmuls are about 10x slower than fp32 here, and fp16 with its loss "
             "scaling is meant for CUDA GPUs (it runs on a CPU to check that path); fp32 is the CPU default",
 }
+# An overflow that takes fp16's loss scale below 1 stops the run: the gradients overflow fp16 even
+# unscaled, and every update from then on would be skipped. From the starting scale, 2**16, that is
+# the 17th update skipped in a row; a healthy run skips a few while the scale finds its level.
+MIN_LOSS_SCALE = 1.0
+
+
+def choose_dtype(requested: str, device: torch.device, machine: Machine) -> tuple[str, str]:
+    """The precision a run trains in for train.dtype=requested on device, and why, for the log.
+    UserError for a precision the device cannot run."""
+    if requested == "bf16" and device.type == "mps" and machine.macos and machine.macos < (14,):
+        version = ".".join(map(str, machine.macos))
+        raise UserError(f"train.dtype=bf16 on Apple's MPS needs macOS 14 or later, and this is macOS {version}; "
+                        "use train.dtype=fp16 or fp32 (auto: fp32)")
+    if requested != "auto":
+        return requested, f"train.dtype={requested}"
+    if device.type == "cuda" and machine.cuda_bf16:
+        return "bf16", f"train.dtype=auto: the GPU ({machine.cuda_name}) computes in bf16 natively"
+    if device.type == "cuda":
+        return "fp16", (f"train.dtype=auto: the GPU ({machine.cuda_name}) lacks native bf16 (compute capability "
+                        "below 8.0), so fp16 with loss scaling")
+    if device.type == "mps":
+        return "fp32", "train.dtype=auto: fp32 on Apple's MPS; train.dtype=fp16 (or bf16 from macOS 14) asks for autocast"
+    return "fp32", "train.dtype=auto: fp32 on a CPU, where bf16 and fp16 matmuls are slower"
 
 
 class Precision:
-    def __init__(self, name: str, device: torch.device, growth_interval: int = 2000) -> None:
-        """growth_interval: fp16's updates in a row without an overflow before the loss scale doubles."""
-        self.name, self.device = name, device
-        self.dtype = DTYPES[name]
+    def __init__(self, name: str, device: torch.device, growth_interval: int = 2000, why: str = "") -> None:
+        """name: fp32, bf16 or fp16 (auto chosen already: choose_dtype, which also gives why).
+        growth_interval: fp16's updates in a row without an overflow before the loss scale doubles."""
+        self.name, self.device, self.why = name, device, why
+        self.dtype = AUTOCAST_DTYPES[name]
         self.warning = CPU_WARNINGS.get(name) if device.type == "cpu" else None
         # Loss scaling, for fp16 only; with enabled=False its methods pass straight through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16", growth_interval=growth_interval)
+
+    @classmethod
+    def for_run(cls, requested: str, device: torch.device, machine: Machine) -> "Precision":
+        """The precision of train.dtype=requested on device (choose_dtype)."""
+        name, why = choose_dtype(requested, device, machine)
+        return cls(name, device, why=why)
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()

@@ -16,7 +16,8 @@ from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model, load_weights
 from model_io.hf_gpt2 import load_hf_weights
-from training.distributed import Ranks, dist_backend
+from training.devices import Machine, check_compiler
+from training.distributed import Ranks, dist_backend, said_once_per_machine
 from training.optimizer import build_optimizer
 from training.precision import Precision
 from training.run_state import restore_rng_states
@@ -51,8 +52,12 @@ def build_data_and_model(cfg: Any, from_weights: bool = True) -> tuple[Ranks, Pr
     """This process's place among the ranks, its precision, the tokenized corpus and a new model:
     random, or with init_from the weights of cfg.tokenizer.path (from_weights=False: a resumed run,
     whose checkpoint brings its own)."""
-    ranks = Ranks.join(cfg.train.device)
-    precision = Precision(cfg.train.dtype, ranks.device)
+    machine = Machine.this_one()
+    ranks = Ranks.join(cfg.train.device, machine)
+    with said_once_per_machine():  # every process on a machine would refuse alike
+        precision = Precision.for_run(cfg.train.dtype, ranks.device, machine)
+        if cfg.train.compile:
+            check_compiler("train.compile", ranks.device, machine)
     if precision.warning:
         log.warning(f"warning: {precision.warning}")
     # Each rank its own seed, so dropout masks differ between ranks; the model itself starts
@@ -103,6 +108,7 @@ def describe(run: Run) -> None:
         f"vocab {tokenizer.vocab_size} ({tokenizer.kind}) | device: {run.ranks.device}"
         + (f" | {run.ranks.world_size} processes ({dist_backend()})" if run.ranks.distributed else "")
     )
+    log.info(f"precision: {run.precision.name} ({run.precision.why})")
     learned = tokenizer.vocab_size - 1  # BPE's byte tokens: all but <|endoftext|>
     if cfg.tokenizer.kind == "bpe" and learned < cfg.tokenizer.vocab_size:
         log.info(f"note: bpe has {learned} byte tokens, not the {cfg.tokenizer.vocab_size} of tokenizer.vocab_size: "

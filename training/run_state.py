@@ -5,7 +5,7 @@ the same everything else as the run left alone, so the checkpoint also stores ev
 random number generator's state and where the loop was:
 
     capture_rng_states(batch_rng) -> dict   python, numpy (global and the batch sampler),
-                                            torch (CPU, and CUDA when present)
+                                            torch (CPU, and CUDA or MPS when present)
     restore_rng_states(states, batch_rng)   puts them all back
 
 Only ints, lists, strings and tensors go in, so torch.load(weights_only=True) reads it.
@@ -29,6 +29,8 @@ def capture_rng_states(batch_rng: np.random.Generator) -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.backends.mps.is_available():
+        states["mps"] = torch.mps.get_rng_state()
     return states
 
 
@@ -41,3 +43,5 @@ def restore_rng_states(states: dict[str, Any], batch_rng: np.random.Generator) -
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+    if "mps" in states and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(states["mps"])

@@ -1,5 +1,6 @@
 """One optimizer update: this rank's share of a batch in micro-steps, clipped, with the
-non-finite policy (stop, or skip and count) and fp16's loss scaling (an overflow skips the update)."""
+non-finite policy (stop, or skip and count) and fp16's loss scaling (an overflow skips the update;
+a scale that collapses stops the run)."""
 
 import math
 import os
@@ -14,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from data.dataset import get_batch
 from training.distributed import Ranks
-from training.precision import Precision
+from training.precision import MIN_LOSS_SCALE, Precision
 from user_error import UserError
 
 
@@ -73,6 +74,8 @@ class TrainStep:
         scale = self.precision.loss_scale
         scaler.step(self.optimizer)  # optimizer.step(), unless fp16's gradient overflowed
         scaler.update()
+        if scale is not None and self.precision.loss_scale < MIN_LOSS_SCALE:
+            raise self.collapsed(step + 1)
         return scale is None or self.precision.loss_scale >= scale  # the scale drops only after an overflow
 
     def rank_share(self, batch_rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,9 +99,20 @@ class TrainStep:
 
     def stopped(self, loss: float, grad_norm: float, step: int) -> UserError:
         what, bad = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
-        kept = (f"{os.path.relpath(self.last_checkpoint)} from before it is kept" if self.last_checkpoint.exists()
-                else "no checkpoint had been saved yet")
         return UserError(
-            f"the {what} became {bad} at step {step}; stopped without saving, and {kept}. "
+            f"the {what} became {bad} at step {step}; stopped without saving, and {self.kept()}. "
             "Lower optim.lr, or set train.skip_nonfinite=true to skip such batches"
         )
+
+    def collapsed(self, step: int) -> UserError:
+        return UserError(
+            f"fp16's loss scale fell to {self.precision.loss_scale:g} at step {step}: the gradients overflow fp16 "
+            f"even unscaled, so every update is skipped; stopped without saving, and {self.kept()}. "
+            "Use train.dtype=bf16 (on a GPU with it) or fp32, or lower optim.lr"
+        )
+
+    def kept(self) -> str:
+        """What a stop leaves of the run: its last checkpoint, if one was saved."""
+        if self.last_checkpoint.exists():
+            return f"{os.path.relpath(self.last_checkpoint)} from before it is kept"
+        return "no checkpoint had been saved yet"
