@@ -30,6 +30,7 @@ import torch
 from data.stories import FEMALE_NAMES, ITEMS, MALE_NAMES, generate_stories
 from data.tokenizer import Tokenizer
 from model import GPT, eval_mode
+from user_error import UserError
 
 NAME_PATTERN = re.compile(r"\b(" + "|".join(FEMALE_NAMES + MALE_NAMES) + r")\b")
 ITEM_WORDS = "|".join(item.name for item in ITEMS)
@@ -75,7 +76,10 @@ class RecallProbe:
     def build(cls, tokenizer: Tokenizer, block_size: int, seed: int, max_windows: int = 96) -> "RecallProbe":
         windows, targets = [], []
         for story in generate_stories(seed, n_chars=200_000):
-            ids = [tokenizer.eot_id, *tokenizer.encode(story)]
+            try:
+                ids = [tokenizer.eot_id, *tokenizer.encode(story)]
+            except UserError:  # a char vocabulary from a small corpus may lack a letter of this story
+                continue
             # Where each token starts in the story (stories are ASCII: the pieces add up exactly).
             starts, offset = [-1], 0  # the <|endoftext|> token holds no text
             for piece in tokenizer.token_strings(ids[1:]):

@@ -3,11 +3,14 @@
 import pytest
 import torch
 
+import training.jobs
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.ablation import recall_without_each_head
 from inspection.recall_probe import RecallProbe
 from model import GPT, GPTConfig
+from tests.conftest import TINY_RUN, run_cli
+from tests.helpers import read_events
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +46,15 @@ def test_each_heads_score_is_exactly_the_probes_name_recall_with_that_head_knock
     assert ablation.kind == "name" and ablation.intact == intact > 0
     assert torch.equal(ablation.without, slow)  # exactly: the same points, each right or not alike
     assert (slow != intact).any()  # guards a test that passes because no head changes anything
+
+
+def test_a_model_of_more_heads_than_the_bound_logs_name_recall_but_no_probe_per_knocked_out_head(tmp_path, monkeypatch):
+    # The bound is 64 heads (GPT-2 small's 144 heads of 1,024 tokens would cost hours a step on a
+    # CPU); lowered here so that the tiny run's 4 heads pass it.
+    monkeypatch.setattr(training.jobs, "ABLATION_MAX_HEADS", 3)
+    result = run_cli("train.py", *TINY_RUN, "train.max_steps=2", "train.eval_interval=2", "train.attn_log_interval=2",
+                     "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "no ablation/recall_name scalars: this model has 4 heads" in result.stdout
+    tags = read_events(tmp_path / "run").Tags()["scalars"]
+    assert "recall/accuracy" in tags and not [tag for tag in tags if tag.startswith("ablation/")]

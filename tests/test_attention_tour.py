@@ -257,6 +257,7 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
     # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
     from hydra import compose, initialize_config_dir
 
+    import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
     from training.run import plain_config
 
     record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())

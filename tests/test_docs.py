@@ -82,7 +82,8 @@ def test_the_readme_is_at_most_350_lines() -> None:
 #       as above. Single letters and subscripts (q_i, W_q, sum_j) are maths.
 # Lines of ```python blocks are quotes: each is a line of a .py file of the project.
 GENERATED = {".venv", ".cache", "outputs", "multirun", "bench_results", ".hydra", "..", "/tmp"}
-SUFFIXES = {".py", ".md", ".yaml", ".txt", ".toml", ".json", ".png", ".pt", ".js", ".html", ".log", ".gz", ".jsonl"}
+SUFFIXES = {".py", ".md", ".yaml", ".txt", ".toml", ".json", ".png", ".pt", ".js", ".html", ".log", ".gz", ".jsonl",
+            ".safetensors", ".bin"}
 TORCH_ROOTS = {"torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional", "np": "numpy", "math": "math"}
 SHELL = {"make", "python", "python3", ".venv/bin/python", "time", "torchrun", ".venv/bin/torchrun", "tensorboard",
          ".venv/bin/tensorboard", "pip", "kill"}

@@ -54,3 +54,13 @@ def test_scores_read_a_perfect_predictor_and_a_head_that_looks_back(char_probe):
     assert 0 < scores.head_weight[0, 1].item() < 0.2
     wrong = probe.scores(logits.roll(1, dims=-1), weights)  # every prediction off by one id
     assert wrong.accuracy == 0.0
+
+
+def test_a_char_vocabulary_that_lacks_a_letter_of_the_held_out_stories_skips_those_stories():
+    # A tiny corpus's char vocabulary misses letters (capitals of rare names) that the probe's
+    # stories use: the probe keeps the stories it can encode, rather than failing the run.
+    tokenizer = CharTokenizer.from_text("".join(generate_stories(seed=0, n_chars=3_000)))
+    everything = set("".join(generate_stories(seed=1, n_chars=200_000)))
+    assert everything - set(tokenizer.chars), "the test needs a vocabulary that lacks a letter"
+    probe = RecallProbe.build(tokenizer, block_size=32, seed=1)
+    assert len(probe.windows) == 96 and probe.targets

@@ -18,6 +18,13 @@ from training.tensorboard_log import RunLogger
 
 log = logging.getLogger("train")
 
+# The recall probe reads at most 96 windows, and at most this many tokens of held-out stories
+# (96 windows of the default 128; 12 of GPT-2's 1,024), and
+# the ablation, a recall probe per head, runs for models of at most this many heads: at GPT-2
+# small's 144 heads of 1,024 tokens it would take hours on a CPU at every attention-logging step.
+RECALL_PROBE_WINDOWS, RECALL_PROBE_TOKENS = 96, 96 * 128
+ABLATION_MAX_HEADS = 64
+
 
 class Every:
     """Due every interval steps and at the last step; interval 0: never. at_start=False
@@ -114,10 +121,16 @@ class AttentionMaps:
             [induction_probe(tokenizer.vocab_size, n_induction, cfg.train.seed, avoid=tokenizer.eot_id)], device=device,
         ) if n_induction >= 2 else None  # (1, 2n)
         # Held-out stories (another seed), where names and items come back.
-        self.recall = (RecallProbe.build(tokenizer, cfg.model.block_size, seed=cfg.data.seed + 1)
+        max_windows = min(RECALL_PROBE_WINDOWS, max(1, RECALL_PROBE_TOKENS // cfg.model.block_size))
+        self.recall = (RecallProbe.build(tokenizer, cfg.model.block_size, seed=cfg.data.seed + 1, max_windows=max_windows)
                        if self.due.interval and cfg.data.source == "stories" else None)
         if self.recall is not None and not self.recall.targets:
             self.recall = None  # block_size too short for a name to come back inside one window
+        n_heads = cfg.model.n_layer * cfg.model.n_head
+        self.ablate = n_heads <= ABLATION_MAX_HEADS
+        if self.recall is not None and not self.ablate and fresh:
+            log.info(f"note: no ablation/recall_name scalars: this model has {n_heads} heads, and knocking each out "
+                     f"costs a recall probe per head (at most {ABLATION_MAX_HEADS} heads)")
 
     def __call__(self, state: TrainState) -> None:
         weights = self.model.attention_weights(self.probe)[:, 0]  # (L, H, T, T)
@@ -132,7 +145,7 @@ class AttentionMaps:
         if self.recall is not None:
             scores = self.recall.evaluate(self.model)
             self.tb.recall(state.step, scores)
-            if "name" in scores.accuracy_by_kind:
+            if "name" in scores.accuracy_by_kind and self.ablate:
                 self.tb.ablation(state.step, recall_without_each_head(self.model, self.recall, "name"))
 
 
