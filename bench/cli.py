@@ -19,11 +19,11 @@ from bench.sampling import bench_sampling
 from bench.startup import bench_startup
 from bench.tab import bench_tab
 from bench.table import print_table
-from bench.text import bench_text
+from bench.text import bench_gpt2_text, bench_text
 from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab",
-            "text", "loading")
+            "text", "gpt2_text", "loading")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup", "text")
 
 
@@ -78,6 +78,8 @@ def main() -> None:
         results["tab"] = bench_tab(args.repeats, work)
     if "text" in sections:
         results["text"] = bench_text(args.repeats, work)
+    if "gpt2_text" in sections:
+        results["gpt2_text"] = bench_gpt2_text(args.repeats)
     if "loading" in sections:
         results["loading"] = bench_loading(work)
 

@@ -59,6 +59,11 @@ def print_table(results: dict) -> None:
         rows.append((f"Attention tab, your text ({t['tokens']} tokens)", f"{t['answer_ms']:.0f} ms per answer, "
                      f"{t['knocked_out_answer_ms']:.0f} ms with a head knocked out (default model, CPU, "
                      f"{t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
+    if "gpt2_text" in results:
+        t = results["gpt2_text"]
+        rows.append((f"Attention tab, your text at GPT-2 small's shape ({t['tokens']} tokens)",
+                     f"{t['answer_ms']:.0f} ms per answer, {t['knocked_out_answer_ms']:.0f} ms with a head knocked out "
+                     f"({t['model_mb']:.0f} MiB of weights, CPU, {t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
     if "loading" in results:
         m = results["loading"]
         rows.append(("loading GPT-2 medium's shape (Hugging Face folder)",

@@ -1,4 +1,5 @@
-"""The text section: the Attention tab's answer to your own text, for the default model on CPU."""
+"""The text sections: the Attention tab's answer to your own text on the CPU, for the default model
+(text) and at GPT-2 small's shape (gpt2_text)."""
 
 import json
 from pathlib import Path
@@ -8,8 +9,11 @@ from omegaconf import OmegaConf
 
 from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes
 from bench.common import ROOT, median_time
+from data.bpe import GPT2_PATTERN
 from data.dataset import prepare_tokens, probe_ids
-from inspection.text_forward import forward_text
+from data.stories import generate_stories
+from data.tokenizer import TiktokenTokenizer, Tokenizer, bpe_encoding
+from model import GPT, GPTConfig
 from model_io.checkpoint import build_model
 
 ANSWERS_PER_RUN = 10
@@ -24,29 +28,58 @@ def default_run_data(cache_dir: Path):
 
 
 def bench_text(repeats: int, work: Path) -> dict:
-    """ms per answer to a text of block_size tokens (<|endoftext|> and 127 of a held-out story):
-    tokenizing, the forward with attention weights, the top 5 and the losses, and the JSON the
-    route sends; intact, and with one head knocked out (two forwards). The default model at
-    random init: the same work as a trained one; on the threads the tab runs it on."""
+    """ms per answer to a text of block_size tokens (<|endoftext|> and 127 of a held-out story) for
+    the default model at random init (the same work as a trained one)."""
     data = default_run_data(work / "cache")
-    tokenizer = data.tokenizer
     config = OmegaConf.load(ROOT / "configs/model/gpt.yaml")
     torch.manual_seed(0)
-    model = build_model(config, tokenizer.vocab_size).eval()
-    ids = probe_ids(data.val, tokenizer, config.block_size - 1)
-    text = tokenizer.decode(ids)
+    model = build_model(config, data.tokenizer.vocab_size).eval()
+    text = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, config.block_size - 1))
+    return time_answers(model, data.tokenizer, text, repeats, ANSWERS_PER_RUN)
+
+
+def bench_gpt2_text(repeats: int) -> dict:
+    """The same at GPT-2 small's shape (124 M parameters: 12 layers x 12 heads x 768, 1,024
+    positions, 50,257 tokens), random weights, on a text of 128 tokens."""
+    tokenizer = TiktokenTokenizer("bpe", bpe_encoding(made_up_ranks(50_256), GPT2_PATTERN))  # 50,257 with <|endoftext|>
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=1024, n_layer=12, n_head=12, n_embd=768,
+                       bias=True, pos="learned", mlp="gelu_tanh")
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    story = "".join(generate_stories(seed=1, n_chars=5_000))
+    text = tokenizer.decode(tokenizer.encode(story)[:127])
+    return time_answers(model, tokenizer, text, repeats, answers_per_run=2)
+
+
+def made_up_ranks(n: int) -> dict[bytes, int]:
+    """n byte-level BPE tokens: the 256 bytes, then pairs of bytes (printable ones first), for a
+    vocabulary of GPT-2's size without GPT-2's files."""
+    ranks = {bytes([b]): b for b in range(256)}
+    order = [*range(32, 127), *range(256)]
+    for first in order:
+        for second in order:
+            if len(ranks) == n:
+                return ranks
+            ranks.setdefault(bytes([first, second]), len(ranks))
+    return ranks
+
+
+def time_answers(model: GPT, tokenizer: Tokenizer, text: str, repeats: int, answers_per_run: int) -> dict:
+    """The tab's answer to text, as the tab makes it (LoadedModel.read, then the JSON the route
+    sends), on the threads the tab runs torch on: intact, and with one head knocked out after the
+    text was read intact (the tab keeps those numbers: one forward)."""
     loaded = LoadedModel(model, tokenizer, Path("ckpt_best.pt"), 0, (0, 0), model_bytes(model))
 
     def answers(knocked_out: list[tuple[int, int]]) -> None:
-        for _ in range(ANSWERS_PER_RUN):
-            json.dumps(answer("run", loaded, forward_text(model, tokenizer, text, knocked_out)), allow_nan=False)
+        for _ in range(answers_per_run):
+            json.dumps(answer("run", loaded, loaded.read(text, knocked_out)), allow_nan=False)
 
-    tokens = len(forward_text(model, tokenizer, text).ids)
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
+        tokens = len(loaded.read(text, []).ids)
         intact_s, knocked_out_s = (median_time(lambda heads=heads: answers(heads), repeats) for heads in ([], [(1, 0)]))
     finally:
         torch.set_num_threads(threads)
-    return {"tokens": tokens, "params": model.num_parameters(), "threads": THREADS,
-            "answer_ms": 1e3 * intact_s / ANSWERS_PER_RUN, "knocked_out_answer_ms": 1e3 * knocked_out_s / ANSWERS_PER_RUN}
+    return {"tokens": tokens, "params": model.num_parameters(), "threads": THREADS, "model_mb": model_bytes(model) / 2**20,
+            "answer_ms": 1e3 * intact_s / answers_per_run, "knocked_out_answer_ms": 1e3 * knocked_out_s / answers_per_run}
