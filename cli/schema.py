@@ -23,6 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from model.attention import ATTENTION_PATHS
 from model.gpt import MLPS, NORMS, POSITIONS
+from training.distributed import PARALLELS
 from training.lr_schedule import SCHEDULES
 from training.optimizer import NS_DTYPES, OPTIMIZERS
 from training.precision import DTYPES
@@ -55,6 +56,7 @@ Optimizer = choices("Optimizer", OPTIMIZERS)
 NSDtype = choices("NSDtype", NS_DTYPES)
 Schedule = choices("Schedule", SCHEDULES)
 Dtype = choices("Dtype", DTYPES)
+Parallel = choices("Parallel", PARALLELS)
 
 
 class DebugMode(Choice):
@@ -166,6 +168,7 @@ class LoopSchema:
     device: str = MISSING
     dtype: Dtype = MISSING
     compile: bool = MISSING
+    parallel: Parallel = MISSING
     skip_nonfinite: bool = MISSING
     seed: int = MISSING
 

@@ -77,6 +77,7 @@ def test_the_preset_and_sampling_configs_are_typed_and_complete():
         ("train", "model.bias=maybe", "model.bias=maybe must be true or false"),
         ("train", "model.pos=alibi", "model.pos=alibi must be one of learned, rope"),
         ("train", "train.dtype=fp8", "train.dtype=fp8 must be one of auto, fp32, bf16, fp16"),
+        ("train", "train.parallel=zero3", "train.parallel=zero3 must be one of ddp, fsdp"),
         ("train", "debug=shape", "debug=shape is not a debug mode; the one there is: debug=shapes"),
         ("train", "optim.betas=3", "optim.betas=3 must be a list"),
         ("train", "optim.ns_dtype=fp16", "optim.ns_dtype=fp16 must be one of auto, float32, bfloat16"),

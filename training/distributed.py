@@ -28,6 +28,8 @@ import torch.distributed.nn  # noqa: F401
 from training.devices import Machine, pick_device
 from user_error import UserError
 
+PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training (training/parallel.py)
+
 
 def env_rank() -> int:
     """This process's rank as torchrun set it (0 when started without torchrun)."""

@@ -13,6 +13,7 @@ from model_io.checkpoint import LAST
 from training.interrupt import StopSignals
 from training.jobs import AttentionMaps, Checkpoints, Evaluation, Samples, Saver
 from training.lr_schedule import lr_at
+from training.parallel import memory_line
 from training.progress import ProgressBar
 from training.run import Run
 from training.state import TrainState
@@ -41,12 +42,13 @@ def fit(run: Run, state: TrainState) -> Figures:
     jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb),
             Checkpoints(evaluation, saver, cfg.train.save_interval)]
     train_step = TrainStep(
-        run.model, run.step_model, run.ddp, run.optimizer, run.precision, ranks, run.data.train, cfg.train.batch_size,
+        run.model, run.step_model, run.parallel, run.optimizer, run.precision, ranks, run.data.train, cfg.train.batch_size,
         cfg.model.block_size, cfg.train.grad_accum_steps, cfg.optim.grad_clip, cfg.train.skip_nonfinite, run.dir / LAST,
     )
     schedule = partial(lr_at, lr=cfg.optim.lr, min_lr=cfg.optim.min_lr, warmup_steps=cfg.optim.warmup_steps,
                        max_steps=max_steps, schedule=cfg.optim.schedule, decay_fraction=cfg.optim.decay_fraction)
     step_log = StepLog(tb, cfg.train.log_interval, max_steps, train_step.tokens_per_step)
+    first_step = state.step
     with StopSignals() as stop, ProgressBar(max_steps, state.step, wanted=ranks.is_main) as bar:
         while True:
             last = state.step >= max_steps
@@ -69,6 +71,8 @@ def fit(run: Run, state: TrainState) -> Figures:
                 state.skipped += 1
                 tb.scalars(state.step, {"train/skipped_nonfinite": state.skipped})
             tokens_per_sec = step_log.record(state, result, lr, time.perf_counter() - started)
+            if ranks.distributed and state.step == first_step + 1:  # the optimizer's state exists from now on
+                log.info(memory_line(run.model, run.optimizer, ranks))
             bar.update(state.step, result.loss, tokens_per_sec)
 
             # Ctrl-C or kill: the step is done; save it and say how to go on. Under torchrun the

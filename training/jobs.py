@@ -49,13 +49,14 @@ class Saver:
     def save(self, name: str, state: TrainState, evaluated: bool) -> None:
         run = self.run
         rng_states = run.ranks.gather(capture_rng_states(run.batch_rng))
+        weights, optimizer = run.parallel.model_state(), run.parallel.optimizer_state(run.optimizer)  # FSDP: gathered to rank 0
         if not run.ranks.is_main:
             return  # one copy of the model is enough
         run_state = {"rng": rng_states, "world_size": run.ranks.world_size,
                      "grad_scaler": run.precision.scaler.state_dict(), **state.run_state(evaluated)}
         Checkpoint(
-            model=run.model.state_dict(), config=self.config, tokenizer=run.data.tokenizer.state(), step=state.step,
-            best_val_loss=state.best_val_loss, optimizer=run.optimizer.state_dict(), run_state=run_state,
+            model=weights, config=self.config, tokenizer=run.data.tokenizer.state(), step=state.step,
+            best_val_loss=state.best_val_loss, optimizer=optimizer, run_state=run_state,
         ).save(run.dir / name)
 
 
@@ -71,7 +72,7 @@ class Evaluation:
         run, train = self.run, self.run.cfg.train
         splits = ("train", "val") if train.eval_train else ("val",)
         losses = evaluate(run.eval_model, run.data, train.batch_size, run.cfg.model.block_size, train.eval_iters,
-                          run.ranks, run.precision, train.seed, splits)
+                          run.ranks, run.precision, train.seed, splits, lockstep=run.parallel.collective_forwards)
         self.tb.scalars(state.step, {f"loss/{split}": loss for split, loss in losses.items()})
         log.info(f"step {state.step}: " + ", ".join(f"{split} loss {loss:.4f}" for split, loss in losses.items()))
         self.history.append({"step": state.step, **losses})
@@ -103,12 +104,13 @@ class Checkpoints:
 class AttentionMaps:
     """Rank 0: the probe text's attention maps, drawn from the weights the model uses right now,
     and what each head does in numbers (on the probe, the induction probe and the recall probe),
-    and the recall probe's name recall with each head knocked out alone."""
+    and the recall probe's name recall with each head knocked out alone. Due on every rank:
+    under FSDP every rank gathers the whole model for it."""
 
     def __init__(self, run: Run, tb: RunLogger, fresh: bool) -> None:
         cfg, tokenizer, device = run.cfg, run.data.tokenizer, run.ranks.device
-        self.model, self.tb = run.model, tb
-        self.due = Every(cfg.train.attn_log_interval if run.ranks.is_main else 0)
+        self.model, self.tb, self.parallel, self.is_main = run.model, tb, run.parallel, run.ranks.is_main
+        self.due = Every(cfg.train.attn_log_interval)
         n_probe = min(cfg.train.probe_tokens, cfg.model.block_size)
         probe = probe_ids(run.data.val, tokenizer, n_probe)
         self.probe = torch.tensor([probe], device=device)  # (1, T_probe)
@@ -123,7 +125,7 @@ class AttentionMaps:
         # Held-out stories (another seed), where names and items come back.
         max_windows = min(RECALL_PROBE_WINDOWS, max(1, RECALL_PROBE_TOKENS // cfg.model.block_size))
         self.recall = (RecallProbe.build(tokenizer, cfg.model.block_size, seed=cfg.data.seed + 1, max_windows=max_windows)
-                       if self.due.interval and cfg.data.source == "stories" else None)
+                       if self.due.interval and cfg.data.source == "stories" and self.is_main else None)
         if self.recall is not None and not self.recall.targets:
             self.recall = None  # block_size too short for a name to come back inside one window
         n_heads = cfg.model.n_layer * cfg.model.n_head
@@ -133,6 +135,11 @@ class AttentionMaps:
                      f"costs a recall probe per head (at most {ABLATION_MAX_HEADS} heads)")
 
     def __call__(self, state: TrainState) -> None:
+        with self.parallel.whole_model():
+            if self.is_main:
+                self.draw(state)
+
+    def draw(self, state: TrainState) -> None:
         weights = self.model.attention_weights(self.probe)[:, 0]  # (L, H, T, T)
         self.tb.attention_maps(state.step, weights, self.labels)
         self.tb.head_grid(state.step, weights)
@@ -150,13 +157,19 @@ class AttentionMaps:
 
 
 class Samples:
-    """Rank 0: a generated sample, to read how the model writes."""
+    """Rank 0: a generated sample, to read how the model writes. Due on every rank: under FSDP
+    every rank gathers the whole model for it."""
 
     def __init__(self, run: Run, tb: RunLogger) -> None:
         self.run, self.tb = run, tb
-        self.due = Every(run.cfg.train.sample_interval if run.ranks.is_main else 0)
+        self.due = Every(run.cfg.train.sample_interval)
 
     def __call__(self, state: TrainState) -> None:
+        with self.run.parallel.whole_model():
+            if self.run.ranks.is_main:
+                self.write(state)
+
+    def write(self, state: TrainState) -> None:
         train = self.run.cfg.train
         try:
             sample = generate_text(self.run.model, self.run.data.tokenizer, "", train.sample_tokens,

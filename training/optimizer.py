@@ -125,13 +125,18 @@ class Optimizers:
     def state_dict(self) -> dict[str, Any]:
         return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any],
+                        load: Callable[[torch.optim.Optimizer, dict[str, Any]], None] | None = None) -> None:
         """The saved state (moments, momenta, step counts) under the hyperparameters these
         optimizers were built with: a resumed run may change them (optim.weight_decay=...),
-        where torch's load_state_dict would bring the saved ones back."""
+        where torch's load_state_dict would bring the saved ones back. load(optimizer, saved)
+        puts one optimizer's state in: torch's load_state_dict unless given (FSDP gives its own)."""
         for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
             settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
-            optimizer.load_state_dict(saved)
+            if load is None:
+                optimizer.load_state_dict(saved)
+            else:
+                load(optimizer, saved)
             for group, setting in zip(optimizer.param_groups, settings, strict=True):
                 group.update(setting)
 

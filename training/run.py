@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 
 from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
-from model_io.checkpoint import Checkpoint, build_model, load_weights
+from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_gpt2 import load_hf_weights
 from training.devices import Machine, check_compiler
 from training.distributed import Ranks, dist_backend, said_once_per_machine
-from training.optimizer import build_optimizer
+from training.optimizer import Optimizers, build_optimizer
+from training.parallel import Replicated, wrap
 from training.precision import Precision
 from training.run_state import restore_rng_states
 from training.state import TrainState
@@ -34,10 +34,10 @@ class Run:
     precision: Precision
     data: TokenData
     model: GPT
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizers
     step_model: torch.nn.Module  # what trains: model, or DDP and/or torch.compile around it
     eval_model: torch.nn.Module  # what evaluates: model, or torch.compile around it
-    ddp: DistributedDataParallel | None
+    parallel: Replicated  # how the ranks share the training: DDP or FSDP (training/parallel.py)
     batch_rng: np.random.Generator  # the training batches; every rank draws the same ones
 
     @property
@@ -83,17 +83,16 @@ def build_data_and_model(cfg: Any, from_weights: bool = True) -> tuple[Ranks, Pr
 
 
 def build_run(cfg: Any, run_dir: Path, ranks: Ranks, precision: Precision, data: TokenData, model: GPT) -> Run:
-    optimizer = build_optimizer(model, cfg.optim, ranks.device)
-    # Under torchrun, DistributedDataParallel averages the gradients over all ranks during
-    # backward(), so that every rank takes the same step. Its buffers (RoPE tables) are
-    # constants: no need to re-send them before every forward.
-    ddp = DistributedDataParallel(model, forward_sync_buffers=False) if ranks.distributed else None
-    step_model, eval_model = ddp or model, model
+    # Under torchrun, DDP averages the gradients over all ranks during backward(), so that every
+    # rank takes the same step; FSDP does too, each rank stepping its own shard.
+    parallel = wrap(model, cfg.train.parallel, ranks)
+    optimizer = build_optimizer(model, cfg.optim, ranks.device)  # after wrap: on FSDP's shards
+    step_model, eval_model = parallel.step_model, model
     # The compiled modules share model's parameters: checkpoints, maps and samples use model itself.
     if cfg.train.compile:
         step_model, eval_model = torch.compile(step_model), torch.compile(model)
     batch_rng = np.random.default_rng(cfg.train.seed)
-    return Run(cfg, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, ddp, batch_rng)
+    return Run(cfg, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
 
 
 def describe(run: Run) -> None:
@@ -107,6 +106,7 @@ def describe(run: Run) -> None:
         f"data: {cfg.data.source}, {len(run.data.train):,} train and {len(run.data.val):,} val tokens, "
         f"vocab {tokenizer.vocab_size} ({tokenizer.kind}) | device: {run.ranks.device}"
         + (f" | {run.ranks.world_size} processes ({dist_backend()})" if run.ranks.distributed else "")
+        + (", each holding a shard (fsdp)" if run.parallel.collective_forwards else "")
     )
     log.info(f"precision: {run.precision.name} ({run.precision.why})")
     learned = tokenizer.vocab_size - 1  # BPE's byte tokens: all but <|endoftext|>
@@ -124,8 +124,7 @@ def describe(run: Run) -> None:
 
 def restore(run: Run, checkpoint: Checkpoint) -> TrainState:
     """Put a saved run back exactly where it stopped: weights, optimizer, RNGs, loop state."""
-    load_weights(run.model, checkpoint.model)
-    run.optimizer.load_state_dict(checkpoint.optimizer)
+    run.parallel.load(checkpoint.model, run.optimizer, checkpoint.optimizer)
     run_state = checkpoint.run_state
     rng_states = run_state["rng"]  # one per rank
     restore_rng_states(rng_states[run.ranks.rank % len(rng_states)], run.batch_rng)

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from data.dataset import get_batch
 from training.distributed import Ranks
+from training.parallel import Replicated, whole
 from training.precision import MIN_LOSS_SCALE, Precision
 from user_error import UserError
 
@@ -29,14 +29,15 @@ class StepResult:
 
 class TrainStep:
     def __init__(
-        self, model: nn.Module, step_model: nn.Module, ddp: DistributedDataParallel | None,
+        self, model: nn.Module, step_model: nn.Module, parallel: Replicated | None,
         optimizer: torch.optim.Optimizer, precision: Precision, ranks: Ranks, tokens: np.ndarray,
         batch_size: int, block_size: int, grad_accum_steps: int, grad_clip: float, skip_nonfinite: bool,
         last_checkpoint: Path,
     ) -> None:
-        """step_model runs forward and backward: model itself, or DDP (ddp) or torch.compile
-        around it. last_checkpoint: the file a stop for a non-finite value says is kept."""
-        self.model, self.step_model, self.ddp, self.optimizer = model, step_model, ddp, optimizer
+        """step_model runs forward and backward: model itself, or DDP or torch.compile around it;
+        parallel syncs the gradients over the ranks (None: one process). last_checkpoint: the
+        file a stop for a non-finite value says is kept."""
+        self.model, self.step_model, self.parallel, self.optimizer = model, step_model, parallel, optimizer
         self.precision, self.ranks, self.tokens = precision, ranks, tokens
         self.batch_size, self.block_size, self.accum = batch_size, block_size, grad_accum_steps
         self.grad_clip, self.skip_nonfinite = grad_clip or math.inf, skip_nonfinite
@@ -57,7 +58,7 @@ class TrainStep:
             loss_sum += self.forward_backward(x[micro], y[micro], last=micro == self.accum - 1)
         self.precision.scaler.unscale_(self.optimizer)  # fp16: back to true gradients before clipping
         # .item() waits for the step to finish (on a GPU too), so a clock read after it is honest.
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip).item()
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)).item()
         loss = self.ranks.sum(loss_sum.item()) / (self.accum * self.ranks.world_size)
         updated = self.update(loss, grad_norm, step)  # the norm is the same on every rank: all decide alike
         return StepResult(loss, grad_norm, updated, self.precision.loss_scale)
@@ -88,9 +89,9 @@ class TrainStep:
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> torch.Tensor:
         """One micro-step on x, y (B, T); returns its loss, detached. Gradients add up over the
-        micro-steps; DDP averages them over ranks only in the last one's backward()."""
+        micro-steps; DDP or FSDP averages them over ranks only in the last one's backward()."""
         device = self.ranks.device
-        with nullcontext() if self.ddp is None or last else self.ddp.no_sync():
+        with nullcontext() if self.parallel is None else self.parallel.gradient_sync(last):
             with self.precision.autocast():
                 _, loss = self.step_model(x.to(device), y.to(device))  # loss: mean over B x T
             # Dividing by accum makes the summed gradient that of the mean over all micro-batches.

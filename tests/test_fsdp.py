@@ -1,0 +1,136 @@
+"""train.parallel=fsdp: real `torchrun` runs of train.py on 2 processes over gloo, against the
+same run under DDP, read back from their TensorBoard events and checkpoints."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT
+from test_distributed import QUICK, curves, read_events, torchrun, weights
+
+from model_io.checkpoint import Checkpoint, build_model
+from training.optimizer import build_optimizer
+from training.parallel import named, numbered
+
+# 30 steps of the default optimizer (Muon and AdamW) with dropout, the loss logged at each
+# step; 2 micro-steps a step (the gradients are synced in the second's backward alone); 3
+# evaluation batches, so rank 0 runs 2 and rank 1 one (FSDP needs as many forwards on each:
+# rank 1 runs an extra one); attention maps and samples (rank 0 alone, on the whole model)
+# at steps 0, 10, 20 and 30.
+RUN = [*QUICK, "train.max_steps=30", "train.log_interval=1", "train.eval_iters=3",
+       "train.batch_size=2", "train.grad_accum_steps=2", "model.dropout=0.1",
+       "train.attn_log_interval=10", "train.sample_interval=10"]
+# Float sums in another order: the gradients' reduce-scatter against DDP's all-reduce, and
+# Muon's Newton-Schulz matmuls on sharded matrices. Seen: at most 5e-7 over 20 steps.
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("ddp")
+    result = torchrun(2, *RUN, "hydra.run.dir=run", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return workdir / "run"
+
+
+@pytest.fixture(scope="module")
+def fsdp_stopped_and_resumed(tmp_path_factory) -> tuple[Path, int]:
+    """RUN under FSDP, stopped by Ctrl-C after step 10 or so, then resumed to the end: its run
+    dir and the step it stopped after."""
+    workdir = tmp_path_factory.mktemp("fsdp")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "train.py"), *RUN, "train.parallel=fsdp", "hydra.run.dir=run"]
+    process = subprocess.Popen(command, cwd=workdir, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(workdir)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if "step 10/30" in line:
+            os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C does: torchrun and both ranks
+            break
+    seen.append(process.stdout.read())
+    process.wait(timeout=120)
+    output = "".join(seen)
+    assert "| 2 processes (gloo), each holding a shard (fsdp)" in output, output
+    stopped = re.search(r"stopped by SIGINT after step (\d+); saved run/ckpt_last.pt", output)
+    assert stopped, output
+    resumed = torchrun(2, "resume=run", cwd=workdir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "each holding a shard (fsdp)" in resumed.stdout  # the saved train.parallel
+    return workdir / "run", int(stopped.group(1))
+
+
+def losses(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every step's train loss and every evaluation's val loss, from all the run's event files."""
+    run_curves = curves(read_events(run_dir))
+    return {tag: run_curves[tag] for tag in ("train/batch_loss", "loss/val")}
+
+
+def assert_close(got: list[tuple[int, float]], expected: list[tuple[int, float]]) -> None:
+    assert [step for step, _ in got] == [step for step, _ in expected]
+    worst = max(abs(a - b) for (_, a), (_, b) in zip(got, expected, strict=True))
+    assert worst < TOLERANCE, f"largest loss difference {worst:.2e}"
+
+
+def test_under_fsdp_the_steps_before_the_stop_give_ddps_losses(ddp_run, fsdp_stopped_and_resumed):
+    run, stopped_after = fsdp_stopped_and_resumed
+    fsdp, ddp = losses(run), losses(ddp_run)
+    assert 10 <= stopped_after < 30
+    before = {tag: [(step, loss) for step, loss in curve if step <= stopped_after] for tag, curve in fsdp.items()}
+    assert_close(before["train/batch_loss"], ddp["train/batch_loss"][:stopped_after])
+    assert_close(before["loss/val"], [(step, loss) for step, loss in ddp["loss/val"] if step <= stopped_after])
+
+
+def test_an_fsdp_run_stopped_and_resumed_ends_with_the_losses_and_weights_of_the_run_left_alone(
+        ddp_run, fsdp_stopped_and_resumed):
+    run, stopped_after = fsdp_stopped_and_resumed
+    fsdp, ddp = losses(run), losses(ddp_run)
+    # Each step logged once (the resumed run hides what the stopped one logged after its save).
+    assert [step for step, _ in fsdp["train/batch_loss"]] == list(range(1, 31))
+    assert_close(fsdp["train/batch_loss"][stopped_after:], ddp["train/batch_loss"][stopped_after:])
+    assert_close(fsdp["loss/val"], ddp["loss/val"])
+    got, expected = weights(run), weights(ddp_run)
+    worst = max((got[name] - expected[name]).abs().max().item() for name in expected)
+    assert worst < TOLERANCE, f"largest weight difference {worst:.2e}"
+
+
+def test_an_fsdp_checkpoint_is_a_ddp_checkpoint_and_builds_the_model(ddp_run, fsdp_stopped_and_resumed):
+    run, _ = fsdp_stopped_and_resumed
+    fsdp, ddp = Checkpoint.load(run / "ckpt_last.pt"), Checkpoint.load(ddp_run / "ckpt_last.pt")
+    assert {k: (v.shape, v.dtype) for k, v in fsdp.model.items()} == {k: (v.shape, v.dtype) for k, v in ddp.model.items()}
+    assert not any(type(v) is not torch.Tensor for v in fsdp.model.values())  # whole tensors, no DTensor shards
+    for saved, expected in zip(fsdp.optimizer["optimizers"], ddp.optimizer["optimizers"], strict=True):
+        assert saved["param_groups"] == expected["param_groups"]  # numbered parameters, same hyperparameters
+        assert {n: {k: v.shape for k, v in s.items()} for n, s in saved["state"].items()} == \
+               {n: {k: v.shape for k, v in s.items()} for n, s in expected["state"].items()}
+    # What sample.py, export.py and the tab do with it: the model it holds reads text as DDP's does.
+    (model, _), (ddp_model, _) = fsdp.build_model(), ddp.build_model()
+    tokens = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model.eval()(tokens)[0] - ddp_model.eval()(tokens)[0]).abs().max().item() < 1e-4
+    # Rank 0 drew the attention maps and wrote the samples, on the whole model gathered for it.
+    events = read_events(run)
+    assert [e.step for e in events.Images("attention/layer_1/head_1")] == [0, 10, 20, 30]
+    assert [e.step for e in events.Tensors("samples/text_summary")] == [0, 10, 20, 30]
+
+
+def test_an_optimizer_state_numbered_then_named_again_is_the_same_state():
+    # FSDP's checkpoint tools name each parameter; the checkpoint numbers them as one process's
+    # optimizer does. A mixed-up order would give one parameter another's moments.
+    model = build_model({"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8}, vocab_size=11)
+    optimizer = build_optimizer(model, {"name": "muon", "lr": 1e-2, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+                                torch.device("cpu"))
+    model(torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8)))[1].backward()
+    optimizer.step()
+    names = {param: name for name, param in model.named_parameters()}
+    for one in optimizer.optimizers:
+        state = one.state_dict()
+        by_name = named(state, one, names)
+        for number, param in enumerate(p for group in one.param_groups for p in group["params"]):
+            assert by_name["state"][names[param]] is state["state"][number]
+        assert numbered(by_name) == state
