@@ -82,7 +82,7 @@ def test_the_readme_is_at_most_350_lines() -> None:
 #       as above. Single letters and subscripts (q_i, W_q, sum_j) are maths.
 # Lines of ```python blocks are quotes: each is a line of a .py file of the project.
 GENERATED = {".venv", ".cache", "outputs", "multirun", "bench_results", ".hydra", "..", "/tmp"}
-SUFFIXES = {".py", ".md", ".yaml", ".txt", ".toml", ".json", ".png", ".pt", ".js", ".html", ".log", ".gz", ".jsonl"}
+SUFFIXES = {".py", ".md", ".yaml", ".txt", ".toml", ".json", ".png", ".pt", ".js", ".html", ".log", ".gz", ".jsonl", ".safetensors"}
 TORCH_ROOTS = {"torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional", "np": "numpy", "math": "math"}
 SHELL = {"make", "python", "python3", ".venv/bin/python", "time", "torchrun", ".venv/bin/torchrun", "tensorboard",
          ".venv/bin/tensorboard", "pip", "kill"}
@@ -94,8 +94,8 @@ PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 def project_code() -> tuple[str, frozenset[str], tuple[str, ...]]:
     """The project's code and config as one text (but this file), its identifiers, and its name templates
     (the part before {...} in f"head_{name}/...": "head_")."""
-    files = [path for folder in ("model", "data", "training", "inspection", "attention_tab", "bench", "configs",
-                                 "docs", "tests", ".ci")
+    files = [path for folder in ("model", "model_io", "cli", "data", "training", "inspection", "attention_tab", "bench",
+                                 "configs", "docs", "tests", ".ci")
              for path in (ROOT / folder).rglob("*")
              if path.is_file() and path.suffix in {".py", ".yaml", ".js", ".html", ".css", ""}
              and "__pycache__" not in path.parts and path != Path(__file__)]  # this file names what is gone

@@ -118,31 +118,31 @@ def test_a_run_gpt2_cannot_hold_is_refused_naming_each_option_and_the_preset(tra
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_folder_in_use_is_refused_and_left_intact_unless_forced(char_run: Path, tmp_path: Path) -> None:
+def test_a_folder_in_use_is_refused_and_left_intact_unless_forced(pretrained_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "exported"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert "force=true" in refusal(char_run, out)
+    assert "force=true" in refusal(pretrained_run, out)
     assert [p.name for p in tmp_path.iterdir()] == ["exported"] and [p.name for p in out.iterdir()] == ["notes.txt"]
 
-    export(char_run, out, "force=true")
+    export(pretrained_run, out, "force=true")
     assert not (out / "notes.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no staging folder left beside it
     assert type(AutoModelForCausalLM.from_pretrained(out)) is GPT2LMHeadModel
 
 
-def test_force_never_replaces_the_folder_holding_the_checkpoint(char_run: Path, tmp_path: Path) -> None:
+def test_force_never_replaces_the_folder_holding_the_checkpoint(pretrained_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    shutil.copy(char_run / BEST, run / BEST)
+    shutil.copy(pretrained_run / BEST, run / BEST)
     assert "holds the checkpoint being exported" in refusal(run, run, "force=true")
     assert [p.name for p in run.iterdir()] == [BEST]
 
 
-def test_an_export_that_fails_midway_leaves_the_old_folder_and_no_half_written_one(char_run: Path, tmp_path: Path) -> None:
+def test_an_export_that_fails_midway_leaves_the_old_folder_and_no_half_written_one(pretrained_run: Path, tmp_path: Path) -> None:
     # A BPE with its own split pattern: the model's files are written first, then its tokenizer is refused.
     tokenizer = TiktokenTokenizer("bpe", bpe_encoding({bytes([b]): b for b in range(256)}, r"\S+|\s+"))
-    config = Checkpoint.load(char_run / BEST).config
+    config = Checkpoint.load(pretrained_run / BEST).config
     model = build_model(config["model"], tokenizer.vocab_size)
     run = tmp_path / "run"
     run.mkdir()
