@@ -66,9 +66,12 @@ def write_hf_folder(model: GPT, tokenizer: Tokenizer, folder: Path) -> None:
 
 
 def check_out(out: Path, checkpoint: Path, force: bool) -> None:
-    """UserError unless out may be written: new, an empty folder, or (force) a folder not holding the checkpoint."""
+    """UserError unless out may be written: a new or empty folder, or (force) one that holds neither
+    the checkpoint nor the working folder."""
     if out.exists() and not out.is_dir():
         raise UserError(f"out={out} is a file; give a folder that is new or empty")
+    if Path.cwd().is_relative_to(out.resolve()):
+        raise UserError(f"out={out} holds the working folder; give a folder of its own")
     if not out.is_dir() or not any(out.iterdir()):
         return
     if checkpoint.resolve().is_relative_to(out.resolve()):
@@ -81,6 +84,7 @@ def check_out(out: Path, checkpoint: Path, force: bool) -> None:
 def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
     """Run write on a new sibling folder of out, then rename it to out, replacing what was there:
     an export that fails leaves out as it was and no half-written folder."""
+    out = out.resolve()  # "." has no name to put beside
     staging = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # beside out: the rename stays on one filesystem
     try:
         shutil.rmtree(staging, ignore_errors=True)  # left by a process of the same id that was killed

@@ -131,12 +131,18 @@ def test_a_folder_in_use_is_refused_and_left_intact_unless_forced(pretrained_run
     assert type(AutoModelForCausalLM.from_pretrained(out)) is GPT2LMHeadModel
 
 
-def test_force_never_replaces_the_folder_holding_the_checkpoint(pretrained_run: Path, tmp_path: Path) -> None:
+def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_folder(pretrained_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(pretrained_run / BEST, run / BEST)
     assert "holds the checkpoint being exported" in refusal(run, run, "force=true")
     assert [p.name for p in run.iterdir()] == [BEST]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    result = run_cli("export.py", f"run={run}", "out=.", "force=true", cwd=work)
+    assert result.returncode == 2 and "holds the working folder" in result.stderr, result.stdout + result.stderr
+    assert [p.name for p in work.iterdir()] == ["notes.txt"]
 
 
 def test_an_export_that_fails_midway_leaves_the_old_folder_and_no_half_written_one(pretrained_run: Path, tmp_path: Path) -> None:
