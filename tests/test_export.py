@@ -98,17 +98,17 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
     assert ids == tokenizer.encode(text)
     assert their_tokenizer.decode(ids) == text
 
-    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(PROMPT)]])  # (1, T): sample.py's start
-    with torch.no_grad(), eval_mode(ours):
-        assert (ours(idx)[0] - theirs(idx).logits).abs().max().item() < TOLERANCE
-
     # sample.py starts after <|endoftext|> and writes past one; generate stops at one unless told not to.
+    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(PROMPT)]])  # (1, T)
     generated = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=NEW_TOKENS,
                                 do_sample=False, eos_token_id=None)  # (1, T + NEW_TOKENS)
     sampled = run_cli("sample.py", f"run={run}", f"prompt={PROMPT}", f"max_new_tokens={NEW_TOKENS}",
                       "temperature=0", cwd=tmp_path)
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout == their_tokenizer.decode(generated[0, 1:]) + "\n"
+
+    with torch.no_grad(), eval_mode(ours):
+        assert (ours(generated)[0] - theirs(generated).logits).abs().max().item() < TOLERANCE
 
 
 def test_a_run_gpt2_cannot_hold_is_refused_naming_each_option_and_the_preset(trained_run: Path, tmp_path: Path) -> None:
