@@ -111,6 +111,23 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
         assert (ours(generated)[0] - theirs(generated).logits).abs().max().item() < TOLERANCE
 
 
+@pytest.mark.parametrize("run_name", ["bpe_run", "pretrained_run"])
+def test_an_exported_byte_level_run_reads_back_as_the_same_model_and_tokenizer(
+    run_name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # What init_from=<exported folder> reads. (A char run's tokenizer is written as a BPE of characters,
+    # which encoding_from_hf_folder, reading byte-level BPEs only, does not read.)
+    run = request.getfixturevalue(run_name)
+    export(run, tmp_path / "exported")
+    ours, tokenizer = Checkpoint.load(run / BEST).build_model()
+    back, notes = gpt_from_hf(tmp_path / "exported")
+    assert notes == []
+    assert encoding_from_hf_folder(tmp_path / "exported").encode_ordinary(HARD_TEXT) == tokenizer.encode(HARD_TEXT)
+    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(HARD_TEXT)]])[:, : ours.config.block_size]  # (1, T)
+    with torch.no_grad(), eval_mode(ours), eval_mode(back):
+        assert torch.equal(ours(idx)[0], back(idx)[0])
+
+
 def test_a_run_gpt2_cannot_hold_is_refused_naming_each_option_and_the_preset(trained_run: Path, tmp_path: Path) -> None:
     message = refusal(trained_run, tmp_path / "exported")
     for blocker in ("model.pos=rope", "model.qk_norm=true", "model.smear=true", "python train.py experiment=gpt2_shape"):
