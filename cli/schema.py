@@ -217,6 +217,13 @@ class SampleSchema:
     device: str = MISSING
 
 
+@dataclass
+class ExportSchema:
+    run: str = MISSING
+    out: str | None = MISSING
+    force: bool = MISSING
+
+
 def typed_train_config(config: dict[str, Any]) -> DictConfig:
     """A saved run's plain config, checked against the schemas of its own data and tokenizer
     options as Hydra checks a new one; a key it lacks is left missing (???)."""
@@ -227,6 +234,7 @@ def typed_train_config(config: dict[str, Any]) -> DictConfig:
 store = ConfigStore.instance()
 store.store(name="train_schema", node=TrainSchema)
 store.store(name="sample_schema", node=SampleSchema)
+store.store(name="export_schema", node=ExportSchema)
 for group, options in (("data", DATA_SCHEMAS), ("tokenizer", TOKENIZER_SCHEMAS)):
     for option, node in options.items():
         store.store(name=f"{group}_{option}_schema", node=node)

@@ -57,10 +57,11 @@ def test_every_option_gives_every_key_a_type_and_a_value(data, tokenizer):
     assert (cfg.data.source, cfg.tokenizer.kind) == (data, tokenizer)  # the option's name is its discriminator
 
 
-def test_the_preset_and_sampling_configs_are_typed_and_complete():
-    for preset in ("shakespeare_char_cpu", "finetune_gpt2"):
+def test_the_presets_sampling_and_export_configs_are_typed_and_complete():
+    for preset in ("shakespeare_char_cpu", "finetune_gpt2", "gpt2_shape"):
         assert OmegaConf.missing_keys(composed("train", f"experiment={preset}")) == set(), preset
     assert OmegaConf.missing_keys(composed("sample")) == set()
+    assert OmegaConf.missing_keys(composed("export")) == set()
 
 
 @pytest.mark.parametrize(
@@ -86,6 +87,7 @@ def test_the_preset_and_sampling_configs_are_typed_and_complete():
         ("sample", "top_k=lots", "top_k=lots must be a whole number"),
         ("sample", "top_p=x", "top_p=x must be a number"),
         ("sample", "topk=5", "topk is not an option; check its spelling"),
+        ("export", "force=maybe", "force=maybe must be true or false"),
     ],
 )
 def test_a_wrong_type_or_choice_is_refused_while_hydra_composes_in_one_line(config_name, override, message):

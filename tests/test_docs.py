@@ -95,8 +95,8 @@ PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 def project_code() -> tuple[str, frozenset[str], tuple[str, ...]]:
     """The project's code and config as one text (but this file), its identifiers, and its name templates
     (the part before {...} in f"head_{name}/...": "head_")."""
-    files = [path for folder in ("model", "data", "training", "inspection", "attention_tab", "bench", "configs",
-                                 "docs", "tests", ".ci")
+    files = [path for folder in ("model", "model_io", "cli", "data", "training", "inspection", "attention_tab", "bench",
+                                 "configs", "docs", "tests", ".ci")
              for path in (ROOT / folder).rglob("*")
              if path.is_file() and path.suffix in {".py", ".yaml", ".js", ".html", ".css", ""}
              and "__pycache__" not in path.parts and path != Path(__file__)]  # this file names what is gone

@@ -105,3 +105,16 @@ def test_without_the_hub_init_from_gpt2_fails_at_once_saying_how_to_get_the_fold
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "needs the Hugging Face Hub once" in result.stderr and "then init_from=<folder>" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_exported_to_hugging_face_is_a_folder_init_from_starts_from(weights_as_they_came, tmp_path):
+    exported = run_cli("export.py", f"run={weights_as_they_came}", f"out={tmp_path / 'exported'}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    again = run_cli("train.py", f"init_from={tmp_path / 'exported'}", "train.max_steps=0", *SMALL, "hydra.run.dir=again",
+                    cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    first = Checkpoint.load(weights_as_they_came / "ckpt_last.pt")
+    second = Checkpoint.load(tmp_path / "again" / "ckpt_last.pt")
+    assert first.tokenizer == second.tokenizer | {"name": first.tokenizer["name"]}  # the same vocabulary, another folder
+    for name, tensor in first.model.items():
+        assert torch.equal(tensor, second.model[name]), name  # fp32 out and back in: bit for bit

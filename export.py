@@ -1,0 +1,110 @@
+"""Write a GPT-2-shaped run as a Hugging Face folder that transformers loads with no custom code:
+AutoModelForCausalLM gives a GPT2LMHeadModel, AutoTokenizer the run's tokenizer (docs/export.md).
+
+    python export.py run=outputs/2026-11-22/10-00-00 out=exported/stories
+    python export.py run=latest out=exported/stories force=true
+
+Every option is in configs/export.yaml.
+"""
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+import cli.schema  # noqa: F401  (stores export_schema, which configs/export.yaml extends)
+from cli.errors import exit_on_user_error, run_cli
+from data.hf_tokenizer import write_hf_tokenizer
+from data.tokenizer import Tokenizer
+from model import GPT
+from model_io.checkpoint import Checkpoint, resolve_checkpoint
+from model_io.hf_gpt2 import export_blockers, save_hf_gpt2
+from user_error import UserError
+
+GPT2_PRESET = "experiment=gpt2_shape"  # configs/experiment/gpt2_shape.yaml: a run of this shape exports
+
+
+@hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="export", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with exit_on_user_error():
+        export(cfg)
+
+
+def export(cfg: DictConfig) -> None:
+    if cfg.out is None:
+        raise UserError("out= is missing: give the folder to write, e.g. out=exported/my_model")
+    out = Path(cfg.out).expanduser()
+    path = resolve_checkpoint(str(cfg.run))
+    model, tokenizer = Checkpoint.load(path).build_model()
+    blockers = export_blockers(model.config)
+    if blockers:
+        raise UserError(f"{path} is not GPT-2-shaped, so transformers' GPT2LMHeadModel cannot hold it: "
+                        f"{'; '.join(blockers)}. Train one that exports with `python train.py {GPT2_PRESET}`")
+    check_out(out, path, cfg.force)
+    replace_folder(out, lambda folder: write_hf_folder(model, tokenizer, folder))
+
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    print(f"wrote {out}: {files}")
+    print("Load it in Python:")
+    print("    from transformers import AutoModelForCausalLM, AutoTokenizer")
+    print(f"    model, tokenizer = AutoModelForCausalLM.from_pretrained({str(out)!r}), "
+          f"AutoTokenizer.from_pretrained({str(out)!r})")
+
+
+def write_hf_folder(model: GPT, tokenizer: Tokenizer, folder: Path) -> None:
+    """The model (config.json, model.safetensors), its tokenizer and generation settings in folder."""
+    save_hf_gpt2(model, folder, tokenizer.eot_id)
+    write_hf_tokenizer(tokenizer, folder, model_max_length=model.config.block_size)
+    # pad = eot as well: generate() then pads a finished row of a batch without a warning.
+    eot = tokenizer.eot_id
+    generation = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+
+
+def check_out(out: Path, checkpoint: Path, force: bool) -> None:
+    """UserError unless out may be written: a new or empty folder, or (force) one that holds neither
+    the checkpoint nor the working folder."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"out={out} is a file; give a folder that is new or empty")
+    if Path.cwd().is_relative_to(out.resolve()):
+        raise UserError(f"out={out} holds the working folder; give a folder of its own")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if checkpoint.resolve().is_relative_to(out.resolve()):
+        raise UserError(f"out={out} holds the checkpoint being exported ({checkpoint}); give another folder")
+    if not force:
+        raise UserError(f"out={out} is not empty; give a new or empty folder, or add force=true to replace it "
+                        f"and everything in it")
+
+
+def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
+    """Run write on a new sibling folder of out, then rename it to out, replacing what was there:
+    an export that fails leaves out as it was and no half-written folder."""
+    out = out.resolve()  # "." has no name to put beside
+    staging = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # beside out: the rename stays on one filesystem
+    try:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a process of the same id that was killed
+        staging.mkdir(parents=True)
+    except OSError as err:
+        raise UserError(f"could not create a folder beside out={out} ({err.strerror or err}); nothing was written") from None
+    old = staging.with_name(staging.name + ".old")
+    try:
+        write(staging)
+        if out.exists():
+            os.rename(out, old)
+        os.rename(staging, out)
+    except OSError as err:  # a full disk, a read-only folder
+        raise UserError(f"could not write out={out} ({err.strerror or err}); it was left as it was") from None
+    finally:
+        if old.exists() and not out.exists():  # the new folder did not make it: put the old one back
+            os.rename(old, out)
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run_cli(main)

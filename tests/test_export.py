@@ -1,0 +1,178 @@
+"""export.py, through its real command line: a GPT-2-shaped run's folder loads in transformers with
+our logits, our greedy text and our token ids (transformers is the independent reference); a run
+that GPT-2 cannot hold, and an out folder already in use, are refused in one line."""
+
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import ByteLevelBPETokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
+
+from data.hf_tokenizer import encoding_from_hf_folder
+from data.stories import generate_stories
+from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
+from model.gpt import eval_mode
+from model_io.checkpoint import BEST, Checkpoint, build_model
+from model_io.hf_gpt2 import gpt_from_hf
+from tests.conftest import TINY_RUN, run_cli
+from tests.test_hf_gpt2 import VOCAB, tiny_gpt2
+
+TOLERANCE = 1e-5  # fp32: the same math in another order
+PROMPT = "Once upon a time"
+NEW_TOKENS = 12  # the prompt and these fit the tiny runs' 32 positions: no sliding window in either
+# Any text for the byte-level tokenizers: non-ASCII letters, runs of spaces, tabs, a typed-out "<|endo".
+HARD_TEXT = "Café naïve, Straße, 日本語 🙂\n\n\ttabs\t\tand   runs of    spaces don't <|endo"
+QUIET_RUN = [arg for arg in TINY_RUN if not arg.startswith(("train.attn_log_interval", "train.sample_interval"))]
+QUIET_RUN += ["train.attn_log_interval=0", "train.sample_interval=0"]  # what export reads is the checkpoint
+
+
+def train_gpt2_shaped(workdir: Path, tokenizer: str) -> Path:
+    result = run_cli("train.py", *QUIET_RUN, "experiment=gpt2_shape", f"tokenizer={tokenizer}", "hydra.run.dir=run",
+                     cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return workdir / "run"
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_gpt2_shaped(tmp_path_factory.mktemp("char"), "char")
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_gpt2_shaped(tmp_path_factory.mktemp("bpe"), "bpe")
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of a Hugging Face GPT-2 folder (tiny random GPT2LMHeadModel, byte-level BPE trained by
+    `tokenizers` in GPT-2's vocab.json + merges.txt layout), read by model_io as init_from reads one."""
+    folder = tmp_path_factory.mktemp("hf_gpt2")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(generate_stories(seed=3, n_chars=20_000), vocab_size=VOCAB, special_tokens=[EOT],
+                            show_progress=False)
+    assert bpe.get_vocab_size() == VOCAB
+    bpe.save_model(str(folder))
+    tiny_gpt2().save_pretrained(folder)
+    model, _ = gpt_from_hf(folder)
+    tokenizer = TiktokenTokenizer("pretrained", encoding_from_hf_folder(folder))
+    model_cfg = {key: value for key, value in asdict(model.config).items() if key != "vocab_size"}
+    run = tmp_path_factory.mktemp("pretrained_run")
+    Checkpoint(model=model.state_dict(), config={"model": model_cfg}, tokenizer=tokenizer.state()).save(run / BEST)
+    return run
+
+
+def export(run: Path, out: Path, *args: str) -> str:
+    """export.py's printout; the export must succeed."""
+    result = run_cli("export.py", f"run={run}", f"out={out}", *args, cwd=out.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def refusal(run: Path, out: Path, *args: str) -> str:
+    """export.py's one-line error; the export must be refused."""
+    result = run_cli("export.py", f"run={run}", f"out={out}", *args, cwd=out.parent)
+    assert (result.returncode, result.stdout) == (2, ""), result.stdout + result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    return result.stderr
+
+
+@pytest.mark.parametrize("run_name", ["char_run", "bpe_run", "pretrained_run"])
+def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transformers(
+    run_name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    run = request.getfixturevalue(run_name)
+    out = tmp_path / "exported"
+    printed = export(run, out)
+    assert f"AutoModelForCausalLM.from_pretrained('{out}')" in printed
+    theirs = AutoModelForCausalLM.from_pretrained(out).eval()
+    their_tokenizer = AutoTokenizer.from_pretrained(out)
+    assert type(theirs) is GPT2LMHeadModel
+    ours, tokenizer = Checkpoint.load(run / BEST).build_model()
+
+    text = PROMPT if run_name == "char_run" else HARD_TEXT  # a char model knows only its corpus' characters
+    ids = their_tokenizer(text)["input_ids"]
+    assert ids == tokenizer.encode(text)
+    assert their_tokenizer.decode(ids) == text
+
+    # sample.py starts after <|endoftext|> and writes past one; generate stops at one unless told not to.
+    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(PROMPT)]])  # (1, T)
+    generated = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=NEW_TOKENS,
+                                do_sample=False, eos_token_id=None)  # (1, T + NEW_TOKENS)
+    sampled = run_cli("sample.py", f"run={run}", f"prompt={PROMPT}", f"max_new_tokens={NEW_TOKENS}",
+                      "temperature=0", cwd=tmp_path)
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout == their_tokenizer.decode(generated[0, 1:]) + "\n"
+
+    with torch.no_grad(), eval_mode(ours):
+        assert (ours(generated)[0] - theirs(generated).logits).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("run_name", ["bpe_run", "pretrained_run"])
+def test_an_exported_byte_level_run_reads_back_as_the_same_model_and_tokenizer(
+    run_name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # What init_from=<exported folder> reads. (A char run's tokenizer is written as a BPE of characters,
+    # which encoding_from_hf_folder, reading byte-level BPEs only, does not read.)
+    run = request.getfixturevalue(run_name)
+    export(run, tmp_path / "exported")
+    ours, tokenizer = Checkpoint.load(run / BEST).build_model()
+    back, notes = gpt_from_hf(tmp_path / "exported")
+    assert notes == []
+    assert encoding_from_hf_folder(tmp_path / "exported").encode_ordinary(HARD_TEXT) == tokenizer.encode(HARD_TEXT)
+    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(HARD_TEXT)]])[:, : ours.config.block_size]  # (1, T)
+    with torch.no_grad(), eval_mode(ours), eval_mode(back):
+        assert torch.equal(ours(idx)[0], back(idx)[0])
+
+
+def test_a_run_gpt2_cannot_hold_is_refused_naming_each_option_and_the_preset(trained_run: Path, tmp_path: Path) -> None:
+    message = refusal(trained_run, tmp_path / "exported")
+    for blocker in ("model.pos=rope", "model.qk_norm=true", "model.smear=true", "python train.py experiment=gpt2_shape"):
+        assert blocker in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_in_use_is_refused_and_left_intact_unless_forced(pretrained_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert "force=true" in refusal(pretrained_run, out)
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"] and [p.name for p in out.iterdir()] == ["notes.txt"]
+
+    export(pretrained_run, out, "force=true")
+    assert not (out / "notes.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no staging folder left beside it
+    assert type(AutoModelForCausalLM.from_pretrained(out)) is GPT2LMHeadModel
+
+
+def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_folder(pretrained_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(pretrained_run / BEST, run / BEST)
+    assert "holds the checkpoint being exported" in refusal(run, run, "force=true")
+    assert [p.name for p in run.iterdir()] == [BEST]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    result = run_cli("export.py", f"run={run}", "out=.", "force=true", cwd=work)
+    assert result.returncode == 2 and "holds the working folder" in result.stderr, result.stdout + result.stderr
+    assert [p.name for p in work.iterdir()] == ["notes.txt"]
+
+
+def test_an_export_that_fails_midway_leaves_the_old_folder_and_no_half_written_one(pretrained_run: Path, tmp_path: Path) -> None:
+    # A BPE with its own split pattern: the model's files are written first, then its tokenizer is refused.
+    tokenizer = TiktokenTokenizer("bpe", bpe_encoding({bytes([b]): b for b in range(256)}, r"\S+|\s+"))
+    config = Checkpoint.load(pretrained_run / BEST).config
+    model = build_model(config["model"], tokenizer.vocab_size)
+    run = tmp_path / "run"
+    run.mkdir()
+    Checkpoint(model=model.state_dict(), config=config, tokenizer=tokenizer.state()).save(run / BEST)
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert "only GPT-2's pattern can be written" in refusal(run, out, "force=true")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "run"]
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
