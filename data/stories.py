@@ -13,8 +13,10 @@ can learn, because the clue sits earlier in the text:
     generate_stories(seed, n_chars, names) -> list[str]   one story per string, about n_chars in all
 
 names="random" gives every character a made-up name of random letters ("Qoxuf"), new in each
-story: a model can then predict a name's later letters only by copying them from its first
-mention, which is what an induction head does (docs/induction.md).
+story, and calls them by it where a pronoun would stand ("Qoxuf put Qoxuf's lamp away"): a
+model can then predict a name's later letters only by copying them from an earlier mention,
+which is what an induction head does (docs/induction.md), and one character in eight is such
+a letter.
 """
 
 import random
@@ -121,26 +123,28 @@ class Character:
     def __str__(self) -> str:
         return self.name
 
+    by_name: bool = False  # called by name where a pronoun would stand: "Qoxuf put Qoxuf's lamp away"
+
     # Pronoun forms; the capitalised ones start sentences.
     @property
     def subj(self) -> str:
-        return self.pronoun
+        return self.name if self.by_name else self.pronoun
 
     @property
     def Subj(self) -> str:
-        return self.pronoun.capitalize()
+        return self.subj[0].upper() + self.subj[1:]
 
     @property
     def obj(self) -> str:
-        return "her" if self.pronoun == "she" else "him"
+        return self.name if self.by_name else "her" if self.pronoun == "she" else "him"
 
     @property
     def poss(self) -> str:
-        return "her" if self.pronoun == "she" else "his"
+        return f"{self.name}'s" if self.by_name else "her" if self.pronoun == "she" else "his"
 
     @property
     def Poss(self) -> str:
-        return self.poss.capitalize()
+        return self.poss[0].upper() + self.poss[1:]
 
 
 def generate_stories(seed: int = 1337, n_chars: int = 1_000_000, names: str = "common") -> list[str]:
@@ -299,12 +303,12 @@ def new_character(
             name = made_up_name(rng)
     else:
         name = rng.choice([n for n in (FEMALE_NAMES if pronoun == "she" else MALE_NAMES) if n not in taken])
-    return Character(name, pronoun, rng.choice(kinds[pronoun]))
+    return Character(name, pronoun, rng.choice(kinds[pronoun]), by_name=random_name)
 
 
 def made_up_name(rng: random.Random) -> str:
-    """A capital and 3 to 6 lower-case letters, each drawn alone: "Qoxuf"."""
-    letters = rng.choices(string.ascii_lowercase, k=rng.randint(3, 6))
+    """A capital and 4 to 8 lower-case letters, each drawn alone: "Qoxufe"."""
+    letters = rng.choices(string.ascii_lowercase, k=rng.randint(4, 8))
     return rng.choice(string.ascii_uppercase) + "".join(letters)
 
 
