@@ -40,7 +40,7 @@ class Piece:
 
 def read_corpus(cfg: Mapping[str, Any]) -> Iterator[Piece]:
     if cfg["source"] == "stories":
-        # A run saved before data.names existed had the common names.
+        # A config written without data.names (before it existed) means the common names.
         return generated_stories(cfg["seed"], cfg["n_chars"], cfg.get("names", "common"))
     if cfg["source"] == "shakespeare":
         text = checked_download(cfg)

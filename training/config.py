@@ -112,7 +112,7 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
 # Keys added after runs were saved without them, with the value that does what the versions
 # before them did, so that such a run resumes unchanged.
 ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
-              "optim.muon_momentum": 0.95, "train.save_interval": 0}
+              "optim.muon_momentum": 0.95, "train.save_interval": 0, "data.names": "common"}
 
 
 def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:
