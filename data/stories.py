@@ -119,11 +119,10 @@ class Character:
     name: str
     pronoun: str  # "she" or "he"
     kind: str  # "girl", "little fox", "grandma", ...
+    by_name: bool = False  # called by name where a pronoun would stand: "Qoxuf put Qoxuf's lamp away"
 
     def __str__(self) -> str:
         return self.name
-
-    by_name: bool = False  # called by name where a pronoun would stand: "Qoxuf put Qoxuf's lamp away"
 
     # Pronoun forms; the capitalised ones start sentences.
     @property
@@ -132,7 +131,7 @@ class Character:
 
     @property
     def Subj(self) -> str:
-        return self.subj[0].upper() + self.subj[1:]
+        return self.subj.capitalize()
 
     @property
     def obj(self) -> str:
@@ -144,7 +143,7 @@ class Character:
 
     @property
     def Poss(self) -> str:
-        return self.poss[0].upper() + self.poss[1:]
+        return self.poss.capitalize()
 
 
 def generate_stories(seed: int = 1337, n_chars: int = 1_000_000, names: str = "common") -> list[str]:

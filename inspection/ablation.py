@@ -59,7 +59,6 @@ def recall_without_each_head(model: GPT, probe: RecallProbe, kind: str = "name",
         [[accuracy(without[layer][head]) for head in range(H)] for layer in range(L)], dtype=torch.float64))
 
 
-
 @dataclass
 class InductionAblation:
     intact: float  # mean loss on the second copies, every head in

@@ -54,7 +54,7 @@ def evaluate(
                         logits, loss = model(x, y)  # (B, T, vocab_size), ()
                     total += loss.item()
                     if split == "val" and scores_in_context:
-                        in_context += (position_loss(logits[:, late], y[:, late]) - position_loss(logits[:, early], y[:, early]))
+                        in_context += position_loss(logits[:, late], y[:, late]) - position_loss(logits[:, early], y[:, early])
             if split in splits:
                 losses[split] = ranks.sum(total) / eval_iters
     return Evaluated(losses, ranks.sum(in_context) / eval_iters if scores_in_context else None)
