@@ -21,6 +21,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from data.stories import NAME_KINDS
 from model.attention import ATTENTION_PATHS
 from model.gpt import MLPS, NORMS, POSITIONS
 from training.distributed import PARALLELS
@@ -57,6 +58,7 @@ NSDtype = choices("NSDtype", NS_DTYPES)
 Schedule = choices("Schedule", SCHEDULES)
 Dtype = choices("Dtype", DTYPES)
 Parallel = choices("Parallel", PARALLELS)
+Names = choices("Names", NAME_KINDS)
 
 
 class DebugMode(Choice):
@@ -103,6 +105,7 @@ class TextSchema:
 class StoriesSchema(TextSchema):
     seed: int = MISSING
     n_chars: int = MISSING
+    names: Names = MISSING
 
 
 @dataclass

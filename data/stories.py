@@ -10,15 +10,24 @@ can learn, because the clue sits earlier in the text:
     items      the hero packs a list of items; later a friend's problem is solved by one
                of exactly those items, and the ending recalls what is left in the bag.
 
-    generate_stories(seed, n_chars) -> list[str]   one story per string, about n_chars in all
+    generate_stories(seed, n_chars, names) -> list[str]   one story per string, about n_chars in all
+
+names="random" gives every character a made-up name of random letters ("Qoxuf"), new in each
+story, and calls them by it where a pronoun would stand ("Qoxuf put Qoxuf's lamp away"): a
+model can then predict a name's later letters only by copying them from an earlier mention,
+which is what an induction head does (docs/induction.md), and one character in eight is such
+a letter.
 """
 
 import random
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 FEMALE_NAMES = ["Mia", "Lily", "Emma", "Anna", "Rosa", "Lucy", "Ella", "Nora", "Ivy", "Zoe", "Ruby", "Maya", "Alice", "Clara", "Hannah", "Sara", "Leah", "Julia", "Grace", "Amy", "Eva", "Ada", "Iris", "Luna", "Maria", "Sofia", "Kate", "Jane", "Molly", "Daisy"]
 MALE_NAMES = ["Tom", "Ben", "Sam", "Leo", "Max", "Jack", "Noah", "Finn", "Theo", "Oscar", "Hugo", "Felix", "Owen", "Luke", "Adam", "Paul", "Eli", "Jonas", "Milo", "Ned", "Otto", "Ravi", "Tim", "Oliver", "Henry", "Peter", "Louis", "Carl", "Dan", "Ivan"]
+
+NAME_KINDS = ("common", "random")  # the data.names option
 
 HERO_KINDS = {"she": ("girl",), "he": ("boy",)}
 FRIEND_KINDS = {
@@ -110,6 +119,7 @@ class Character:
     name: str
     pronoun: str  # "she" or "he"
     kind: str  # "girl", "little fox", "grandma", ...
+    by_name: bool = False  # called by name where a pronoun would stand: "Qoxuf put Qoxuf's lamp away"
 
     def __str__(self) -> str:
         return self.name
@@ -117,49 +127,53 @@ class Character:
     # Pronoun forms; the capitalised ones start sentences.
     @property
     def subj(self) -> str:
-        return self.pronoun
+        return self.name if self.by_name else self.pronoun
 
     @property
     def Subj(self) -> str:
-        return self.pronoun.capitalize()
+        return self.subj.capitalize()
 
     @property
     def obj(self) -> str:
-        return "her" if self.pronoun == "she" else "him"
+        return self.name if self.by_name else "her" if self.pronoun == "she" else "him"
 
     @property
     def poss(self) -> str:
-        return "her" if self.pronoun == "she" else "his"
+        return f"{self.name}'s" if self.by_name else "her" if self.pronoun == "she" else "his"
 
     @property
     def Poss(self) -> str:
         return self.poss.capitalize()
 
 
-def generate_stories(seed: int = 1337, n_chars: int = 1_000_000) -> list[str]:
-    """Stories until their total length reaches n_chars characters."""
-    return list(iter_stories(seed, n_chars))
+def generate_stories(seed: int = 1337, n_chars: int = 1_000_000, names: str = "common") -> list[str]:
+    """Stories until their total length reaches n_chars characters; names: "common" (Mia, Tom,
+    ...) or "random" (made-up names of random letters)."""
+    return list(iter_stories(seed, n_chars, names))
 
 
-def iter_stories(seed: int, n_chars: int) -> Iterator[str]:
+def iter_stories(seed: int, n_chars: int, names: str = "common") -> Iterator[str]:
     """The same stories one at a time, for a corpus too large to hold."""
+    if names not in NAME_KINDS:
+        raise ValueError(f"names={names!r} must be one of {', '.join(NAME_KINDS)}")
     rng = random.Random(seed)
     total = 0
     while total < n_chars:
-        story = write_story(rng)
+        story = write_story(rng, random_names=names == "random")
         total += len(story)
         yield story
 
 
-def write_story(rng: random.Random) -> str:
+def write_story(rng: random.Random, random_names: bool = False) -> str:
     pick = rng.choice
-    hero = new_character(rng, pick(("she", "he")), HERO_KINDS, taken=set())
+    hero = new_character(rng, pick(("she", "he")), HERO_KINDS, taken=set(), random_name=random_names)
     grown_up_pronoun = pick(("she", "he"))
     grown_up = Character(pick(GROWN_UPS[grown_up_pronoun]), grown_up_pronoun, "grown-up")
     n_friends = pick((1, 1, 2))
     friends = []
     for _ in range(n_friends):
-        friends.append(new_character(rng, pick(("she", "he")), FRIEND_KINDS, taken={hero.name, *[f.name for f in friends]}))
+        taken = {hero.name, *[f.name for f in friends]}
+        friends.append(new_character(rng, pick(("she", "he")), FRIEND_KINDS, taken, random_name=random_names))
     packed = pick_items(rng, n=pick((3, 3, 4)))
     used = rng.sample(packed, n_friends)
     destination, arrival = pick(TRIPS)
@@ -279,10 +293,22 @@ def meet_friend(rng: random.Random, hero: Character, friend: Character, item: It
     return " ".join(sentences)
 
 
-def new_character(rng: random.Random, pronoun: str, kinds: dict[str, tuple[str, ...]], taken: set[str]) -> Character:
-    names = FEMALE_NAMES if pronoun == "she" else MALE_NAMES
-    name = rng.choice([n for n in names if n not in taken])
-    return Character(name, pronoun, rng.choice(kinds[pronoun]))
+def new_character(
+    rng: random.Random, pronoun: str, kinds: dict[str, tuple[str, ...]], taken: set[str], random_name: bool = False
+) -> Character:
+    if random_name:
+        name = made_up_name(rng)
+        while name in taken:
+            name = made_up_name(rng)
+    else:
+        name = rng.choice([n for n in (FEMALE_NAMES if pronoun == "she" else MALE_NAMES) if n not in taken])
+    return Character(name, pronoun, rng.choice(kinds[pronoun]), by_name=random_name)
+
+
+def made_up_name(rng: random.Random) -> str:
+    """A capital and 4 to 8 lower-case letters, each drawn alone: "Qoxufe"."""
+    letters = rng.choices(string.ascii_lowercase, k=rng.randint(4, 8))
+    return rng.choice(string.ascii_uppercase) + "".join(letters)
 
 
 def pick_items(rng: random.Random, n: int) -> list[Item]:

@@ -124,14 +124,16 @@ def test_a_resumed_config_is_typed_and_takes_the_allowed_overrides():
     assert plain_config(resumed) == {**saved_config("optim.schedule=cosine", "train.max_steps=2000"), "resume": "run"}
 
 
-def test_a_checkpoint_saved_before_smear_eval_train_and_muons_options_resumes_as_it_was_trained():
+def test_a_checkpoint_saved_before_smear_eval_train_muons_options_and_data_names_resumes_as_it_was_trained():
     cfg = composed("train")
     cfg.resume = "old"
     old = saved_config("model.smear=true", "train.eval_train=false")
     del old["model"]["smear"], old["train"]["eval_train"], old["optim"]["ns_dtype"], old["optim"]["muon_momentum"]
+    del old["data"]["names"]
     old = upgrade(Checkpoint(model={}, config=old, tokenizer={})).config  # as Checkpoint.load hands it over
     resumed, changes = resumed_config(cfg, old, ["resume=old"])
     assert resumed.model.smear is False and resumed.train.eval_train is True and changes == []
+    assert resumed.data.names == "common"  # the stories' names before data.names=random
     assert resumed.optim.ns_dtype == "bfloat16" and resumed.optim.muon_momentum == 0.95  # torch.optim.Muon's
     resumed, changes = resumed_config(cfg, old, ["resume=old", "optim.ns_dtype=auto"])  # how to compute: may change
     assert resumed.optim.ns_dtype == "auto" and changes == ["optim.ns_dtype bfloat16 -> auto"]

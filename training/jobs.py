@@ -5,7 +5,7 @@ import logging
 import torch
 
 from data.dataset import probe_ids
-from inspection.ablation import recall_without_each_head
+from inspection.ablation import induction_loss_without_each_head, recall_without_each_head
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model.generation import generate_text
@@ -24,6 +24,7 @@ log = logging.getLogger("train")
 # small's 144 heads of 1,024 tokens it would take hours on a CPU at every attention-logging step.
 RECALL_PROBE_WINDOWS, RECALL_PROBE_TOKENS = 96, 96 * 128
 ABLATION_MAX_HEADS = 64
+INDUCTION_ROWS = 8  # repeated random sequences whose second copies the induction ablation scores
 
 
 class Every:
@@ -61,7 +62,8 @@ class Saver:
 
 
 class Evaluation:
-    """Train and val loss (val alone with train.eval_train=false), to TensorBoard and the log."""
+    """Train and val loss (val alone with train.eval_train=false) and the in-context score, to
+    TensorBoard; the losses to the log."""
 
     def __init__(self, run: Run, tb: RunLogger) -> None:
         self.run, self.tb = run, tb
@@ -71,9 +73,12 @@ class Evaluation:
     def __call__(self, state: TrainState) -> None:
         run, train = self.run, self.run.cfg.train
         splits = ("train", "val") if train.eval_train else ("val",)
-        losses = evaluate(run.eval_model, run.data, train.batch_size, run.cfg.model.block_size, train.eval_iters,
-                          run.ranks, run.precision, train.seed, splits, lockstep=run.parallel.collective_forwards)
+        evaluated = evaluate(run.eval_model, run.data, train.batch_size, run.cfg.model.block_size, train.eval_iters,
+                             run.ranks, run.precision, train.seed, splits, lockstep=run.parallel.collective_forwards)
+        losses = evaluated.losses
         self.tb.scalars(state.step, {f"loss/{split}": loss for split, loss in losses.items()})
+        if evaluated.in_context is not None:
+            self.tb.scalars(state.step, {"loss/in_context": evaluated.in_context})
         log.info(f"step {state.step}: " + ", ".join(f"{split} loss {loss:.4f}" for split, loss in losses.items()))
         self.history.append({"step": state.step, **losses})
 
@@ -104,8 +109,9 @@ class Checkpoints:
 class AttentionMaps:
     """Rank 0: the probe text's attention maps, drawn from the weights the model uses right now,
     and what each head does in numbers (on the probe, the induction probe and the recall probe),
-    and the recall probe's name recall with each head knocked out alone. Due on every rank:
-    under FSDP every rank gathers the whole model for it."""
+    and with each head knocked out alone: the recall probe's name recall, and the loss on the
+    second copy of repeated random tokens. Due on every rank: under FSDP every rank gathers the
+    whole model for it."""
 
     def __init__(self, run: Run, tb: RunLogger, fresh: bool) -> None:
         cfg, tokenizer, device = run.cfg, run.data.tokenizer, run.ranks.device
@@ -117,11 +123,14 @@ class AttentionMaps:
         self.labels = tokenizer.token_strings(probe)
         if fresh:
             tb.probe_tokens(self.labels)
-        # Random tokens, repeated once (see inspection/head_metrics.py).
+        # Random tokens, repeated once (see inspection/head_metrics.py): the first row's attention
+        # gives the induction scores, all rows the loss on the second copy that the ablation reads.
         n_induction = n_probe // 2
-        self.induction = torch.tensor(
-            [induction_probe(tokenizer.vocab_size, n_induction, cfg.train.seed, avoid=tokenizer.eot_id)], device=device,
-        ) if n_induction >= 2 else None  # (1, 2n)
+        self.repeated = torch.tensor(
+            [induction_probe(tokenizer.vocab_size, n_induction, cfg.train.seed + i, avoid=tokenizer.eot_id)
+             for i in range(INDUCTION_ROWS)], device=device,
+        ) if n_induction >= 2 else None  # (INDUCTION_ROWS, 2n)
+        self.induction = self.repeated[:1] if self.repeated is not None else None  # (1, 2n)
         # Held-out stories (another seed), where names and items come back.
         max_windows = min(RECALL_PROBE_WINDOWS, max(1, RECALL_PROBE_TOKENS // cfg.model.block_size))
         self.recall = (RecallProbe.build(tokenizer, cfg.model.block_size, seed=cfg.data.seed + 1, max_windows=max_windows)
@@ -149,6 +158,8 @@ class AttentionMaps:
             induction_weights = self.model.attention_weights(self.induction)[:, 0]  # (L, H, 2n, 2n)
             metrics["induction"] = induction_score(induction_weights, self.induction.shape[1] // 2)
         self.tb.head_metrics(state.step, metrics)
+        if self.repeated is not None:
+            self.tb.induction_ablation(state.step, induction_loss_without_each_head(self.model, self.repeated))
         if self.recall is not None:
             scores = self.recall.evaluate(self.model)
             self.tb.recall(state.step, scores)

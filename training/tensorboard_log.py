@@ -20,6 +20,12 @@
     ablation/recall_name/layer_{l}/head_{h}   recall/accuracy_name with that head knocked out alone
                                           (inspection/ablation.py), at the same steps
     ablation/top_heads                    the heads whose loss hurts name recall most (text)
+    ablation/induction_loss/intact        the loss on the second copy of repeated random tokens
+                                          (inspection/ablation.py), at the attention steps
+    ablation/induction_loss/layer_{l}/head_{h}   the same with that head knocked out alone
+    loss/in_context                       at each evaluation, on val: the loss late in the window
+                                          minus early in it (training/evaluation.py); below 0:
+                                          the model learns from its context
     HParams dashboard                     the run's hyperparameters and final metrics, when it
                                           ends: runs of a sweep side by side (hparams below)
     hparams/best_val_loss                 the metric that goes with them
@@ -31,7 +37,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-from inspection.ablation import RecallAblation
+from inspection.ablation import InductionAblation, RecallAblation
 from inspection.attention_summary import weights_summary
 from inspection.heatmap import readable_token, render_attention_map, render_head_grid
 from inspection.recall_probe import RecallScores
@@ -116,6 +122,10 @@ class RunLogger:
         self.per_head(step, f"ablation/recall_{ablation.kind}", ablation.without)
         worst = three_heads(ablation.without, highest=False)
         self.text("ablation/top_heads", f"{ablation.kind} recall {ablation.intact:.2f} with every head; without {worst}", step)
+
+    def induction_ablation(self, step: int, ablation: InductionAblation) -> None:
+        self.scalars(step, {"ablation/induction_loss/intact": ablation.intact})
+        self.per_head(step, "ablation/induction_loss", ablation.without)
 
     def probe_tokens(self, labels: list[str]) -> None:
         """The probe text, token by token, so a heatmap's axes can be read in full."""

@@ -1,0 +1,155 @@
+"""The induction circuit and the in-context score: a two-layer model whose heads are set by hand
+to shift, then copy (Olsson et al., 2022) is the reference; a tiny real run logs the new tags."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from data.corpus import load_documents
+from data.dataset import TokenData
+from data.stories import FEMALE_NAMES, MALE_NAMES, generate_stories
+from data.tokenizer import CharTokenizer
+from inspection.ablation import induction_loss_without_each_head, second_copy_loss
+from inspection.head_metrics import induction_score
+from model import GPT, GPTConfig
+from training.distributed import Ranks
+from training.evaluation import evaluate, in_context_positions
+from training.precision import Precision
+
+V, N = 64, 16  # vocabulary, and the length of the sequence that comes back
+CPU = torch.device("cpu")
+ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
+PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD = (0, 0), (1, 0)
+
+
+@torch.no_grad()
+def shift_then_copy_model(vocab_size: int = V, block_size: int = 2 * N) -> GPT:
+    """Two layers of two heads; head 0 of layer 0 writes each token's predecessor into the
+    residual stream (a previous-token head), head 0 of layer 1 looks for the key whose
+    predecessor is the current token and copies that key's token to the output (an induction
+    head). The other heads and the MLPs write nothing. The residual stream is four one-hot
+    blocks: [token | previous token | copied token | position]."""
+    C = 3 * vocab_size + block_size
+    config = GPTConfig(vocab_size, block_size, n_layer=2, n_head=2, n_embd=C, pos="learned", norm="rmsnorm",
+                       mlp="gelu", tie_head=False, qk_norm=False, smear=False)
+    model = GPT(config).eval()
+    for parameter in model.parameters():
+        parameter.zero_()
+    for norm in (model.ln_f, *[block.ln_1 for block in model.blocks], *[block.ln_2 for block in model.blocks]):
+        norm.weight.fill_(1.0)
+    D = C // 2  # head_dim
+    token, previous, copied, position = (torch.arange(vocab_size), vocab_size + torch.arange(vocab_size),
+                                         2 * vocab_size + torch.arange(vocab_size), 3 * vocab_size + torch.arange(block_size))
+    model.tok_emb.weight[torch.arange(vocab_size), token] = 1.0
+    model.pos_emb.weight[torch.arange(block_size), position] = 1.0
+    # RMSNorm scales a stream of m one-hot blocks by sqrt(C / m): the weights below undo it, so that
+    # each value is a one-hot of 1 and a matching query and key score `sharp` (any other pair 0).
+    sharp = 30.0
+    # Layer 0 (the stream: token, position), head 0: the query at position t matches the key at
+    # t - 1, and moves that key's token into `previous`.
+    qkv, proj = model.blocks[0].attn.qkv.weight, model.blocks[0].attn.proj.weight  # (3C, C), (C, C)
+    qkv[torch.arange(block_size), position] = sharp * math.sqrt(D) / (C / 2)  # W_q: position t -> query dim t
+    qkv[C + torch.arange(1, block_size), position[:-1]] = 1.0  # W_k: position s -> key dim s + 1
+    qkv[2 * C + torch.arange(vocab_size), token] = math.sqrt(2 / C)  # W_v: the token
+    proj[previous, torch.arange(vocab_size)] = 1.0
+    # Layer 1 (token, position, previous), head 0: the query holds the current token, a key its
+    # own predecessor; the value is the key's token, written into `copied`.
+    qkv, proj = model.blocks[1].attn.qkv.weight, model.blocks[1].attn.proj.weight
+    qkv[torch.arange(vocab_size), token] = sharp * math.sqrt(D) / (C / 3)
+    qkv[C + torch.arange(vocab_size), previous] = 1.0
+    qkv[2 * C + torch.arange(vocab_size), token] = math.sqrt(3 / C)
+    proj[copied, torch.arange(vocab_size)] = 1.0
+    model.lm_head.weight[torch.arange(vocab_size), copied] = 12.0 / math.sqrt(C / 4)  # the copied token's logit: 12
+    return model
+
+
+def repeated_distinct(n: int = N, rows: int = 4, seed: int = 0) -> torch.Tensor:
+    """(rows, 2n): n distinct random tokens, then the same n again, in each row."""
+    generator = torch.Generator().manual_seed(seed)
+    first = torch.stack([torch.randperm(V, generator=generator)[:n] for _ in range(rows)])  # (rows, n)
+    return first.repeat(1, 2)  # (rows, 2n)
+
+
+def test_hand_built_induction_head_scores_above_0_9_and_previous_token_head_above_0_9():
+    model, repeated = shift_then_copy_model(), repeated_distinct(rows=1)
+    weights = model.attention_weights(repeated)[:, 0]  # (L, H, 2n, 2n)
+    scores = induction_score(weights, N)  # (L, H)
+    assert scores[INDUCTION_HEAD] >= 0.9
+    assert scores.flatten().argmax().item() == 2  # layer 1 head 0, of the 4 heads
+    assert weights[0, 0].diagonal(offset=-1).mean() >= 0.9  # head_previous_token
+
+
+def test_second_copy_loss_collapses_with_the_circuit_and_comes_back_without_either_head():
+    model, repeated = shift_then_copy_model(), repeated_distinct()
+    ablation = induction_loss_without_each_head(model, repeated)
+    assert ablation.intact == pytest.approx(second_copy_loss(model, repeated))
+    assert ablation.intact < 0.1  # nats per token, against log(64) = 4.16 for a guess
+    assert ablation.without[INDUCTION_HEAD] == pytest.approx(math.log(V), abs=1e-3)  # nothing copied: every logit 0
+    assert ablation.without[PREVIOUS_TOKEN_HEAD] > ablation.intact + 2.0  # keys that match nothing: copies a blur
+    assert ablation.without[0, 1] == pytest.approx(ablation.intact, abs=1e-6)  # heads that write nothing
+    assert ablation.without[1, 1] == pytest.approx(ablation.intact, abs=1e-6)
+    with model.heads_knocked_out({INDUCTION_HEAD}):
+        assert second_copy_loss(model, repeated) == pytest.approx(ablation.without[INDUCTION_HEAD].item())
+
+
+def repeating_stream(period: int, length: int, seed: int = 0) -> np.ndarray:
+    """period distinct random tokens, over and over: every window of 2 * period sees its start come back."""
+    rng = np.random.default_rng(seed)
+    return np.resize(rng.permutation(V)[:period], length).astype(np.uint16)
+
+
+@pytest.mark.parametrize("knocked_out", [set(), {INDUCTION_HEAD}])
+def test_in_context_score_is_below_minus_log_vocab_for_a_copying_model_and_zero_without_its_copy_head(knocked_out):
+    model = shift_then_copy_model()
+    stream = repeating_stream(N, 4096)
+    data = TokenData(CharTokenizer([chr(65 + i) for i in range(V)]), train=stream, val=stream)
+    early, late = in_context_positions(2 * N)
+    assert (early, late) == (slice(3, 6), slice(29, 32))  # a tenth of the way in, and the last tenth
+    with model.heads_knocked_out(knocked_out):
+        evaluated = evaluate(model, data, batch_size=8, block_size=2 * N, eval_iters=3, ranks=ONE_PROCESS,
+                             precision=Precision("fp32", CPU), seed=0, splits=("val",))
+    if knocked_out:
+        assert evaluated.in_context == pytest.approx(0.0, abs=1e-3)  # every position at chance
+    else:  # early: the next token has not come by yet in the window (a guess at best: log V or
+        # worse); late: it came one period before, so the circuit copies it (a loss near 0)
+        assert -math.log(V) - 2.0 < evaluated.in_context < -math.log(V)
+
+
+def test_in_context_positions_stay_inside_short_windows():
+    assert in_context_positions(128) == (slice(12, 24), slice(116, 128))
+    assert in_context_positions(3) == (slice(1, 2), slice(2, 3))
+
+
+def test_made_up_names_are_new_letter_strings_and_the_common_stories_are_unchanged():
+    common = generate_stories(seed=5, n_chars=20_000)
+    assert generate_stories(seed=5, n_chars=20_000, names="common") == common
+    made_up = generate_stories(seed=5, n_chars=20_000, names="random")
+    assert made_up == generate_stories(seed=5, n_chars=20_000, names="random")  # same seed, same stories
+    names = [name for story in made_up for name in re.findall(r"(?:named|called) ([A-Z]\w*)", story)]
+    assert len(names) > 20 and all(re.fullmatch(r"[A-Z][a-z]{4,8}", name) for name in names)
+    assert len(set(names)) == len(names)  # a new name each time: one only context can tell
+    assert not set(names) & set(FEMALE_NAMES + MALE_NAMES)
+
+
+def test_every_run_logs_the_in_context_score_and_the_induction_ablation_beside_the_old_tags(trained_run):
+    events = EventAccumulator(str(trained_run), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert [event.step for event in events.Scalars("loss/in_context")] == [0, 10, 20]  # at each evaluation
+    heads = {f"ablation/induction_loss/layer_{layer}/head_{head}" for layer in range(2) for head in range(2)}
+    assert heads | {"ablation/induction_loss/intact", "loss/train", "loss/val"} <= tags
+    assert [event.step for event in events.Scalars("ablation/induction_loss/intact")] == [0, 10, 20]  # at the attention steps
+
+
+def test_data_names_random_reaches_the_corpus_and_a_wrong_value_gets_one_line(tmp_path):
+    cfg = {"source": "stories", "seed": 3, "n_chars": 20_000, "names": "random"}
+    assert load_documents(cfg) == generate_stories(seed=3, n_chars=20_000, names="random")
+    result = run_cli("train.py", "data.names=made_up", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: data.names=made_up must be one of common, random"
+    assert not (tmp_path / "outputs").exists()
