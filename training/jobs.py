@@ -20,8 +20,8 @@ log = logging.getLogger("train")
 
 # The recall probe reads at most 96 windows, and at most this many tokens of held-out stories
 # (96 windows of the default 128; 12 of GPT-2's 1,024), and
-# the ablation, a recall probe per head, runs for models of at most this many heads: at GPT-2
-# small's 144 heads of 1,024 tokens it would take hours on a CPU at every attention-logging step.
+# the ablations, a probe's forward per knocked-out head, run for models of at most this many heads:
+# at GPT-2 small's 144 heads of 1,024 tokens they would take hours on a CPU at every attention step.
 RECALL_PROBE_WINDOWS, RECALL_PROBE_TOKENS = 96, 96 * 128
 ABLATION_MAX_HEADS = 64
 INDUCTION_ROWS = 8  # repeated random sequences whose second copies the induction ablation scores
@@ -139,9 +139,9 @@ class AttentionMaps:
             self.recall = None  # block_size too short for a name to come back inside one window
         n_heads = cfg.model.n_layer * cfg.model.n_head
         self.ablate = n_heads <= ABLATION_MAX_HEADS
-        if self.recall is not None and not self.ablate and fresh:
-            log.info(f"note: no ablation/recall_name scalars: this model has {n_heads} heads, and knocking each out "
-                     f"costs a recall probe per head (at most {ABLATION_MAX_HEADS} heads)")
+        if not self.ablate and fresh and self.due.interval:
+            log.info(f"note: no ablation/... scalars: this model has {n_heads} heads, and knocking each out alone "
+                     f"costs a probe's forward per head (they run for at most {ABLATION_MAX_HEADS} heads)")
 
     def __call__(self, state: TrainState) -> None:
         with self.parallel.whole_model():
@@ -158,7 +158,7 @@ class AttentionMaps:
             induction_weights = self.model.attention_weights(self.induction)[:, 0]  # (L, H, 2n, 2n)
             metrics["induction"] = induction_score(induction_weights, self.induction.shape[1] // 2)
         self.tb.head_metrics(state.step, metrics)
-        if self.repeated is not None:
+        if self.repeated is not None and self.ablate:
             self.tb.induction_ablation(state.step, induction_loss_without_each_head(self.model, self.repeated))
         if self.recall is not None:
             scores = self.recall.evaluate(self.model)
