@@ -13,6 +13,8 @@ import bench
 from bench.attention import bench_attention
 from bench.common import ROOT
 from bench.corpora import bench_data
+from bench.gpt2_finetune import bench_gpt2_finetune
+from bench.gpt2_sampling import bench_gpt2_sampling
 from bench.loading import bench_loading
 from bench.nanogpt import bench_nanogpt
 from bench.sampling import bench_sampling
@@ -23,7 +25,7 @@ from bench.text import bench_text
 from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab",
-            "text", "loading")
+            "text", "loading", "gpt2_sampling", "gpt2_finetune")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup", "text")
 
 
@@ -39,7 +41,7 @@ def main() -> None:
     parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
                         help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
-    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt section")
+    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt and gpt2_finetune sections")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
     args = parser.parse_args()
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -80,6 +82,10 @@ def main() -> None:
         results["text"] = bench_text(args.repeats, work)
     if "loading" in sections:
         results["loading"] = bench_loading(work)
+    if "gpt2_sampling" in sections:
+        results["gpt2_sampling"] = bench_gpt2_sampling(args.repeats, work)
+    if "gpt2_finetune" in sections:
+        results["gpt2_finetune"] = bench_gpt2_finetune(args.repeats, args.nanogpt)
 
     print_table(results)
     record = {
