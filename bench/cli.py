@@ -32,7 +32,9 @@ DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "sta
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}; by default {', '.join(DEFAULT_SECTIONS)} "
+                        "(each other one takes minutes or needs more, e.g. gpt2_sampling 8 to 14 minutes on 2 busy cores, "
+                        "gpt2_finetune about 8 and --nanogpt: docs/speed.md)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
     parser.add_argument("--preset-steps", type=int, help="a quick check: the preset for this many steps, evaluated "

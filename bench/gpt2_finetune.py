@@ -44,20 +44,24 @@ def nanogpt_model_module(checkout: Path | None) -> ModuleType:
     return module
 
 
-def our_step(tokens: np.ndarray) -> tuple[Callable[[np.random.Generator], float], int]:
+Side = tuple[Callable[[np.random.Generator], float], int, torch.optim.AdamW]  # a step, the parameter count, its AdamW
+
+
+def our_step(tokens: np.ndarray) -> Side:
     """One TrainStep at GPT-2's shape (learned positions, tanh GELU, biases, no QK-norm or smear)
-    as train.py builds it, and our model's parameter count."""
+    as train.py builds it."""
     config = GPTConfig(vocab_size=GPT2_SMALL["vocab_size"], block_size=GPT2_SMALL["n_positions"],
                        n_layer=GPT2_SMALL["n_layer"], n_head=GPT2_SMALL["n_head"], n_embd=GPT2_SMALL["n_embd"],
                        bias=True, pos="learned", norm="layernorm", mlp="gelu_tanh", qk_norm=False, smear=False)
     model = GPT(config)
-    step = TrainStep(model, model, None, build_optimizer(model, OPTIM, CPU), Precision("fp32", CPU),
+    optimizer = build_optimizer(model, OPTIM, CPU)
+    step = TrainStep(model, model, None, optimizer, Precision("fp32", CPU),
                      Ranks(rank=0, local_rank=0, world_size=1, device=CPU), tokens, BATCH_SIZE, SEQUENCE_LENGTH,
                      grad_accum_steps=1, grad_clip=GRAD_CLIP, skip_nonfinite=False, last_checkpoint=Path("unused"))
-    return lambda rng: step(0, OPTIM["lr"], rng).loss, model.num_parameters()
+    return lambda rng: step(0, OPTIM["lr"], rng).loss, model.num_parameters(), optimizer.optimizers[0]
 
 
-def nanogpt_step(nanogpt: ModuleType, tokens: np.ndarray) -> tuple[Callable[[np.random.Generator], float], int]:
+def nanogpt_step(nanogpt: ModuleType, tokens: np.ndarray) -> Side:
     """nanoGPT's GPT at the same shape, and the step of its train.py: forward, backward, clip,
     AdamW's step (its configure_optimizers), zero_grad, loss.item()."""
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter counts
@@ -76,7 +80,12 @@ def nanogpt_step(nanogpt: ModuleType, tokens: np.ndarray) -> tuple[Callable[[np.
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    return step, sum(p.numel() for p in model.parameters())
+    return step, sum(p.numel() for p in model.parameters()), optimizer
+
+
+def updates(adamw: torch.optim.AdamW) -> int:
+    """How many steps adamw has taken (its first parameter's count)."""
+    return int(adamw.state[adamw.param_groups[0]["params"][0]]["step"])
 
 
 def bench_gpt2_finetune(repeats: int, checkout: Path | None) -> dict:
@@ -86,7 +95,7 @@ def bench_gpt2_finetune(repeats: int, checkout: Path | None) -> dict:
     tokens = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], size=100_000).astype(np.uint16)
     torch.manual_seed(0)
     sides = {"ours": our_step(tokens), "nanogpt": nanogpt_step(nanogpt, tokens)}
-    losses = {name: step(np.random.default_rng(0)) for name, (step, _) in sides.items()}  # AdamW's state is made here
+    losses = {name: step(np.random.default_rng(0)) for name, (step, _, _) in sides.items()}  # AdamW's state is made here
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     for repeat in range(repeats):
         for name in (("ours", "nanogpt") if repeat % 2 == 0 else ("nanogpt", "ours")):
@@ -104,4 +113,5 @@ def bench_gpt2_finetune(repeats: int, checkout: Path | None) -> dict:
         "vs_nanogpt": rates["ours"] / rates["nanogpt"],
         "first_loss": losses["ours"], "nanogpt_first_loss": losses["nanogpt"],
         "seconds": seconds["ours"], "nanogpt_seconds": seconds["nanogpt"],
+        "updates": updates(sides["ours"][2]), "nanogpt_updates": updates(sides["nanogpt"][2]),  # the untimed one too
     }

@@ -76,6 +76,7 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
         "eager_tokens_per_sec": rates["eager"], "compiled_tokens_per_sec": rates["compiled"],
         "transformers_tokens_per_sec": hf, "eager_vs_transformers": rates["eager"] / hf,
         "compiled_vs_transformers": rates["compiled"] / hf, "compile_seconds": compile_seconds,
+        "seconds": seconds,  # each run's, in the order they ran
         "eager_first_difference": first_difference(tokens["eager"], tokens["transformers"]),
         "compiled_first_difference": first_difference(tokens["compiled"], tokens["transformers"]),
         "same_greedy_tokens": all(first_difference(tokens[name], tokens["transformers"]) is None

@@ -180,6 +180,7 @@ def test_the_gpt2_sampling_section_times_our_greedy_paths_against_transformers_a
     assert sampling["eager_first_difference"] is None and sampling["compiled_first_difference"] is None
     assert sampling["new_tokens"] == 24 and sampling["params"] == 2 * 12 * 32 * 32 + 97 * 32 + 64 * 32 + 2 * 13 * 32 + 2 * 32
     assert sampling["transformers_tokens_per_sec"] > 0 and sampling["compile_seconds"] > 0
+    assert all(len(times) == 1 for times in sampling["seconds"].values())  # one run of each per repeat
     assert sampling["eager_vs_transformers"] == pytest.approx(sampling["eager_tokens_per_sec"] / sampling["transformers_tokens_per_sec"])
     assert "greedy sampling, GPT-2 small's shape, 24 tokens" in printed and re.search(r"the same greedy tokens as transformers +yes", printed)
     assert not any((tmp_path / "results").rglob("*.safetensors"))  # the weights' folder is removed
@@ -251,6 +252,7 @@ def test_the_gpt2_finetune_section_times_train_steps_of_both_models_at_gpt2s_sha
     assert finetune["params"] == finetune["nanogpt_params"] == 2 * 12 * 32 * 32 + 97 * 32 + 64 * 32 + 2 * 13 * 32 + 2 * 32
     assert finetune["batch_size"] == 1 and finetune["sequence_length"] == 16
     assert len(finetune["seconds"]) == len(finetune["nanogpt_seconds"]) == 2  # one timing of 2 steps per repeat
+    assert finetune["updates"] == finetune["nanogpt_updates"] == 1 + 2 * 2  # AdamW stepped each time, the untimed step too
     assert finetune["vs_nanogpt"] == pytest.approx(finetune["tokens_per_sec"] / finetune["nanogpt_tokens_per_sec"])
     # Both sides start from GPT-2's initialisation (std 0.02): near-uniform guesses, a loss near ln(97) = 4.57.
     assert abs(finetune["first_loss"] - 4.57) < 0.1 and abs(finetune["nanogpt_first_loss"] - 4.57) < 0.1
