@@ -24,8 +24,9 @@ from training.step import TrainStep
 
 BATCH_SIZE, SEQUENCE_LENGTH = 1, 256  # tokens per step: a fine-tune's batch on a CPU
 STEPS = 3  # timed steps of each model per repeat, after one untimed step each
-# nanoGPT's finetune_shakespeare.py settings that touch the step's cost: AdamW, its weight
-# decay and betas, clipping at 1.0; and no dropout on either side.
+# What touches the step's cost, as nanoGPT fine-tunes (finetune_shakespeare.py's lr over its
+# train.py's defaults): AdamW with weight decay 0.1 and betas (0.9, 0.95), clipping at 1.0; and
+# no dropout on either side.
 OPTIM = {"name": "adamw", "lr": 3e-5, "weight_decay": 0.1, "betas": [0.9, 0.95]}
 GRAD_CLIP = 1.0
 CPU = torch.device("cpu")
