@@ -50,6 +50,14 @@ Sections (each figure is the median of --repeats runs):
                CPU; intact, and with one head knocked out (two forwards)
     loading    (not by default; writes 1.4 GB) peak memory of a fresh process loading GPT-2 medium's shape of
                random weights from a Hugging Face folder (model_io/hf_gpt2.py), against their file's size
+    gpt2_sampling  (not by default; 8 to 14 minutes on a shared 2-core machine) greedy sampling at GPT-2 small's
+               shape (124M, random weights written by transformers and read by model_io/hf_gpt2.py):
+               tokens/s of 128 new tokens after a 32-token prompt, sample.py's path (the KV cache,
+               eager and compiled) against transformers' generate(do_sample=False), and whether
+               all three chose the same tokens
+    gpt2_finetune  (not by default; needs --nanogpt <a checkout of karpathy/nanoGPT>; about 8 minutes there)
+               training steps (forward, backward, clipping, AdamW) at GPT-2 small's shape, 1 x 256
+               tokens, fp32: this project's TrainStep against nanoGPT's model.py, in turns
 
 Results go to bench_results/bench-<date>_<time>.json (git-ignored) unless --out says otherwise;
 the training section's run dirs go beside it.

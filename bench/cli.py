@@ -13,6 +13,8 @@ import bench
 from bench.attention import bench_attention
 from bench.common import ROOT
 from bench.corpora import bench_data
+from bench.gpt2_finetune import bench_gpt2_finetune
+from bench.gpt2_sampling import bench_gpt2_sampling
 from bench.loading import bench_loading
 from bench.nanogpt import bench_nanogpt
 from bench.sampling import bench_sampling
@@ -23,14 +25,16 @@ from bench.text import bench_gpt2_text, bench_text
 from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab",
-            "text", "gpt2_text", "loading")
+            "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup", "text")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}; by default {', '.join(DEFAULT_SECTIONS)} "
+                        "(each other one takes minutes or needs more, e.g. gpt2_sampling 8 to 14 minutes on 2 busy cores, "
+                        "gpt2_finetune about 8 and --nanogpt: docs/speed.md)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
     parser.add_argument("--preset-steps", type=int, help="a quick check: the preset for this many steps, evaluated "
@@ -39,7 +43,7 @@ def main() -> None:
     parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
                         help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
-    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt section")
+    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt and gpt2_finetune sections")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
     args = parser.parse_args()
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -82,6 +86,10 @@ def main() -> None:
         results["gpt2_text"] = bench_gpt2_text(args.repeats)
     if "loading" in sections:
         results["loading"] = bench_loading(work)
+    if "gpt2_sampling" in sections:
+        results["gpt2_sampling"] = bench_gpt2_sampling(args.repeats, work)
+    if "gpt2_finetune" in sections:
+        results["gpt2_finetune"] = bench_gpt2_finetune(args.repeats, args.nanogpt)
 
     print_table(results)
     record = {

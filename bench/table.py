@@ -69,6 +69,23 @@ def print_table(results: dict) -> None:
         rows.append(("loading GPT-2 medium's shape (Hugging Face folder)",
                      f"peak memory {m['peak_gb']:.2f} GB for {m['weights_gb']:.2f} GB of weights ({m['peak_vs_weights']:.2f}x; "
                      f"{m['imports_gb']:.2f} GB of it the imports)"))
+    if "gpt2_sampling" in results:
+        g = results["gpt2_sampling"]
+        same = "yes" if g["same_greedy_tokens"] else (f"NO (eager first differs at {g['eager_first_difference']}, "
+                                                      f"compiled at {g['compiled_first_difference']})")
+        rows += [
+            (f"greedy sampling, GPT-2 small's shape, {g['new_tokens']} tokens",
+             f"{g['eager_tokens_per_sec']:.1f} tokens/s with KV cache ({g['eager_vs_transformers']:.2f}x transformers' "
+             f"{g['transformers_tokens_per_sec']:.1f})"),
+            ("  compiled decode step (compile=true)", f"{g['compiled_tokens_per_sec']:.1f} tokens/s "
+                                                     f"({g['compiled_vs_transformers']:.2f}x), after {g['compile_seconds']:.1f} s compiling"),
+            ("  the same greedy tokens as transformers", same),
+        ]
+    if "gpt2_finetune" in results:
+        f = results["gpt2_finetune"]
+        rows.append((f"fine-tuning steps, GPT-2 small's shape, {f['batch_size']} x {f['sequence_length']} tokens",
+                     f"{f['tokens_per_sec']:.1f} tokens/s, nanoGPT's model.py {f['nanogpt_tokens_per_sec']:.1f} "
+                     f"({f['vs_nanogpt']:.2f}x its speed)"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

@@ -4,14 +4,18 @@ that times processes (train.py, sample.py, tokenising) still starts them, as tha
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT
 
 import bench.attention
+import bench.gpt2_finetune
+import bench.gpt2_sampling
 import bench.loading
 import bench.sampling
 from bench.cli import main
@@ -36,7 +40,7 @@ def test_an_unknown_section_is_one_clear_line():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab, text, gpt2_text, loading)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune)\n"
     )
 
 
@@ -155,3 +159,101 @@ def test_the_loading_section_measures_a_fresh_process_loading_a_hugging_face_fol
     assert 0 < loading["imports_gb"] <= loading["peak_gb"]  # a tiny model fits in what the imports left free
     assert "loading GPT-2 medium's shape (Hugging Face folder)" in printed and "GB of weights" in printed
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("*.safetensors"))
+
+
+# GPT-2's layout at a few seconds' size. Weights drawn at std 1 rather than GPT-2's 0.02, so
+# that greedy decoding wanders over the vocabulary instead of repeating the prompt's last token:
+# then two models that differ a little choose different tokens, and the comparison can tell.
+TINY_GPT2 = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 64, "vocab_size": 97, "initializer_range": 1.0,
+             "bos_token_id": 96, "eos_token_id": 96}  # GPT-2's <|endoftext|> is its last token
+
+
+def test_the_gpt2_sampling_section_times_our_greedy_paths_against_transformers_and_compares_their_tokens(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.gpt2_sampling, "GPT2_SMALL", TINY_GPT2)
+    monkeypatch.setattr(bench.gpt2_sampling, "PROMPT_TOKENS", 4)
+    monkeypatch.setattr(bench.gpt2_sampling, "NEW_TOKENS", 24)
+    record, printed = run_bench("--only", "gpt2_sampling", "--repeats", "1", out=tmp_path / "results" / "bench.json",
+                                monkeypatch=monkeypatch, capsys=capsys)
+    sampling = record["results"]["gpt2_sampling"]
+    assert sampling["same_greedy_tokens"] is True
+    assert sampling["eager_first_difference"] is None and sampling["compiled_first_difference"] is None
+    assert sampling["new_tokens"] == 24 and sampling["params"] == 2 * 12 * 32 * 32 + 97 * 32 + 64 * 32 + 2 * 13 * 32 + 2 * 32
+    assert sampling["transformers_tokens_per_sec"] > 0 and sampling["compile_seconds"] > 0
+    assert all(len(times) == 1 for times in sampling["seconds"].values())  # one run of each per repeat
+    assert sampling["eager_vs_transformers"] == pytest.approx(sampling["eager_tokens_per_sec"] / sampling["transformers_tokens_per_sec"])
+    assert "greedy sampling, GPT-2 small's shape, 24 tokens" in printed and re.search(r"the same greedy tokens as transformers +yes", printed)
+    assert not any((tmp_path / "results").rglob("*.safetensors"))  # the weights' folder is removed
+
+    # Our model off transformers' (the last layer's MLP writing with the opposite sign): the section must see other tokens.
+    load = bench.gpt2_sampling.gpt_from_hf
+
+    def nudged(folder):
+        model, notes = load(folder)
+        with torch.no_grad():
+            model.blocks[1].mlp.proj.weight.neg_()
+        return model, notes
+
+    monkeypatch.setattr(bench.gpt2_sampling, "gpt_from_hf", nudged)
+    record, printed = run_bench("--only", "gpt2_sampling", "--repeats", "1", out=tmp_path / "nudged.json",
+                                monkeypatch=monkeypatch, capsys=capsys)
+    nudged_sampling = record["results"]["gpt2_sampling"]
+    assert nudged_sampling["same_greedy_tokens"] is False
+    assert 4 <= nudged_sampling["eager_first_difference"] < 4 + 24  # a new token, not the prompt
+    assert re.search(r"the same greedy tokens as transformers +NO \(eager first differs at \d+", printed)
+
+
+# nanoGPT's model.py is not shipped with this project (see the README), so the wiring test reads a
+# stand-in written into its place: nanoGPT's interface (GPTConfig, GPT(config) that prints, forward(idx,
+# targets) -> (logits, loss), configure_optimizers) over this project's GPT at GPT-2's shape.
+STAND_IN_MODEL_PY = """
+import torch
+from dataclasses import dataclass
+from model import GPT as OurGPT, GPTConfig as OurConfig
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+
+class GPT(OurGPT):
+    def __init__(self, config):
+        super().__init__(OurConfig(vocab_size=config.vocab_size, block_size=config.block_size, n_layer=config.n_layer,
+                                   n_head=config.n_head, n_embd=config.n_embd, dropout=config.dropout, bias=config.bias,
+                                   mlp="gelu"))
+        print("number of parameters: ...")
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        print("using fused AdamW: False")
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+"""
+
+
+def test_the_gpt2_finetune_section_times_train_steps_of_both_models_at_gpt2s_shape(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as missing:
+        run_bench("--only", "gpt2_finetune", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert missing.value.code == ("error: --only gpt2_finetune needs --nanogpt <a checkout of karpathy/nanoGPT>; "
+                                  "clone it and give its folder")
+
+    checkout = tmp_path / "nanogpt"
+    checkout.mkdir()
+    (checkout / "model.py").write_text(STAND_IN_MODEL_PY)
+    monkeypatch.setattr(bench.gpt2_finetune, "GPT2_SMALL", TINY_GPT2)
+    monkeypatch.setattr(bench.gpt2_finetune, "SEQUENCE_LENGTH", 16)
+    monkeypatch.setattr(bench.gpt2_finetune, "STEPS", 2)
+    record, printed = run_bench("--only", "gpt2_finetune", "--repeats", "2", "--nanogpt", str(checkout),
+                                out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    finetune = record["results"]["gpt2_finetune"]
+    assert finetune["params"] == finetune["nanogpt_params"] == 2 * 12 * 32 * 32 + 97 * 32 + 64 * 32 + 2 * 13 * 32 + 2 * 32
+    assert finetune["batch_size"] == 1 and finetune["sequence_length"] == 16
+    assert len(finetune["seconds"]) == len(finetune["nanogpt_seconds"]) == 2  # one timing of 2 steps per repeat
+    assert finetune["updates"] == finetune["nanogpt_updates"] == 1 + 2 * 2  # AdamW stepped each time, the untimed step too
+    assert finetune["vs_nanogpt"] == pytest.approx(finetune["tokens_per_sec"] / finetune["nanogpt_tokens_per_sec"])
+    # Both sides start from GPT-2's initialisation (std 0.02): near-uniform guesses, a loss near ln(97) = 4.57.
+    assert abs(finetune["first_loss"] - 4.57) < 0.1 and abs(finetune["nanogpt_first_loss"] - 4.57) < 0.1
+    assert "fine-tuning steps, GPT-2 small's shape, 1 x 16 tokens" in printed and "nanoGPT's model.py" in printed
