@@ -3,6 +3,8 @@ check that runs: where the answer is about this project's module, the check runs
 so that it fails when the module is wrong, not only when torch is."""
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -49,6 +51,37 @@ def run_and_catch(module: CausalSelfAttention, x: torch.Tensor, **kwargs) -> tup
     return out, caught[0]
 
 
+class Planted(TorchFunctionMode):
+    """A fault planted in the module's own code: inside `with Planted(func, instead):`, every call of
+    func (torch.softmax, Tensor.contiguous, ...) runs instead(*args, **kwargs); calls counts them."""
+
+    def __init__(self, func: Callable, instead: Callable) -> None:
+        super().__init__()
+        self.func, self.instead, self.calls = func, instead, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is self.func:
+            self.calls += 1
+            return self.instead(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def mask_replaced(module: CausalSelfAttention, change: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """The module's forward with the mask its step 3 builds passed through change: a wrong mask, planted."""
+    build = module._visible
+
+    def changed(*args):
+        visible, no_key_visible = build(*args)
+        return change(visible), no_key_visible
+
+    module._visible = changed
+    try:
+        yield
+    finally:
+        del module._visible
+
+
 def identity_projection(module: CausalSelfAttention) -> CausalSelfAttention:
     """proj = identity, so that the module's output is its merged heads (step 8) exactly."""
     with torch.no_grad():
@@ -66,24 +99,32 @@ def merged(module: CausalSelfAttention, out: torch.Tensor) -> torch.Tensor:
 
 def test_q1_a_hide_mask_given_to_sdpa_is_silently_wrong_and_inverting_it_is_the_fix():
     torch.manual_seed(0)
-    module = CausalSelfAttention(16, 2, attention="manual")
+    module = identity_projection(CausalSelfAttention(16, 2, attention="sdpa"))  # its output: the merged heads
+    mha = multihead_attention_like(module)  # torch's own attention, the same weights
     x = torch.randn(1, 5, 16)
+    hide = torch.ones(5, 5, dtype=torch.bool).triu(diagonal=1)  # True = hide: masked_fill's and MHA's convention
+    nothing_padded = torch.zeros(1, 5, dtype=torch.bool)  # so that the sdpa path hands its mask to SDPA
     with torch.no_grad():
-        expected, caught = run_and_catch(module, x)
-        q, k, v = caught.q, caught.k, caught.v  # the module's own heads
-        hide = torch.ones(5, 5, dtype=torch.bool).triu(diagonal=1)  # True = hide: masked_fill's convention
-        wrong_heads = F.scaled_dot_product_attention(q, k, v, attn_mask=hide)  # (1, H, T, D)
-        wrong = merged(module, wrong_heads)
-        fixed = merged(module, F.scaled_dot_product_attention(q, k, v, attn_mask=~hide))  # True = may attend
+        expected, _ = mha(x, x, x, attn_mask=hide)
+        right, _ = module(x, key_padding_mask=nothing_padded)  # the module's mask: True = may attend
+        with mask_replaced(module, lambda visible: ~visible):  # the module's SDPA call given hide instead
+            wrong, _ = module(x, key_padding_mask=nothing_padded)
+            module.attention = "manual"
+            manual_wrong, _ = module(x, key_padding_mask=nothing_padded)
+    torch.testing.assert_close(right, expected, atol=ATOL, rtol=RTOL)
     assert torch.isfinite(wrong).all()  # no error, no NaN...
-    assert (wrong_heads[:, :, -1] == 0).all()  # the last query, left with no key, gets zeros
-    assert not torch.allclose(wrong, expected, atol=1e-3)  # ...and wrong: each query saw only the future
-    torch.testing.assert_close(fixed, expected, atol=ATOL, rtol=RTOL)
+    assert (wrong[:, -1] == 0).all()  # the last query, left with no key, gets zeros
+    assert not torch.allclose(wrong[:, :-1], expected[:, :-1], atol=1e-3)  # ...and wrong: each query saw only its future
+    assert manual_wrong[:, -1].isnan().all() and manual_wrong[:, :-1].isfinite().all()  # -inf everywhere: 0 / 0
     # The module's own `visible` is SDPA's convention; its padding mask is nn.MultiheadAttention's.
+    with torch.no_grad():
+        _, caught = run_and_catch(module, x)
     assert torch.equal(caught.visible[0, 0], ~hide)
     padding = torch.tensor([[False, False, False, True, True]])  # True = hide (a padding key)
     _, weights = module(x, key_padding_mask=padding, need_weights=True)
     assert (weights[..., 3:] == 0).all() and (weights[0, :, 4, :3] > 0).all()
+    _, weights = module(x, key_padding_mask=~padding, need_weights=True)  # True = keep, read as hide
+    assert (weights[0, :, 3:, :3] == 0).all()  # the real keys hidden: queries 3 and 4 see only padding
 
 
 def test_q2_a_naive_softmax_of_scores_near_100_gives_nan_and_the_first_nan_can_be_found():
@@ -104,12 +145,19 @@ def test_q2_a_naive_softmax_of_scores_near_100_gives_nan_and_the_first_nan_can_b
         torch.autograd.detect_anomaly(),
     ):
         (leaf.exp() / leaf.exp().sum())[1].backward()
-    # The module's softmax is the stable one: the same scores inside it stay finite.
+    # The module's softmax is the stable one: the same scores inside it stay finite. With the naive
+    # one planted in its step 5 instead, its weights and its output are NaN.
     module = CausalSelfAttention(1, 1, bias=False, attention="manual")
+    x = torch.tensor([[[math.sqrt(33.0 * 33 / 97)], [math.sqrt(97.0)]]])  # (1, 2, 1)
     with torch.no_grad():
         module.qkv.weight[:2] = torch.tensor([[1.0], [1.0]])  # q = k = x: the last query scores 97 and 33
-        _, weights = module(torch.tensor([[[math.sqrt(33.0 * 33 / 97)], [math.sqrt(97.0)]]]), need_weights=True)
-    assert weights.isfinite().all() and weights[0, 0, 1, 0] < 1e-20
+        out, weights = module(x, need_weights=True)
+        naive_softmax = Planted(torch.softmax, lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True))
+        with naive_softmax:
+            naive_out, naive_weights = module(x, need_weights=True)
+    assert weights.isfinite().all() and out.isfinite().all() and weights[0, 0, 1, 0] < 1e-20
+    assert naive_softmax.calls == 1 and naive_weights[0, 0, 1, 1].isnan() and naive_out[0, 1].isnan().all()
+    assert naive_weights[0, 0, 0, 0] == 1  # the first query scores 11.2 with its one key: no overflow there
 
 
 def test_q3_dividing_by_sums_without_keepdim_normalises_the_wrong_way_silently():
@@ -160,22 +208,26 @@ def test_q4_dividing_scores_by_their_sum_is_no_weighting_and_softmax_is():
 def test_q5_keys_made_by_w_q_give_symmetric_scores_where_each_token_scores_itself_highest():
     torch.manual_seed(0)
     T, C = 32, 64
-    module = CausalSelfAttention(C, 1, bias=False, attention="manual")
     x = torch.randn(1, T, C)
+    module = CausalSelfAttention(C, 1, bias=False, attention="manual", causal=False)  # every token sees all 32
+    keys_from_w_q = CausalSelfAttention(C, 1, bias=False, attention="manual", causal=False)
+    no_projections = CausalSelfAttention(C, 1, bias=False, attention="manual", causal=False)
     with torch.no_grad():
-        _, caught = run_and_catch(module, x)
-        q, k = caught.q, caught.k  # (1, 1, T, C) each: the module's queries and keys
-        proper = (q @ k.transpose(-2, -1))[0, 0]  # (T, T)
-        same = (q @ q.transpose(-2, -1))[0, 0]  # K made by W_q: the classic bug
-        bare = x[0] @ x[0].T  # no projections at all
-    for scores in (same, bare):
+        keys_from_w_q.load_state_dict(module.state_dict())
+        keys_from_w_q.qkv.weight[C : 2 * C] = module.qkv.weight[:C]  # the copy-paste bug, planted in the weights
+        no_projections.qkv.weight[: 2 * C] = torch.cat([torch.eye(C), torch.eye(C)])  # q = k = x
+        _, proper = run_and_catch(module, x)
+        bugs = [run_and_catch(bugged, x)[1] for bugged in (keys_from_w_q, no_projections)]
+    for caught in bugs:
+        scores = (caught.q @ caught.k.transpose(-2, -1))[0, 0]  # (T, T): the module's scores, before the scale
         torch.testing.assert_close(scores, scores.T)
-        assert torch.equal(scores.argmax(dim=1), torch.arange(T))  # all 32 tokens pick themselves
-    assert not torch.allclose(proper, proper.T)
-    assert (proper.argmax(dim=1) == torch.arange(T)).float().mean() < 0.2
+        assert torch.equal(caught.weights[0, 0].argmax(dim=1), torch.arange(T))  # all 32 tokens attend most to themselves
+    proper_scores = (proper.q @ proper.k.transpose(-2, -1))[0, 0]
+    assert not torch.allclose(proper_scores, proper_scores.T)
+    assert (proper.weights[0, 0].argmax(dim=1) == torch.arange(T)).float().mean() < 0.2
     # The module makes its keys with rows C:2C of qkv (W_k), not rows 0:C (W_q).
-    torch.testing.assert_close(k[0, 0], x[0] @ module.qkv.weight[C : 2 * C].T)
-    assert not torch.allclose(k, q)
+    torch.testing.assert_close(proper.k[0, 0], x[0] @ module.qkv.weight[C : 2 * C].T)
+    torch.testing.assert_close(proper.q[0, 0], x[0] @ module.qkv.weight[:C].T)
 
 
 def test_q6_linear_stores_out_by_in_and_per_head_fused_and_einsum_projections_agree():
@@ -198,26 +250,34 @@ def test_q6_linear_stores_out_by_in_and_per_head_fused_and_einsum_projections_ag
 
 @pytest.mark.parametrize(("H", "T", "raises"), [(4, 6, True), (1, 6, False), (4, 1, False)])
 def test_q7_view_after_transpose_raises_unless_one_of_the_swapped_dims_is_1(H, T, raises):
+    # T new tokens after 4 cached ones; T = 1 is the KV-cache step, one new token at a time.
     B, D = 2, 3
-    out = torch.randn(B, H, T, D).transpose(1, 2)  # (B, T, H, D), strides still head-major
-    if raises:
-        with pytest.raises(RuntimeError, match="view size is not compatible"):
-            out.view(B, T, H * D)
-    else:
-        out.view(B, T, H * D)  # H = 1 or T = 1: the memory order is already (B, T, H, D)
-    joined = out.reshape(B, T, H * D)  # reshape copies only when it must
-    torch.testing.assert_close(joined, out.contiguous().view(B, T, H * D))
-    assert (joined.data_ptr() == out.data_ptr()) == (not raises)
-    # The module's merge (step 8) lays head h of token t in channels h*D .. (h+1)*D - 1 of
-    # token t, in every case; T = 1 is the KV-cache step, one new token after earlier ones.
     module = identity_projection(CausalSelfAttention(H * D, H, attention="manual"))
     x = torch.randn(B, 4 + T, H * D)
-    cache = KVCache(4 + T)
-    with torch.no_grad():
+
+    def cache() -> KVCache:
+        cache = KVCache(4 + T)
         module(x[:, :4], cache=cache)
-        merged_heads, caught = run_and_catch(module, x[:, 4:], cache=cache)  # (B, T, C), heads (B, H, T, D)
+        return cache
+
+    with torch.no_grad():
+        merged_heads, caught = run_and_catch(module, x[:, 4:], cache=cache())  # (B, T, C), heads (B, H, T, D)
+        filled = cache()
+        without_contiguous = Planted(torch.Tensor.contiguous, lambda tensor, *args, **kwargs: tensor)
+        with without_contiguous:  # the module's merge (step 8) with view straight after the transpose
+            if raises:
+                with pytest.raises(RuntimeError, match="view size is not compatible"):
+                    module(x[:, 4:], cache=filled)
+            else:
+                assert torch.equal(module(x[:, 4:], cache=filled)[0], merged_heads)  # the memory was in order already
+    assert without_contiguous.calls == 1
+    # The module's merge lays head h of token t in channels h*D .. (h+1)*D - 1 of token t, in every case.
     for h in range(H):
         assert torch.equal(merged_heads[..., h * D : (h + 1) * D], caught.out[:, h])  # a copy: exactly equal
+    # A fact about torch: reshape is view when it can be, contiguous().view when it cannot.
+    out = caught.out.transpose(1, 2)  # (B, T, H, D), read out of (B, H, T, D) memory
+    joined = out.reshape(B, T, H * D)
+    assert torch.equal(joined, merged_heads) and (joined.data_ptr() == out.data_ptr()) == (not raises)
 
 
 def test_q8_attention_dropout_drops_weights_before_they_meet_v_and_is_off_in_eval():
@@ -384,46 +444,53 @@ def test_q14_the_mask_is_built_per_call_equal_to_a_slice_of_a_block_size_buffer_
 
 def test_q15_a_float_mask_is_added_to_the_scores_so_it_must_hold_minus_inf_not_0_and_1():
     torch.manual_seed(0)
-    module = CausalSelfAttention(16, 2, attention="manual")
+    module = CausalSelfAttention(16, 2, attention="sdpa")
+    x = torch.randn(2, 6, 16)
+    nothing_padded = torch.zeros(2, 6, dtype=torch.bool)  # so that the sdpa path hands its mask to SDPA
     with torch.no_grad():
-        _, caught = run_and_catch(module, torch.randn(2, 6, 16))
-        q, k, v, visible = caught.q, caught.k, caught.v, caught.visible  # visible: bool, True = may attend
-        additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))  # 0 keeps, -inf hides
-        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=additive), caught.out, atol=ATOL, rtol=RTOL)
-        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=visible), caught.out, atol=ATOL, rtol=RTOL)
-        # The bool mask turned into numbers, 1.0 and 0.0, adds 1 to every visible score: it hides nothing.
-        ones_and_zeros = visible.float()
-        wrong = F.scaled_dot_product_attention(q, k, v, attn_mask=ones_and_zeros)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(module.head_dim) + ones_and_zeros
-        weights = torch.softmax(scores, dim=-1)  # what SDPA used
-    torch.testing.assert_close(wrong, weights @ v, atol=ATOL, rtol=RTOL)
-    assert (weights[..., ~visible[0, 0]] > 0.01).all()  # the future gets weight: no error, no NaN, wrong
-    assert not torch.allclose(wrong, caught.out, atol=1e-3)
+        right, _ = module(x)
+        # The module's SDPA call given float masks in place of its bool one (True = may attend):
+        with mask_replaced(module, lambda visible: torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))):
+            minus_inf, _ = module(x, key_padding_mask=nothing_padded)  # 0 keeps, -inf hides
+        with mask_replaced(module, lambda visible: visible.float()):
+            ones_and_zeros, _ = module(x, key_padding_mask=nothing_padded)  # the bool mask turned into numbers
+        # What SDPA did with the 1.0 and 0.0: added them to the scores.
+        _, caught = run_and_catch(module, x)
+        scores = caught.q @ caught.k.transpose(-2, -1) / math.sqrt(module.head_dim) + caught.visible.float()
+        weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    torch.testing.assert_close(minus_inf, right, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(ones_and_zeros, merged(module, weights @ caught.v), atol=ATOL, rtol=RTOL)
+    assert (weights[..., ~caught.visible[0, 0]] > 0.01).all()  # the future gets weight: no error, no NaN, wrong
+    assert not torch.allclose(ones_and_zeros, right, atol=1e-3)
 
 
 def test_q16_masked_fill_in_place_on_softmaxs_output_breaks_backward_and_the_module_fills_a_copy():
     torch.manual_seed(0)
-    scores = torch.randn(2, 4, 4, requires_grad=True)
-    no_key = torch.tensor([True, False, False, False]).view(4, 1)  # (T, 1): query 0 sees nothing
-    weights = torch.softmax(scores, dim=-1)  # softmax keeps its output for backward...
-    weights.masked_fill_(no_key, 0.0)  # ...which this overwrites
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        weights.sum().backward()
-    # Before softmax it is fine: dividing by sqrt(D) keeps nothing that the fill overwrites.
-    q = torch.randn(1, 1, 4, 8, requires_grad=True)
-    future = torch.ones(4, 4, dtype=torch.bool).triu(diagonal=1)
-    in_place = (q @ q.transpose(-2, -1) / math.sqrt(8)).masked_fill_(future, float("-inf"))
-    copied = (q @ q.transpose(-2, -1) / math.sqrt(8)).masked_fill(future, float("-inf"))
-    grads = [torch.autograd.grad(torch.softmax(s, dim=-1)[..., 1:, :].square().sum(), q)[0] for s in (in_place, copied)]
-    torch.testing.assert_close(grads[0], grads[1])
-    # The module zeroes the rows of queries that see no key after softmax, on a copy: its
-    # backward runs, with finite gradients, through exactly such a row.
     module = CausalSelfAttention(8, 2, attention="manual")
     x = torch.randn(1, 3, 8, requires_grad=True)
-    out, weights = module(x, key_padding_mask=torch.tensor([[True, False, False]]), need_weights=True)
-    assert (weights[0, :, 0] == 0).all()
-    (out.square().sum() + weights.square().sum()).backward()
-    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    padding = torch.tensor([[True, False, False]])  # key 0 is padding: query 0 sees no key at all
+
+    def gradient() -> torch.Tensor:
+        out, weights = module(x, key_padding_mask=padding, need_weights=True)
+        assert (weights[0, :, 0] == 0).all()  # query 0 attends to nothing
+        return torch.autograd.grad(out.square().sum() + weights.square().sum(), x)[0]
+
+    def in_place_where(fill_value: float) -> Planted:
+        """The module's masked_fill(mask, fill_value) made masked_fill_, in place; the other one kept."""
+        def fill(tensor, mask, value):
+            return tensor.masked_fill_(mask, value) if value == fill_value else tensor.masked_fill(mask, value)
+        return Planted(torch.Tensor.masked_fill, fill)
+
+    # The module zeroes such a row after softmax on a copy: its backward runs, with finite gradients.
+    expected = gradient()
+    assert torch.isfinite(expected).all() and expected.abs().sum() > 0
+    # In place there, on softmax's output, which softmax keeps for backward: backward raises.
+    with in_place_where(0.0), pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        gradient()
+    # In place on the scores, before softmax, is fine: dividing by sqrt(D) keeps nothing the fill overwrites.
+    with in_place_where(float("-inf")) as planted:
+        torch.testing.assert_close(gradient(), expected)
+    assert planted.calls == 2  # both fills ran, the scores' in place
 
 
 def test_q17_the_gpt2_init_keeps_the_residual_streams_spread_flat_through_depth():
