@@ -558,3 +558,131 @@ def test_q19_cross_attention_takes_keys_and_values_from_the_other_sequence_as_mu
         CausalSelfAttention(16, 4)(x, context=context)
     with pytest.raises(ValueError, match=r"context must be \(B, S, C\) = \(2, S, 16\)"):
         module(x, context=torch.randn(2, 7, 8))
+
+
+def test_q3_masking_before_or_after_the_sqrt_d_scale_is_the_same_with_minus_inf_and_not_with_a_small_finite_fill():
+    torch.manual_seed(0)
+    module = CausalSelfAttention(64, 1, attention="manual")  # D = 64: the scale divides by 8
+    x = torch.randn(2, 6, 64) * 3
+    with torch.no_grad():
+        _, caught = run_and_catch(module, x)
+        finite = Planted(torch.Tensor.masked_fill, lambda scores, hidden, value: scores.masked_fill(hidden, -20.0))
+        with finite:  # the module (scale, then mask) filling -20 instead of -inf
+            _, module_minus_20 = module(x, need_weights=True)
+    hidden = ~caught.visible  # (1, 1, T, S): the future
+    dot = caught.q @ caught.k.transpose(-2, -1)  # (B, H, T, S): the module's q . k, before the scale
+
+    def weights(fill: float, mask_first: bool) -> torch.Tensor:
+        scores = dot.masked_fill(hidden, fill) / 8 if mask_first else (dot / 8).masked_fill(hidden, fill)
+        return torch.softmax(scores, dim=-1)
+
+    # -inf / 8 is still -inf: either order gives the module's weights, and exactly 0 on the future.
+    for mask_first in (False, True):
+        torch.testing.assert_close(weights(float("-inf"), mask_first), caught.weights, atol=ATOL, rtol=RTOL)
+    assert (caught.weights[..., hidden[0, 0]] == 0).all()
+    # A finite fill is divided by sqrt(D) too when it comes first: -20 becomes -2.5, and the future gets weight.
+    assert finite.calls == 1
+    torch.testing.assert_close(module_minus_20, weights(-20.0, mask_first=False))
+    assert module_minus_20[..., hidden[0, 0]].max() < 1e-6
+    assert weights(-20.0, mask_first=True)[..., hidden[0, 0]].max() > 0.1
+
+
+def test_q4_masked_fill_wants_a_bool_mask_and_a_0_1_mask_multiplied_in_instead_lets_the_future_through():
+    torch.manual_seed(0)
+    module = CausalSelfAttention(16, 2, attention="manual")
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        right, caught = run_and_catch(module, x)
+        assert caught.visible.dtype == torch.bool  # step 3's mask: True = may attend
+        # The same mask as numbers: ~ of a float is an error; of 0/1 integers a bitwise not (-2, -1), never a bool.
+        with mask_replaced(module, lambda visible: visible.float()), pytest.raises(TypeError, match="only implemented on integer and Boolean"):
+            module(x, need_weights=True)
+        assert (~caught.visible.long()).unique().tolist() == [-2, -1]
+        with mask_replaced(module, lambda visible: visible.long()), pytest.raises(RuntimeError, match="only supports boolean masks"):
+            module(x, need_weights=True)
+        # A 0/1 mask multiplied into the scores (the module's step 5 with `scores * mask` planted): a hidden
+        # score becomes 0, not -inf, and exp(0) = 1 gives the future weight.
+        multiplied = Planted(torch.Tensor.masked_fill,
+                             lambda t, hidden, value: t * (~hidden).float() if value == float("-inf") else t.masked_fill(hidden, value))
+        with multiplied:
+            wrong, wrong_weights = module(x, need_weights=True)
+    assert multiplied.calls == 1
+    assert (wrong_weights[..., ~caught.visible[0, 0]] > 0).all() and not torch.allclose(wrong, right, atol=1e-3)
+    # The module's own padding mask must be bool, and says so in one line.
+    with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 6\), not torch.float32"):
+        module(x, key_padding_mask=torch.zeros(2, 6))
+
+
+def test_q14_heads_must_divide_the_width_and_every_other_size_is_read_from_the_input():
+    with pytest.raises(ValueError, match=r"n_embd=10 is not divisible by n_head=3: .* pick n_head among \[1, 2, 5, 10\]"):
+        CausalSelfAttention(10, 3)
+    torch.manual_seed(0)
+    module = CausalSelfAttention(12, 3, attention="manual")  # H and D = 12 // 3 come from the module's sizes...
+    x = torch.randn(3, 7, 12)
+    with torch.no_grad():
+        out, weights = module(x, need_weights=True)  # (3, 7, 12), (3, 3, 7, 7)
+        # ...B, T and C from x.shape: the same module runs any batch and length, with no size built in.
+        for B, T in ((1, 7), (3, 1), (2, 4)):
+            smaller, smaller_weights = module(x[:B, :T], need_weights=True)
+            assert smaller.shape == (B, T, 12) and smaller_weights.shape == (B, 3, T, T)
+            # Causal: the first T tokens' outputs do not depend on the tokens after them.
+            torch.testing.assert_close(smaller, out[:B, :T], atol=ATOL, rtol=RTOL)
+            torch.testing.assert_close(smaller_weights, weights[:B, :, :T, :T], atol=ATOL, rtol=RTOL)
+
+
+def test_q15_scoring_whole_512_wide_vectors_over_sqrt_64_sums_the_8_heads_scores_and_saturates_softmax():
+    torch.manual_seed(0)
+    B, T, C, H = 64, 16, 512, 8
+    D = C // H  # 64
+    module = CausalSelfAttention(C, H, bias=False, attention="manual")
+    with torch.no_grad():  # queries = x, keys = x turned by a random rotation: each channel's product has variance 1
+        module.qkv.weight[:C] = torch.eye(C)
+        module.qkv.weight[C : 2 * C] = torch.linalg.qr(torch.randn(C, C))[0]
+        _, caught = run_and_catch(module, torch.randn(B, T, C))
+    q, k = caught.q, caught.k  # (B, H, T, D): the module's per-head queries and keys
+    per_head = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, T, T)
+    unsplit_q, unsplit_k = (t.transpose(1, 2).reshape(B, T, C) for t in (q, k))  # the same numbers before the split
+    whole = unsplit_q @ unsplit_k.transpose(-2, -1) / math.sqrt(D)  # (B, T, T): 512-wide dot products over sqrt(64)
+    # A 512-wide dot product is the sum of the 8 heads' 64-wide ones: one pattern for every head, 8 times the variance.
+    torch.testing.assert_close(whole, per_head.sum(dim=1), atol=1e-3, rtol=1e-4)
+    assert per_head[:, :, -1].var(dim=-1).mean().item() == pytest.approx(1.0, rel=0.1)
+    module_scores = caught.weights[:, :, -1].log()  # the module's scaled scores, up to a shift per row
+    assert module_scores.var(dim=-1).mean().item() == pytest.approx(1.0, rel=0.1)
+    assert whole[:, -1].var(dim=-1).mean().item() == pytest.approx(H, rel=0.1)
+    # The last query sees all 16 keys: the module's heads spread their weight, the whole-width score piles it up.
+    assert caught.weights[:, :, -1].max(dim=-1).values.mean() < 0.3
+    assert torch.softmax(whole[:, -1], dim=-1).max(dim=-1).values.mean() > 0.5
+    assert not torch.allclose(caught.weights[:, 0], caught.weights[:, 1], atol=0.05)  # each head its own pattern
+
+
+def test_q23_the_output_projection_lets_every_head_write_to_every_channel_and_folds_into_w_v_only_with_one_head():
+    torch.manual_seed(0)
+    C, H = 12, 3
+    D = C // H
+    x = torch.randn(2, 5, C)
+    module = CausalSelfAttention(C, H, attention="manual")
+    without = CausalSelfAttention(C, H, attention="manual")
+    without.load_state_dict(module.state_dict())
+    identity_projection(without)  # no W_o: the merged heads go straight to the residual stream
+
+    def channels_head_1_writes(model: CausalSelfAttention) -> list[int]:
+        with torch.no_grad():
+            out, _ = model(x)
+            model.head_mask = torch.tensor([1.0, 0.0, 1.0])  # step 7: head 1 knocked out
+            changed = (model(x)[0] - out).abs().amax(dim=(0, 1)) > 1e-6  # (C,)
+            model.head_mask = None
+        return changed.nonzero().flatten().tolist()
+
+    assert channels_head_1_writes(module) == list(range(C))  # through W_o, every channel
+    assert channels_head_1_writes(without) == list(range(D, 2 * D))  # without it, its own D channels only
+    # With one head (D = C), W_o folds into W_v (weights sum to 1, so the bias passes through): nothing is lost.
+    one = CausalSelfAttention(C, 1, attention="manual")
+    folded = CausalSelfAttention(C, 1, attention="manual")
+    with torch.no_grad():
+        folded.load_state_dict(one.state_dict())
+        W_o, b_o, W_v, b_v = one.proj.weight, one.proj.bias, one.qkv.weight[2 * C :], one.qkv.bias[2 * C :]
+        folded.qkv.weight[2 * C :] = W_o @ W_v
+        folded.qkv.bias[2 * C :] = W_o @ b_v + b_o
+        identity_projection(folded)
+        torch.testing.assert_close(folded(x)[0], one(x)[0], atol=ATOL, rtol=RTOL)
+    # With H heads W_v gives each head D rows, so no fold can let a head write outside its D channels.
