@@ -3,7 +3,7 @@
 It draws, on the run's own probe text, the head that copies names (the one the recall probe
 finds looking back at the earlier mention most) beside the head that most looks one token back,
 and writes docs/attention_maps.json: the run's config and the numbers docs/attention.md quotes
-from it (section 8), which a test holds to the defaults and to the text.
+from it (section 14), which a test holds to the defaults and to the text.
 """
 
 import argparse
@@ -106,7 +106,7 @@ def draw_maps(maps: list[np.ndarray], labels: list[str], titles: list[str], capt
 
 def run_record(run: str) -> dict:
     """What docs/attention.md and the README take from the run: its config and step, and the
-    numbers section 8 quotes, read from the run's TensorBoard events."""
+    numbers section 14 quotes, read from the run's TensorBoard events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     path = resolve_checkpoint(run)

@@ -104,7 +104,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, may_attend: torch.Tensor) -> torch.
 
 
 def mask_conventions() -> dict:
-    """Q1: the same queries and keys, SDPA given the right mask and the 'hide' mask."""
+    """Q2: the same queries and keys, SDPA given the right mask and the 'hide' mask."""
     torch.manual_seed(0)
     module = CausalSelfAttention(16, 1, attention="manual")
     with torch.no_grad():
@@ -119,7 +119,7 @@ def mask_conventions() -> dict:
 
 
 def softmax_overflow() -> dict:
-    """Q2: softmax of the row [s, 33] as s grows: naive in float32, and the module's."""
+    """Q11: softmax of the row [s, 33] as s grows: naive in float32, and the module's."""
     tops = torch.arange(0.0, 120.5, 0.5)  # (N,)
     rows = torch.stack([tops, torch.full_like(tops, 33.0)], dim=-1)  # (N, 2)
     naive = rows.exp() / rows.exp().sum(dim=-1, keepdim=True)  # (N, 2)
@@ -132,7 +132,7 @@ def softmax_overflow() -> dict:
 
 
 def wq_for_k() -> dict:
-    """Q5: every token's weights over all tokens, keys from W_q (the bug) and from W_k."""
+    """Q21: every token's weights over all tokens, keys from W_q (the bug) and from W_k."""
     torch.manual_seed(0)
     module = CausalSelfAttention(32, 1, bias=False, attention="manual")
     everything = torch.ones(T, T, dtype=torch.bool)
@@ -142,7 +142,7 @@ def wq_for_k() -> dict:
 
 
 def strides() -> dict:
-    """Q7: a (B=1, H=2, T=3, D=2) tensor's memory, and the order transpose(1, 2) reads it in."""
+    """Q17: a (B=1, H=2, T=3, D=2) tensor's memory, and the order transpose(1, 2) reads it in."""
     x = torch.arange(12).view(1, 2, 3, 2)  # element i sits at memory offset i
     flipped = x.transpose(1, 2)  # (1, T, H, D)
     return {"shape": list(x.shape), "strides": list(x.stride()), "transposed_shape": list(flipped.shape),
@@ -155,7 +155,7 @@ INITS = ("the project's (GPT-2): std 0.02, residual projections 0.02 / sqrt(2 L)
 
 
 def residual_spread(n_layer: int = 16) -> dict[str, list[float]]:
-    """Q17: the residual stream's std after each block, over the embeddings' std, for the default
+    """Q24: the residual stream's std after each block, over the embeddings' std, for the default
     model's options at 16 blocks of width 64: with the project's init and two others."""
     spread = {}
     defaults = yaml.safe_load((ROOT / "configs" / "model" / "gpt.yaml").read_text())

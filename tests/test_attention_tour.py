@@ -170,6 +170,30 @@ def test_tour_one_fused_qkv_matrix_equals_three_projections_and_per_head_matrice
     torch.testing.assert_close(out, module.proj(by_hand), atol=ATOL, rtol=RTOL)
 
 
+def test_tour_without_positions_attention_sees_a_set_and_rope_scores_a_key_by_how_far_back_it_is():
+    torch.manual_seed(0)
+    plain = CausalSelfAttention(16, 2, attention="manual")
+    rope = CausalSelfAttention(16, 2, attention="manual", rope_length=32)
+    rope.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 6, 16)
+    shuffled = x[:, [3, 0, 4, 1, 2, 5]]  # the first five tokens in another order, the last one last
+    repeated = torch.randn(1, 1, 16).expand(1, 10, 16)  # one token, ten times
+    with torch.no_grad():
+        # Without positions the last token's output is the same whatever order the others came in...
+        torch.testing.assert_close(plain(shuffled)[0][:, -1], plain(x)[0][:, -1], atol=ATOL, rtol=RTOL)
+        assert not torch.allclose(rope(shuffled)[0][:, -1], rope(x)[0][:, -1], atol=1e-3)  # ...with RoPE it is not
+        _, flat = plain(repeated, need_weights=True)  # (1, 2, 10, 10)
+        _, turned = rope(repeated, need_weights=True)
+    torch.testing.assert_close(flat[0, :, 9], torch.full((2, 10), 0.1))  # ten equal copies: uniform
+
+    def score_against_own(t: int, d: int) -> torch.Tensor:  # (H,) query t's score for key t - d minus for key t
+        return turned[0, :, t, t - d].log() - turned[0, :, t, t].log()  # softmax keeps score differences as log-ratios
+
+    for d in (1, 3, 5):
+        torch.testing.assert_close(score_against_own(9, d), score_against_own(6, d), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(score_against_own(9, 1), score_against_own(9, 3), atol=1e-2)
+
+
 def test_tour_the_at_operator_batches_over_leading_dims_where_bmm_needs_exactly_three():
     B, H, T, D = 2, 3, 5, 4
     q, k = torch.randn(B, H, T, D), torch.randn(B, H, T, D)
@@ -210,11 +234,36 @@ def test_every_test_the_tour_cites_exists():
 
 def test_every_numbered_section_and_question_of_the_tour_cites_a_test():
     tour = (ROOT / "docs" / "attention.md").read_text()
-    parts = re.split(r"^(?=## \d+\.|\*\*Q\d+\.)", tour, flags=re.MULTILINE)[1:]  # from each heading to the next
-    numbered = [part for part in parts if re.match(r"## \d+\.|\*\*Q\d+\.", part)]
-    assert len(numbered) >= 27  # sections 1 to 8 and questions 1 to 19 (section 9 holds the questions)
-    for part in numbered:
+    parts = re.split(r"^(?=#{1,3} )", tour, flags=re.MULTILINE)  # from each heading to the next
+    sections = [part for part in parts if re.match(r"## \d+\.", part)]
+    questions = [part for part in parts if re.match(r"### Q\d+\.", part)]
+    assert [int(re.match(r"## (\d+)", part)[1]) for part in sections] == list(range(1, 17))
+    assert [int(re.match(r"### Q(\d+)", part)[1]) for part in questions] == list(range(1, 25))
+    for part in sections + questions:
         assert re.search(r"`test_\w+`", part), part.splitlines()[0]
+
+
+def test_the_tours_table_maps_each_section_to_the_steps_its_code_lines_are_in():
+    # The table at the top of the tour says which of the module's numbered steps each section
+    # walks through; every line a section quotes from model/attention.py must be in one of them.
+    from docs.questions import step_of_each_line
+
+    tour = (ROOT / "docs" / "attention.md").read_text()
+    table = {int(number): {int(step) for step in re.findall(r"\d+", cell)}
+             for number, cell in re.findall(r"^\| \[(\d+)\. [^]]*\]\([^)]*\) \|([^|]*)\|", tour, re.MULTILINE)}
+    assert sorted(table) == list(range(1, 17))
+    source = (ROOT / "model" / "attention.py").read_text().splitlines()
+    steps = step_of_each_line()  # {line number: (step, title)}
+    checked = 0
+    for section in re.split(r"^(?=## \d+\.)", tour, flags=re.MULTILINE)[1:]:
+        number = int(re.match(r"## (\d+)\.", section)[1])
+        own_text = re.split(r"\n#{1,3} ", section)[0]  # up to its first question or the next part
+        for block in re.findall(r"^```python\n(.*?)^```", own_text, flags=re.MULTILINE | re.DOTALL):
+            for quoted in block.splitlines():
+                in_steps = {steps[i + 1][0] for i, line in enumerate(source) if line.strip() == quoted.strip() and i + 1 in steps}
+                assert in_steps <= table[number], f"section {number} quotes step {in_steps} code: {quoted.strip()}"
+                checked += bool(in_steps)
+    assert checked >= 9
 
 
 def test_the_tour_pictures_numbers_are_what_the_code_computes_now():
@@ -259,7 +308,7 @@ def test_every_picture_of_the_docs_is_shown_at_its_own_size_so_its_labels_stay_1
 
 
 def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_right():
-    # docs/attention_maps.png and section 8's numbers come from one run, recorded by `make docs`
+    # docs/attention_maps.png and section 14's numbers come from one run, recorded by `make docs`
     # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
     from hydra import compose, initialize_config_dir
 
@@ -283,11 +332,11 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
             "make train, then make docs RUN=<that run>")
     assert record["step"] == defaults["train"]["max_steps"]
     tour = (ROOT / "docs" / "attention.md").read_text()
-    section_8 = tour[tour.index("## 8."): tour.index("## 9.")]
+    section_14 = tour[tour.index("## 14."): tour.index("## 15.")]
     recall = record["name_recall"]
     for quoted in (f"{record['largest_induction_score_at_the_end']:.3f} or below at step {record['step']}",
                    f"from {recall['400']:.1%} at step 400 to {recall[str(record['step'])]:.1%} at step {record['step']}"):
-        assert quoted in " ".join(section_8.split()), quoted
+        assert quoted in " ".join(section_14.split()), quoted
     for page in ("README.md", "docs/default_model.md"):
         heads = " and ".join(f"layer {layer} head {head}" for layer, head, _ in record["heads"])
         assert f"Attention maps of {heads} at step {record['step']} of the default run" in (ROOT / page).read_text(), page
