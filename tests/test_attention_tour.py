@@ -280,6 +280,25 @@ def test_the_tour_pictures_numbers_are_what_the_code_computes_now():
         assert (ROOT / "docs" / picture).is_file(), picture
 
 
+def test_the_figures_the_tour_quotes_from_a_computation_are_the_ones_make_docs_recorded():
+    # docs/questions/figures.json, written by `make docs` and recomputed by the test above.
+    from docs.questions import FOLDER, INITS
+
+    figures = json.loads((FOLDER / "figures.json").read_text())
+    tour = " ".join((ROOT / "docs" / "attention.md").read_text().split())
+    scale = figures["scale_and_head_size"]
+    unscaled = dict(zip(scale["head_size"], scale["unscaled"], strict=True))
+    spread = [figures["init_scale"][name][-1] for name in INITS]  # after the last block
+    for quoted in (
+        f"without the scale the largest weight averages {unscaled[32]:.2f} at the default model's D = 32 and "
+        f"{unscaled[256]:.2f} at D = 256; with it, between {min(scale['scaled']):.2f} and {max(scale['scaled']):.2f} "
+        f"at every D from {scale['head_size'][0]} to {scale['head_size'][-1]}",
+        f"the stream's spread after the last block is {spread[0]:.2f} times the embeddings' with the project's init, "
+        f"{spread[1]:.1f} times without the scaling (growing with depth), and {spread[2]:,.0f} times with std 1",
+    ):
+        assert quoted in tour, quoted
+
+
 def test_the_tour_pictures_are_what_docs_questions_py_draws_from_their_numbers(tmp_path):
     from docs.drawing import drawn_with
     from docs.questions import FOLDER, PICTURES, draw_all
