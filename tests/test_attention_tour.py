@@ -361,6 +361,44 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
         assert f"Attention maps of {heads} at step {record['step']} of the default run" in (ROOT / page).read_text(), page
 
 
+def test_the_numbers_the_pages_quote_from_the_default_run_are_the_ones_make_docs_recorded():
+    # Sections 13 to 15 of the tour quote the default run; `make docs` records those numbers in
+    # docs/attention_maps.json (docs/figures.py), the picture's run.
+    record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
+    tour = " ".join((ROOT / "docs" / "attention.md").read_text().replace("**", "").split())
+    cell = record["framed_cell"]
+    name = cell["key_token"].strip()
+    for page in (ROOT / "README.md", ROOT / "docs" / "default_model.md", ROOT / "docs" / "attention.md"):
+        for quoted in re.findall(rf'"{name}" \(weight (\d\.\d+)\)', page.read_text()):  # "Alice" (weight 0.99)
+            assert quoted == f"{cell['weight']:.2f}", page.name
+    assert f'second "{name}" straight back to the first "{name}" (weight {cell["weight"]:.2f}), the framed cell' in tour
+
+    table = record["without_each_head"]
+    others = table["others"]
+    rows = [f"| every head in | {table['intact']:.3f} | | |"]
+    rows += [f"| {layer}, {head} | {without:.3f} | {look_back:.3f} | {induction:.3f} |"
+             for layer, head, without, look_back, induction in table["heads"]]
+    rows.append(f"| the other {others['count']} | {others['without'][0]:.3f} to {others['without'][1]:.3f} | "
+                f"{others['look_back'][0]:.3f} to {others['look_back'][1]:.3f} | at most {others['largest_induction']:.3f} |")
+    text = record["your_text"]
+    (first, second), lost = text["heads"], text["without_the_first"]
+    quoted = [
+        *rows,
+        f'"{text["query_token"]}" before the second "{text["name"]}" puts {first["weight"]:.2f} of its weight on the first '
+        f'"{text["name"]}" in layer {first["layer"]} head {first["head"]} and {second["weight"]:.2f} in layer '
+        f'{second["layer"]} head {second["head"]}, the two heads with the run\'s highest look-back weights '
+        f'({first["look_back"]:.2f} and {second["look_back"]:.2f})',
+        f'Knock out layer {first["layer"]} head {first["head"]} and the loss of "{text["name"]}" goes from '
+        f'{text["loss"]:.2f} to {first["loss_without"]:.2f} nats',
+        f'and "{lost["top_2"][0]}" and "{lost["top_2"][1]}" lead',
+        f'knock out layer {second["layer"]} head {second["head"]} and it goes to {second["loss_without"]:.2f}',
+        f'two heads look ({first["look_back"]:.3f} and {second["look_back"]:.3f})',
+    ]
+    assert text["text"] in tour and not lost["name_in_top_5"] and f'"{text["name"]}" leaves the top 5' in tour
+    for sentence in quoted:
+        assert sentence in tour, sentence
+
+
 def assert_same_numbers(made: object, kept: object, where: str) -> None:
     if isinstance(made, dict):
         assert made.keys() == kept.keys(), where
