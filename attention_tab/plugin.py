@@ -11,9 +11,10 @@ data/plugin/tinyattn_attention/:
     text  (POST run, text[, knocked_out=L:H,...])
                                     JSON: the model of the run's checkpoint reads the text, with
                                     those heads knocked out (attention_tab/your_text.py)
-    repeated?run=R&n=N&seed=S[&knocked_out=L:H,...]
-                                    JSON: the same for n random tokens, then the same n again, with
-                                    each head's induction score and the mean loss over each copy
+    repeated?run=R[&n=N&seed=S&knocked_out=L:H,...]
+                                    JSON: the same for n random tokens (32, or fewer where the model
+                                    reads less), then the same n again, with each head's induction
+                                    score and the mean loss over each copy
 
 A bad run, tag, step, text, n or seed gets a 400 or 404 with one line saying what is wrong,
 quoting at most the start of what was sent. The runs' models run on --attention_tab_device
@@ -160,8 +161,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def serve_repeated(self, request):
         """The run's model reads n random tokens twice: your_text.repeated_answer's JSON."""
-        run = required(request, "run")
-        n, seed = integer(required(request, "n"), "n"), integer(request.args.get("seed", "0"), "seed")
+        run, n = required(request, "run"), request.args.get("n", "")
+        n, seed = integer(n, "n") if n else None, integer(request.args.get("seed", "0"), "seed")
         knocked_out = head_pairs(request.args.get("knocked_out", ""))
         return self.run_model(request, run, lambda models, folder: models.read_repeated(folder, run, n, seed, knocked_out))
 

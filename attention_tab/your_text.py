@@ -15,7 +15,7 @@ import torch
 from attention_tab.run_folders import is_inside
 from data.tokenizer import Tokenizer
 from inspection.heatmap import readable_token
-from inspection.repeated_tokens import RepeatedForward, copy_losses, forward_repeated
+from inspection.repeated_tokens import RepeatedForward, copy_losses, default_n, forward_repeated
 from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
 from model_io.checkpoint import BEST, LAST, Checkpoint
@@ -54,8 +54,9 @@ class LoadedModel:
         forward = forward_text(self.model, self.tokenizer, text, knocked_out, intact=self.kept_intact(sequence))
         return self.keep_intact(sequence, forward)
 
-    def read_repeated(self, n: int, seed: int, knocked_out: Collection[tuple[int, int]]) -> RepeatedForward:
-        """forward_repeated, reusing the intact numbers as read does."""
+    def read_repeated(self, n: int | None, seed: int, knocked_out: Collection[tuple[int, int]]) -> RepeatedForward:
+        """forward_repeated, reusing the intact numbers as read does; n None: default_n."""
+        n = default_n(self.model.config.block_size) if n is None else n
         sequence = ("repeated", n, seed)
         repeated = forward_repeated(self.model, self.tokenizer, n, seed, knocked_out, intact=self.kept_intact(sequence))
         self.keep_intact(sequence, repeated.forward)
@@ -118,7 +119,7 @@ class ModelCache:
             loaded = self.get(folder, run)
             return answer(run, loaded, loaded.read(text, knocked_out))
 
-    def read_repeated(self, folder: Path, run: str, n: int, seed: int, knocked_out: Collection[tuple[int, int]]) -> dict:
+    def read_repeated(self, folder: Path, run: str, n: int | None, seed: int, knocked_out: Collection[tuple[int, int]]) -> dict:
         """The answer to n repeated random tokens: forward_repeated's numbers as the tab reads them."""
         with self.lock:
             loaded = self.get(folder, run)

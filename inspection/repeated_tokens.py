@@ -32,6 +32,11 @@ def largest_n(block_size: int) -> int:
     return min(MAX_N, (block_size - 1) // 2)
 
 
+def default_n(block_size: int) -> int:
+    """DEFAULT_N, or the largest n the model reads if that is fewer."""
+    return min(DEFAULT_N, largest_n(block_size))
+
+
 def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> list[int]:
     """<|endoftext|>, n random ids (never <|endoftext|>), the same n again; UserError for an n
     the model cannot read or a seed out of range."""
@@ -44,8 +49,8 @@ def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> li
     return [tokenizer.eot_id, *induction_probe(tokenizer.vocab_size, n, seed, avoid=tokenizer.eot_id)]
 
 
-def forward_repeated(model: GPT, tokenizer: Tokenizer, n: int, seed: int, knocked_out: Collection[tuple[int, int]] = (),
-                     intact: Predictions | None = None) -> RepeatedForward:
+def forward_repeated(model: GPT, tokenizer: Tokenizer, n: int, seed: int,
+                     knocked_out: Collection[tuple[int, int]] = (), intact: Predictions | None = None) -> RepeatedForward:
     """The model reads the repeated tokens with the heads in knocked_out switched off (forward_ids)."""
     ids = repeated_ids(tokenizer, n, seed, model.config.block_size)
     forward = forward_ids(model, tokenizer, ids, knocked_out, intact=intact)

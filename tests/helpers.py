@@ -2,7 +2,9 @@
 and tokenizers (the independent reference), never fetched from the Hub; and the induction circuit
 built by hand."""
 
+import dataclasses
 import math
+import string
 from pathlib import Path
 
 import torch
@@ -11,8 +13,11 @@ from tokenizers import ByteLevelBPETokenizer
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from data.stories import generate_stories
-from data.tokenizer import EOT
+from data.tokenizer import EOT, CharTokenizer
+from inspection.head_metrics import induction_probe
 from model import GPT, GPTConfig
+from model_io.checkpoint import BEST, Checkpoint
+from training.tensorboard_log import RunLogger
 
 # A trained GPT-2's scale rather than HF's init (0.02 everywhere): logits of a few units, and GELU
 # inputs around 1, where its tanh form is ~1e-4 off erf's (near 0 the two agree).
@@ -110,4 +115,25 @@ def shift_then_copy_model(vocab_size: int = 64, block_size: int = 32) -> GPT:
     qkv[2 * C + torch.arange(vocab_size), token] = math.sqrt(3 / C)
     proj[copied, torch.arange(vocab_size)] = 1.0
     model.lm_head.weight[torch.arange(vocab_size), copied] = 12.0 / math.sqrt(C / 4)  # the copied token's logit: 12
+    return model
+
+
+CIRCUIT_TOKENIZER = CharTokenizer(list(string.ascii_letters + string.digits + "."))  # 63 characters, <|endoftext|> 63
+CIRCUIT_BLOCK_SIZE = 40  # <eot> and up to 19 tokens twice
+CIRCUIT_N = 16  # random tokens, then the same 16 again: 33 tokens with <eot>
+# A seed whose 16 tokens all differ: a token twice in the first copy has two earlier occurrences,
+# and even an ideal induction head splits its weight between the tokens after them.
+CIRCUIT_SEED = next(seed for seed in range(100) if len(set(
+    induction_probe(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_N, seed, CIRCUIT_TOKENIZER.eot_id)[:CIRCUIT_N])) == CIRCUIT_N)
+
+
+def save_circuit(run_dir: Path) -> GPT:
+    """shift_then_copy_model as a run's checkpoint, beside an event file (TensorBoard lists the run)."""
+    model = shift_then_copy_model(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_BLOCK_SIZE)
+    shape = {key: value for key, value in dataclasses.asdict(model.config).items() if key != "vocab_size"}
+    run_dir.mkdir()
+    Checkpoint(model.state_dict(), {"model": shape}, CIRCUIT_TOKENIZER.state(), step=0).save(run_dir / BEST)
+    logger = RunLogger(run_dir)
+    logger.scalars(0, {"loss/train": 4.2})
+    logger.close()
     return model

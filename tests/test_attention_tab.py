@@ -5,12 +5,10 @@ training log prints; the Rust data server) and --logdir_spec (make tensorboard, 
 `tensorboard` command it runs, from a folder outside the project)."""
 
 import base64
-import dataclasses
 import json
 import math
 import re
 import shutil
-import string
 import time
 import urllib.error
 import urllib.parse
@@ -22,12 +20,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import made_up_attention
-from helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, shift_then_copy_model
+from helpers import CIRCUIT_N, CIRCUIT_SEED, INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, save_circuit
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
-from data.tokenizer import CharTokenizer
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import readable_token
@@ -51,21 +48,6 @@ def logged(run_dir: Path) -> EventAccumulator:
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     return events
-
-
-CIRCUIT_TOKENIZER = CharTokenizer(list(string.ascii_letters + string.digits + "."))  # 63 characters, <|endoftext|> 63
-CIRCUIT_BLOCK_SIZE = 40  # <eot> and up to 19 tokens twice
-
-
-def save_circuit(run_dir: Path) -> None:
-    """shift_then_copy_model as a run's checkpoint, beside an event file (TensorBoard lists the run)."""
-    model = shift_then_copy_model(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_BLOCK_SIZE)
-    shape = {key: value for key, value in dataclasses.asdict(model.config).items() if key != "vocab_size"}
-    run_dir.mkdir()
-    Checkpoint(model.state_dict(), {"model": shape}, CIRCUIT_TOKENIZER.state(), step=0).save(run_dir / BEST)
-    logger = RunLogger(run_dir)
-    logger.scalars(0, {"loss/train": 4.2})
-    logger.close()
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +175,20 @@ def test_every_step_is_kept_and_a_run_still_writing_shows_its_new_steps(tmp_path
     logger.close()
 
 
+def test_runs_say_which_count_as_trained_100_steps_or_from_pretrained_weights(tmp_path):
+    """The tab opens the newest such run first (tests/test_attention_tab_browser.py), as run=latest picks."""
+    for name, steps in (("short", 1), ("long", 150), ("pretrained", 0)):
+        logger = RunLogger(tmp_path / name)
+        logger.scalars(steps, {"loss/train": 3.0})
+        logger.attention_weights(steps, weights_at(0), list("abcde"))
+        logger.close()
+    (tmp_path / "pretrained" / ".hydra").mkdir()
+    (tmp_path / "pretrained" / ".hydra" / "config.yaml").write_text("init_from: gpt2\ntrain:\n  max_steps: 0\n")
+    with tensorboard_server("--logdir", str(tmp_path)) as base:
+        runs = attention_runs(base, lambda runs: len(runs) == 3)
+    assert {run["run"]: run["trained"] for run in runs} == {"short": False, "long": True, "pretrained": True}
+
+
 SENTENCE = "Once upon a time, a girl named Alice met a dog. Alice"
 
 
@@ -301,11 +297,7 @@ def test_an_error_quotes_only_the_start_of_a_5000_character_run_name(served):
         assert len(text) < 300, route
 
 
-N = 16  # random tokens, then the same 16 again: 33 tokens with <eot>
-# A seed whose 16 tokens all differ: a token twice in the first copy has two earlier occurrences, and
-# even an ideal induction head splits its weight between the tokens after them.
-DISTINCT = next(seed for seed in range(100)
-                if len(set(induction_probe(CIRCUIT_TOKENIZER.vocab_size, N, seed, CIRCUIT_TOKENIZER.eot_id)[:N])) == N)
+N, DISTINCT = CIRCUIT_N, CIRCUIT_SEED
 
 
 def read_repeated(base: str, run: str, knocked_out: str = "", n: int = N, seed: int = DISTINCT) -> dict:
@@ -343,6 +335,14 @@ def test_repeated_tokens_on_the_hand_built_circuit_score_above_0_9_and_the_secon
     np.testing.assert_allclose(sent_weights(answer), weights.half().numpy(), atol=1e-3)
 
 
+def test_without_n_the_tab_reads_32_tokens_twice_or_as_many_as_the_model_reads(served):
+    base, name = served
+    answer = json.loads(get(f"{base}{PLUGIN}/repeated?run={sibling(name, 'circuit')}")[2])
+    assert (answer["n"], answer["seed"]) == (19, 0)  # block_size 40: <eot> and 19 tokens twice
+    answer = json.loads(get(f"{base}{PLUGIN}/repeated?run={name}")[2])
+    assert answer["n"] == 15  # the tiny run's block_size is 32
+
+
 @pytest.mark.parametrize("head", [PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD])
 def test_knocking_out_either_head_of_the_circuit_brings_the_second_copy_loss_back(served, head):
     base, name = served
@@ -363,7 +363,6 @@ def test_knocking_out_either_head_of_the_circuit_brings_the_second_copy_loss_bac
     ("n=20", "n=20 is out of range: give 2 to 19 random tokens"),
     ("n=sixteen", "n must be a whole number, not 'sixteen'"),
     ("n=" + "9" * 5000, "n must be a whole number, not '" + "9" * 80 + "'... (5,000 characters)"),
-    ("seed=1", "missing query parameter 'n'"),
     ("n=4&seed=-1", "seed=-1 is out of range: give a whole number from 0 to 2147483647"),
     ("n=4&knocked_out=2:0", "no head 0 in layer 2: this model has layers 0 to 1"),
 ])
