@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli
+from helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, shift_then_copy_model
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.corpus import load_documents
@@ -16,7 +17,6 @@ from data.stories import FEMALE_NAMES, MALE_NAMES, generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
-from model import GPT, GPTConfig
 from training.distributed import Ranks
 from training.evaluation import evaluate, in_context_positions
 from training.precision import Precision
@@ -24,48 +24,6 @@ from training.precision import Precision
 V, N = 64, 16  # vocabulary, and the length of the sequence that comes back
 CPU = torch.device("cpu")
 ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
-PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD = (0, 0), (1, 0)
-
-
-@torch.no_grad()
-def shift_then_copy_model(vocab_size: int = V, block_size: int = 2 * N) -> GPT:
-    """Two layers of two heads; head 0 of layer 0 writes each token's predecessor into the
-    residual stream (a previous-token head), head 0 of layer 1 looks for the key whose
-    predecessor is the current token and copies that key's token to the output (an induction
-    head). The other heads and the MLPs write nothing. The residual stream is four one-hot
-    blocks: [token | previous token | copied token | position]."""
-    C = 3 * vocab_size + block_size
-    config = GPTConfig(vocab_size, block_size, n_layer=2, n_head=2, n_embd=C, pos="learned", norm="rmsnorm",
-                       mlp="gelu", tie_head=False, qk_norm=False, smear=False)
-    model = GPT(config).eval()
-    for parameter in model.parameters():
-        parameter.zero_()
-    for norm in (model.ln_f, *[block.ln_1 for block in model.blocks], *[block.ln_2 for block in model.blocks]):
-        norm.weight.fill_(1.0)
-    D = C // 2  # head_dim
-    token, previous, copied, position = (torch.arange(vocab_size), vocab_size + torch.arange(vocab_size),
-                                         2 * vocab_size + torch.arange(vocab_size), 3 * vocab_size + torch.arange(block_size))
-    model.tok_emb.weight[torch.arange(vocab_size), token] = 1.0
-    model.pos_emb.weight[torch.arange(block_size), position] = 1.0
-    # RMSNorm scales a stream of m one-hot blocks by sqrt(C / m): the weights below undo it, so that
-    # each value is a one-hot of 1 and a matching query and key score `sharp` (any other pair 0).
-    sharp = 30.0
-    # Layer 0 (the stream: token, position), head 0: the query at position t matches the key at
-    # t - 1, and moves that key's token into `previous`.
-    qkv, proj = model.blocks[0].attn.qkv.weight, model.blocks[0].attn.proj.weight  # (3C, C), (C, C)
-    qkv[torch.arange(block_size), position] = sharp * math.sqrt(D) / (C / 2)  # W_q: position t -> query dim t
-    qkv[C + torch.arange(1, block_size), position[:-1]] = 1.0  # W_k: position s -> key dim s + 1
-    qkv[2 * C + torch.arange(vocab_size), token] = math.sqrt(2 / C)  # W_v: the token
-    proj[previous, torch.arange(vocab_size)] = 1.0
-    # Layer 1 (token, position, previous), head 0: the query holds the current token, a key its
-    # own predecessor; the value is the key's token, written into `copied`.
-    qkv, proj = model.blocks[1].attn.qkv.weight, model.blocks[1].attn.proj.weight
-    qkv[torch.arange(vocab_size), token] = sharp * math.sqrt(D) / (C / 3)
-    qkv[C + torch.arange(vocab_size), previous] = 1.0
-    qkv[2 * C + torch.arange(vocab_size), token] = math.sqrt(3 / C)
-    proj[copied, torch.arange(vocab_size)] = 1.0
-    model.lm_head.weight[torch.arange(vocab_size), copied] = 12.0 / math.sqrt(C / 4)  # the copied token's logit: 12
-    return model
 
 
 def repeated_distinct(n: int = N, rows: int = 4, seed: int = 0) -> torch.Tensor:
