@@ -137,7 +137,7 @@ class Plot:
             draw.ellipse([px(x) - 4, py(y) - 4, px(x) + 4, py(y) + 4], fill=INK)
             draw.text((px(x) - 8, py(y) + 8), text, font=face, fill=INK, anchor="ra")
         legend_x, legend_y = (px(self.legend[0]), py(self.legend[1])) if self.legend else (left + 10, top + 12)
-        for i, line in enumerate(self.lines):
+        for i, line in enumerate([line for line in self.lines if line.label]):  # a line without a label stays out
             y = legend_y + 18 * i
             draw.line([(legend_x, y), (legend_x + 24, y)], fill=line.colour, width=line.width)
             draw.text((legend_x + 30, y), line.label, font=face, fill=INK, anchor="lm")

@@ -42,7 +42,8 @@ MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # Config keys added after runs were saved without them, with the value that does what the
 # versions before them did, so that such a run samples and resumes unchanged.
 ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
-              "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp", "data.names": "common"}
+              "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp", "data.names": "common",
+              "data.word_games": 0}
 
 
 @dataclass

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli
-from helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, shift_then_copy_model
+from helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, read_events, shift_then_copy_model
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.corpus import load_documents
@@ -17,6 +17,7 @@ from data.stories import FEMALE_NAMES, MALE_NAMES, generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
+from model_io.checkpoint import Checkpoint
 from training.distributed import Ranks
 from training.evaluation import evaluate, in_context_positions
 from training.precision import Precision
@@ -111,3 +112,44 @@ def test_data_names_random_reaches_the_corpus_and_a_wrong_value_gets_one_line(tm
     assert result.returncode == 2
     assert result.stderr.strip() == "error: data.names=made_up must be one of common, random"
     assert not (tmp_path / "outputs").exists()
+
+
+GAME = re.compile(r'(\w+) made up a word, "(\w+)"\. (\w+) said "(\w+)"\. Then all said "(\w+)"\.')
+
+
+def test_word_games_say_each_made_up_word_three_times_and_word_games_0_leaves_the_stories_alone():
+    assert generate_stories(seed=5, n_chars=20_000, names="random", word_games=0) == generate_stories(
+        seed=5, n_chars=20_000, names="random")
+    stories = generate_stories(seed=5, n_chars=200_000, names="random", word_games=9)
+    lines = [line for story in stories for line in story.split("\n")]
+    games = [GAME.fullmatch(line) for line in lines if " made up a word, " in line]
+    assert games and all(games)
+    words = [game[2] for game in games]
+    assert all(game[2] == game[4] == game[5] for game in games)  # one word, said three times
+    assert all(re.fullmatch(r"[A-Za-z]{6,16}", word) for word in words) and len(set(words)) == len(words)
+    for story in stories:  # the story's own hero makes every word up, and a friend says it
+        makers = {game[1] for game in GAME.finditer(story)}
+        assert len(makers) <= 1 and makers <= set(re.findall(r"\w+", story.split("\n")[0]))
+    paragraphs = len(lines) - len(games)
+    assert 8 < len(games) / paragraphs < 10  # 9 games a paragraph on average
+
+
+def test_data_word_games_below_0_gets_one_line(tmp_path):
+    result = run_cli("train.py", "data.word_games=-1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: data.word_games=-1 must be 0 (no games) or more")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_induction_preset_trains_two_layers_without_the_smear_on_word_games_and_logs_the_circuit(tmp_path):
+    # The preset's own settings, shortened: what `python train.py experiment=induction` runs.
+    result = run_cli("train.py", "experiment=induction", "data.n_chars=30000", "train.max_steps=4", "train.eval_interval=4",
+                     "train.eval_iters=1", "train.attn_log_interval=2", "train.sample_interval=0", "train.batch_size=2",
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").config
+    assert (config["model"]["n_layer"], config["model"]["smear"], config["tokenizer"]["kind"]) == (2, False, "char")
+    assert config["data"]["names"] == "random" and config["data"]["word_games"] > 0
+    tags = set(read_events(tmp_path / "run").Tags()["scalars"])
+    assert {"head_induction/layer_1/head_0", "head_previous_token/layer_0/head_3", "loss/in_context",
+            "ablation/induction_loss/layer_0/head_3"} <= tags
