@@ -108,6 +108,8 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
                              "without_previous_token_head": round(without[previous][last], 2),
                              "at_start": round(intact[0], 2)},
         "in_context": {str(step): round(value, 3) for step, value in sorted(in_context.items())},
+        "series": {name: {str(step): round(value, 3) for step, value in sorted(values.items())} for name, values in (
+            ("induction_head", induction), ("batch_loss", scalars["train/batch_loss"]), ("second_copy_intact", intact))},
     }
 
 

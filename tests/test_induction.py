@@ -1,20 +1,24 @@
 """The induction circuit and the in-context score: a two-layer model whose heads are set by hand
 to shift, then copy (Olsson et al., 2022) is the reference; a tiny real run logs the new tags."""
 
+import json
 import math
 import re
 
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, read_events, shift_then_copy_model
+from omegaconf import OmegaConf
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.corpus import load_documents
 from data.dataset import TokenData
 from data.stories import FEMALE_NAMES, MALE_NAMES, generate_stories
 from data.tokenizer import CharTokenizer
+from docs.drawing import SHOWN_WIDTH
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
 from model_io.checkpoint import Checkpoint
@@ -153,3 +157,77 @@ def test_the_induction_preset_trains_two_layers_without_the_smear_on_word_games_
     tags = set(read_events(tmp_path / "run").Tags()["scalars"])
     assert {"head_induction/layer_1/head_0", "head_previous_token/layer_0/head_3", "loss/in_context",
             "ablation/induction_loss/layer_0/head_3"} <= tags
+
+
+def nearest(series: dict[str, float], step: int) -> tuple[int, float]:
+    """The logged (step, value) of series (keys: steps as text) closest to step."""
+    at = min((int(key) for key in series), key=lambda key: abs(key - step))
+    return at, series[str(at)]
+
+
+def induction_page_quotes(record: dict) -> list[str]:
+    """What docs/induction.md quotes from docs/induction.json, word for word."""
+    (l1, h1), (l0, h0) = record["induction_head"], record["previous_token_head"]
+    score, loss, steps = record["induction_score"], record["second_copy_loss"], record["config"]["train"]["max_steps"]
+    (before, low), (after, high), jump = score["before"], score["after"], score["jump"]
+    context = record["in_context"]
+    (s1, v1), (s2, v2) = nearest(context, before), nearest(context, after)
+    best = record["best_previous_token"]
+    seeds = sorted(record["seeds"], key=lambda seed: seed["seed"] != 1337)
+    return [
+        f"| time from the first logged step to the last | {record['seconds']} s (of {steps:,} steps) |",
+        f"| the induction head | layer {l1} head {h1}: `head_induction` {low:.3f} at step {before}, {high:.3f} at step "
+        f"{after}, {score['last']:.3f} at step {record['step']:,} |",
+        f"| the rise | from below 0.05 to 0.5 and more in {after - before} steps ({100 * score['rise_fraction_of_steps']:.1f}% "
+        f"of the run); its steep part, from 0.2 to 0.5, in {jump[1] - jump[0]} steps "
+        f"({100 * score['jump_fraction_of_steps']:.1f}%) |",
+        f"| `loss/in_context` | {context['0']:.3f} at step 0, {v1:.3f} at step {s1}, {v2:.3f} at step {s2}, "
+        f"{context[str(record['step'])]:.3f} at step {record['step']:,} |",
+        f"| second-copy loss (`ablation/induction_loss`) | {loss['at_start']:.2f} nats at step 0; at step "
+        f"{record['step']:,}, {loss['intact']:.2f} intact, {loss['without_induction_head']:.2f} without the induction head, "
+        f"{loss['without_previous_token_head']:.2f} without layer {l0} head {h0} |",
+        f"| the circuit's first head | layer {l0} head {h0}, the head of layer 0 whose knock-out costs the second copy "
+        f"most: `head_previous_token` {record['previous_token_score']:.3f} (the highest of any head: {best[2]:.3f}, "
+        f"layer {best[0]} head {best[1]}) |",
+        "| seed | " + " | ".join(str(seed["seed"]) for seed in seeds) + " |",
+        "| crossed 0.3 at step | " + " | ".join(str(seed["crossed_0.3_at"]) for seed in seeds) + " |",
+        "| steps run | " + " | ".join(f"{seed['steps']:,}" for seed in seeds) + " |",
+    ]
+
+
+def test_the_induction_page_quotes_the_run_make_docs_recorded_and_that_run_is_the_preset():
+    # docs/induction_figures.py (make docs INDUCTION_RUNS=...) writes docs/induction.json from the
+    # preset's runs; the page's numbers are that record's, and the record's run is today's preset.
+    from hydra import compose, initialize_config_dir
+
+    record = json.loads((ROOT / "docs" / "induction.json").read_text())
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        preset = OmegaConf.to_container(compose("train", overrides=["experiment=induction"]), resolve=True)
+    for group in ("model", "data", "optim", "tokenizer"):
+        assert {k: v for k, v in preset[group].items() if k != "cache_dir"} == {
+            k: v for k, v in record["config"][group].items() if k != "cache_dir"}, group
+    for key in ("max_steps", "batch_size", "attn_log_interval", "probe_tokens"):
+        assert preset["train"][key] == record["config"]["train"][key], key
+    page = (ROOT / "docs" / "induction.md").read_text()
+    for line in induction_page_quotes(record):
+        assert line in page, line
+    jump = record["induction_score"]["jump"]
+    for quoting in ("docs/induction.md", "docs/attention.md", "configs/experiment/induction.yaml"):
+        assert f"between steps {jump[0]} and {jump[1]}" in " ".join((ROOT / quoting).read_text().lower().replace("#", "").split()), quoting
+    # The story under the picture, read off the same run's series.
+    series = {**record["series"], "in_context": record["in_context"]}
+    prose = " ".join(page.split())
+    for name, step, quoted, phrase in [
+        ("batch_loss", 250, 1.69, "between steps 250 and 450 (1.69 to 0.93 nats)"), ("batch_loss", 450, 0.93, ""),
+        ("in_context", 300, -0.25, "from -0.25 at step 300 to -0.71 at step 400"), ("in_context", 400, -0.71, ""),
+        ("induction_head", 450, 0.24, "reaches 0.24 at step 450, 0.38 at 500 and 0.51 at 650"),
+        ("induction_head", 500, 0.38, ""), ("induction_head", 650, 0.51, ""),
+        ("second_copy_intact", 0, 4.18, "first rises from 4.18 to about 6"),
+        ("second_copy_intact", 650, 4.28, "falls back to 4.28 at step 650"),
+    ]:
+        assert round(series[name][str(step)], 2) == quoted, (name, step)
+        assert phrase in prose, phrase
+    assert len(record["seeds"]) >= 4 and all(seed["crossed_0.3_at"] is not None for seed in record["seeds"])
+    for picture in ("induction_scores.png", "induction_map.png"):
+        with Image.open(ROOT / "docs" / picture) as image:
+            assert image.width <= SHOWN_WIDTH, picture  # shown at its own size, labels readable
