@@ -9,8 +9,7 @@ from data.tokenizer import CharTokenizer
 from inspection.ablation import recall_without_each_head
 from inspection.recall_probe import RecallProbe
 from model import GPT, GPTConfig
-from tests.conftest import TINY_RUN, run_cli
-from tests.helpers import read_events
+from tests.helpers import TINY_RUN, read_events, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import made_up_attention
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
@@ -25,6 +24,7 @@ from attention_tab.browser import attention_runs, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.heatmap import readable_token
 from model_io.checkpoint import Checkpoint
+from tests.helpers import made_up_attention
 from training.tensorboard_log import RunLogger
 
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"

@@ -14,7 +14,6 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
-from conftest import made_up_attention
 from PIL import Image
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.action_chains import ActionChains
@@ -27,6 +26,7 @@ from tensorboard.util.tensor_util import make_ndarray
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.heatmap import COLORMAP
+from tests.helpers import made_up_attention
 from training.tensorboard_log import RunLogger
 
 MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)

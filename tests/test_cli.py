@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TINY_RUN, run_cli, spawn_cli, split_documents
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
@@ -31,6 +30,7 @@ from data.tokenizer import train_bpe_fast
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe, recall_points
 from model_io.checkpoint import Checkpoint
+from tests.helpers import ROOT, TINY_RUN, run_cli, spawn_cli, split_documents
 from training.lr_schedule import lr_at
 
 

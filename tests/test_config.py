@@ -7,7 +7,6 @@ from importlib.metadata import version
 
 import pytest
 import torch
-from conftest import ROOT
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -15,6 +14,7 @@ from cli.config import resumed_config
 from cli.errors import config_error_line
 from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
 from model_io.checkpoint import Checkpoint, upgrade
+from tests.helpers import ROOT
 from training.run import plain_config
 from user_error import UserError
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.helpers import ROOT, TINY_RUN, run_cli
 
 # How the work is shared out does not depend on the tokenizer or the blocks. These runs use
 # char tokens and GPT-2's blocks so that every weight's first AdamW step is far from Adam's eps

@@ -17,7 +17,7 @@ from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
 from model.gpt import eval_mode
 from model_io.checkpoint import BEST, Checkpoint, build_model
 from model_io.hf_gpt2 import gpt_from_hf
-from tests.conftest import TINY_RUN, run_cli
+from tests.helpers import TINY_RUN, run_cli
 from tests.test_hf_gpt2 import VOCAB, tiny_gpt2
 
 TOLERANCE = 1e-5  # fp32: the same math in another order

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 from test_distributed import QUICK, curves, read_events, torchrun, weights
 
 from model_io.checkpoint import Checkpoint, build_model
+from tests.helpers import ROOT
 from training.optimizer import build_optimizer
 from training.parallel import named, numbered
 

@@ -7,7 +7,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.corpus import load_documents
@@ -17,6 +16,7 @@ from data.tokenizer import CharTokenizer
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
 from model import GPT, GPTConfig
+from tests.helpers import run_cli
 from training.distributed import Ranks
 from training.evaluation import evaluate, in_context_positions
 from training.precision import Precision

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.dataset import get_batch
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
+from tests.helpers import ROOT, TINY_RUN
 from training.distributed import Ranks
 from training.fit import fit
 from training.jobs import Checkpoints, Every

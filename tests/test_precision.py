@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
+from tests.helpers import ROOT, TINY_RUN, run_cli
 from training.distributed import Ranks
 from training.fit import fit
 from training.optimizer import build_optimizer

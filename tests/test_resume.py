@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model_io.checkpoint import Checkpoint
+from tests.helpers import ROOT, TINY_RUN, run_cli
 
 # TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
 EXACT_RUN = [a for a in TINY_RUN if not a.startswith(("train.max_steps", "train.log_interval"))] + [

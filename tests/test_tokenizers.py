@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import regex
 import tiktoken.load
-from conftest import ROOT
 
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
 from data.dataset import prepare_tokens
@@ -17,6 +16,7 @@ from data.gpt2_files import load_gpt2_encoding
 from data.stories import generate_stories
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
 from inspection.heatmap import readable_token
+from tests.helpers import ROOT
 from user_error import UserError
 
 HARD_TEXT = "Café naïve, Ærøskøbing! Emoji 🙂👍🏽 and 中文字符 and कि\n\n\ttabs   spaces\r\n 'quotes' don't 1234"
