@@ -87,11 +87,10 @@ class QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
-def read_events(run_dir: Path) -> EventAccumulator:
-    """A run's TensorBoard events, read whole by TensorBoard's own reader."""
-    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    events.Reload()
-    return events
+def read_events(path: Path) -> EventAccumulator:
+    """A run's TensorBoard events (all the event files of a run dir, or one event file), read whole
+    by TensorBoard's own reader: every scalar, image and tensor it holds, none sampled away."""
+    return EventAccumulator(str(path), size_guidance={"images": 0, "scalars": 0, "tensors": 0}).Reload()
 
 
 # The whole corpus tokenised at once, as simply as it can be said: what the stream

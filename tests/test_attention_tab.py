@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.heatmap import readable_token
 from model_io.checkpoint import Checkpoint
-from tests.helpers import made_up_attention
+from tests.helpers import made_up_attention, read_events
 from training.tensorboard_log import RunLogger
 
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"
@@ -38,12 +37,6 @@ def get(url: str, form: dict[str, str] | None = None) -> tuple[int, str, bytes]:
             return response.status, response.headers["Content-Type"], response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.headers["Content-Type"], error.read()
-
-
-def logged(run_dir: Path) -> EventAccumulator:
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
-    events.Reload()
-    return events
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +82,7 @@ def test_tensorboard_lists_the_attention_tab_and_serves_its_modules(served):
 
 def test_runs_lists_the_logged_steps_shape_and_probe_labels(served, trained_run):
     base, name = served
-    events = logged(trained_run)
+    events = read_events(trained_run)
     (run,) = attention_runs(base)
     labels = json.loads(events.SummaryMetadata(WEIGHTS_TAG).plugin_data.content)["labels"]
     assert run == {"run": name, "tag": WEIGHTS_TAG, "steps": [0, 10, 20], "shape": [2, 2, 24, 24], "labels": labels}
@@ -97,7 +90,7 @@ def test_runs_lists_the_logged_steps_shape_and_probe_labels(served, trained_run)
 
 def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):
     base, name = served
-    for event in logged(trained_run).Tensors(WEIGHTS_TAG):
+    for event in read_events(trained_run).Tensors(WEIGHTS_TAG):
         status, kind, body = get(f"{base}{PLUGIN}/weights?run={name}&step={event.step}")
         assert (status, kind) == (200, "application/octet-stream")
         sent = np.frombuffer(body, dtype="<f2").reshape(2, 2, 24, 24)
@@ -106,7 +99,7 @@ def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):
 
 def test_metrics_are_the_logged_head_scalars_per_step_layer_and_head(served, trained_run):
     base, name = served
-    events = logged(trained_run)
+    events = read_events(trained_run)
     metrics = json.loads(get(f"{base}{PLUGIN}/metrics?run={name}")[2])
     prefixes = {"entropy": "head_entropy", "distance": "head_distance", "previous_token": "head_previous_token",
                 "induction": "head_induction", "recall": "recall_heads", "ablation": "ablation/recall_name"}

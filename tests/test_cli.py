@@ -30,14 +30,8 @@ from data.tokenizer import train_bpe_fast
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe, recall_points
 from model_io.checkpoint import Checkpoint
-from tests.helpers import ROOT, TINY_RUN, run_cli, spawn_cli, split_documents
+from tests.helpers import ROOT, TINY_RUN, read_events, run_cli, spawn_cli, split_documents
 from training.lr_schedule import lr_at
-
-
-def read_events(run_dir: Path) -> EventAccumulator:
-    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    events.Reload()
-    return events
 
 
 def text_of(events: EventAccumulator, tag: str) -> str:

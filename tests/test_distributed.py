@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import ROOT, TINY_RUN, run_cli
+from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
 
 # How the work is shared out does not depend on the tokenizer or the blocks. These runs use
 # char tokens and GPT-2's blocks so that every weight's first AdamW step is far from Adam's eps
@@ -89,7 +89,7 @@ def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):
     assert "| 2 processes (gloo)" in stdout
     log_lines = (run / "train.log").read_text().splitlines()
     assert sum("run dir:" in line for line in log_lines) == 1
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0}).Reload()
+    events = read_events(run)
     val = [e.value for e in events.Scalars("loss/val")]
     assert val[-1] < val[0] - 0.3, val
     assert events.Images("attention/layer_1/head_1")  # rank 0 drew the attention maps
@@ -270,11 +270,6 @@ def process_of_rank(torchrun_pid: int, rank: int) -> int:
     raise AssertionError(f"torchrun ({torchrun_pid}) has no process of rank {rank}: {children}")
 
 
-def read_events(run_dir: Path) -> EventAccumulator:
-    """The run's events as TensorBoard's own reader shows them, all its event files together."""
-    return EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0}).Reload()
-
-
 def curves(events: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
@@ -314,7 +309,7 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
     assert "torchrun restarted the processes (restart 1 of 1)" in output and resumed, output
     step = int(resumed.group(1))
     assert 5 <= step < 40  # it went on from a checkpoint, not from the start
-    first_attempt = EventAccumulator(str(min(run.glob("events.out.tfevents.*")))).Reload()
+    first_attempt = read_events(min(run.glob("events.out.tfevents.*")))
     assert first_attempt.Scalars("train/batch_loss")[-1].step > step  # so the steps after it were logged twice
 
     a, b = weights(run_left_alone.dir), weights(run)

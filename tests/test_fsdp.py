@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import QUICK, curves, read_events, torchrun, weights
+from test_distributed import QUICK, curves, torchrun, weights
 
 from model_io.checkpoint import Checkpoint, build_model
-from tests.helpers import ROOT
+from tests.helpers import ROOT, read_events
 from training.optimizer import build_optimizer
 from training.parallel import named, numbered
 

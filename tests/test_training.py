@@ -6,7 +6,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
 from data.tokenizer import CharTokenizer
@@ -15,6 +14,7 @@ from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, r
 from inspection.recall_probe import RecallScores
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, resolve_checkpoint
+from tests.helpers import read_events
 from training.lr_schedule import lr_at
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states
@@ -282,7 +282,7 @@ def test_the_recall_and_ablation_logs_name_each_head_and_the_three_that_look_mos
     logger.recall(5, RecallScores(0.5, {"name": 0.8, "item": 0.2}, weight))
     logger.ablation(5, RecallAblation("name", 0.83, without))
     logger.close()
-    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    events = read_events(tmp_path)
     scalar = {tag: events.Scalars(tag)[0].value for tag in events.Tags()["scalars"]}
     for layer in range(2):
         for head in range(3):
