@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
+import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import ByteLevelBPETokenizer
@@ -24,7 +25,10 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from cli.errors import run_cli as cli_entry
 from data.stories import generate_stories
 from data.tokenizer import EOT
+from inspection.head_metrics import induction_probe, induction_score
+from inspection.recall_probe import RecallProbe
 from model import CausalSelfAttention
+from model_io.checkpoint import Checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,6 +95,46 @@ def read_events(path: Path) -> EventAccumulator:
     """A run's TensorBoard events (all the event files of a run dir, or one event file), read whole
     by TensorBoard's own reader: every scalar, image and tensor it holds, none sampled away."""
     return EventAccumulator(str(path), size_guidance={"images": 0, "scalars": 0, "tensors": 0}).Reload()
+
+
+def text_of(events: EventAccumulator, tag: str) -> str:
+    """The first text logged under tag, without RunLogger's 4-space code-block indent."""
+    return events.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()[4:]
+
+
+def last_values(events: EventAccumulator, tags) -> dict[str, float]:
+    """The value each scalar tag logged last."""
+    return {tag: events.Scalars(tag)[-1].value for tag in tags}
+
+
+def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
+    """The induction, recall and ablation scalars of a run's last step, computed afresh from its
+    ckpt_last.pt: the held-out stories (data.seed + 1) and the induction probe of train.seed, as the
+    run builds them; name recall without each head the plain way, head by head."""
+    checkpoint = Checkpoint.load(run_dir / "ckpt_last.pt")
+    cfg, (model, tokenizer) = checkpoint.config, checkpoint.build_model()
+    n = min(cfg["train"]["probe_tokens"], cfg["model"]["block_size"]) // 2
+    probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, cfg["train"]["seed"], avoid=tokenizer.eot_id)])
+    induction = induction_score(model.attention_weights(probe)[:, 0], n)  # (L, H)
+    recall_probe = RecallProbe.build(tokenizer, cfg["model"]["block_size"], seed=cfg["data"]["seed"] + 1)
+    recall = recall_probe.evaluate(model)
+    per_head = {f"{prefix}/layer_{layer}/head_{head}": values[layer, head].item()
+                for prefix, values in (("head_induction", induction), ("recall_heads", recall.head_weight))
+                for layer, head in np.ndindex(*values.shape)}
+    by_kind = {f"recall/accuracy_{kind}": value for kind, value in recall.accuracy_by_kind.items()}
+    ablation = {}
+    for layer, head in np.ndindex(*induction.shape):
+        with model.heads_knocked_out({(layer, head)}):
+            ablation[f"ablation/recall_name/layer_{layer}/head_{head}"] = recall_probe.evaluate(model).accuracy_by_kind["name"]
+    return {**per_head, "recall/accuracy": recall.accuracy, **by_kind, **ablation}
+
+
+def assert_one_error_line(result, message: str) -> None:
+    """A refusal as the user sees it: exit status 2, one line on stderr that holds message, no traceback."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr  # one line
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
 
 
 # The whole corpus tokenised at once, as simply as it can be said: what the stream
