@@ -36,7 +36,7 @@ def test_hydra_and_omegaconf_are_the_versions_the_error_wording_was_written_agai
     installed = {package: version(package) for package in ("hydra-core", "omegaconf")}
     assert installed == pinned, (
         "cli/errors.py (config_error_line, MUST_BE) words the errors of these exact versions: re-check "
-        "tests/test_cli.py's bad-input tables against the new ones, then update the pins in requirements.txt"
+        "tests/test_bad_input.py's tables against the new ones, then update the pins in requirements.txt"
     )
 
 

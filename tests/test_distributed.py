@@ -195,7 +195,7 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     ("bad", "message"),
     [
         # One of each way: Hydra refuses the first as it composes, train() the second. (What each
-        # refusal says is checked in-process, in test_config.py and test_cli.py.)
+        # refusal says is checked in-process, in test_config.py and test_bad_input.py.)
         ("train.eval_every=20", "error: train.eval_every is not an option; check its spelling"),
         ("train.grad_accum_steps=0", "error: train.grad_accum_steps=0 must be at least 1"),
     ],
