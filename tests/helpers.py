@@ -7,6 +7,7 @@ import importlib
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -127,6 +128,11 @@ def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
         with model.heads_knocked_out({(layer, head)}):
             ablation[f"ablation/recall_name/layer_{layer}/head_{head}"] = recall_probe.evaluate(model).accuracy_by_kind["name"]
     return {**per_head, "recall/accuracy": recall.accuracy, **by_kind, **ablation}
+
+
+def logged_losses(stdout: str) -> list[float]:
+    """The train and val losses of each evaluation, in the order train.py printed them."""
+    return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
 
 
 def assert_one_error_line(result, message: str) -> None:

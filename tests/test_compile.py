@@ -1,13 +1,12 @@
 """torch.compile end to end: a compiled training run and sample.py's compiled decode step give what
 the eager ones give, and a compile that fails inside Inductor is one line naming compile=false."""
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import TINY_RUN, assert_one_error_line, run_cli, spawn_cli
+from tests.helpers import TINY_RUN, assert_one_error_line, logged_losses, run_cli, spawn_cli
 
 
 def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
@@ -63,7 +62,3 @@ def test_a_decode_step_that_cannot_compile_is_one_line_that_names_the_way_out(tr
     assert note.startswith("compile=true: compiling the decode step first")
     assert error.startswith("error: compile=true: Inductor could not compile the decode step (")
     assert error.endswith("run with compile=false")
-
-
-def logged_losses(stdout: str) -> list[float]:
-    return [float(v) for v in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in v]

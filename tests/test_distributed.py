@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
+from tests.helpers import ROOT, TINY_RUN, logged_losses, read_events, run_cli
 
 # How the work is shared out does not depend on the tokenizer or the blocks. These runs use
 # char tokens and GPT-2's blocks so that every weight's first AdamW step is far from Adam's eps
@@ -37,10 +37,6 @@ def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
 
 def weights(run_dir) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]
-
-
-def logged_losses(stdout: str) -> list[float]:
-    return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
 
 
 # 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.

@@ -6,7 +6,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from tensorboard.util.tensor_util import make_ndarray
 
 from data.tokenizer import CharTokenizer
 from inspection.ablation import RecallAblation
@@ -14,7 +13,7 @@ from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, r
 from inspection.recall_probe import RecallScores
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, resolve_checkpoint
-from tests.helpers import TINY_RUN, read_events, run_cli
+from tests.helpers import TINY_RUN, read_events, run_cli, text_of
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states
 from training.tensorboard_log import RunLogger
@@ -275,11 +274,7 @@ def test_the_recall_and_ablation_logs_name_each_head_and_the_three_that_look_mos
             assert scalar[f"recall_heads/layer_{layer}/head_{head}"] == pytest.approx(weight[layer, head].item())
             assert scalar[f"ablation/recall_name/layer_{layer}/head_{head}"] == pytest.approx(without[layer, head].item())
     assert scalar["recall/accuracy_name"] == pytest.approx(0.8)
-
-    def text(tag: str) -> str:
-        return make_ndarray(events.Tensors(f"{tag}/text_summary")[0].tensor_proto).item().decode().strip()  # an indented block
-
-    assert text("recall/top_heads") == ("weight on the earlier mention: "
-                                        "layer 0 head 1: 0.50, layer 1 head 0: 0.30, layer 1 head 2: 0.20")
-    assert text("ablation/top_heads") == ("name recall 0.83 with every head; without "
-                                          "layer 0 head 2: 0.10, layer 1 head 1: 0.40, layer 0 head 0: 0.80")
+    assert text_of(events, "recall/top_heads") == ("weight on the earlier mention: "
+                                                   "layer 0 head 1: 0.50, layer 1 head 0: 0.30, layer 1 head 2: 0.20")
+    assert text_of(events, "ablation/top_heads") == ("name recall 0.83 with every head; without "
+                                                     "layer 0 head 2: 0.10, layer 1 head 1: 0.40, layer 0 head 0: 0.80")
