@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import traceback
@@ -87,6 +88,50 @@ def spawn_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict 
     )
 
 
+# How the work is shared out does not depend on the tokenizer or the blocks. The torchrun runs
+# (test_distributed.py, test_fsdp.py) use char tokens and GPT-2's blocks so that every weight's
+# first AdamW step is far from Adam's eps (with a BPE vocabulary some embedding rows, with QK-norm
+# some attn.proj weights, get gradients near 1e-8, where float sums in another order move the step
+# by 5e-6), and their tolerance of 1e-6 holds.
+GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "model.smear=false"]
+QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
+
+
+def torchrun_command(n: int, *args: str, script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> list[str]:
+    """python -m torch.distributed.run is the torchrun command: n processes of script on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script, *args]
+
+
+def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
+             script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> subprocess.CompletedProcess:
+    """torchrun with n processes of script (train.py), run to the end."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
+    return subprocess.run(torchrun_command(n, *args, script=script), cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=preexec_fn)
+
+
+def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str) -> str:
+    """torchrun with n processes of train.py, stopped as Ctrl-C in a terminal stops it (SIGINT to the
+    whole process group: torchrun and every rank) once it prints a line holding `after`; all it printed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
+    process = subprocess.Popen(torchrun_command(n, *args), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if after in line:
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    seen.append(process.stdout.read())
+    process.wait(timeout=120)
+    return "".join(seen)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a run's ckpt_last.pt."""
+    return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]
+
+
 class QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:  # keep the test output clean
         pass
@@ -101,6 +146,11 @@ def read_events(path: Path) -> EventAccumulator:
 def text_of(events: EventAccumulator, tag: str) -> str:
     """The first text logged under tag, without RunLogger's 4-space code-block indent."""
     return events.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()[4:]
+
+
+def curves(events: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag's (step, value) pairs."""
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def last_values(events: EventAccumulator, tags) -> dict[str, float]:

@@ -16,28 +16,17 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import ROOT, TINY_RUN, logged_losses, read_events, run_cli
-
-# How the work is shared out does not depend on the tokenizer or the blocks. These runs use
-# char tokens and GPT-2's blocks so that every weight's first AdamW step is far from Adam's eps
-# (with a BPE vocabulary some embedding rows, with QK-norm some attn.proj weights, get gradients
-# near 1e-8, where float sums in another order move the step by 5e-6), and 1e-6 below holds.
-GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "model.smear=false"]
-QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
-
-
-def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
-             script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> subprocess.CompletedProcess:
-    """python -m torch.distributed.run is the torchrun command: n processes of script on this machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script, *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=preexec_fn)
-
-
-def weights(run_dir) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]
-
+from tests.helpers import (
+    QUICK,
+    ROOT,
+    ctrl_c_under_torchrun,
+    curves,
+    logged_losses,
+    read_events,
+    run_cli,
+    torchrun,
+    weights,
+)
 
 # 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
 EXACT = [*QUICK, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
@@ -228,20 +217,7 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
 
 
 def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path, run_left_alone):
-    # Ctrl-C in a terminal signals the whole foreground process group: torchrun and both ranks.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(ROOT / "train.py"), *EXACT, "hydra.run.dir=stopped"]
-    process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if "step 15/40" in line:
-            os.killpg(process.pid, signal.SIGINT)
-            break
-    seen.append(process.stdout.read())
-    process.wait(timeout=120)
-    output = "".join(seen)
+    output = ctrl_c_under_torchrun(2, *EXACT, "hydra.run.dir=stopped", cwd=tmp_path, after="step 15/40")
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
     assert stopped, output
     assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
@@ -264,10 +240,6 @@ def process_of_rank(torchrun_pid: int, rank: int) -> int:
         if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
             return pid
     raise AssertionError(f"torchrun ({torchrun_pid}) has no process of rank {rank}: {children}")
-
-
-def curves(events: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def steps_by_tag(events: EventAccumulator) -> dict[str, list[int]]:
