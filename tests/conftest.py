@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from data.stories import generate_stories
+from data.tokenizer import CharTokenizer
+from inspection.recall_probe import RecallProbe
 from tests.helpers import TINY_RUN, QuietHandler, run_cli
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
@@ -26,6 +29,13 @@ def trained_run(tmp_path_factory) -> Path:
     result = run_cli("train.py", *TINY_RUN, "hydra.run.dir=run", cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir / "run"
+
+
+@pytest.fixture(scope="module")
+def char_probe():
+    """A character tokenizer of the built-in stories and the recall probe built with it."""
+    tokenizer = CharTokenizer(sorted(set("".join(generate_stories(1337, 100_000)))))
+    return tokenizer, RecallProbe.build(tokenizer, block_size=128, seed=1338)
 
 
 @pytest.fixture
