@@ -6,6 +6,7 @@ Face GPT-2 folders made offline with transformers and tokenizers, never fetched 
 import importlib
 import io
 import logging
+import math
 import os
 import re
 import signal
@@ -29,7 +30,7 @@ from data.stories import generate_stories
 from data.tokenizer import EOT
 from inspection.head_metrics import induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
-from model import CausalSelfAttention
+from model import GPT, CausalSelfAttention, GPTConfig
 from model_io.checkpoint import Checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,6 +229,50 @@ def made_up_attention(seed: int, n_layer: int, n_head: int, T: int) -> torch.Ten
     return scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")).softmax(-1)
 
 
+def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overrides) -> GPT:
+    """A randomly initialised GPT of 2 layers, 2 heads and 32 channels; overrides set any GPTConfig field."""
+    torch.manual_seed(seed)
+    config = dict(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=32)
+    return GPT(GPTConfig(**{**config, **overrides}))
+
+
+# Every architecture option (model.pos, norm, mlp, tie_head, qk_norm) against the GPT-2 defaults.
+ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False}, {"qk_norm": True},
+                        {"smear": True},
+                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True, "smear": True}]
+
+
+def previous_token_copier(attention: str) -> GPT:
+    """A 1-layer, 2-head GPT with weights set by hand: head 0 copies the previous token, head 1
+    averages the tokens so far, and the LM head predicts whatever head 0 copied. The 24 channels
+    of the residual stream: [0, 8) this token, [8, 16) this position (both one-hot), and
+    [16, 24) the previous token, written there by head 0."""
+    V = T = 8  # vocabulary and block_size
+    TOKEN, POSITION, PREVIOUS = 0, 8, 16  # where each group of channels starts
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=24, attention=attention,
+                          norm="rmsnorm", tie_head=False))  # RMSNorm: a pure rescaling; no biases
+    block, D = model.blocks[0], model.blocks[0].attn.head_dim  # D = 12
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()  # the MLP stays zero: an attention-only model
+        model.tok_emb.weight[:, TOKEN : TOKEN + V] = torch.eye(V)
+        model.pos_emb.weight[:, POSITION : POSITION + T] = torch.eye(T)
+        block.ln_1.weight.fill_(math.sqrt(2 / 24))  # every stream holds two ones: this undoes RMSNorm's 1 / RMS
+        q, k, v = block.attn.qkv.weight.split(24)  # (C, C) each; head 0 owns rows [0, D), head 1 rows [D, 2D)
+        # Head 0: query t is position t, times 100; key s is position s + 1. They meet only for
+        # s = t - 1, with a score of 100 / sqrt(D) ~ 29: all the weight on the previous token.
+        q[:T, POSITION : POSITION + T] = 100 * torch.eye(T)
+        k[1:T, POSITION : POSITION + T - 1] = torch.eye(T - 1)
+        v[:V, TOKEN : TOKEN + V] = torch.eye(V)  # and what it takes from there is the token
+        v[D : D + V, TOKEN : TOKEN + V] = torch.eye(V)  # head 1: no query or key, so equal weights
+        proj = block.attn.proj.weight  # (C, C): columns [0, D) read head 0, [D, 2D) head 1
+        proj[PREVIOUS : PREVIOUS + V, :V] = torch.eye(V)  # head 0 writes the previous token
+        proj[TOKEN : TOKEN + V, D : D + V] = torch.eye(V)  # head 1 writes where the LM head does not read
+        model.ln_f.weight.fill_(1.0)
+        model.lm_head.weight[:, PREVIOUS : PREVIOUS + V] = 10 * torch.eye(V)  # predict the previous token
+    return model.eval()
+
+
 def multihead_attention_like(module: CausalSelfAttention) -> nn.MultiheadAttention:
     """torch's nn.MultiheadAttention with the module's weights (the same [W_q; W_k; W_v] layout)."""
     C = module.proj.weight.shape[0]
@@ -247,8 +292,11 @@ HARD_TEXT = ("Café naïve, Straße, 日本語 and 🙂👍🏽 emoji\n\n\ttabs\
              "digits 1234567890 and 3.14, don't 'quote' it , so . it is ! is it ? it 's do n't \n")
 
 
-def tiny_gpt2(seed: int = 0, vocab_size: int = 301, eot_id: int = 300, n_positions: int = 64,
-              **options) -> GPT2LMHeadModel:
+TINY_GPT2_VOCAB = 301  # tiny_gpt2's vocabulary unless told: <|endoftext|> is its last id
+
+
+def tiny_gpt2(seed: int = 0, vocab_size: int = TINY_GPT2_VOCAB, eot_id: int = TINY_GPT2_VOCAB - 1,
+              n_positions: int = 64, **options) -> GPT2LMHeadModel:
     """A random GPT2LMHeadModel with GPT-2's settings (tanh GELU, eps 1e-5, biases) at a tiny size;
     its LayerNorms perturbed away from 1 and 0 so that a lost or swapped one shows."""
     torch.manual_seed(seed)
