@@ -111,21 +111,30 @@ def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
                           timeout=timeout, preexec_fn=preexec_fn)
 
 
+def signal_after_line(process: subprocess.Popen, marker: str, signum: int, whole_group: bool = False) -> str:
+    """Reads the process's output until a line holding marker, sends signum (to its whole process
+    group if whole_group), returns all output."""
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line:
+            if whole_group:
+                os.killpg(process.pid, signum)
+            else:
+                process.send_signal(signum)
+            break
+    seen.append(process.stdout.read())
+    process.wait(timeout=120)
+    return "".join(seen)
+
+
 def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str) -> str:
     """torchrun with n processes of train.py, stopped as Ctrl-C in a terminal stops it (SIGINT to the
     whole process group: torchrun and every rank) once it prints a line holding `after`; all it printed."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
     process = subprocess.Popen(torchrun_command(n, *args), cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if after in line:
-            os.killpg(process.pid, signal.SIGINT)
-            break
-    seen.append(process.stdout.read())
-    process.wait(timeout=120)
-    return "".join(seen)
+    return signal_after_line(process, after, signal.SIGINT, whole_group=True)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model_io.checkpoint import Checkpoint
-from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
+from tests.helpers import ROOT, TINY_RUN, read_events, run_cli, signal_after_line
 
 # TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
 EXACT_RUN = [a for a in TINY_RUN if not a.startswith(("train.max_steps", "train.log_interval"))] + [
@@ -29,19 +29,6 @@ def start_training(*args: str, cwd: Path) -> subprocess.Popen:
         cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-
-
-def signal_after_line(process: subprocess.Popen, marker: str, signum: int) -> str:
-    """Reads the process's output until a line holding marker, sends signum, returns all output."""
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if marker in line:
-            process.send_signal(signum)
-            break
-    seen.append(process.stdout.read())
-    process.wait(timeout=120)
-    return "".join(seen)
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
