@@ -1,7 +1,5 @@
-"""What several test files share (tests/conftest.py keeps the fixtures): the real command lines
-run in a temporary folder, a run's TensorBoard events read back, references to check against
-(the corpus tokenised at once, made-up attention, torch's MultiheadAttention), and tiny Hugging
-Face GPT-2 folders made offline with transformers and tokenizers, never fetched from the Hub."""
+"""What several test files share; tests/conftest.py keeps the fixtures. Nothing here is fetched
+from the network: the tiny Hugging Face GPT-2s are made offline with transformers and tokenizers."""
 
 import importlib
 import io
@@ -89,6 +87,11 @@ def spawn_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict 
     )
 
 
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep the test output clean
+        pass
+
+
 # How the work is shared out does not depend on the tokenizer or the blocks. The torchrun runs
 # (test_distributed.py, test_fsdp.py) use char tokens and GPT-2's blocks so that every weight's
 # first AdamW step is far from Adam's eps (with a BPE vocabulary some embedding rows, with QK-norm
@@ -140,11 +143,6 @@ def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str) -> str:
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model weights of a run's ckpt_last.pt."""
     return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]
-
-
-class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # keep the test output clean
-        pass
 
 
 def read_events(path: Path) -> EventAccumulator:
