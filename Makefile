@@ -5,7 +5,8 @@
 #   make tensorboard      open TensorBoard on every run, with the Attention tab (attention_tab/)
 #   make bench            speed figures for this machine (python -m bench: bench/), as a table and JSON
 #   make docs             redraw the tour's pictures (docs/questions/), and docs/attention_maps.png and the
-#                         Attention tab's screenshot docs/attention_tab.png from the newest run (RUN=<run dir>)
+#                         Attention tab's screenshot docs/attention_tab.png from the newest run (RUN=<run dir>),
+#                         and docs/induction_*.png from runs of experiment=induction (INDUCTION_RUNS="<dir> ...")
 #   make lint             ruff
 #   make browser          Chromium and its driver for the Attention tab's browser tests (apt-get; make
 #                         test runs it: it does nothing when they are there)
@@ -18,6 +19,7 @@ TORCH_VERSION := 2.13.0
 # Where pip looks for torch; e.g. TORCH_PIP_ARGS="--index-url <a CPU-only wheel index>".
 TORCH_PIP_ARGS ?=
 RUN ?= latest
+INDUCTION_RUNS ?=
 ARGS ?=
 
 .PHONY: setup browser train test sample tensorboard bench docs lint clean
@@ -67,6 +69,7 @@ docs: setup browser
 	$(PY) docs/questions.py
 	$(PY) docs/figures.py $(RUN)
 	$(PY) docs/attention_tab.py $(RUN)
+	$(PY) docs/induction_figures.py $(INDUCTION_RUNS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -22,6 +22,9 @@ from model_io.checkpoint import Checkpoint, resolve_checkpoint
 from training.devices import Machine, check_compiler, pick_device
 from user_error import UserError
 
+# A text the model ends with <|endoftext|> and the next it starts, apart and readable.
+EOT_SHOWN = "\n\n--- end of text ---\n\n"
+
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
@@ -47,6 +50,7 @@ def sample(cfg: DictConfig) -> None:
             model, tokenizer, cfg.prompt, cfg.max_new_tokens,
             temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
             num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache, compile=cfg.compile,
+            eot_text=EOT_SHOWN,
         )
     except FloatingPointError as error:
         raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None

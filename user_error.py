@@ -8,3 +8,11 @@ so that data/ and model/ can raise it without importing the training loop's pack
 
 class UserError(Exception):
     """Something the user asked for cannot be done; the message says what and how to fix it."""
+
+
+def quoted(value: str, limit: int = 80) -> str:
+    """value as an error quotes it: repr'd, and cut to its first `limit` characters when longer, so
+    that a message stays one short line whatever was sent."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value):,} characters)"

@@ -1,9 +1,8 @@
-"""The Attention tab's "your text" route, less the HTTP: the folder of a run TensorBoard names,
-its checkpoint's model kept in a cache bounded by bytes, and the answer as JSON. Loads torch,
-so the plugin imports it on the first text rather than at TensorBoard's start."""
+"""The Attention tab's routes that run a model ("your text" and "repeated tokens"), less the
+HTTP: a run's checkpoint's model kept in a cache bounded by bytes, and the answer as JSON.
+Loads torch, so the plugin imports it on the first such request rather than at TensorBoard's start."""
 
 import base64
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Collection
@@ -12,50 +11,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
+from attention_tab.run_folders import is_inside
 from data.tokenizer import Tokenizer
 from inspection.heatmap import readable_token
+from inspection.repeated_tokens import RepeatedForward, copy_losses, default_n, forward_repeated
 from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
 from model_io.checkpoint import BEST, LAST, Checkpoint
-from user_error import UserError
+from user_error import UserError, quoted
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside
 # TensorBoard keeps the cores busy: one thread answers 128 tokens of the default model in about
 # 30 ms there, where two threads fighting the trainer's took 700 ms (2 cores; make bench's text section).
 THREADS = 1
-
-
-def logdir_roots(logdir: str, logdir_spec: str) -> dict[str, str | None]:
-    """{folder: the name its runs are prefixed with, or None}, as TensorBoard reads --logdir or
-    --logdir_spec (its own parser: the run names then match the ones it lists)."""
-    if logdir:
-        return {os.path.expanduser(logdir): None}
-    return _parse_event_files_spec(logdir_spec or None)
-
-
-def run_folder(run: str, roots: dict[str, str | None]) -> Path:
-    """The folder of a run TensorBoard lists, inside one of the roots; never a folder outside
-    them, whatever the name holds ("..", an absolute path, a link out)."""
-    for root, prefix in roots.items():
-        if "://" in root:
-            continue  # gs:// and the like: the tab loads checkpoints from local folders only
-        if prefix is None:
-            relative = run
-        elif run == prefix or run.startswith(prefix + "/"):
-            relative = run[len(prefix) + 1:] or "."
-        else:
-            continue
-        folder = os.path.realpath(os.path.join(root, relative))
-        if is_inside(folder, root) and os.path.isdir(folder):
-            return Path(folder)
-    raise UserError(f"run {run!r} is not a folder under TensorBoard's logdir")
-
-
-def is_inside(path: str, root: str) -> bool:
-    root = os.path.realpath(root)
-    return os.path.commonpath([os.path.realpath(path), root]) == root
 
 
 def checkpoint_in(folder: Path, run: str) -> Path:
@@ -64,7 +33,7 @@ def checkpoint_in(folder: Path, run: str) -> Path:
         path = folder / name
         if path.is_file() and is_inside(str(path), str(folder)):
             return path
-    raise UserError(f"run {run!r} has no checkpoint yet ({BEST} or {LAST}); a run saves one at its first "
+    raise UserError(f"run {quoted(run)} has no checkpoint yet ({BEST} or {LAST}); a run saves one at its first "
                     "evaluation (train.eval_interval)")
 
 
@@ -76,14 +45,28 @@ class LoadedModel:
     step: int
     version: tuple[int, int]  # the file's (mtime_ns, size): a run still training writes a new one
     n_bytes: int
-    last_intact: tuple[str, Predictions] | None = None  # the intact model's numbers on the last text read
+    last_intact: tuple[tuple, Predictions] | None = None  # the intact model's numbers on the last sequence read
 
     def read(self, text: str, knocked_out: Collection[tuple[int, int]]) -> TextForward:
         """forward_text, reusing the intact numbers of the same text read before: knocking heads
         out after reading a text costs one forward, not two (at GPT-2 small's size, half the time)."""
-        kept = self.last_intact[1] if self.last_intact and self.last_intact[0] == text else None
-        forward = forward_text(self.model, self.tokenizer, text, knocked_out, intact=kept)
-        self.last_intact = (text, forward.intact or forward.predictions)
+        sequence = ("text", text)
+        forward = forward_text(self.model, self.tokenizer, text, knocked_out, intact=self.kept_intact(sequence))
+        return self.keep_intact(sequence, forward)
+
+    def read_repeated(self, n: int | None, seed: int, knocked_out: Collection[tuple[int, int]]) -> RepeatedForward:
+        """forward_repeated, reusing the intact numbers as read does; n None: default_n."""
+        n = default_n(self.model.config.block_size) if n is None else n
+        sequence = ("repeated", n, seed)
+        repeated = forward_repeated(self.model, self.tokenizer, n, seed, knocked_out, intact=self.kept_intact(sequence))
+        self.keep_intact(sequence, repeated.forward)
+        return repeated
+
+    def kept_intact(self, sequence: tuple) -> Predictions | None:
+        return self.last_intact[1] if self.last_intact and self.last_intact[0] == sequence else None
+
+    def keep_intact(self, sequence: tuple, forward: TextForward) -> TextForward:
+        self.last_intact = (sequence, forward.intact or forward.predictions)
         return forward
 
 
@@ -136,6 +119,12 @@ class ModelCache:
             loaded = self.get(folder, run)
             return answer(run, loaded, loaded.read(text, knocked_out))
 
+    def read_repeated(self, folder: Path, run: str, n: int | None, seed: int, knocked_out: Collection[tuple[int, int]]) -> dict:
+        """The answer to n repeated random tokens: forward_repeated's numbers as the tab reads them."""
+        with self.lock:
+            loaded = self.get(folder, run)
+            return repeated_answer(run, loaded, loaded.read_repeated(n, seed, knocked_out))
+
 
 def answer(run: str, loaded: LoadedModel, forward: TextForward) -> dict:
     """JSON for the tab:
@@ -156,6 +145,23 @@ def answer(run: str, loaded: LoadedModel, forward: TextForward) -> dict:
             "labels": forward.labels, "weights": base64.b64encode(weights.tobytes()).decode("ascii"),
             "knocked_out": [list(pair) for pair in forward.knocked_out],
             "next": predictions_json(forward.predictions, loaded.tokenizer), "intact": intact}
+
+
+def repeated_answer(run: str, loaded: LoadedModel, repeated: RepeatedForward) -> dict:
+    """answer's JSON for the repeated tokens, and:
+        n, seed      the sequence: <|endoftext|>, n random tokens, the same n again (T = 2n + 1)
+        induction    [L][H]: each head's induction score on the weights sent
+        copy_loss    {first, second}: the mean loss over the first copy, and over the second from
+                     its second token on; intact_copy_loss: the intact model's, or null."""
+    forward, n = repeated.forward, repeated.n
+
+    def copies(predictions: Predictions) -> dict:
+        first, second = finite(torch.tensor(copy_losses(predictions.next_loss, n)))
+        return {"first": first, "second": second}
+
+    return {**answer(run, loaded, forward), "n": n, "seed": repeated.seed, "induction": finite(repeated.induction),
+            "copy_loss": copies(forward.predictions),
+            "intact_copy_loss": copies(forward.intact) if forward.intact is not None else None}
 
 
 def predictions_json(predictions: Predictions, tokenizer: Tokenizer) -> dict:

@@ -59,6 +59,8 @@ def print_table(results: dict) -> None:
         rows.append((f"Attention tab, your text ({t['tokens']} tokens)", f"{t['answer_ms']:.0f} ms per answer, "
                      f"{t['knocked_out_answer_ms']:.0f} ms with a head knocked out (default model, CPU, "
                      f"{t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
+        rows.append((f"  repeated random tokens ({t['repeated_tokens']} tokens)", f"{t['repeated_answer_ms']:.0f} ms per answer, "
+                     f"{t['repeated_knocked_out_answer_ms']:.0f} ms with a head knocked out"))
     if "gpt2_text" in results:
         t = results["gpt2_text"]
         rows.append((f"Attention tab, your text at GPT-2 small's shape ({t['tokens']} tokens)",

@@ -1,5 +1,5 @@
 """The text sections: the Attention tab's answer to your own text on the CPU, for the default model
-(text) and at GPT-2 small's shape (gpt2_text)."""
+(text, with the answer to the repeated random tokens beside it) and at GPT-2 small's shape (gpt2_text)."""
 
 import json
 from pathlib import Path
@@ -7,12 +7,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes
+from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes, repeated_answer
 from bench.common import ROOT, median_time
 from data.bpe import GPT2_PATTERN
 from data.dataset import prepare_tokens, probe_ids
 from data.stories import generate_stories
 from data.tokenizer import TiktokenTokenizer, Tokenizer, bpe_encoding
+from inspection.repeated_tokens import largest_n
 from model import GPT, GPTConfig
 from model_io.checkpoint import build_model
 
@@ -29,13 +30,15 @@ def default_run_data(cache_dir: Path):
 
 def bench_text(repeats: int, work: Path) -> dict:
     """ms per answer to a text of block_size tokens (<|endoftext|> and 127 of a held-out story) for
-    the default model at random init (the same work as a trained one)."""
+    the default model at random init (the same work as a trained one); and to the longest repeated
+    random tokens it reads (<|endoftext|> and 63 tokens twice)."""
     data = default_run_data(work / "cache")
     config = OmegaConf.load(ROOT / "configs/model/gpt.yaml")
     torch.manual_seed(0)
     model = build_model(config, data.tokenizer.vocab_size).eval()
     text = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, config.block_size - 1))
-    return time_answers(model, data.tokenizer, text, repeats, ANSWERS_PER_RUN)
+    return {**time_answers(model, data.tokenizer, text, repeats, ANSWERS_PER_RUN),
+            **time_repeated_answers(model, data.tokenizer, repeats, ANSWERS_PER_RUN)}
 
 
 def bench_gpt2_text(repeats: int) -> dict:
@@ -83,3 +86,23 @@ def time_answers(model: GPT, tokenizer: Tokenizer, text: str, repeats: int, answ
         torch.set_num_threads(threads)
     return {"tokens": tokens, "params": model.num_parameters(), "threads": THREADS, "model_mb": model_bytes(model) / 2**20,
             "answer_ms": 1e3 * intact_s / answers_per_run, "knocked_out_answer_ms": 1e3 * knocked_out_s / answers_per_run}
+
+
+def time_repeated_answers(model: GPT, tokenizer: Tokenizer, repeats: int, answers_per_run: int) -> dict:
+    """The tab's answer to the longest repeated random tokens the model reads, as the repeated
+    route makes it: intact, and with one head knocked out after reading them intact."""
+    loaded = LoadedModel(model, tokenizer, Path("ckpt_best.pt"), 0, (0, 0), model_bytes(model))
+    n = largest_n(model.config.block_size)
+
+    def answers(knocked_out: list[tuple[int, int]]) -> None:
+        for _ in range(answers_per_run):
+            json.dumps(repeated_answer("run", loaded, loaded.read_repeated(n, 0, knocked_out)), allow_nan=False)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        intact_s, knocked_out_s = (median_time(lambda heads=heads: answers(heads), repeats) for heads in ([], [(1, 0)]))
+    finally:
+        torch.set_num_threads(threads)
+    return {"repeated_tokens": 2 * n + 1, "repeated_answer_ms": 1e3 * intact_s / answers_per_run,
+            "repeated_knocked_out_answer_ms": 1e3 * knocked_out_s / answers_per_run}

@@ -58,6 +58,8 @@ def validate_train_config(cfg: Any) -> None:
     if cfg.data.source == "stories":
         require(cfg.data.n_chars >= 10_000,
                 f"data.n_chars={cfg.data.n_chars} must be a whole number of at least 10000 (the default is 1000000)")
+        require(cfg.data.word_games >= 0,
+                f"data.word_games={cfg.data.word_games} must be 0 (no games) or more: the word games after each paragraph, on average (e.g. 9)")
 
 
 def validate_sample_config(cfg: Any, vocab_size: int) -> None:

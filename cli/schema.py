@@ -106,6 +106,7 @@ class StoriesSchema(TextSchema):
     seed: int = MISSING
     n_chars: int = MISSING
     names: Names = MISSING
+    word_games: Number = MISSING
 
 
 @dataclass

@@ -40,8 +40,8 @@ class Piece:
 
 def read_corpus(cfg: Mapping[str, Any]) -> Iterator[Piece]:
     if cfg["source"] == "stories":
-        # A config written without data.names (before it existed) means the common names.
-        return generated_stories(cfg["seed"], cfg["n_chars"], cfg.get("names", "common"))
+        # A config written without data.names or data.word_games (before they existed): common names, no games.
+        return generated_stories(cfg["seed"], cfg["n_chars"], cfg.get("names", "common"), cfg.get("word_games", 0))
     if cfg["source"] == "shakespeare":
         text = checked_download(cfg)
         return iter([Piece(text, True, len(text.encode("utf-8")))])
@@ -59,9 +59,9 @@ def corpus_bytes(cfg: Mapping[str, Any]) -> int | None:
     return None
 
 
-def generated_stories(seed: int, n_chars: int, names: str) -> Iterator[Piece]:
+def generated_stories(seed: int, n_chars: int, names: str, word_games: float) -> Iterator[Piece]:
     n_bytes = 0
-    for story in iter_stories(seed, n_chars, names):
+    for story in iter_stories(seed, n_chars, names, word_games):
         n_bytes += len(story)
         yield Piece(story, True, n_bytes)
 

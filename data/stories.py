@@ -10,13 +10,19 @@ can learn, because the clue sits earlier in the text:
     items      the hero packs a list of items; later a friend's problem is solved by one
                of exactly those items, and the ending recalls what is left in the bag.
 
-    generate_stories(seed, n_chars, names) -> list[str]   one story per string, about n_chars in all
+    generate_stories(seed, n_chars, names, word_games) -> list[str]   one story per string, about n_chars in all
 
 names="random" gives every character a made-up name of random letters ("Qoxuf"), new in each
 story, and calls them by it where a pronoun would stand ("Qoxuf put Qoxuf's lamp away"): a
 model can then predict a name's later letters only by copying them from an earlier mention,
 which is what an induction head does (docs/induction.md), and one character in eight is such
 a letter.
+
+word_games=m adds after each paragraph a run of word games, m of them on average: the hero makes
+up a word of random letters and a friend says it back ('Qoxuf made up a word, "hTqwZe". Hgobo
+said "hTqwZe". Then all said "hTqwZe".'). With m=9, one character in six can be predicted only by
+copying it from earlier in the window, enough for an induction head to form within minutes
+(experiment=induction).
 """
 
 import random
@@ -146,25 +152,28 @@ class Character:
         return self.poss.capitalize()
 
 
-def generate_stories(seed: int = 1337, n_chars: int = 1_000_000, names: str = "common") -> list[str]:
+def generate_stories(seed: int = 1337, n_chars: int = 1_000_000, names: str = "common", word_games: float = 0) -> list[str]:
     """Stories until their total length reaches n_chars characters; names: "common" (Mia, Tom,
-    ...) or "random" (made-up names of random letters)."""
-    return list(iter_stories(seed, n_chars, names))
+    ...) or "random" (made-up names of random letters); word_games: how many word games follow
+    each paragraph, on average (0: none)."""
+    return list(iter_stories(seed, n_chars, names, word_games))
 
 
-def iter_stories(seed: int, n_chars: int, names: str = "common") -> Iterator[str]:
+def iter_stories(seed: int, n_chars: int, names: str = "common", word_games: float = 0) -> Iterator[str]:
     """The same stories one at a time, for a corpus too large to hold."""
     if names not in NAME_KINDS:
         raise ValueError(f"names={names!r} must be one of {', '.join(NAME_KINDS)}")
+    if word_games < 0:
+        raise ValueError(f"word_games={word_games} must be 0 or more")
     rng = random.Random(seed)
     total = 0
     while total < n_chars:
-        story = write_story(rng, random_names=names == "random")
+        story = write_story(rng, random_names=names == "random", word_games=word_games)
         total += len(story)
         yield story
 
 
-def write_story(rng: random.Random, random_names: bool = False) -> str:
+def write_story(rng: random.Random, random_names: bool = False, word_games: float = 0) -> str:
     pick = rng.choice
     hero = new_character(rng, pick(("she", "he")), HERO_KINDS, taken=set(), random_name=random_names)
     grown_up_pronoun = pick(("she", "he"))
@@ -251,7 +260,19 @@ def write_story(rng: random.Random, random_names: bool = False) -> str:
         ))
     ending.append(say("{h} fell asleep with a smile. The end.", "And {h} never forgot that day. The end."))
     paragraphs.append(" ".join(ending))
+    if word_games:
+        paragraphs = [line for paragraph in paragraphs for line in (paragraph, *play_word_games(rng, hero, friends[0], word_games))]
     return "\n".join(paragraphs)
+
+
+def play_word_games(rng: random.Random, hero: Character, friend: Character, mean: float) -> list[str]:
+    """A run of word games, `mean` of them on average (each one is followed by another with
+    probability mean / (1 + mean)), each a new made-up word said three times."""
+    games = []
+    while rng.random() < mean / (1 + mean):
+        word = "".join(rng.choices(string.ascii_letters, k=rng.randint(6, 16)))
+        games.append(f'{hero} made up a word, "{word}". {friend} said "{word}". Then all said "{word}".')
+    return games
 
 
 def meet_friend(rng: random.Random, hero: Character, friend: Character, item: Item, bag: str, first: bool) -> str:

@@ -59,8 +59,6 @@ def take_screenshot(run_dir: Path, out: Path = SCREENSHOT) -> tuple[int, int, fl
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     with browser.tensorboard_server("--logdir", str(run_dir.parent)) as base, browser.headless_chromium(1280, 800) as driver:
-        # The page itself 1280 x 800 (the window's own frame would take 143 px of it): the head table shows whole.
-        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
         runs = browser.attention_runs(base, until=lambda runs: any(r["run"] == run_dir.name for r in runs))
         run = next((r for r in runs if r["run"] == run_dir.name), None)
         if run is None:
@@ -76,7 +74,7 @@ def take_screenshot(run_dir: Path, out: Path = SCREENSHOT) -> tuple[int, int, fl
         driver.find_element(By.CSS_SELECTOR, "input[aria-label='your text']").send_keys(TEXT, Keys.ENTER)
         wait = WebDriverWait(driver, 60, poll_frequency=0.05)
         wait.until(lambda d: d.execute_script("return document.body.dataset.drawnMode") == "text")
-        driver.find_element(By.CSS_SELECTOR, f".head-cell[data-layer='{layer}'][data-head='{head}']").click()
+        driver.find_element(By.CSS_SELECTOR, f".head-cell[data-layer='{layer}'][data-head='{head}'] .knock").click()
         wait.until(lambda d: d.execute_script("return document.body.dataset.drawnKnockedOut") == f"{layer}:{head}")
         Select(driver.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value(str(layer))
         driver.find_element(By.XPATH, f"//button[contains(@class, 'head-name')][normalize-space()='head {head}']").click()

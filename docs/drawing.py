@@ -37,6 +37,17 @@ def drawn_with() -> dict[str, str]:
             "font": " ".join(face.getname()) if isinstance(face, ImageFont.FreeTypeFont) else "Pillow's default"}
 
 
+def one_above_another(images: list[Image.Image], gap: int = 8) -> Image.Image:
+    """Images top to bottom, left-aligned, on white."""
+    canvas = Image.new("RGB", (max(image.width for image in images), sum(image.height for image in images)
+                               + gap * (len(images) - 1)), "white")
+    y = 0
+    for image in images:
+        canvas.paste(image, (0, y))
+        y += image.height + gap
+    return canvas
+
+
 def side_by_side(images: list[Image.Image | np.ndarray], gap: int = 8) -> Image.Image:
     """Images left to right, top-aligned, on white."""
     images = [image if isinstance(image, Image.Image) else Image.fromarray(image) for image in images]
@@ -61,18 +72,19 @@ class Line:
 
 @dataclass
 class Plot:
-    """One panel: lines on linear x and linear or log10 y axes, with ticks, a legend, shaded
-    x bands and labelled vertical lines."""
+    """One panel: lines on linear or log10 x and y axes, with ticks, a legend, shaded x bands
+    and labelled vertical lines."""
 
     title: str
     x_label: str
     y_label: str
-    x_range: tuple[float, float]
+    x_range: tuple[float, float]  # in data units (log_x: the values at the ends)
     y_range: tuple[float, float]  # in data units (log_y: the powers of 10 at the ends)
     x_ticks: list[float]
     y_ticks: list[float]
     lines: list[Line]
     log_y: bool = False
+    log_x: bool = False
     bands: list[tuple[float, float, str]] = field(default_factory=list)  # (x0, x1, label): shaded
     marks: list[tuple[float, str]] = field(default_factory=list)  # (x, label): a dashed vertical line
     points: list[tuple[float, float, str]] = field(default_factory=list)  # (x, y, label): a dot
@@ -83,10 +95,11 @@ class Plot:
         image = Image.new("RGB", (width, height), "white")
         draw = ImageDraw.Draw(image)
         left, right, top, bottom = 64, width - 16, 30, height - 44
-        x0, x1 = self.x_range
+        x0, x1 = (math.log10(v) for v in self.x_range) if self.log_x else self.x_range
         y0, y1 = (math.log10(v) for v in self.y_range) if self.log_y else self.y_range
 
         def px(x: float) -> float:
+            x = math.log10(x) if self.log_x else x
             return left + (x - x0) / (x1 - x0) * (right - left)
 
         def py(y: float) -> float:
@@ -124,7 +137,7 @@ class Plot:
             draw.ellipse([px(x) - 4, py(y) - 4, px(x) + 4, py(y) + 4], fill=INK)
             draw.text((px(x) - 8, py(y) + 8), text, font=face, fill=INK, anchor="ra")
         legend_x, legend_y = (px(self.legend[0]), py(self.legend[1])) if self.legend else (left + 10, top + 12)
-        for i, line in enumerate(self.lines):
+        for i, line in enumerate([line for line in self.lines if line.label]):  # a line without a label stays out
             y = legend_y + 18 * i
             draw.line([(legend_x, y), (legend_x + 24, y)], fill=line.colour, width=line.width)
             draw.text((legend_x + 30, y), line.label, font=face, fill=INK, anchor="lm")

@@ -22,8 +22,20 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, drawn_with, font, side_by_side  # noqa: E402
-from inspection.heatmap import INK, render_attention_map  # noqa: E402
+from docs.drawing import (  # noqa: E402
+    BLUE,
+    FAINT,
+    ORANGE,
+    RED,
+    SHOWN_WIDTH,
+    Line,
+    Plot,
+    drawn_with,
+    font,
+    one_above_another,
+    side_by_side,
+)
+from inspection.heatmap import COLORMAP, FUTURE, INK, colour_level, render_attention_map  # noqa: E402
 from inspection.shape_trace import LineShapes  # noqa: E402
 from model import attention  # noqa: E402
 from model.attention import CausalSelfAttention  # noqa: E402
@@ -31,7 +43,8 @@ from model_io.checkpoint import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "docs" / "questions"
-PICTURES = ("forward_pass", "mask_conventions", "softmax_overflow", "wq_for_k", "strides", "init_scale")
+PICTURES = ("forward_pass", "scale_and_head_size", "mask_conventions", "softmax_direction", "softmax_overflow", "wq_for_k",
+            "strides", "init_scale")
 T = 6  # tokens in the small examples
 
 
@@ -104,7 +117,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, may_attend: torch.Tensor) -> torch.
 
 
 def mask_conventions() -> dict:
-    """Q1: the same queries and keys, SDPA given the right mask and the 'hide' mask."""
+    """Q2: the same queries and keys, SDPA given the right mask and the 'hide' mask."""
     torch.manual_seed(0)
     module = CausalSelfAttention(16, 1, attention="manual")
     with torch.no_grad():
@@ -119,7 +132,7 @@ def mask_conventions() -> dict:
 
 
 def softmax_overflow() -> dict:
-    """Q2: softmax of the row [s, 33] as s grows: naive in float32, and the module's."""
+    """Q11: softmax of the row [s, 33] as s grows: naive in float32, and the module's."""
     tops = torch.arange(0.0, 120.5, 0.5)  # (N,)
     rows = torch.stack([tops, torch.full_like(tops, 33.0)], dim=-1)  # (N, 2)
     naive = rows.exp() / rows.exp().sum(dim=-1, keepdim=True)  # (N, 2)
@@ -132,17 +145,61 @@ def softmax_overflow() -> dict:
 
 
 def wq_for_k() -> dict:
-    """Q5: every token's weights over all tokens, keys from W_q (the bug) and from W_k."""
+    """Q21: every token's scores and weights over all tokens (no mask), from the module with its
+    own W_k and from the module with W_q's rows copied into W_k's (the bug, planted)."""
     torch.manual_seed(0)
-    module = CausalSelfAttention(32, 1, bias=False, attention="manual")
-    everything = torch.ones(T, T, dtype=torch.bool)
+    C = 32
+    module = CausalSelfAttention(C, 1, bias=False, attention="manual", causal=False)
+    x = torch.randn(1, T, C)
+    data = {}
     with torch.no_grad():
-        q, k, _ = module.qkv(torch.randn(T, 32)).split(32, dim=-1)  # (T, 32) each
-        return {name: attend(q, keys, everything).tolist() for name, keys in (("keys_from_w_q", q), ("keys_from_w_k", k))}
+        for name in ("keys_from_w_k", "keys_from_w_q"):
+            if name == "keys_from_w_q":
+                module.qkv.weight[C : 2 * C] = module.qkv.weight[:C]
+            q, k, _ = module.qkv(x).split(C, dim=-1)  # (1, T, C) each: the module's step 1
+            _, weights = module(x, need_weights=True)  # (1, 1, T, T)
+            data[name] = {"scores": (q[0] @ k[0].T / math.sqrt(C)).tolist(), "weights": weights[0, 0].tolist()}
+    return data
+
+
+HEAD_SIZES = [2**i for i in range(10)]  # 1 to 512
+KEYS = 16
+
+
+def scale_and_head_size() -> dict:
+    """Section 2: the mean largest weight a query puts on one of 16 keys, as the head size D grows,
+    with the module's scale and without it (its step 4 given q * sqrt(D), which cancels the
+    division). Queries and keys have channels of mean 0 and variance 1."""
+    torch.manual_seed(0)
+    largest = {"scaled": [], "unscaled": []}
+    everything = torch.ones(1, 1, 1, KEYS, dtype=torch.bool)
+    for D in HEAD_SIZES:
+        module = CausalSelfAttention(D, 1, attention="manual")
+        q, k = torch.randn(1000, 1, 1, D), torch.randn(1000, 1, KEYS, D)  # (N, H, T=1, D), (N, H, S, D)
+        for name, queries in (("scaled", q), ("unscaled", q * math.sqrt(D))):
+            _, weights = module.attend_manual(queries, k, k, everything, None)  # (N, 1, 1, KEYS)
+            largest[name].append(weights.amax(dim=-1).mean().item())
+    return {"head_size": HEAD_SIZES, "keys": KEYS, **largest}
+
+
+def softmax_direction() -> dict:
+    """Section 4: one head's causal weights, softmax over the keys (the module's) and over the
+    queries (the wrong dim), from the module's own queries, keys and mask."""
+    torch.manual_seed(0)
+    module = CausalSelfAttention(16, 1, attention="manual")
+    x = torch.randn(1, T, 16)
+    with torch.no_grad():
+        q, k, _ = module.qkv(x).split(16, dim=-1)  # (1, T, 16) each
+        visible, _ = module._visible(1, T, T, None, x.device)  # (1, 1, T, T)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(16)).masked_fill(~visible[0], float("-inf"))  # (1, T, T)
+        _, weights = module(x, need_weights=True)
+    over_queries = torch.softmax(scores, dim=-2)[0]  # (T, T): each column sums to 1
+    assert torch.allclose(torch.softmax(scores, dim=-1)[0], weights[0, 0], atol=1e-6)  # the module's, by its steps
+    return {"over_keys": weights[0, 0].tolist(), "over_queries": over_queries.tolist()}
 
 
 def strides() -> dict:
-    """Q7: a (B=1, H=2, T=3, D=2) tensor's memory, and the order transpose(1, 2) reads it in."""
+    """Q17: a (B=1, H=2, T=3, D=2) tensor's memory, and the order transpose(1, 2) reads it in."""
     x = torch.arange(12).view(1, 2, 3, 2)  # element i sits at memory offset i
     flipped = x.transpose(1, 2)  # (1, T, H, D)
     return {"shape": list(x.shape), "strides": list(x.stride()), "transposed_shape": list(flipped.shape),
@@ -155,7 +212,7 @@ INITS = ("the project's (GPT-2): std 0.02, residual projections 0.02 / sqrt(2 L)
 
 
 def residual_spread(n_layer: int = 16) -> dict[str, list[float]]:
-    """Q17: the residual stream's std after each block, over the embeddings' std, for the default
+    """Q24: the residual stream's std after each block, over the embeddings' std, for the default
     model's options at 16 blocks of width 64: with the project's init and two others."""
     spread = {}
     defaults = yaml.safe_load((ROOT / "configs" / "model" / "gpt.yaml").read_text())
@@ -179,8 +236,10 @@ def residual_spread(n_layer: int = 16) -> dict[str, list[float]]:
 
 
 def figure_data() -> dict:
-    return {"forward_pass": forward_pass(), "mask_conventions": mask_conventions(), "softmax_overflow": softmax_overflow(),
-            "wq_for_k": wq_for_k(), "strides": strides(), "init_scale": residual_spread()}
+    return {"forward_pass": forward_pass(), "scale_and_head_size": scale_and_head_size(),
+            "mask_conventions": mask_conventions(), "softmax_direction": softmax_direction(),
+            "softmax_overflow": softmax_overflow(), "wq_for_k": wq_for_k(), "strides": strides(),
+            "init_scale": residual_spread()}
 
 
 def draw_forward_pass(data: dict) -> Image.Image:
@@ -289,6 +348,66 @@ def draw_init_scale(spread: dict[str, list[float]]) -> Image.Image:
     return plot.draw(SHOWN_WIDTH - 10, 340)
 
 
+def draw_scale_and_head_size(data: dict) -> Image.Image:
+    sizes = data["head_size"]
+    plot = Plot(
+        title=f"The largest of {data['keys']} weights, on average, as the head size D grows (random q, k of variance 1)",
+        x_label="D, the head size (channels per head)", y_label="largest weight",
+        x_range=(sizes[0], sizes[-1]), y_range=(0, 1), log_x=True, x_ticks=sizes, y_ticks=[0, 0.25, 0.5, 0.75, 1],
+        lines=[Line("without the scale: softmax(q . k)", sizes, data["unscaled"], ORANGE, width=3),
+               Line("the module's: softmax(q . k / sqrt(D))", sizes, data["scaled"], BLUE, width=3),
+               Line(f"every key alike: 1/{data['keys']}", [sizes[0], sizes[-1]], [1 / data["keys"]] * 2, FAINT, dashed=True)],
+        legend=(1.2, 0.95),
+    )
+    return plot.draw(SHOWN_WIDTH - 10, 300)
+
+
+def draw_sums(weights: list[list[float]], title: str, causal: bool = True, cell: int = 33) -> Image.Image:
+    """A weights grid, the future pale grey, with each row's sum at its right and each column's below."""
+    face = font()
+    w = np.array(weights)
+    n = len(w)
+    left, top = 30, 44
+    image = Image.new("RGB", (max(left + n * cell + 60, face.getbbox(title)[2] + 12), top + n * cell + 40), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((6, 6), title, font=face, fill=INK)
+    shade = COLORMAP[colour_level(w)]  # (T, T, 3)
+    if causal:
+        shade[np.triu(np.ones((n, n), dtype=bool), k=1)] = FUTURE
+    image.paste(Image.fromarray(shade.repeat(cell, axis=0).repeat(cell, axis=1)), (left, top))
+    draw.text((left + n * cell + 8, top - 6), "row sum", font=face, fill=FAINT, anchor="lb")
+    for i in range(n):
+        draw.text((left - 4, top + i * cell + cell // 2), f"t{i}", font=face, fill=INK, anchor="rm")
+        draw.text((left + i * cell + cell // 2, top - 4), f"t{i}", font=face, fill=INK, anchor="mb")
+        draw.text((left + n * cell + 8, top + i * cell + cell // 2), f"{w[i].sum():.2f}", font=face, fill=INK, anchor="lm")
+        draw.text((left + i * cell + cell // 2, top + n * cell + 6), f"{w[:, i].sum():.2f}", font=face, fill=INK, anchor="mt")
+    draw.text((left, top + n * cell + 24), "column sums", font=face, fill=FAINT)
+    return image
+
+
+def draw_scores(scores: list[list[float]], title: str, cell: int = 33) -> Image.Image:
+    """A score grid on a blue (negative) to red (positive) scale, each cell with its number."""
+    face = font()
+    s = np.array(scores)
+    n, most = len(s), float(np.abs(s).max())
+    left, top = 30, 44
+    image = Image.new("RGB", (max(left + n * cell + 8, face.getbbox(title)[2] + 12), top + n * cell + 8), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((6, 6), title, font=face, fill=INK)
+    for i in range(n):
+        draw.text((left - 4, top + i * cell + cell // 2), f"t{i}", font=face, fill=INK, anchor="rm")
+        draw.text((left + i * cell + cell // 2, top - 4), f"t{i}", font=face, fill=INK, anchor="mb")
+        for j in range(n):
+            strength = abs(s[i, j]) / most  # 0 white, 1 full colour
+            full = RED if s[i, j] > 0 else BLUE
+            colour = tuple(round(255 + (c - 255) * strength * 0.8) for c in full)
+            box = [left + j * cell, top + i * cell, left + (j + 1) * cell, top + (i + 1) * cell]
+            draw.rectangle(box, fill=colour, outline=(190, 190, 190))
+            draw.text((box[0] + cell // 2, box[1] + cell // 2), f"{s[i, j]:.1f}", font=face,
+                      fill="white" if strength > 0.6 else INK, anchor="mm")
+    return image
+
+
 def draw_all(data: dict, folder: Path = FOLDER) -> None:
     """Every picture of PICTURES, as folder/<name>.png."""
     folder.mkdir(exist_ok=True)
@@ -303,12 +422,17 @@ def draw_all(data: dict, folder: Path = FOLDER) -> None:
             render_attention_map(np.array(masks["hide_mask_given_to_sdpa"]), labels, "SDPA, attn_mask=hide: the future",
                                  causal=False, cell=cell),
         ], gap=16),
+        "scale_and_head_size": draw_scale_and_head_size(data["scale_and_head_size"]),
+        "softmax_direction": side_by_side([
+            draw_sums(data["softmax_direction"]["over_keys"], "softmax over the keys (dim=-1): rows sum to 1"),
+            draw_sums(data["softmax_direction"]["over_queries"], "over the queries (dim=-2): columns sum to 1"),
+        ], gap=24),
         "softmax_overflow": draw_softmax_overflow(data["softmax_overflow"]),
-        "wq_for_k": side_by_side([
-            render_attention_map(np.array(data["wq_for_k"]["keys_from_w_q"]), labels, "keys from W_q: the diagonal",
+        "wq_for_k": one_above_another([side_by_side([
+            draw_scores(data["wq_for_k"][name]["scores"], f"{title}: scores q . k / sqrt(D)"),
+            render_attention_map(np.array(data["wq_for_k"][name]["weights"]), labels, f"{title}: weights",
                                  causal=False, cell=cell),
-            render_attention_map(np.array(data["wq_for_k"]["keys_from_w_k"]), labels, "keys from W_k", causal=False, cell=cell),
-        ], gap=16),
+        ], gap=24) for name, title in (("keys_from_w_q", "keys from W_q"), ("keys_from_w_k", "keys from W_k"))], gap=12),
         "strides": draw_strides(data["strides"]),
         "init_scale": draw_init_scale(data["init_scale"]),
     }

@@ -49,7 +49,7 @@ def text_ids(tokenizer: Tokenizer, text: str, block_size: int) -> list[int]:
     ids = [tokenizer.eot_id, *tokenizer.encode(text)]
     if len(ids) > block_size:
         raise UserError(f"the text is too long: {len(ids) - 1} tokens, and this model reads at most "
-                        f"{block_size} (its block_size), <|endoftext|> before the text included; shorten it")
+                        f"{block_size} (its block_size), <eot> before the text included; shorten it")
     return ids
 
 
@@ -80,7 +80,12 @@ def forward_text(model: GPT, tokenizer: Tokenizer, text: str, knocked_out: Colle
     """The model reads text after <|endoftext|>, with the heads in knocked_out switched off.
     intact: the intact model's predictions on this text, when the caller kept them from an
     earlier read (the tab: type a text, then knock heads out); else a second forward makes them."""
-    ids = text_ids(tokenizer, text, model.config.block_size)
+    return forward_ids(model, tokenizer, text_ids(tokenizer, text, model.config.block_size), knocked_out, k, intact)
+
+
+def forward_ids(model: GPT, tokenizer: Tokenizer, ids: list[int], knocked_out: Collection[tuple[int, int]] = (),
+                k: int = TOP_K, intact: Predictions | None = None) -> TextForward:
+    """forward_text on token ids (at most block_size of them) rather than on a text."""
     heads = sorted(set(knocked_out))
     check_heads(model, heads)
     device = next(model.parameters()).device

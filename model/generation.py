@@ -92,10 +92,12 @@ def generate_text(
     seed: int = 0,
     use_kv_cache: bool = True,
     compile: bool = False,
+    eot_text: str | None = None,
 ) -> list[str]:
     """num_samples continuations of prompt, each returned as prompt + new text. The same
     seed gives the same samples. compile: build a CompiledDecodeStep first (seconds), then
-    generate with it (faster per token; the same tokens unless rounding flips a near tie)."""
+    generate with it (faster per token; the same tokens unless rounding flips a near tie).
+    eot_text: what each <|endoftext|> the model writes reads as (None: as the tokenizer decodes it)."""
     device = next(model.parameters()).device
     # Start where every training document starts, after <|endoftext|>, so the model knows
     # it is at the beginning; that token is not part of the output.
@@ -107,4 +109,19 @@ def generate_text(
     decode_step = CompiledDecodeStep(model, num_samples, temperature, top_k, top_p) if compile and max_new_tokens > 1 else None
     tokens = generate_tokens(model, batch, max_new_tokens, temperature, top_k, top_p, generator=generator,
                              use_kv_cache=use_kv_cache, decode_step=decode_step)
-    return [tokenizer.decode(row[len(context) :].tolist()) for row in tokens]
+    return [decode(tokenizer, row[len(context) :].tolist(), eot_text) for row in tokens]
+
+
+def decode(tokenizer: Tokenizer, ids: list[int], eot_text: str | None = None) -> str:
+    """tokenizer.decode(ids), each <|endoftext|> written as eot_text if given. The pieces between
+    them are decoded apart, so a prompt that holds the characters "<|endoftext|>" keeps them."""
+    if eot_text is None:
+        return tokenizer.decode(ids)
+    pieces, piece = [], []
+    for token in ids:
+        if token == tokenizer.eot_id:
+            pieces.append(piece)
+            piece = []
+        else:
+            piece.append(token)
+    return eot_text.join(tokenizer.decode(piece) for piece in [*pieces, piece])

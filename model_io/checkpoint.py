@@ -31,6 +31,7 @@ import torch
 
 from data.tokenizer import Tokenizer, tokenizer_from_state
 from model import GPT, GPTConfig
+from model_io.latest_run import newest_trained
 from user_error import UserError
 
 LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
@@ -41,7 +42,8 @@ MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # Config keys added after runs were saved without them, with the value that does what the
 # versions before them did, so that such a run samples and resumes unchanged.
 ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
-              "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp", "data.names": "common"}
+              "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp", "data.names": "common",
+              "data.word_games": 0}
 
 
 @dataclass
@@ -149,9 +151,9 @@ class WriteErrorKeeper:
         self.file.flush()
 
 
-def read_file(path: Path, map_location: str | torch.device) -> Any:
+def read_file(path: Path, map_location: str | torch.device, mmap: bool = False) -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except PermissionError as err:  # the file is there, but not for us to read
         raise UserError(f"could not read {path} ({err.strerror or err})") from None
     except Exception as err:  # a broken file fails in many ways (zip, unpickler, storage): all mean the same
@@ -166,14 +168,18 @@ def read_file(path: Path, map_location: str | torch.device) -> Any:
 
 
 def resolve_checkpoint(run: str) -> Path:
-    """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt);
-    "latest" is the run dir under outputs/ and multirun/ whose checkpoint was written last."""
+    """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt); "latest":
+    of the run dirs under outputs/ and multirun/, newest checkpoint first, the first that trained
+    at least 100 steps or started from pretrained weights (model_io/latest_run.py), else the newest."""
     if run == "latest":
         found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
         if not found:
             raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
-        newest_dir = max(found, key=lambda p: p.stat().st_mtime).parent
-        return resolve_checkpoint(str(newest_dir))
+        written = {}  # run dir -> when its newest checkpoint was written
+        for path in found:
+            written[path.parent] = max(written.get(path.parent, 0), path.stat().st_mtime)
+        newest_first = sorted(written, key=written.get, reverse=True)
+        return resolve_checkpoint(str(newest_trained(newest_first, run_facts)))
     path = Path(run).expanduser()
     if path.is_dir():
         for name in (BEST, LAST):
@@ -183,6 +189,16 @@ def resolve_checkpoint(run: str) -> Path:
     if not path.is_file():
         raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     return path
+
+
+def run_facts(run_dir: Path) -> tuple[int, str | None]:
+    """(steps trained, init_from) of a run dir, from its latest checkpoint, without reading its
+    weights (torch maps them from the file only when touched)."""
+    path = run_dir / LAST if (run_dir / LAST).is_file() else run_dir / BEST
+    saved = read_file(path, "cpu", mmap=True)
+    if not isinstance(saved, dict):
+        return 0, None  # not a checkpoint: Checkpoint.load says so should this run be the one
+    return int(saved.get("step", 0)), saved.get("config", {}).get("init_from")
 
 
 def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:

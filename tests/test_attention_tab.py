@@ -1,10 +1,12 @@
 """The Attention tab's server side: its routes on a real TensorBoard server (the `tensorboard`
-entry point `make setup` installs) serving a real tiny run, under both of TensorBoard's loaders:
---logdir (what the training log prints; the Rust data server) and --logdir_spec (make tensorboard,
-through the `tensorboard` command it runs, from a folder outside the project)."""
+entry point `make setup` installs) serving a real tiny run, and the induction circuit built by
+hand saved as a run's checkpoint, under both of TensorBoard's loaders: --logdir (what the
+training log prints; the Rust data server) and --logdir_spec (make tensorboard, through the
+`tensorboard` command it runs, from a folder outside the project)."""
 
 import base64
 import json
+import math
 import re
 import shutil
 import time
@@ -21,9 +23,18 @@ from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
+from inspection.head_metrics import induction_probe
 from inspection.heatmap import readable_token
-from model_io.checkpoint import Checkpoint
-from tests.helpers import made_up_attention, read_events
+from model_io.checkpoint import BEST, Checkpoint
+from tests.helpers import (
+    CIRCUIT_N,
+    CIRCUIT_SEED,
+    INDUCTION_HEAD,
+    PREVIOUS_TOKEN_HEAD,
+    made_up_attention,
+    read_events,
+    save_circuit,
+)
 from training.tensorboard_log import RunLogger
 
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"
@@ -42,12 +53,14 @@ def get(url: str, form: dict[str, str] | None = None) -> tuple[int, str, bytes]:
 @pytest.fixture(scope="module")
 def logdir(trained_run, tmp_path_factory):
     """The tiny run as "run", and beside it "young": a run that has logged a scalar and saved no
-    checkpoint yet (so it has no attention data either)."""
+    checkpoint yet (so it has no attention data either); and "circuit", the induction circuit
+    built by hand, saved as a checkpoint."""
     logdir = tmp_path_factory.mktemp("logdir")
     shutil.copytree(trained_run, logdir / "run")
     young = RunLogger(logdir / "young")
     young.scalars(0, {"loss/train": 7.0})
     young.close()
+    save_circuit(logdir / "circuit")
     return logdir
 
 
@@ -61,8 +74,8 @@ def served(request, logdir):
     with tensorboard_server(*args, console_script=request.param == "logdir_spec") as base:
         attention_runs(base)
         deadline = time.monotonic() + 30
-        while len(json.loads(get(f"{base}/data/runs")[2])) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)  # "young" too
+        while len(json.loads(get(f"{base}/data/runs")[2])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)  # "young" and "circuit" too
         yield base, name
 
 
@@ -85,7 +98,8 @@ def test_runs_lists_the_logged_steps_shape_and_probe_labels(served, trained_run)
     events = read_events(trained_run)
     (run,) = attention_runs(base)
     labels = json.loads(events.SummaryMetadata(WEIGHTS_TAG).plugin_data.content)["labels"]
-    assert run == {"run": name, "tag": WEIGHTS_TAG, "steps": [0, 10, 20], "shape": [2, 2, 24, 24], "labels": labels}
+    assert run == {"run": name, "tag": WEIGHTS_TAG, "steps": [0, 10, 20], "shape": [2, 2, 24, 24], "labels": labels,
+                   "trained": False}  # 20 steps: a test run (model_io/latest_run.py)
 
 
 def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):
@@ -159,6 +173,20 @@ def test_every_step_is_kept_and_a_run_still_writing_shows_its_new_steps(tmp_path
         body = get(f"{base}{PLUGIN}/weights?run={name}&step={n_steps + 1}")[2]
         assert np.frombuffer(body, "<f2").tobytes() == weights_at(n_steps + 1).half().numpy().tobytes()
     logger.close()
+
+
+def test_runs_say_which_count_as_trained_100_steps_or_from_pretrained_weights(tmp_path):
+    """The tab opens the newest such run first (tests/test_attention_tab_browser.py), as run=latest picks."""
+    for name, steps in (("short", 1), ("long", 150), ("pretrained", 0)):
+        logger = RunLogger(tmp_path / name)
+        logger.scalars(steps, {"loss/train": 3.0})
+        logger.attention_weights(steps, weights_at(0), list("abcde"))
+        logger.close()
+    (tmp_path / "pretrained" / ".hydra").mkdir()
+    (tmp_path / "pretrained" / ".hydra" / "config.yaml").write_text("init_from: gpt2\ntrain:\n  max_steps: 0\n")
+    with tensorboard_server("--logdir", str(tmp_path)) as base:
+        runs = attention_runs(base, lambda runs: len(runs) == 3)
+    assert {run["run"]: run["trained"] for run in runs} == {"short": False, "long": True, "pretrained": True}
 
 
 SENTENCE = "Once upon a time, a girl named Alice met a dog. Alice"
@@ -256,3 +284,91 @@ def test_a_bad_text_gets_a_400_with_one_line_and_the_server_goes_on(served, form
     assert code == 400 and says in text
     assert "Traceback" not in text and len(text.strip().splitlines()) == 1
     assert read_text(base, {"run": name, "text": "Hi"})["labels"][0] == "<eot>"
+
+
+def test_an_error_quotes_only_the_start_of_a_5000_character_run_name(served):
+    base, _ = served
+    long_name = "r" * 5000
+    for route, form in ((f"weights?run={long_name}&step=0", None), (f"metrics?run={long_name}", None),
+                        ("text", {"run": long_name, "text": "Hi"}), (f"repeated?run={long_name}&n=4", None)):
+        code, _, body = get(f"{base}{PLUGIN}/{route}", form)
+        text = body.decode()
+        assert code in (400, 404) and f"'{'r' * 80}'... (5,000 characters)" in text, route
+        assert len(text) < 300, route
+
+
+N, DISTINCT = CIRCUIT_N, CIRCUIT_SEED
+
+
+def read_repeated(base: str, run: str, knocked_out: str = "", n: int = N, seed: int = DISTINCT) -> dict:
+    status, kind, body = get(f"{base}{PLUGIN}/repeated?run={run}&n={n}&seed={seed}&knocked_out={knocked_out}")
+    assert (status, kind) == (200, "application/json"), body
+    return json.loads(body)
+
+
+@pytest.fixture(scope="module")
+def circuit(logdir):
+    """The hand-built circuit as the test loads it, not the tab: (model, the ids it reads)."""
+    model, tokenizer = Checkpoint.load(logdir / "circuit" / BEST).build_model()
+    ids = [tokenizer.eot_id, *induction_probe(tokenizer.vocab_size, N, DISTINCT, avoid=tokenizer.eot_id)]
+    return model.eval(), torch.tensor([ids])  # (1, 2N + 1)
+
+
+def test_repeated_tokens_on_the_hand_built_circuit_score_above_0_9_and_the_second_copy_loss_collapses(served, circuit):
+    base, name = served
+    model, idx = circuit
+    answer = read_repeated(base, sibling(name, "circuit"))
+    assert (answer["n"], answer["seed"], answer["shape"]) == (N, DISTINCT, [2, 2, 2 * N + 1, 2 * N + 1])
+    assert answer["labels"][0] == "<eot>" and answer["labels"][1 : N + 1] == answer["labels"][N + 1 :]
+    induction = np.array(answer["induction"])  # (L, H)
+    weights = model.attention_weights(idx)[:, 0]  # (L, H, 2N + 1, 2N + 1)
+    i = torch.arange(N)  # the second copy's token i (at N + 1 + i) first came at 1 + i, followed by 2 + i
+    np.testing.assert_allclose(induction, weights[:, :, N + 1 + i, 2 + i].mean(-1), atol=1e-6)
+    assert induction[INDUCTION_HEAD] >= 0.9
+    assert np.delete(induction.flatten(), 2).max() < 0.1  # the other three heads
+    with torch.no_grad():
+        loss = F.cross_entropy(model(idx)[0][0, :-1], idx[0, 1:], reduction="none")  # (2N,): the model's own
+    np.testing.assert_allclose(answer["next"]["loss"], loss, rtol=1e-4, atol=1e-5)
+    first, second = answer["copy_loss"]["first"], answer["copy_loss"]["second"]
+    assert first > math.log(64) and second < 0.1  # nats per token: a blur copied over the first copy, the token over the second
+    assert max(answer["next"]["loss"][N + 1 :]) < 0.1  # every token of the second copy after its first
+    np.testing.assert_allclose(sent_weights(answer), weights.half().numpy(), atol=1e-3)
+
+
+def test_without_n_the_tab_reads_32_tokens_twice_or_as_many_as_the_model_reads(served):
+    base, name = served
+    answer = json.loads(get(f"{base}{PLUGIN}/repeated?run={sibling(name, 'circuit')}")[2])
+    assert (answer["n"], answer["seed"]) == (19, 0)  # block_size 40: <eot> and 19 tokens twice
+    answer = json.loads(get(f"{base}{PLUGIN}/repeated?run={name}")[2])
+    assert answer["n"] == 15  # the tiny run's block_size is 32
+
+
+@pytest.mark.parametrize("head", [PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD])
+def test_knocking_out_either_head_of_the_circuit_brings_the_second_copy_loss_back(served, head):
+    base, name = served
+    intact = read_repeated(base, sibling(name, "circuit"))
+    out = read_repeated(base, sibling(name, "circuit"), knocked_out="{}:{}".format(*head))
+    assert out["knocked_out"] == [list(head)] and out["intact_copy_loss"] == intact["copy_loss"]
+    assert out["intact"]["loss"] == intact["next"]["loss"]  # the curve the tab draws beside the knocked-out one
+    assert out["copy_loss"]["second"] > intact["copy_loss"]["second"] + 3.0
+    if head == INDUCTION_HEAD:  # nothing copied: every logit 0
+        assert out["copy_loss"]["second"] == pytest.approx(math.log(64), abs=1e-3)
+        assert np.array(out["induction"])[INDUCTION_HEAD] >= 0.9  # knocked out, it would still look there
+    unused = read_repeated(base, sibling(name, "circuit"), knocked_out="0:1")  # a head that writes nothing
+    assert unused["copy_loss"]["second"] == pytest.approx(intact["copy_loss"]["second"], abs=1e-6)
+
+
+@pytest.mark.parametrize("query, says", [
+    ("n=1", "n=1 is out of range: give 2 to 19 random tokens (this model reads at most 40 tokens, <eot> and the n tokens twice)"),
+    ("n=20", "n=20 is out of range: give 2 to 19 random tokens"),
+    ("n=sixteen", "n must be a whole number, not 'sixteen'"),
+    ("n=" + "9" * 5000, "n must be a whole number, not '" + "9" * 80 + "'... (5,000 characters)"),
+    ("n=4&seed=-1", "seed=-1 is out of range: give a whole number from 0 to 2147483647"),
+    ("n=4&knocked_out=2:0", "no head 0 in layer 2: this model has layers 0 to 1"),
+])
+def test_a_bad_n_seed_or_head_gets_a_400_with_one_line(served, query, says):
+    base, name = served
+    code, _, body = get(f"{base}{PLUGIN}/repeated?run={sibling(name, 'circuit')}&{query}")
+    text = body.decode()
+    assert code == 400 and says in text
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1

@@ -1,8 +1,8 @@
-"""The Attention tab in a real browser: TensorBoard on 127.0.0.1 serving a real tiny run, the tab
-opened in headless Chromium at 1280 x 800 (Debian's chromium and chromium-driver, through
-Selenium). What the tab draws is checked against the numbers in the run's event file, and for
-your own text against the text route's answer (tests/test_attention_tab.py checks that answer
-against the run's model)."""
+"""The Attention tab in a real browser: TensorBoard on 127.0.0.1 serving a real tiny run and the
+induction circuit built by hand, the tab opened in headless Chromium on a 1280 x 800 page
+(Debian's chromium and chromium-driver, through Selenium). What the tab draws is checked against
+the numbers in the run's event file, and for your own text and the repeated random tokens against
+the routes' answers (tests/test_attention_tab.py checks those against the models)."""
 
 import base64
 import io
@@ -24,8 +24,9 @@ from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
+from inspection.head_metrics import induction_probe
 from inspection.heatmap import COLORMAP
-from tests.helpers import made_up_attention, read_events
+from tests.helpers import CIRCUIT_N, CIRCUIT_SEED, CIRCUIT_TOKENIZER, made_up_attention, read_events, save_circuit
 from training.tensorboard_log import RunLogger
 
 MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)
@@ -34,7 +35,9 @@ MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/stat
 @pytest.fixture(scope="module")
 def logdir(trained_run, tmp_path_factory):
     """The tiny run's event file and best checkpoint and, beside it, runs of made-up weights: a
-    12 x 12 model on 128 tokens, heads that weigh every visible token the same, and a run "still training"."""
+    12 x 12 model on 128 tokens, heads that weigh every visible token the same, a run "still
+    training" and "a-trained", the only one that trained 100 steps; and "circuit", the induction
+    circuit built by hand, as a checkpoint and its maps on repeated tokens."""
     logdir = tmp_path_factory.mktemp("logdir")
     (logdir / "run").mkdir()
     for events in [*trained_run.glob("events.out.tfevents.*"), trained_run / "ckpt_best.pt"]:
@@ -46,6 +49,15 @@ def logdir(trained_run, tmp_path_factory):
     uniform = RunLogger(logdir / "uniform")
     uniform.attention_weights(0, torch.ones(2, 2, 6, 6).tril() / torch.arange(1, 7).view(6, 1), list("abcdef"))
     uniform.close()
+    trained = RunLogger(logdir / "a-trained")
+    trained.scalars(150, {"loss/train": 2.0})
+    trained.attention_weights(150, made_up_attention(150, 2, 2, 6), list("abcdef"))
+    trained.close()
+    circuit = save_circuit(logdir / "circuit")
+    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, 8, 0, CIRCUIT_TOKENIZER.eot_id)]
+    logger = RunLogger(logdir / "circuit")
+    logger.attention_weights(0, circuit.attention_weights(torch.tensor([ids]))[:, 0], CIRCUIT_TOKENIZER.token_strings(ids))
+    logger.close()
     return logdir
 
 
@@ -71,9 +83,10 @@ SHORT_TIMERS = """if (location.pathname.endsWith("/plugin_entry.html")) {
 @pytest.fixture(scope="module")
 def browser(logdir, live):
     with tensorboard_server("--logdir", str(logdir)) as base, headless_chromium(1280, 800) as driver:
-        attention_runs(base, until=lambda runs: len(runs) == 4)
+        attention_runs(base, until=lambda runs: len(runs) == 6)
         driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SHORT_TIMERS})
         open_tab(driver, base)
+        driver.opened_first = js(driver, "return document.body.dataset.drawnRun")
         choose_run(driver, "run")
         yield driver
 
@@ -142,6 +155,15 @@ def drawn_lines(driver) -> set[tuple[int, int, int, float]]:
 def expected_lines(weights: np.ndarray, layer: int, heads, query: int) -> set[tuple[int, int, int, float]]:
     return {(h, query, k, float(weights[layer, h, query, k]))
             for h in heads for k in range(query + 1) if weights[layer, h, query, k] >= MIN_WEIGHT}
+
+
+def test_the_page_is_as_large_as_headless_chromium_was_asked(browser):
+    browser.switch_to.default_content()
+    assert js(browser, "return [innerWidth, innerHeight]") == [1280, 800]
+
+
+def test_the_tab_opens_the_newest_run_that_trained_not_a_run_named_later_that_trained_20_steps(browser):
+    assert browser.opened_first == "a-trained"  # 150 steps; "run" (20), "uniform" and the others logged less
 
 
 def test_the_tab_appears_in_tensorboard_and_draws_the_newest_step(browser, logged):
@@ -332,9 +354,10 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
     type_text(tab, SENTENCE)
     wait_for_text(tab)
     cell = tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1']")
-    cell.click()
+    knock = cell.find_element(By.CSS_SELECTOR, ".knock")
+    knock.click()
     wait_for_text(tab, "0:1")
-    assert "knocked" in cell.get_attribute("class") and cell.get_attribute("aria-pressed") == "true"
+    assert "knocked" in cell.get_attribute("class") and knock.get_attribute("aria-pressed") == "true"
     point_at(tab, "query", 6)
     assert next_tokens(tab) == [[token, f"{p:.3f}", f"{p_intact:.3f}"] for token, p, p_intact in zip(
         out["next"]["tokens"][6], out["next"]["probs"][6], out["intact"]["probs_of_top"][6], strict=True)]
@@ -347,7 +370,7 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
     point_at(tab, "query", 12)
     assert drawn_lines(tab) == expected_lines(out["weights"], 1, range(2), 12)  # layer 1 reads the changed layer 0
     assert drawn_lines(tab) != expected_lines(intact["weights"], 1, range(2), 12)
-    cell.click()
+    knock.click()
     wait_for_text(tab, "")
     assert "knocked" not in cell.get_attribute("class")
     assert drawn_lines(tab) == expected_lines(intact["weights"], 1, range(2), 12)
@@ -357,7 +380,7 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
 def test_your_text_stays_a_click_away_with_its_knocked_out_heads_after_the_probe_is_shown(tab):
     type_text(tab, SENTENCE)
     wait_for_text(tab)
-    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1']").click()
+    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1'] .knock").click()
     wait_for_text(tab, "0:1")
     tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]").click()
     assert js(tab, "return document.body.dataset.drawnMode") == "probe"
@@ -365,7 +388,7 @@ def test_your_text_stays_a_click_away_with_its_knocked_out_heads_after_the_probe
     assert text_mode.is_enabled()
     text_mode.click()
     wait_for_text(tab, "0:1")
-    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1']").click()  # back, for the tests after
+    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1'] .knock").click()  # back, for the tests after
     wait_for_text(tab, "")
 
 
@@ -374,11 +397,139 @@ def test_a_too_long_text_gets_its_error_under_the_box_and_the_views_stay_as_they
     wait_for_text(tab)
     labels = js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)")
     type_text(tab, SENTENCE * 3)
-    error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".text-error:not([hidden])"))
+    error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
     assert error.text.startswith("the text is too long: ") and "this model reads at most 32 (its block_size)" in error.text
     assert error.is_displayed() and error.location["y"] > tab.find_element(By.CSS_SELECTOR, "input[aria-label='your text']").location["y"]
     with pytest.raises(NoAlertPresentException):
         tab.switch_to.alert.text  # noqa: B018  # in place, not in an alert
     assert js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)") == labels
     type_text(tab, SENTENCE)  # a good text again: the error goes
-    WebDriverWait(tab, 30).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".text-error").is_displayed())
+    WebDriverWait(tab, 30).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
+
+
+def test_the_error_line_pushes_the_panels_down_and_covers_no_title(tab):
+    type_text(tab, SENTENCE * 3)
+    WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
+    covered = js(tab, """const e = document.querySelector(".source-error").getBoundingClientRect();
+      return [...document.querySelectorAll("h2, .panel")].filter((title) => { const r = title.getBoundingClientRect();
+        return r.left < e.right && e.left < r.right && r.top < e.bottom && e.top < r.bottom; }).map((t) => t.className || t.textContent);""")
+    assert covered == []
+    type_text(tab, SENTENCE)
+    WebDriverWait(tab, 30).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
+
+
+def test_a_click_on_a_head_opens_it_on_every_source_and_its_cross_knocks_it_out(tab):
+    cross = tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='1'] .knock")
+    assert not cross.is_displayed()  # on the probe nothing reads: nothing to knock out
+    assert "To knock heads out, show your text or repeated random tokens" in tab.find_element(By.CSS_SELECTOR, ".model-view .hint").text
+    type_text(tab, SENTENCE)
+    wait_for_text(tab)
+    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='1']").click()
+    assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 1"
+    assert js(tab, "return document.body.dataset.drawnKnockedOut") == ""  # opened, not knocked out
+    assert "its ✕ knocks it out (again: back)" in tab.find_element(By.CSS_SELECTOR, ".model-view .hint").text
+    assert cross.is_displayed() and cross.get_attribute("aria-label") == "knock out layer 1 head 1"
+    cross.click()
+    wait_for_text(tab, "1:1")
+    assert cross.get_attribute("aria-label") == "bring back layer 1 head 1"
+    cross.click()
+    wait_for_text(tab, "")
+
+
+def repeated_route(driver, run: str, n: int, seed: int, knocked_out: str = "") -> dict:
+    """The repeated route's answer, fetched here (not by the tab)."""
+    driver.switch_to.default_content()
+    base = driver.current_url.split("/#")[0]
+    driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
+    query = urllib.parse.urlencode({"run": run, "n": n, "seed": seed, "knocked_out": knocked_out})
+    with urllib.request.urlopen(f"{base}/data/plugin/{PLUGIN_NAME}/repeated?{query}") as response:
+        return json.load(response)
+
+
+def show_repeated(driver, n: int, seed: int) -> None:
+    for label, value in (("n random tokens", n), ("seed", seed)):
+        box = driver.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']")
+        box.clear()
+        box.send_keys(str(value))
+    driver.find_element(By.XPATH, "//button[text()='show']").click()
+    wait_for_repeated(driver, n)
+
+
+def wait_for_repeated(driver, n: int, knocked_out: str = "") -> None:
+    WebDriverWait(driver, 30, poll_frequency=0.05).until(lambda d: js(
+        d, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens, document.body.dataset.drawnKnockedOut]")
+        == ["repeated", str(2 * n + 1), knocked_out])
+
+
+def curves(driver) -> dict[str, list[tuple[float, float]]]:
+    """{curve name: its (x, y) points in px} of the loss plot."""
+    drawn = js(driver, "return [...document.querySelectorAll('.loss-plot polyline')].map(l => [l.dataset.curve, l.getAttribute('points')])")
+    return {name: [tuple(map(float, point.split(","))) for point in points.split()] for name, points in drawn}
+
+
+def plot_bottom(driver) -> float:
+    """The y in px of a loss of 0: the x axis."""
+    return float(js(driver, "return document.querySelector('.loss-plot line.axis').getAttribute('y1')"))
+
+
+def test_repeated_tokens_on_the_circuit_show_the_stripe_the_collapse_of_the_loss_and_the_scores(tab):
+    N = CIRCUIT_N
+    choose_run(tab, "circuit")
+    tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=repeated]").click()  # the default n: as many as the model reads
+    wait_for_repeated(tab, 19)
+    show_repeated(tab, N, CIRCUIT_SEED)
+    answer = repeated_route(tab, "circuit", N, CIRCUIT_SEED)
+    assert tab.find_element(By.CSS_SELECTOR, ".model-view h2").text == "Model view · repeated tokens · ckpt_best.pt (step 0)"
+    score = tab.find_element(By.CSS_SELECTOR, ".induction-grid .score[data-layer='1'][data-head='0']")
+    assert float(score.get_attribute("data-score")) == answer["induction"][1][0] >= 0.9 and score.text == f"{answer['induction'][1][0]:.2f}"
+    score.click()  # opens the head, as a click in the model view does
+    assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 0"
+    assert tab.find_element(By.CSS_SELECTOR, ".token-view h2").text == "Token view · layer 1 · repeated tokens"
+    # The stripe: each query of the second copy (row N + 1 + i) on the token after its first occurrence (column 2 + i).
+    pixels = js(tab, """const c = document.querySelector("canvas.matrix");
+      return Array.from(c.getContext("2d").getImageData(0, 0, c.width, c.height).data);""")
+    image = np.array(pixels, dtype=np.uint8).reshape(2 * N + 1, 2 * N + 1, 4)[..., :3]
+    brightest = COLORMAP[-1]
+    assert all((image[N + 1 + i, 2 + i] == brightest).all() for i in range(N))
+    assert not any((image[N + 1 + i, N + 1 + i] == brightest).all() for i in range(N))  # not on the diagonal
+    loss, bottom = curves(tab)["loss"], plot_bottom(tab)
+    assert len(loss) == 2 * N
+    assert all(bottom - y < 1 for _, y in loss[N + 1 :])  # the second copy after its first token: a loss of ~0
+    assert all(bottom - y > 20 for _, y in loss[:N])  # the first copy: a guess
+    means = tab.find_element(By.CSS_SELECTOR, ".copy-means").text
+    assert means == f"mean loss: first copy {answer['copy_loss']['first']:.2f}, second {answer['copy_loss']['second']:.2f} nats"
+
+
+def test_knocking_out_the_copy_head_on_repeated_tokens_draws_its_loss_against_the_intact_curve(tab):
+    N = CIRCUIT_N
+    choose_run(tab, "circuit")
+    show_repeated(tab, N, CIRCUIT_SEED)
+    intact = curves(tab)["loss"]
+    cross = tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='0'] .knock")
+    cross.click()
+    wait_for_repeated(tab, N, "1:0")
+    drawn, bottom = curves(tab), plot_bottom(tab)
+    assert set(drawn) == {"intact", "knocked-out"}
+    answer = repeated_route(tab, "circuit", N, CIRCUIT_SEED, "1:0")
+    assert all(bottom - y > 20 for _, y in drawn["knocked-out"][N + 1 :])  # the loss came back (log 64 = 4.16 nats)
+    top = max(answer["next"]["loss"] + answer["intact"]["loss"])
+    assert all(bottom - y < 1 for _, y in drawn["intact"][N + 1 :]) and len(drawn["intact"]) == 2 * N
+    assert top > 4  # the axis grew to hold the curves
+    means = tab.find_element(By.CSS_SELECTOR, ".copy-means").text
+    assert means == (f"without L1H0: first copy {answer['copy_loss']['first']:.2f}, second {answer['copy_loss']['second']:.2f}"
+                     f" · intact: first copy {answer['intact_copy_loss']['first']:.2f}, second {answer['intact_copy_loss']['second']:.2f} nats")
+    assert "knocked" in tab.find_element(By.CSS_SELECTOR, ".induction-grid .score[data-layer='1'][data-head='0']").get_attribute("class")
+    cross.click()
+    wait_for_repeated(tab, N, "")
+    assert set(curves(tab)) == {"loss"} and [y for _, y in curves(tab)["loss"]][N + 1 :] == [y for _, y in intact][N + 1 :]
+
+
+def test_a_bad_n_gets_its_one_line_under_the_sources_and_the_views_stay(tab):
+    choose_run(tab, "circuit")
+    show_repeated(tab, CIRCUIT_N, CIRCUIT_SEED)
+    box = tab.find_element(By.CSS_SELECTOR, "input[aria-label='n random tokens']")
+    box.clear()
+    box.send_keys("1", Keys.ENTER)
+    error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
+    assert error.text == "n=1 is out of range: give 2 to 19 random tokens (this model reads at most 40 tokens, <eot> and the n tokens twice)"
+    assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]

@@ -151,17 +151,47 @@ def test_tour_one_fused_qkv_matrix_equals_three_projections_and_per_head_matrice
     module = CausalSelfAttention(C, H, bias=False, attention="manual")
     x = torch.randn(2, 5, C)
     W = module.qkv.weight  # (3C, C): rows [0:C] are W_q, [C:2C] W_k, [2C:3C] W_v
+    made = {}
+    attend = module.attend_manual
+
+    def catch(q, k, v, *masks):  # what the module's steps 1 and 2 made, on their way into steps 4 to 6
+        made.update(q=q, k=k, v=v)
+        return attend(q, k, v, *masks)
+
+    module.attend_manual = catch
     with torch.no_grad():
-        out, weights = module(x, need_weights=True)
+        out, weights = module(x, need_weights=True)  # made: the module's q, k, v after its head split (B, H, T, D)
         by_hand, head_weights = attention_by_hand(module, x)  # head h: x @ W_q[h*D:(h+1)*D].T, and so on
-        for offset in range(3):  # three separate Linear(C, C): head h takes D columns of each output
+        for offset, name in enumerate("qkv"):  # three separate Linear(C, C), split into heads, give the same
             separate = torch.nn.Linear(C, C, bias=False)
             separate.weight.copy_(W[offset * C : (offset + 1) * C])
-            for h in range(H):
-                rows = slice(offset * C + h * D, offset * C + (h + 1) * D)
-                torch.testing.assert_close(separate(x)[..., h * D : (h + 1) * D], x @ W[rows].T)
+            torch.testing.assert_close(separate(x).view(2, 5, H, D).transpose(1, 2), made[name])
     torch.testing.assert_close(weights, head_weights, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(out, module.proj(by_hand), atol=ATOL, rtol=RTOL)
+
+
+def test_tour_without_positions_attention_sees_a_set_and_rope_scores_a_key_by_how_far_back_it_is():
+    torch.manual_seed(0)
+    plain = CausalSelfAttention(16, 2, attention="manual")
+    rope = CausalSelfAttention(16, 2, attention="manual", rope_length=32)
+    rope.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 6, 16)
+    shuffled = x[:, [3, 0, 4, 1, 2, 5]]  # the first five tokens in another order, the last one last
+    repeated = torch.randn(1, 1, 16).expand(1, 10, 16)  # one token, ten times
+    with torch.no_grad():
+        # Without positions the last token's output is the same whatever order the others came in...
+        torch.testing.assert_close(plain(shuffled)[0][:, -1], plain(x)[0][:, -1], atol=ATOL, rtol=RTOL)
+        assert not torch.allclose(rope(shuffled)[0][:, -1], rope(x)[0][:, -1], atol=1e-3)  # ...with RoPE it is not
+        _, flat = plain(repeated, need_weights=True)  # (1, 2, 10, 10)
+        _, turned = rope(repeated, need_weights=True)
+    torch.testing.assert_close(flat[0, :, 9], torch.full((2, 10), 0.1))  # ten equal copies: uniform
+
+    def score_against_own(t: int, d: int) -> torch.Tensor:  # (H,) query t's score for key t - d minus for key t
+        return turned[0, :, t, t - d].log() - turned[0, :, t, t].log()  # softmax keeps score differences as log-ratios
+
+    for d in (1, 3, 5):
+        torch.testing.assert_close(score_against_own(9, d), score_against_own(6, d), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(score_against_own(9, 1), score_against_own(9, 3), atol=1e-2)
 
 
 def test_tour_the_at_operator_batches_over_leading_dims_where_bmm_needs_exactly_three():
@@ -204,11 +234,36 @@ def test_every_test_the_tour_cites_exists():
 
 def test_every_numbered_section_and_question_of_the_tour_cites_a_test():
     tour = (ROOT / "docs" / "attention.md").read_text()
-    parts = re.split(r"^(?=## \d+\.|\*\*Q\d+\.)", tour, flags=re.MULTILINE)[1:]  # from each heading to the next
-    numbered = [part for part in parts if re.match(r"## \d+\.|\*\*Q\d+\.", part)]
-    assert len(numbered) >= 27  # sections 1 to 8 and questions 1 to 19 (section 9 holds the questions)
-    for part in numbered:
+    parts = re.split(r"^(?=#{1,3} )", tour, flags=re.MULTILINE)  # from each heading to the next
+    sections = [part for part in parts if re.match(r"## \d+\.", part)]
+    questions = [part for part in parts if re.match(r"### Q\d+\.", part)]
+    assert [int(re.match(r"## (\d+)", part)[1]) for part in sections] == list(range(1, 17))
+    assert [int(re.match(r"### Q(\d+)", part)[1]) for part in questions] == list(range(1, 25))
+    for part in sections + questions:
         assert re.search(r"`test_\w+`", part), part.splitlines()[0]
+
+
+def test_the_tours_table_maps_each_section_to_the_steps_its_code_lines_are_in():
+    # The table at the top of the tour says which of the module's numbered steps each section
+    # walks through; every line a section quotes from model/attention.py must be in one of them.
+    from docs.questions import step_of_each_line
+
+    tour = (ROOT / "docs" / "attention.md").read_text()
+    table = {int(number): {int(step) for step in re.findall(r"\d+", cell)}
+             for number, cell in re.findall(r"^\| \[(\d+)\. [^]]*\]\([^)]*\) \|([^|]*)\|", tour, re.MULTILINE)}
+    assert sorted(table) == list(range(1, 17))
+    source = (ROOT / "model" / "attention.py").read_text().splitlines()
+    steps = step_of_each_line()  # {line number: (step, title)}
+    checked = 0
+    for section in re.split(r"^(?=## \d+\.)", tour, flags=re.MULTILINE)[1:]:
+        number = int(re.match(r"## (\d+)\.", section)[1])
+        own_text = re.split(r"\n#{1,3} ", section)[0]  # up to its first question or the next part
+        for block in re.findall(r"^```python\n(.*?)^```", own_text, flags=re.MULTILINE | re.DOTALL):
+            for quoted in block.splitlines():
+                in_steps = {steps[i + 1][0] for i, line in enumerate(source) if line.strip() == quoted.strip() and i + 1 in steps}
+                assert in_steps <= table[number], f"section {number} quotes step {in_steps} code: {quoted.strip()}"
+                checked += bool(in_steps)
+    assert checked >= 9
 
 
 def test_the_tour_pictures_numbers_are_what_the_code_computes_now():
@@ -223,6 +278,25 @@ def test_the_tour_pictures_numbers_are_what_the_code_computes_now():
     tour = (ROOT / "docs" / "attention.md").read_text()
     for picture in re.findall(r"\]\((questions/\w+\.png)\)", tour):
         assert (ROOT / "docs" / picture).is_file(), picture
+
+
+def test_the_figures_the_tour_quotes_from_a_computation_are_the_ones_make_docs_recorded():
+    # docs/questions/figures.json, written by `make docs` and recomputed by the test above.
+    from docs.questions import FOLDER, INITS
+
+    figures = json.loads((FOLDER / "figures.json").read_text())
+    tour = " ".join((ROOT / "docs" / "attention.md").read_text().split())
+    scale = figures["scale_and_head_size"]
+    unscaled = dict(zip(scale["head_size"], scale["unscaled"], strict=True))
+    spread = [figures["init_scale"][name][-1] for name in INITS]  # after the last block
+    for quoted in (
+        f"without the scale the largest weight averages {unscaled[32]:.2f} at the default model's D = 32 and "
+        f"{unscaled[256]:.2f} at D = 256; with it, between {min(scale['scaled']):.2f} and {max(scale['scaled']):.2f} "
+        f"at every D from {scale['head_size'][0]} to {scale['head_size'][-1]}",
+        f"the stream's spread after the last block is {spread[0]:.2f} times the embeddings' with the project's init, "
+        f"{spread[1]:.1f} times without the scaling (growing with depth), and {spread[2]:,.0f} times with std 1",
+    ):
+        assert quoted in tour, quoted
 
 
 def test_the_tour_pictures_are_what_docs_questions_py_draws_from_their_numbers(tmp_path):
@@ -253,7 +327,7 @@ def test_every_picture_of_the_docs_is_shown_at_its_own_size_so_its_labels_stay_1
 
 
 def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_right():
-    # docs/attention_maps.png and section 8's numbers come from one run, recorded by `make docs`
+    # docs/attention_maps.png and section 14's numbers come from one run, recorded by `make docs`
     # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
     from hydra import compose, initialize_config_dir
 
@@ -277,14 +351,52 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
             "make train, then make docs RUN=<that run>")
     assert record["step"] == defaults["train"]["max_steps"]
     tour = (ROOT / "docs" / "attention.md").read_text()
-    section_8 = tour[tour.index("## 8."): tour.index("## 9.")]
+    section_14 = tour[tour.index("## 14."): tour.index("## 15.")]
     recall = record["name_recall"]
     for quoted in (f"{record['largest_induction_score_at_the_end']:.3f} or below at step {record['step']}",
                    f"from {recall['400']:.1%} at step 400 to {recall[str(record['step'])]:.1%} at step {record['step']}"):
-        assert quoted in " ".join(section_8.split()), quoted
+        assert quoted in " ".join(section_14.split()), quoted
     for page in ("README.md", "docs/default_model.md"):
         heads = " and ".join(f"layer {layer} head {head}" for layer, head, _ in record["heads"])
         assert f"Attention maps of {heads} at step {record['step']} of the default run" in (ROOT / page).read_text(), page
+
+
+def test_the_numbers_the_pages_quote_from_the_default_run_are_the_ones_make_docs_recorded():
+    # Sections 13 to 15 of the tour quote the default run; `make docs` records those numbers in
+    # docs/attention_maps.json (docs/figures.py), the picture's run.
+    record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
+    tour = " ".join((ROOT / "docs" / "attention.md").read_text().replace("**", "").split())
+    cell = record["framed_cell"]
+    name = cell["key_token"].strip()
+    for page in (ROOT / "README.md", ROOT / "docs" / "default_model.md", ROOT / "docs" / "attention.md"):
+        for quoted in re.findall(rf'"{name}" \(weight (\d\.\d+)\)', page.read_text()):  # "Alice" (weight 0.99)
+            assert quoted == f"{cell['weight']:.2f}", page.name
+    assert f'second "{name}" straight back to the first "{name}" (weight {cell["weight"]:.2f}), the framed cell' in tour
+
+    table = record["without_each_head"]
+    others = table["others"]
+    rows = [f"| every head in | {table['intact']:.3f} | | |"]
+    rows += [f"| {layer}, {head} | {without:.3f} | {look_back:.3f} | {induction:.3f} |"
+             for layer, head, without, look_back, induction in table["heads"]]
+    rows.append(f"| the other {others['count']} | {others['without'][0]:.3f} to {others['without'][1]:.3f} | "
+                f"{others['look_back'][0]:.3f} to {others['look_back'][1]:.3f} | at most {others['largest_induction']:.3f} |")
+    text = record["your_text"]
+    (first, second), lost = text["heads"], text["without_the_first"]
+    quoted = [
+        *rows,
+        f'"{text["query_token"]}" before the second "{text["name"]}" puts {first["weight"]:.2f} of its weight on the first '
+        f'"{text["name"]}" in layer {first["layer"]} head {first["head"]} and {second["weight"]:.2f} in layer '
+        f'{second["layer"]} head {second["head"]}, the two heads with the run\'s highest look-back weights '
+        f'({first["look_back"]:.2f} and {second["look_back"]:.2f})',
+        f'Knock out layer {first["layer"]} head {first["head"]} and the loss of "{text["name"]}" goes from '
+        f'{text["loss"]:.2f} to {first["loss_without"]:.2f} nats',
+        f'and "{lost["top_2"][0]}" and "{lost["top_2"][1]}" lead',
+        f'knock out layer {second["layer"]} head {second["head"]} and it goes to {second["loss_without"]:.2f}',
+        f'two heads look ({first["look_back"]:.3f} and {second["look_back"]:.3f})',
+    ]
+    assert text["text"] in tour and not lost["name_in_top_5"] and f'"{text["name"]}" leaves the top 5' in tour
+    for sentence in quoted:
+        assert sentence in tour, sentence
 
 
 def assert_same_numbers(made: object, kept: object, where: str) -> None:

@@ -142,13 +142,16 @@ def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_pa
     assert not_nanogpt.value.code.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
 
 
-def test_the_text_section_times_the_tabs_answer_to_128_tokens_for_the_default_model(tmp_path, monkeypatch, capsys):
+def test_the_text_section_times_the_tabs_answer_to_128_tokens_and_to_repeated_tokens_for_the_default_model(tmp_path, monkeypatch, capsys):
     record, printed = run_bench("--only", "text", "--repeats", "1", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
     text = record["results"]["text"]
     assert text["tokens"] == 128  # the default block_size: <|endoftext|> and 127 tokens of a held-out story
     assert 900_000 < text["params"] < 1_000_000  # the default model, with the default run's vocabulary
     assert text["answer_ms"] > 0 and text["knocked_out_answer_ms"] > 0
     assert "Attention tab, your text (128 tokens)" in printed and "ms per answer" in printed
+    assert text["repeated_tokens"] == 127  # <|endoftext|> and 63 random tokens twice: the longest the default model reads
+    assert text["repeated_answer_ms"] > 0 and text["repeated_knocked_out_answer_ms"] > 0
+    assert "repeated random tokens (127 tokens)" in printed
 
 
 def test_the_loading_section_measures_a_fresh_process_loading_a_hugging_face_folder(tmp_path, monkeypatch, capsys):

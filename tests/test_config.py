@@ -59,7 +59,7 @@ def test_every_option_gives_every_key_a_type_and_a_value(data, tokenizer):
 
 
 def test_the_presets_sampling_and_export_configs_are_typed_and_complete():
-    for preset in ("shakespeare_char_cpu", "finetune_gpt2", "gpt2_shape"):
+    for preset in ("shakespeare_char_cpu", "finetune_gpt2", "gpt2_shape", "induction"):
         assert OmegaConf.missing_keys(composed("train", f"experiment={preset}")) == set(), preset
     assert OmegaConf.missing_keys(composed("sample")) == set()
     assert OmegaConf.missing_keys(composed("export")) == set()

@@ -14,8 +14,8 @@ from data.stories import FEMALE_NAMES, MALE_NAMES, generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
-from model import GPT, GPTConfig
-from tests.helpers import read_events, run_cli
+from model_io.checkpoint import Checkpoint
+from tests.helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, read_events, run_cli, shift_then_copy_model
 from training.distributed import Ranks
 from training.evaluation import evaluate, in_context_positions
 from training.precision import Precision
@@ -23,48 +23,6 @@ from training.precision import Precision
 V, N = 64, 16  # vocabulary, and the length of the sequence that comes back
 CPU = torch.device("cpu")
 ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
-PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD = (0, 0), (1, 0)
-
-
-@torch.no_grad()
-def shift_then_copy_model(vocab_size: int = V, block_size: int = 2 * N) -> GPT:
-    """Two layers of two heads; head 0 of layer 0 writes each token's predecessor into the
-    residual stream (a previous-token head), head 0 of layer 1 looks for the key whose
-    predecessor is the current token and copies that key's token to the output (an induction
-    head). The other heads and the MLPs write nothing. The residual stream is four one-hot
-    blocks: [token | previous token | copied token | position]."""
-    C = 3 * vocab_size + block_size
-    config = GPTConfig(vocab_size, block_size, n_layer=2, n_head=2, n_embd=C, pos="learned", norm="rmsnorm",
-                       mlp="gelu", tie_head=False, qk_norm=False, smear=False)
-    model = GPT(config).eval()
-    for parameter in model.parameters():
-        parameter.zero_()
-    for norm in (model.ln_f, *[block.ln_1 for block in model.blocks], *[block.ln_2 for block in model.blocks]):
-        norm.weight.fill_(1.0)
-    D = C // 2  # head_dim
-    token, previous, copied, position = (torch.arange(vocab_size), vocab_size + torch.arange(vocab_size),
-                                         2 * vocab_size + torch.arange(vocab_size), 3 * vocab_size + torch.arange(block_size))
-    model.tok_emb.weight[torch.arange(vocab_size), token] = 1.0
-    model.pos_emb.weight[torch.arange(block_size), position] = 1.0
-    # RMSNorm scales a stream of m one-hot blocks by sqrt(C / m): the weights below undo it, so that
-    # each value is a one-hot of 1 and a matching query and key score `sharp` (any other pair 0).
-    sharp = 30.0
-    # Layer 0 (the stream: token, position), head 0: the query at position t matches the key at
-    # t - 1, and moves that key's token into `previous`.
-    qkv, proj = model.blocks[0].attn.qkv.weight, model.blocks[0].attn.proj.weight  # (3C, C), (C, C)
-    qkv[torch.arange(block_size), position] = sharp * math.sqrt(D) / (C / 2)  # W_q: position t -> query dim t
-    qkv[C + torch.arange(1, block_size), position[:-1]] = 1.0  # W_k: position s -> key dim s + 1
-    qkv[2 * C + torch.arange(vocab_size), token] = math.sqrt(2 / C)  # W_v: the token
-    proj[previous, torch.arange(vocab_size)] = 1.0
-    # Layer 1 (token, position, previous), head 0: the query holds the current token, a key its
-    # own predecessor; the value is the key's token, written into `copied`.
-    qkv, proj = model.blocks[1].attn.qkv.weight, model.blocks[1].attn.proj.weight
-    qkv[torch.arange(vocab_size), token] = sharp * math.sqrt(D) / (C / 3)
-    qkv[C + torch.arange(vocab_size), previous] = 1.0
-    qkv[2 * C + torch.arange(vocab_size), token] = math.sqrt(3 / C)
-    proj[copied, torch.arange(vocab_size)] = 1.0
-    model.lm_head.weight[torch.arange(vocab_size), copied] = 12.0 / math.sqrt(C / 4)  # the copied token's logit: 12
-    return model
 
 
 def repeated_distinct(n: int = N, rows: int = 4, seed: int = 0) -> torch.Tensor:
@@ -151,3 +109,44 @@ def test_data_names_random_reaches_the_corpus_and_a_wrong_value_gets_one_line(tm
     assert result.returncode == 2
     assert result.stderr.strip() == "error: data.names=made_up must be one of common, random"
     assert not (tmp_path / "outputs").exists()
+
+
+GAME = re.compile(r'(\w+) made up a word, "(\w+)"\. (\w+) said "(\w+)"\. Then all said "(\w+)"\.')
+
+
+def test_word_games_say_each_made_up_word_three_times_and_word_games_0_leaves_the_stories_alone():
+    assert generate_stories(seed=5, n_chars=20_000, names="random", word_games=0) == generate_stories(
+        seed=5, n_chars=20_000, names="random")
+    stories = generate_stories(seed=5, n_chars=200_000, names="random", word_games=9)
+    lines = [line for story in stories for line in story.split("\n")]
+    games = [GAME.fullmatch(line) for line in lines if " made up a word, " in line]
+    assert games and all(games)
+    words = [game[2] for game in games]
+    assert all(game[2] == game[4] == game[5] for game in games)  # one word, said three times
+    assert all(re.fullmatch(r"[A-Za-z]{6,16}", word) for word in words) and len(set(words)) == len(words)
+    for story in stories:  # the story's own hero makes every word up, and a friend says it
+        makers = {game[1] for game in GAME.finditer(story)}
+        assert len(makers) <= 1 and makers <= set(re.findall(r"\w+", story.split("\n")[0]))
+    paragraphs = len(lines) - len(games)
+    assert 8 < len(games) / paragraphs < 10  # 9 games a paragraph on average
+
+
+def test_data_word_games_below_0_gets_one_line(tmp_path):
+    result = run_cli("train.py", "data.word_games=-1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: data.word_games=-1 must be 0 (no games) or more")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_induction_preset_trains_two_layers_without_the_smear_on_word_games_and_logs_the_circuit(tmp_path):
+    # The preset's own settings, shortened: what `python train.py experiment=induction` runs.
+    result = run_cli("train.py", "experiment=induction", "data.n_chars=30000", "train.max_steps=4", "train.eval_interval=4",
+                     "train.eval_iters=1", "train.attn_log_interval=2", "train.sample_interval=0", "train.batch_size=2",
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").config
+    assert (config["model"]["n_layer"], config["model"]["smear"], config["tokenizer"]["kind"]) == (2, False, "char")
+    assert config["data"]["names"] == "random" and config["data"]["word_games"] > 0
+    tags = set(read_events(tmp_path / "run").Tags()["scalars"])
+    assert {"head_induction/layer_1/head_0", "head_previous_token/layer_0/head_3", "loss/in_context",
+            "ablation/induction_loss/layer_0/head_3"} <= tags

@@ -10,7 +10,9 @@ import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
 from attention_tab.plugin import AttentionLoader
-from attention_tab.your_text import LoadedModel, ModelCache, logdir_roots, model_bytes, run_folder
+from attention_tab.run_folders import logdir_roots, run_folder
+from attention_tab.your_text import LoadedModel, ModelCache, model_bytes
+from inspection.repeated_tokens import forward_repeated
 from inspection.text_forward import forward_text
 from model_io.checkpoint import Checkpoint
 from user_error import UserError
@@ -131,4 +133,20 @@ def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_
     assert torch.equal(knocked.predictions.log_probs, fresh.predictions.log_probs)
     before = len(forwards)
     loaded.read(text + " went", [(1, 0)])  # another text: its intact numbers are computed anew
+    assert len(forwards) == before + 2
+
+
+def test_knocking_heads_out_on_the_repeated_tokens_also_runs_one_forward_with_the_same_numbers(trained_run):
+    model, tokenizer = Checkpoint.load(trained_run / "ckpt_best.pt").build_model()
+    loaded = LoadedModel(model, tokenizer, trained_run / "ckpt_best.pt", 0, (0, 0), model_bytes(model))
+    forwards = []
+    model.lm_head.register_forward_hook(lambda *_: forwards.append(1))
+    loaded.read_repeated(8, 3, [])
+    knocked = loaded.read_repeated(8, 3, [(1, 0)])
+    assert len(forwards) == 2  # the knocked-out model's forward only: the intact numbers were kept
+    fresh = forward_repeated(model, tokenizer, 8, 3, [(1, 0)])  # both forwards, from scratch
+    assert torch.equal(knocked.forward.intact.log_probs, fresh.forward.intact.log_probs)
+    assert torch.equal(knocked.induction, fresh.induction)
+    before = len(forwards)
+    loaded.read_repeated(8, 4, [(1, 0)])  # another seed: other tokens, whose intact numbers are computed anew
     assert len(forwards) == before + 2

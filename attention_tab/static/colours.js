@@ -32,6 +32,12 @@ export function paintMap(canvas, map, T) {
   context.putImageData(image, 0, 0);
 }
 
+// A weight (or a score from 0 to 1) as a CSS colour, on the maps' scale.
+export function weightColour(weight) {
+  const [r, g, b] = LEVELS[Math.round(Math.sqrt(Math.min(1, Math.max(0, weight || 0))) * 255)];
+  return `rgb(${r} ${g} ${b})`;
+}
+
 // Head h of n: hues spread around the wheel, dark enough to read on white.
 export function headColour(head, nHead) {
   return `hsl(${Math.round((360 * head) / Math.max(nHead, 1))} 80% 40%)`;

@@ -1,6 +1,7 @@
 // What the tab reads from the plugin's routes (attention_tab/plugin.py). A step's weights come
 // as float16 bytes, (n_layer, n_head, T, T) row-major; they are fetched once per step and kept.
-// Your text goes to the text route and comes back as JSON, its weights as the same bytes in base64.
+// Your text (the text route) and the repeated random tokens (the repeated route) come back as
+// JSON, the weights as the same bytes in base64.
 
 const route = (name, params = {}) => {
   const url = new URL(`../${name}`, import.meta.url);
@@ -26,14 +27,27 @@ export async function fetchMetrics(run) {
 // the text route's answer, its weights as StepWeights. A refusal (too long, no checkpoint yet)
 // throws the route's one line as it is, for the tab to show.
 export async function readText(run, text, knockedOut) {
-  const form = new URLSearchParams({run: run.run, text, knocked_out: knockedOut.map(([l, h]) => `${l}:${h}`).join(",")});
-  const response = await fetch(route("text"), {method: "POST", body: form});
+  const form = new URLSearchParams({run: run.run, text, knocked_out: heads(knockedOut)});
+  const answer = await modelAnswer(await fetch(route("text"), {method: "POST", body: form}));
+  return {...answer, source: "text", text};
+}
+
+// The same for n random tokens, then the same n again (n null: the route's default), with seed.
+export async function readRepeated(run, n, seed, knockedOut) {
+  const params = {run: run.run, seed, knocked_out: heads(knockedOut)};
+  if (n !== null) params.n = n;
+  return {...await modelAnswer(await fetch(route("repeated", params))), source: "repeated"};
+}
+
+const heads = (knockedOut) => knockedOut.map(([l, h]) => `${l}:${h}`).join(",");
+
+async function modelAnswer(response) {
   if (!response.ok) {  // TensorBoard words a 400 "Invalid argument: <the route's line>"
-    throw new Error((await response.text()).trim().replace(/^Invalid argument: /, "") || `the text route answered ${response.status}`);
+    throw new Error((await response.text()).trim().replace(/^Invalid argument: /, "") || `the route answered ${response.status}`);
   }
   const answer = await response.json();
   const bytes = Uint8Array.from(atob(answer.weights), (c) => c.charCodeAt(0));
-  return {...answer, text, weights: halfWeights(answer.shape, bytes.buffer)};
+  return {...answer, weights: halfWeights(answer.shape, bytes.buffer)};
 }
 
 // float16 bits -> float32, for all 65536 bit patterns at once.

@@ -1,13 +1,15 @@
 // The Attention tab: TensorBoard loads this module in the tab's frame and calls render().
-// One state object (run, step, layer, head, drawn heads, the token pointed at, whether the views
-// show the probe or your text, and your text's reading) and the parts that draw it: the text box,
-// the token view with its head toggles and next tokens, the matrix view with the head metrics, the model view.
-import {fetchMetrics, fetchRuns, readText, RunWeights} from "./data.js";
+// One state object (run, step, layer, head, drawn heads, the token pointed at, which source the
+// views show: the probe, your text or repeated random tokens, and the model's reading of each)
+// and the parts that draw it: the sources, the token view with its head toggles and next tokens,
+// the matrix view with the head metrics, the model view with the repeated tokens' loss and scores.
+import {fetchMetrics, fetchRuns, readRepeated, readText, RunWeights} from "./data.js";
 import {el, formatValue} from "./dom.js";
 import {HeadMetrics, HeadToggles, METRICS} from "./heads.js";
 import {MatrixView} from "./matrix_view.js";
 import {ModelView} from "./model_view.js";
 import {NextTokens} from "./next_tokens.js";
+import {RepeatedTokens} from "./repeated.js";
 import {TextBox} from "./text_box.js";
 import {TokenView} from "./token_view.js";
 
@@ -16,8 +18,8 @@ const RELOAD_SECONDS = 30;  // a run still training: new steps appear without re
 class AttentionTab {
   constructor() {
     this.state = {layer: 0, head: 0, shown: new Set(), token: {side: "query", index: 0}, pinned: false,
-                  mode: "probe", reading: null};
-    this.textReads = 0;  // texts sent so far: an answer to an older one is dropped
+                  mode: "probe", readings: {text: null, repeated: null}};
+    this.reads = 0;  // readings asked for so far: an answer to an older one is dropped
     this.runSelect = el("select", {"aria-label": "run", onchange: () => this.openRun(this.runs[this.runSelect.value])});
     this.slider = el("input", {type: "range", min: 0, value: 0, "aria-label": "logged step",
       oninput: () => { this.state.mode = "probe"; this.showStep(Number(this.slider.value)); }});
@@ -28,10 +30,12 @@ class AttentionTab {
     this.textBox = new TextBox(this);
     this.tokens = new TokenView(this, this.toggles, new NextTokens());
     this.matrix = new MatrixView(this, this.headMetrics);
-    this.model = new ModelView(this, Object.fromEntries(Object.entries(METRICS).map(([name, [label]]) => [name, label])));
+    this.model = new ModelView(this, Object.fromEntries(Object.entries(METRICS).map(([name, [label]]) => [name, label])),
+                               new RepeatedTokens(this));
     document.body.append(
-      el("header", {}, el("label", {class: "inline"}, "run ", this.runSelect),
-        el("label", {class: "inline step"}, "step ", this.slider, this.stepLabel), this.textBox.root, this.status),
+      el("header", {}, el("div", {class: "header-row"}, el("label", {class: "inline"}, "run ", this.runSelect),
+        el("label", {class: "inline step"}, "step ", this.slider, this.stepLabel), this.status),
+        this.textBox.root, this.textBox.error),
       el("main", {}, this.tokens.root, this.matrix.root, this.model.root));
   }
 
@@ -48,7 +52,9 @@ class AttentionTab {
     }
     this.runs = runs;
     if (!runs.length) this.say("No run has attention data yet. Train one (make train); it shows up here within a minute.");
-    else if (!this.run) await this.openRun(runs.at(-1));  // the newest, for runs named by date and time
+    // The newest run that trained (at least 100 steps, or from pretrained weights: the server says
+    // which, model_io/latest_run.py), else the newest; newest by name, for runs named by date and time.
+    else if (!this.run) await this.openRun(runs.findLast((run) => run.trained) ?? runs.at(-1));
     else this.runSelect.value = runs.findIndex((r) => r.run === this.run.run && r.tag === this.run.tag);
   }
 
@@ -58,11 +64,14 @@ class AttentionTab {
     this.weights = new RunWeights(run);
     this.metrics = await fetchMetrics(run);
     const [, H, T] = run.shape;
-    this.textReads++;  // an answer still on its way was for the run before
-    this.textBox.busy(false);
+    this.reads++;  // an answer still on its way was for the run before
+    this.textBox.busy("text", false);
+    this.textBox.busy("repeated", false);
     this.textBox.say("");
+    this.textBox.setRepeated(null);
     Object.assign(this.state, {run, layer: 0, head: 0, shown: new Set(Array.from({length: H}, (_, h) => h)),
-                               token: {side: "query", index: T - 1, reveal: true}, pinned: false, mode: "probe", reading: null});
+                               token: {side: "query", index: T - 1, reveal: true}, pinned: false, mode: "probe",
+                               readings: {text: null, repeated: null}});
     this.toggles.setRun(run);
     this.headMetrics.setRun(run);
     this.model.setRun(run, this.metrics);
@@ -114,33 +123,50 @@ class AttentionTab {
     this.set(token ? {token, pinned: true} : {pinned: false});
   }
 
-  // The run's model reads text with the heads knocked out so far; the views then show it.
-  async readText(text, knockedOut = this.state.reading?.knocked_out ?? []) {
-    const read = ++this.textReads;
-    this.textBox.busy(true);
+  // The run's model reads your text, or the repeated tokens, with the heads knocked out so far
+  // on that source; the views then show it.
+  readText(text, knockedOut = this.state.readings.text?.knocked_out ?? []) {
+    return this.read("text", () => readText(this.run, text, knockedOut));
+  }
+
+  readRepeated(n, seed, knockedOut = this.state.readings.repeated?.knocked_out ?? []) {
+    return this.read("repeated", () => readRepeated(this.run, n, seed, knockedOut));
+  }
+
+  async read(source, request) {
+    const read = ++this.reads;
+    this.textBox.busy(source, true);
     try {
-      const reading = await readText(this.run, text, knockedOut);
-      if (read !== this.textReads) return;  // another text, or another run, since
+      const reading = await request();
+      if (read !== this.reads) return;  // another reading, or another run, since
       const T = reading.labels.length;
-      const token = this.state.mode === "text" ? {...this.state.token, index: Math.min(this.state.token.index, T - 1)}
+      const token = this.state.mode === source ? {...this.state.token, index: Math.min(this.state.token.index, T - 1)}
         : {side: "query", index: T - 1, reveal: true};
       this.textBox.say("");
-      this.set({mode: "text", reading, token});
+      if (source === "repeated") this.textBox.setRepeated(reading);
+      this.set({mode: source, readings: {...this.state.readings, [source]: reading}, token});
     } catch (error) {
-      if (read === this.textReads) this.textBox.say(error.message);
+      if (read !== this.reads) return;
+      this.textBox.say(error.message);
+      this.redraw();  // the views, and the source chosen, stay as they were
     } finally {
-      if (read === this.textReads) this.textBox.busy(false);
+      if (read === this.reads) this.textBox.busy(source, false);
     }
   }
 
+  // Knocks a head out of the source shown, or brings it back: the model reads it again.
   toggleKnockedOut(layer, head) {
-    const {text, knocked_out: out} = this.state.reading;
+    const reading = this.state.readings[this.state.mode];
+    const out = reading.knocked_out;
     const others = out.filter(([l, h]) => l !== layer || h !== head);
-    this.readText(text, others.length < out.length ? others : [...out, [layer, head]]);
+    const knockedOut = others.length < out.length ? others : [...out, [layer, head]];
+    if (reading.source === "text") this.readText(reading.text, knockedOut);
+    else this.readRepeated(reading.n, reading.seed, knockedOut);
   }
 
   showMode(mode) {
-    this.set({mode: mode === "text" && this.state.reading ? "text" : "probe"});
+    if (mode === "repeated" && !this.state.readings.repeated) return this.textBox.submitRepeated();  // read them first
+    this.set({mode: mode !== "probe" && this.state.readings[mode] ? mode : "probe"});
   }
 
   toggleHead(head) {
@@ -152,12 +178,14 @@ class AttentionTab {
   // What the views show: the probe's weights at the step, or your text's.
   redraw() {
     if (!this.state.weights) return;
-    const reading = this.state.mode === "text" ? this.state.reading : null;
+    const reading = this.state.mode === "probe" ? null : this.state.readings[this.state.mode];
     const shown = reading ? {weights: reading.weights, labels: reading.labels} : {weights: this.state.weights, labels: this.run.labels};
     this.state.token.index = Math.min(this.state.token.index, shown.labels.length - 1);
-    const state = {...this.state, ...shown, reading, hasReading: this.state.reading !== null, metricAt: this.metricAt()};
+    const source = {text: "your text", repeated: "repeated tokens"}[reading?.source] ?? null;
+    const state = {...this.state, ...shown, reading, source, metricAt: this.metricAt()};
     for (const part of [this.textBox, this.toggles, this.headMetrics, this.tokens, this.matrix, this.model]) part.draw(state);
     Object.assign(document.body.dataset, {drawnRun: this.run.run, drawnStep: state.step, drawnMode: this.state.mode,
+      drawnTokens: shown.labels.length,
       drawnKnockedOut: reading ? reading.knocked_out.map(([l, h]) => `${l}:${h}`).join(" ") : ""});
     document.body.dataset.firstDrawnAt ??= performance.timeOrigin + performance.now();
     this.say("");

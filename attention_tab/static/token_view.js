@@ -52,9 +52,9 @@ export class TokenView {
     this.columns[nextSide].children[target]?.focus();
   }
 
-  draw({weights, labels, reading, layer, shown, token, pinned}) {
+  draw({weights, labels, reading, source, layer, shown, token, pinned}) {
     if (labels !== this.labels) this.setTokens(labels);
-    this.title.textContent = `Token view · layer ${layer}${reading ? " · your text" : ""}`;
+    this.title.textContent = `Token view · layer ${layer}${source ? ` · ${source}` : ""}`;
     this.nextTokens.draw(reading, token.index);
     this.drawLosses(reading);
     const {nHead, T} = weights;

@@ -1,0 +1,181 @@
+"""Make docs/induction.md's pictures and record from runs of `experiment=induction`:
+`make docs INDUCTION_RUNS="<run dir> [<run dir> ...]"` (the first is drawn; every run adds the
+step at which its best head crossed 0.3, for the seeds table).
+
+It writes docs/induction_scores.png (every head's induction score over the steps, the
+previous-token score of the circuit's first head, and loss/in_context), docs/induction_map.png
+(the two heads of the circuit on random tokens repeated once), and docs/induction.json, the
+numbers docs/induction.md and docs/attention.md quote, which a test ties to the text.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cli.errors import exit_on_user_error  # noqa: E402
+from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, one_above_another  # noqa: E402
+from docs.figures import draw_maps  # noqa: E402
+from inspection.head_metrics import induction_probe  # noqa: E402
+from inspection.heatmap import INK as INK_LINE  # noqa: E402
+from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
+from user_error import UserError  # noqa: E402
+
+DOCS = Path(__file__).resolve().parent
+SCORES, MAP, RECORD = DOCS / "induction_scores.png", DOCS / "induction_map.png", DOCS / "induction.json"
+SHOWN_TOKENS = 12  # random tokens in each copy of the drawn sequence: 24 rows, 12 px each
+BEFORE, AFTER, CROSSING = 0.05, 0.5, 0.3  # the issue's marks: below, above, and the seeds' crossing
+JUMP = 0.2  # the steep part of the rise starts where the score leaves this (twice its early plateau)
+
+
+def read_run(run: str) -> tuple[Checkpoint, dict[str, dict[int, float]], float]:
+    """The run's last checkpoint, every scalar it logged ({tag: {step: value}}), and the
+    seconds from its first logged step to its last."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path = resolve_checkpoint(run)
+    checkpoint = Checkpoint.load(path)
+    if not checkpoint.config["data"].get("word_games"):
+        raise UserError(f"{run} was not trained with word games; give runs of python train.py experiment=induction")
+    events = EventAccumulator(str(path.parent), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    walls = [e.wall_time for e in events.Scalars("train/batch_loss")]
+    return checkpoint, scalars, walls[-1] - walls[0]
+
+
+def heads_of(scalars: dict[str, dict[int, float]], prefix: str) -> dict[tuple[int, int], dict[int, float]]:
+    """{(layer, head): {step: value}} of the tags prefix/layer_<l>/head_<h>."""
+    found = {}
+    for tag, series in scalars.items():
+        if tag.startswith(prefix + "/layer_"):
+            layer, head = tag[len(prefix) + 1:].split("/")
+            found[int(layer.split("_")[1]), int(head.split("_")[1])] = series
+    return found
+
+
+def circuit(scalars: dict[str, dict[int, float]]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The induction head (the highest score at the last step) and, in a layer below it, the head
+    whose knock-out raises the second-copy loss most: the one whose output its keys read."""
+    induction = heads_of(scalars, "head_induction")
+    last = max(next(iter(induction.values())))
+    head = max(induction, key=lambda h: induction[h][last])
+    without = heads_of(scalars, "ablation/induction_loss")
+    below = [h for h in without if h[0] < head[0]]
+    return head, max(below, key=lambda h: without[h][last])
+
+
+def rise(series: dict[int, float], start: float = BEFORE) -> tuple[int, int]:
+    """(the last step below start, the first step at AFTER or more after it)."""
+    steps = sorted(series)
+    first_above = next(step for step in steps if series[step] >= AFTER)
+    last_below = max(step for step in steps if step < first_above and series[step] < start)
+    return last_below, first_above
+
+
+def crossing(scalars: dict[str, dict[int, float]]) -> int | None:
+    """The first step at which any head's induction score reached CROSSING."""
+    induction = heads_of(scalars, "head_induction")
+    steps = sorted(next(iter(induction.values())))
+    return next((step for step in steps if max(series[step] for series in induction.values()) >= CROSSING), None)
+
+
+def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], seconds: float) -> dict:
+    head, previous = circuit(scalars)
+    induction = heads_of(scalars, "head_induction")[head]
+    previous_score = heads_of(scalars, "head_previous_token")[previous]
+    without = heads_of(scalars, "ablation/induction_loss")
+    intact = scalars["ablation/induction_loss/intact"]
+    last = max(induction)
+    before, after = rise(induction)
+    jump = rise(induction, start=JUMP)
+    in_context = scalars["loss/in_context"]
+    best_previous = max(heads_of(scalars, "head_previous_token").items(), key=lambda kv: kv[1][last])
+    return {
+        "step": checkpoint.step, "seconds": round(seconds), "config": checkpoint.config,
+        "induction_head": list(head), "previous_token_head": list(previous),
+        "induction_score": {"last": round(induction[last], 3), "before": [before, round(induction[before], 3)],
+                            "after": [after, round(induction[after], 3)],
+                            "rise_fraction_of_steps": round((after - before) / checkpoint.config["train"]["max_steps"], 3),
+                            "jump": list(jump), "jump_fraction_of_steps": round((jump[1] - jump[0]) / checkpoint.config["train"]["max_steps"], 3)},
+        "previous_token_score": round(previous_score[last], 3),
+        "best_previous_token": [*best_previous[0], round(best_previous[1][last], 3)],
+        "second_copy_loss": {"intact": round(intact[last], 2), "without_induction_head": round(without[head][last], 2),
+                             "without_previous_token_head": round(without[previous][last], 2),
+                             "at_start": round(intact[0], 2)},
+        "in_context": {str(step): round(value, 3) for step, value in sorted(in_context.items())},
+    }
+
+
+def scores_figure(record: dict, scalars: dict[str, dict[int, float]]) -> None:
+    """Three panels over the same steps: every head's induction score (the induction head in red)
+    with the circuit's layer-0 head's previous-token score; loss/in_context; the training loss."""
+    induction = heads_of(scalars, "head_induction")
+    head, previous = tuple(record["induction_head"]), tuple(record["previous_token_head"])
+    steps = sorted(induction[head])
+    top = max(steps)
+    x_ticks = list(range(0, top + 1, 250))
+    lines = [Line("", steps, [induction[h][s] for s in steps], FAINT, width=1) for h in sorted(induction) if h != head]
+    lines.append(Line(f"induction score, layer {head[0]} head {head[1]}", steps, [induction[head][s] for s in steps], RED, width=3))
+    prev = heads_of(scalars, "head_previous_token")[previous]
+    lines.append(Line(f"previous-token score, layer {previous[0]} head {previous[1]}", steps, [prev[s] for s in steps], BLUE))
+    jump = record["induction_score"]["jump"]
+    band = [(jump[0], jump[1], f"{JUMP} to {AFTER}")]
+    scores = Plot("every head's induction score on random characters repeated once (grey: the other heads)", "step",
+                  "score", (0, top), (0, 1), x_ticks, [0, 0.25, 0.5, 0.75, 1], lines, bands=band, legend=(top * 0.6, 0.95))
+    in_context = scalars["loss/in_context"]
+    evals = sorted(in_context)
+    low = min(in_context.values())
+    context = Plot("loss/in_context: val loss late in the window minus early", "step", "nats", (0, top), (low - 0.05, 0.05),
+                   x_ticks, [round(low, 2), round(low / 2, 2), 0], [Line("", evals, [in_context[s] for s in evals], ORANGE)],
+                   bands=band)
+    train = scalars["train/batch_loss"]
+    logged = sorted(train)
+    losses = Plot("train/batch_loss: the training loss", "step", "nats", (0, top), (0, 4.5), x_ticks, [0, 1, 2, 3, 4],
+                  [Line("", logged, [train[s] for s in logged], INK_LINE)], bands=band)
+    one_above_another([scores.draw(SHOWN_WIDTH, 300), context.draw(SHOWN_WIDTH, 170), losses.draw(SHOWN_WIDTH, 170)]).save(
+        SCORES, optimize=True)
+
+
+def map_figure(checkpoint: Checkpoint, record: dict) -> None:
+    model, tokenizer = checkpoint.build_model()
+    ids = induction_probe(tokenizer.vocab_size, SHOWN_TOKENS, seed=0, avoid=tokenizer.eot_id)  # (2n,)
+    weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, 2n, 2n)
+    (l1, h1), (l0, h0) = record["induction_head"], record["previous_token_head"]
+    maps = [weights[l1, h1].numpy(), weights[l0, h0].numpy()]
+    titles = [f"layer {l1} head {h1}: induction", f"layer {l0} head {h0}: looks back"]
+    caption = (f"step {checkpoint.step}: {SHOWN_TOKENS} random characters, then the same again; a row is a query, "
+               "a column a key")
+    draw_maps(maps, tokenizer.token_strings(ids), titles, caption).save(MAP, optimize=True)
+
+
+def main(runs: list[str]) -> dict:
+    checkpoint, scalars, seconds = read_run(runs[0])
+    record = run_record(checkpoint, scalars, seconds)
+    scores_figure(record, scalars)
+    map_figure(checkpoint, record)
+    seeds = []
+    for run in runs:
+        other, other_scalars, other_seconds = (checkpoint, scalars, seconds) if run == runs[0] else read_run(run)
+        seeds.append({"seed": other.config["train"]["seed"], "crossed_0.3_at": crossing(other_scalars),
+                      "steps": other.step, "seconds": round(other_seconds)})
+    record["seeds"] = seeds
+    return record
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="*", help="run dirs of python train.py experiment=induction (seeds)")
+    args = parser.parse_args()
+    if not args.runs:
+        print("docs/induction_figures.py: no runs given (make docs INDUCTION_RUNS=\"<run dir> ...\"); "
+              "the committed induction pictures stay as they are")
+        sys.exit(0)
+    with exit_on_user_error():
+        record = main(args.runs)
+    RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {SCORES}, {MAP} and {RECORD}")

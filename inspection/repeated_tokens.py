@@ -1,0 +1,65 @@
+"""The classic induction demo (Olsson et al., 2022) on a run's model, for the Attention tab: n
+random tokens, then the same n again, after <|endoftext|>. Over the first copy the model can
+only guess; over the second, a model with induction heads copies what came after the token's
+earlier occurrence, and the loss collapses."""
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+
+from data.tokenizer import Tokenizer
+from inspection.head_metrics import induction_probe, induction_score
+from inspection.text_forward import Predictions, TextForward, forward_ids
+from model import GPT
+from user_error import UserError
+
+MAX_N = 128  # GPT-2 small's 144 maps of 257 x 257 weights are 19 MB of float16: the tab's answer stays small
+DEFAULT_N = 32
+MAX_SEED = 2**31 - 1
+
+
+@dataclass
+class RepeatedForward:
+    n: int
+    seed: int
+    forward: TextForward  # ids: <|endoftext|>, the n tokens, the same n again: (2n + 1,)
+    induction: torch.Tensor  # (L, H) induction_score of the weights read, heads knocked out included
+
+
+def largest_n(block_size: int) -> int:
+    """The longest copy a model reads whole: <|endoftext|> and 2n tokens within block_size, at most MAX_N."""
+    return min(MAX_N, (block_size - 1) // 2)
+
+
+def default_n(block_size: int) -> int:
+    """DEFAULT_N, or the largest n the model reads if that is fewer."""
+    return min(DEFAULT_N, largest_n(block_size))
+
+
+def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> list[int]:
+    """<|endoftext|>, n random ids (never <|endoftext|>), the same n again; UserError for an n
+    the model cannot read or a seed out of range."""
+    most = largest_n(block_size)
+    if not 2 <= n <= most:
+        raise UserError(f"n={n} is out of range: give 2 to {most} random tokens (this model reads at most "
+                        f"{block_size} tokens, <eot> and the n tokens twice)")
+    if not 0 <= seed <= MAX_SEED:
+        raise UserError(f"seed={seed} is out of range: give a whole number from 0 to {MAX_SEED}")
+    return [tokenizer.eot_id, *induction_probe(tokenizer.vocab_size, n, seed, avoid=tokenizer.eot_id)]
+
+
+def forward_repeated(model: GPT, tokenizer: Tokenizer, n: int, seed: int,
+                     knocked_out: Collection[tuple[int, int]] = (), intact: Predictions | None = None) -> RepeatedForward:
+    """The model reads the repeated tokens with the heads in knocked_out switched off (forward_ids)."""
+    ids = repeated_ids(tokenizer, n, seed, model.config.block_size)
+    forward = forward_ids(model, tokenizer, ids, knocked_out, intact=intact)
+    induction = induction_score(forward.weights[..., 1:, 1:], n)  # (L, H): the copies without <|endoftext|>
+    return RepeatedForward(n, seed, forward, induction)
+
+
+def copy_losses(next_loss: torch.Tensor, n: int) -> tuple[float, float]:
+    """next_loss: (2n,), the loss of each token after <|endoftext|>. The mean loss over the first
+    copy, and over the second from its second token on (as inspection.ablation.second_copy_loss:
+    the copy's first token followed <|endoftext|> the first time, so no context gives it away)."""
+    return next_loss[:n].mean().item(), next_loss[n + 1:].mean().item()  # (n,), (n - 1,)
