@@ -1,23 +1,299 @@
-"""What several test files build: tiny Hugging Face GPT-2 folders, made offline with transformers
-and tokenizers (the independent reference), never fetched from the Hub; and the induction circuit
-built by hand."""
+"""What several test files share; tests/conftest.py keeps the fixtures. Nothing here is fetched
+from the network: the tiny Hugging Face GPT-2s are made offline with transformers and tokenizers."""
 
 import dataclasses
+import importlib
+import io
+import logging
 import math
+import os
+import re
+import signal
 import string
+import subprocess
+import sys
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
+import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import ByteLevelBPETokenizer
+from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from cli.errors import run_cli as cli_entry
 from data.stories import generate_stories
 from data.tokenizer import EOT, CharTokenizer
-from inspection.head_metrics import induction_probe
-from model import GPT, GPTConfig
+from inspection.head_metrics import induction_probe, induction_score
+from inspection.recall_probe import RecallProbe
+from model import GPT, CausalSelfAttention, GPTConfig
 from model_io.checkpoint import BEST, Checkpoint
 from training.tensorboard_log import RunLogger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A model and run small enough to train in seconds, touching every logging path.
+TINY_RUN = [
+    "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+    "data.n_chars=20000", "train.max_steps=20", "train.batch_size=4",
+    "train.eval_interval=10", "train.eval_iters=2", "train.log_interval=5",
+    "train.attn_log_interval=10", "train.sample_interval=10", "train.sample_tokens=20",
+    "train.probe_tokens=24", "optim.warmup_steps=2", "optim.lr=1e-2", "optim.min_lr=1e-3",
+]
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(script: str, *args: str, cwd: Path) -> CliResult:
+    """`python <script> <args>` (train.py or sample.py) in this process: the same entry point,
+    command line and working folder, without a new interpreter's seconds of start-up. An
+    exception that would end the process with a traceback gives exit 1 and that traceback."""
+    entry = importlib.import_module(script.removesuffix(".py")).main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_argv, saved_cwd, saved_handlers = sys.argv, os.getcwd(), logging.root.handlers[:]
+    sys.argv = [script, *args]
+    os.chdir(cwd)
+    returncode = 0
+    try:
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            cli_entry(entry)
+    except SystemExit as exit_:
+        returncode = exit_.code if isinstance(exit_.code, int) else 1
+    except Exception:
+        returncode = 1
+        stderr.write(traceback.format_exc())
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        for handler in set(logging.root.handlers) - set(saved_handlers):  # the run's log file and console
+            logging.root.removeHandler(handler)
+            handler.close()
+    return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def spawn_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python <script> <args>` as a subprocess: for what only a real process shows (signals,
+    a terminal, torchrun, environment variables, the script's own start)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep the test output clean
+        pass
+
+
+# How the work is shared out does not depend on the tokenizer or the blocks. The torchrun runs
+# (test_distributed.py, test_fsdp.py) use char tokens and GPT-2's blocks so that every weight's
+# first AdamW step is far from Adam's eps (with a BPE vocabulary some embedding rows, with QK-norm
+# some attn.proj weights, get gradients near 1e-8, where float sums in another order move the step
+# by 5e-6), and their tolerance of 1e-6 holds.
+GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "model.smear=false"]
+QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
+
+
+def torchrun_command(n: int, *args: str, script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> list[str]:
+    """python -m torch.distributed.run is the torchrun command: n processes of script on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script, *args]
+
+
+def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
+             script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> subprocess.CompletedProcess:
+    """torchrun with n processes of script (train.py), run to the end."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
+    return subprocess.run(torchrun_command(n, *args, script=script), cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=preexec_fn)
+
+
+def signal_after_line(process: subprocess.Popen, marker: str, signum: int, whole_group: bool = False) -> str:
+    """Reads the process's output until a line holding marker, sends signum (to its whole process
+    group if whole_group), returns all output."""
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line:
+            if whole_group:
+                os.killpg(process.pid, signum)
+            else:
+                process.send_signal(signum)
+            break
+    seen.append(process.stdout.read())
+    process.wait(timeout=120)
+    return "".join(seen)
+
+
+def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str) -> str:
+    """torchrun with n processes of train.py, stopped as Ctrl-C in a terminal stops it (SIGINT to the
+    whole process group: torchrun and every rank) once it prints a line holding `after`; all it printed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
+    process = subprocess.Popen(torchrun_command(n, *args), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return signal_after_line(process, after, signal.SIGINT, whole_group=True)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a run's ckpt_last.pt."""
+    return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]
+
+
+def read_events(path: Path) -> EventAccumulator:
+    """A run's TensorBoard events (all the event files of a run dir, or one event file), read whole
+    by TensorBoard's own reader: every scalar, image and tensor it holds, none sampled away."""
+    return EventAccumulator(str(path), size_guidance={"images": 0, "scalars": 0, "tensors": 0}).Reload()
+
+
+def text_of(events: EventAccumulator, tag: str) -> str:
+    """The first text logged under tag, without RunLogger's 4-space code-block indent."""
+    return events.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()[4:]
+
+
+def curves(events: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag's (step, value) pairs."""
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def last_values(events: EventAccumulator, tags) -> dict[str, float]:
+    """The value each scalar tag logged last."""
+    return {tag: events.Scalars(tag)[-1].value for tag in tags}
+
+
+def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
+    """The induction, recall and ablation scalars of a run's last step, computed afresh from its
+    ckpt_last.pt: the held-out stories (data.seed + 1) and the induction probe of train.seed, as the
+    run builds them; name recall without each head the plain way, head by head."""
+    checkpoint = Checkpoint.load(run_dir / "ckpt_last.pt")
+    cfg, (model, tokenizer) = checkpoint.config, checkpoint.build_model()
+    n = min(cfg["train"]["probe_tokens"], cfg["model"]["block_size"]) // 2
+    probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, cfg["train"]["seed"], avoid=tokenizer.eot_id)])
+    induction = induction_score(model.attention_weights(probe)[:, 0], n)  # (L, H)
+    recall_probe = RecallProbe.build(tokenizer, cfg["model"]["block_size"], seed=cfg["data"]["seed"] + 1)
+    recall = recall_probe.evaluate(model)
+    per_head = {f"{prefix}/layer_{layer}/head_{head}": values[layer, head].item()
+                for prefix, values in (("head_induction", induction), ("recall_heads", recall.head_weight))
+                for layer, head in np.ndindex(*values.shape)}
+    by_kind = {f"recall/accuracy_{kind}": value for kind, value in recall.accuracy_by_kind.items()}
+    ablation = {}
+    for layer, head in np.ndindex(*induction.shape):
+        with model.heads_knocked_out({(layer, head)}):
+            ablation[f"ablation/recall_name/layer_{layer}/head_{head}"] = recall_probe.evaluate(model).accuracy_by_kind["name"]
+    return {**per_head, "recall/accuracy": recall.accuracy, **by_kind, **ablation}
+
+
+def logged_losses(stdout: str) -> list[float]:
+    """The train and val losses of each evaluation, in the order train.py printed them."""
+    return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
+
+
+def assert_one_error_line(result, message: str) -> None:
+    """A refusal as the user sees it: exit status 2, one line on stderr that holds message, no traceback."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr  # one line
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+# The whole corpus tokenised at once, as simply as it can be said: what the stream
+# (data/token_stream.py) must give, id for id.
+def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], bool]:
+    """Cut the corpus, read as one text, so the last val_fraction of its characters is val.
+    The cut may fall inside a document: then its tail starts the val split, and the third
+    value is True (that tail does not start a document)."""
+    total = sum(len(doc) for doc in documents)
+    remaining = total - int(total * val_fraction)  # characters that go to train
+    for i, doc in enumerate(documents):
+        if remaining < len(doc):
+            head, tail = doc[:remaining], doc[remaining:]
+            train = documents[:i] + ([head] if head else [])
+            return train, [tail, *documents[i + 1 :]], bool(head)
+        remaining -= len(doc)
+    return documents, [], False
+
+
+def encode_documents(tokenizer, documents: list[str], starts_mid_document: bool = False) -> list[int]:
+    """<|endoftext|> doc <|endoftext|> doc ...; a leading piece that continues a document cut in
+    two gets no token before it."""
+    ids: list[int] = []
+    for i, doc in enumerate(documents):
+        if not (i == 0 and starts_mid_document):
+            ids.append(tokenizer.eot_id)
+        ids.extend(tokenizer.encode(doc))
+    return ids
+
+
+def made_up_attention(seed: int, n_layer: int, n_head: int, T: int) -> torch.Tensor:
+    """Causal attention weights (n_layer, n_head, T, T) from random scores: what a model of that
+    shape would log, without training one."""
+    scores = torch.randn(n_layer, n_head, T, T, generator=torch.Generator().manual_seed(seed)) * 3
+    return scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")).softmax(-1)
+
+
+def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overrides) -> GPT:
+    """A randomly initialised GPT of 2 layers, 2 heads and 32 channels; overrides set any GPTConfig field."""
+    torch.manual_seed(seed)
+    config = dict(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=32)
+    return GPT(GPTConfig(**{**config, **overrides}))
+
+
+# Every architecture option (model.pos, norm, mlp, tie_head, qk_norm) against the GPT-2 defaults.
+ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False}, {"qk_norm": True},
+                        {"smear": True},
+                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True, "smear": True}]
+
+
+def previous_token_copier(attention: str) -> GPT:
+    """A 1-layer, 2-head GPT with weights set by hand: head 0 copies the previous token, head 1
+    averages the tokens so far, and the LM head predicts whatever head 0 copied. The 24 channels
+    of the residual stream: [0, 8) this token, [8, 16) this position (both one-hot), and
+    [16, 24) the previous token, written there by head 0."""
+    V = T = 8  # vocabulary and block_size
+    TOKEN, POSITION, PREVIOUS = 0, 8, 16  # where each group of channels starts
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=24, attention=attention,
+                          norm="rmsnorm", tie_head=False))  # RMSNorm: a pure rescaling; no biases
+    block, D = model.blocks[0], model.blocks[0].attn.head_dim  # D = 12
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()  # the MLP stays zero: an attention-only model
+        model.tok_emb.weight[:, TOKEN : TOKEN + V] = torch.eye(V)
+        model.pos_emb.weight[:, POSITION : POSITION + T] = torch.eye(T)
+        block.ln_1.weight.fill_(math.sqrt(2 / 24))  # every stream holds two ones: this undoes RMSNorm's 1 / RMS
+        q, k, v = block.attn.qkv.weight.split(24)  # (C, C) each; head 0 owns rows [0, D), head 1 rows [D, 2D)
+        # Head 0: query t is position t, times 100; key s is position s + 1. They meet only for
+        # s = t - 1, with a score of 100 / sqrt(D) ~ 29: all the weight on the previous token.
+        q[:T, POSITION : POSITION + T] = 100 * torch.eye(T)
+        k[1:T, POSITION : POSITION + T - 1] = torch.eye(T - 1)
+        v[:V, TOKEN : TOKEN + V] = torch.eye(V)  # and what it takes from there is the token
+        v[D : D + V, TOKEN : TOKEN + V] = torch.eye(V)  # head 1: no query or key, so equal weights
+        proj = block.attn.proj.weight  # (C, C): columns [0, D) read head 0, [D, 2D) head 1
+        proj[PREVIOUS : PREVIOUS + V, :V] = torch.eye(V)  # head 0 writes the previous token
+        proj[TOKEN : TOKEN + V, D : D + V] = torch.eye(V)  # head 1 writes where the LM head does not read
+        model.ln_f.weight.fill_(1.0)
+        model.lm_head.weight[:, PREVIOUS : PREVIOUS + V] = 10 * torch.eye(V)  # predict the previous token
+    return model.eval()
+
+
+def multihead_attention_like(module: CausalSelfAttention) -> nn.MultiheadAttention:
+    """torch's nn.MultiheadAttention with the module's weights (the same [W_q; W_k; W_v] layout)."""
+    C = module.proj.weight.shape[0]
+    mha = nn.MultiheadAttention(C, module.n_head, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(module.qkv.weight)
+        mha.in_proj_bias.copy_(module.qkv.bias)
+        mha.out_proj.weight.copy_(module.proj.weight)
+        mha.out_proj.bias.copy_(module.proj.bias)
+    return mha
+
 
 # A trained GPT-2's scale rather than HF's init (0.02 everywhere): logits of a few units, and GELU
 # inputs around 1, where its tanh form is ~1e-4 off erf's (near 0 the two agree).
@@ -26,8 +302,11 @@ HARD_TEXT = ("Café naïve, Straße, 日本語 and 🙂👍🏽 emoji\n\n\ttabs\
              "digits 1234567890 and 3.14, don't 'quote' it , so . it is ! is it ? it 's do n't \n")
 
 
-def tiny_gpt2(seed: int = 0, vocab_size: int = 301, eot_id: int = 300, n_positions: int = 64,
-              **options) -> GPT2LMHeadModel:
+TINY_GPT2_VOCAB = 301  # tiny_gpt2's vocabulary unless told: <|endoftext|> is its last id
+
+
+def tiny_gpt2(seed: int = 0, vocab_size: int = TINY_GPT2_VOCAB, eot_id: int = TINY_GPT2_VOCAB - 1,
+              n_positions: int = 64, **options) -> GPT2LMHeadModel:
     """A random GPT2LMHeadModel with GPT-2's settings (tanh GELU, eps 1e-5, biases) at a tiny size;
     its LayerNorms perturbed away from 1 and 0 so that a lost or swapped one shows."""
     torch.manual_seed(seed)
@@ -65,13 +344,6 @@ def tiny_gpt2_folder(folder: Path, seed: int = 0, n_positions: int = 64) -> Path
     eot_id = trained.token_to_id(EOT)
     tiny_gpt2(seed, vocab_size=trained.get_vocab_size(), eot_id=eot_id, n_positions=n_positions).save_pretrained(folder)
     return folder
-
-
-def read_events(run_dir: Path) -> EventAccumulator:
-    """A run's TensorBoard events, read whole by TensorBoard's own reader."""
-    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    events.Reload()
-    return events
 
 
 PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD = (0, 0), (1, 0)  # (layer, head) in shift_then_copy_model

@@ -4,19 +4,10 @@ import pytest
 import torch
 
 import training.jobs
-from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.ablation import recall_without_each_head
-from inspection.recall_probe import RecallProbe
 from model import GPT, GPTConfig
-from tests.conftest import TINY_RUN, run_cli
-from tests.helpers import read_events
-
-
-@pytest.fixture(scope="module")
-def char_probe():
-    tokenizer = CharTokenizer(sorted(set("".join(generate_stories(1337, 100_000)))))
-    return tokenizer, RecallProbe.build(tokenizer, block_size=128, seed=1338)
+from tests.helpers import TINY_RUN, read_events, run_cli
 
 
 def random_name_guesser(tokenizer: CharTokenizer, **options) -> GPT:

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import multihead_attention_like
 from torch import nn
 
 from model.attention import CausalSelfAttention, KVCache, rotate
+from tests.helpers import multihead_attention_like
 
 ATOL, RTOL = 1e-5, 1e-4
 

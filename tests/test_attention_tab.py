@@ -19,9 +19,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import made_up_attention
-from helpers import CIRCUIT_N, CIRCUIT_SEED, INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, save_circuit
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
@@ -29,6 +26,15 @@ from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import readable_token
 from model_io.checkpoint import BEST, Checkpoint
+from tests.helpers import (
+    CIRCUIT_N,
+    CIRCUIT_SEED,
+    INDUCTION_HEAD,
+    PREVIOUS_TOKEN_HEAD,
+    made_up_attention,
+    read_events,
+    save_circuit,
+)
 from training.tensorboard_log import RunLogger
 
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"
@@ -42,12 +48,6 @@ def get(url: str, form: dict[str, str] | None = None) -> tuple[int, str, bytes]:
             return response.status, response.headers["Content-Type"], response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.headers["Content-Type"], error.read()
-
-
-def logged(run_dir: Path) -> EventAccumulator:
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
-    events.Reload()
-    return events
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_tensorboard_lists_the_attention_tab_and_serves_its_modules(served):
 
 def test_runs_lists_the_logged_steps_shape_and_probe_labels(served, trained_run):
     base, name = served
-    events = logged(trained_run)
+    events = read_events(trained_run)
     (run,) = attention_runs(base)
     labels = json.loads(events.SummaryMetadata(WEIGHTS_TAG).plugin_data.content)["labels"]
     assert run == {"run": name, "tag": WEIGHTS_TAG, "steps": [0, 10, 20], "shape": [2, 2, 24, 24], "labels": labels,
@@ -104,7 +104,7 @@ def test_runs_lists_the_logged_steps_shape_and_probe_labels(served, trained_run)
 
 def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):
     base, name = served
-    for event in logged(trained_run).Tensors(WEIGHTS_TAG):
+    for event in read_events(trained_run).Tensors(WEIGHTS_TAG):
         status, kind, body = get(f"{base}{PLUGIN}/weights?run={name}&step={event.step}")
         assert (status, kind) == (200, "application/octet-stream")
         sent = np.frombuffer(body, dtype="<f2").reshape(2, 2, 24, 24)
@@ -113,7 +113,7 @@ def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):
 
 def test_metrics_are_the_logged_head_scalars_per_step_layer_and_head(served, trained_run):
     base, name = served
-    events = logged(trained_run)
+    events = read_events(trained_run)
     metrics = json.loads(get(f"{base}{PLUGIN}/metrics?run={name}")[2])
     prefixes = {"entropy": "head_entropy", "distance": "head_distance", "previous_token": "head_previous_token",
                 "induction": "head_induction", "recall": "recall_heads", "ablation": "ablation/recall_name"}

@@ -14,21 +14,19 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
-from conftest import made_up_attention
-from helpers import CIRCUIT_N, CIRCUIT_SEED, CIRCUIT_TOKENIZER, save_circuit
 from PIL import Image
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import COLORMAP
+from tests.helpers import CIRCUIT_N, CIRCUIT_SEED, CIRCUIT_TOKENIZER, made_up_attention, read_events, save_circuit
 from training.tensorboard_log import RunLogger
 
 MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)
@@ -111,8 +109,7 @@ def tab(browser):
 @pytest.fixture(scope="module")
 def logged(trained_run) -> dict[int, np.ndarray]:
     """{step: (L, H, T, T) float32} as the run's event file holds them."""
-    events = EventAccumulator(str(trained_run), size_guidance={"tensors": 0})
-    events.Reload()
+    events = read_events(trained_run)
     return {event.step: make_ndarray(event.tensor_proto).astype(np.float32) for event in events.Tensors(WEIGHTS_TAG)}
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 
 import bench.attention
 import bench.gpt2_finetune
@@ -20,6 +19,7 @@ import bench.loading
 import bench.sampling
 from bench.cli import main
 from model import GPT, GPTConfig
+from tests.helpers import ROOT
 
 SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 

@@ -4,7 +4,7 @@ an export needs the weights, the shape and the tokenizer, never the loop or the 
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 LOAD_AND_LIST_MODULES = """
 import sys

@@ -7,7 +7,7 @@ from importlib.metadata import version
 
 import pytest
 import torch
-from conftest import ROOT
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -15,6 +15,7 @@ from cli.config import resumed_config
 from cli.errors import config_error_line
 from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
 from model_io.checkpoint import Checkpoint, upgrade
+from tests.helpers import ROOT, run_cli
 from training.run import plain_config
 from user_error import UserError
 
@@ -35,7 +36,7 @@ def test_hydra_and_omegaconf_are_the_versions_the_error_wording_was_written_agai
     installed = {package: version(package) for package in ("hydra-core", "omegaconf")}
     assert installed == pinned, (
         "cli/errors.py (config_error_line, MUST_BE) words the errors of these exact versions: re-check "
-        "tests/test_cli.py's bad-input tables against the new ones, then update the pins in requirements.txt"
+        "tests/test_bad_input.py's tables against the new ones, then update the pins in requirements.txt"
     )
 
 
@@ -62,6 +63,18 @@ def test_the_presets_sampling_and_export_configs_are_typed_and_complete():
         assert OmegaConf.missing_keys(composed("train", f"experiment={preset}")) == set(), preset
     assert OmegaConf.missing_keys(composed("sample")) == set()
     assert OmegaConf.missing_keys(composed("export")) == set()
+
+
+def test_the_time_to_quality_preset_resolves_to_nanogpts_shape_with_its_levers(tmp_path):
+    result = run_cli("train.py", "experiment=shakespeare_char_cpu", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    assert config["data"]["source"] == "shakespeare" and config["tokenizer"]["kind"] == "char"
+    model = config["model"]
+    assert (model["n_layer"], model["n_head"], model["n_embd"], model["block_size"]) == (4, 4, 128, 64)
+    assert (model["pos"], model["mlp"], config["optim"]["schedule"]) == ("rope", "relu2", "wsd")
+    assert config["train"]["batch_size"] == 12 and config["train"]["eval_iters"] >= 200
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

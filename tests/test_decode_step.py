@@ -7,7 +7,7 @@ import torch
 from model.decode_step import CompiledDecodeStep, one_token_logits
 from model.generation import generate_tokens
 from model.sampling import choose_next_token
-from tests.test_model import ARCHITECTURE_OPTIONS, tiny_gpt
+from tests.helpers import ARCHITECTURE_OPTIONS, tiny_gpt
 
 
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli, spawn_cli
 
+from tests.helpers import ROOT, TINY_RUN, run_cli, spawn_cli
 from training.devices import Machine, check_compiler, find_compiler, pick_device
 from training.precision import choose_dtype
 from user_error import UserError

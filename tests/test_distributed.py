@@ -14,33 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-# How the work is shared out does not depend on the tokenizer or the blocks. These runs use
-# char tokens and GPT-2's blocks so that every weight's first AdamW step is far from Adam's eps
-# (with a BPE vocabulary some embedding rows, with QK-norm some attn.proj weights, get gradients
-# near 1e-8, where float sums in another order move the step by 5e-6), and 1e-6 below holds.
-GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "model.smear=false"]
-QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
-
-
-def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
-             script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> subprocess.CompletedProcess:
-    """python -m torch.distributed.run is the torchrun command: n processes of script on this machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script, *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=preexec_fn)
-
-
-def weights(run_dir) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]
-
-
-def logged_losses(stdout: str) -> list[float]:
-    return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
-
+from tests.helpers import (
+    QUICK,
+    ROOT,
+    ctrl_c_under_torchrun,
+    curves,
+    logged_losses,
+    read_events,
+    run_cli,
+    torchrun,
+    weights,
+)
 
 # 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
 EXACT = [*QUICK, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
@@ -88,7 +74,7 @@ def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):
     assert "| 2 processes (gloo)" in stdout
     log_lines = (run / "train.log").read_text().splitlines()
     assert sum("run dir:" in line for line in log_lines) == 1
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0}).Reload()
+    events = read_events(run)
     val = [e.value for e in events.Scalars("loss/val")]
     assert val[-1] < val[0] - 0.3, val
     assert events.Images("attention/layer_1/head_1")  # rank 0 drew the attention maps
@@ -194,7 +180,7 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     ("bad", "message"),
     [
         # One of each way: Hydra refuses the first as it composes, train() the second. (What each
-        # refusal says is checked in-process, in test_config.py and test_cli.py.)
+        # refusal says is checked in-process, in test_config.py and test_bad_input.py.)
         ("train.eval_every=20", "error: train.eval_every is not an option; check its spelling"),
         ("train.grad_accum_steps=0", "error: train.grad_accum_steps=0 must be at least 1"),
     ],
@@ -231,20 +217,7 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
 
 
 def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path, run_left_alone):
-    # Ctrl-C in a terminal signals the whole foreground process group: torchrun and both ranks.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(ROOT / "train.py"), *EXACT, "hydra.run.dir=stopped"]
-    process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if "step 15/40" in line:
-            os.killpg(process.pid, signal.SIGINT)
-            break
-    seen.append(process.stdout.read())
-    process.wait(timeout=120)
-    output = "".join(seen)
+    output = ctrl_c_under_torchrun(2, *EXACT, "hydra.run.dir=stopped", cwd=tmp_path, after="step 15/40")
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
     assert stopped, output
     assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
@@ -267,15 +240,6 @@ def process_of_rank(torchrun_pid: int, rank: int) -> int:
         if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
             return pid
     raise AssertionError(f"torchrun ({torchrun_pid}) has no process of rank {rank}: {children}")
-
-
-def read_events(run_dir: Path) -> EventAccumulator:
-    """The run's events as TensorBoard's own reader shows them, all its event files together."""
-    return EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0}).Reload()
-
-
-def curves(events: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def steps_by_tag(events: EventAccumulator) -> dict[str, list[int]]:
@@ -313,7 +277,7 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
     assert "torchrun restarted the processes (restart 1 of 1)" in output and resumed, output
     step = int(resumed.group(1))
     assert 5 <= step < 40  # it went on from a checkpoint, not from the start
-    first_attempt = EventAccumulator(str(min(run.glob("events.out.tfevents.*")))).Reload()
+    first_attempt = read_events(min(run.glob("events.out.tfevents.*")))
     assert first_attempt.Scalars("train/batch_loss")[-1].step > step  # so the steps after it were logged twice
 
     a, b = weights(run_left_alone.dir), weights(run)

@@ -17,8 +17,7 @@ from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
 from model.gpt import eval_mode
 from model_io.checkpoint import BEST, Checkpoint, build_model
 from model_io.hf_gpt2 import gpt_from_hf
-from tests.conftest import TINY_RUN, run_cli
-from tests.test_hf_gpt2 import VOCAB, tiny_gpt2
+from tests.helpers import TINY_GPT2_VOCAB, TINY_RUN, run_cli, tiny_gpt2
 
 TOLERANCE = 1e-5  # fp32: the same math in another order
 PROMPT = "Once upon a time"
@@ -52,9 +51,9 @@ def pretrained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     `tokenizers` in GPT-2's vocab.json + merges.txt layout), read by model_io as init_from reads one."""
     folder = tmp_path_factory.mktemp("hf_gpt2")
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(generate_stories(seed=3, n_chars=20_000), vocab_size=VOCAB, special_tokens=[EOT],
+    bpe.train_from_iterator(generate_stories(seed=3, n_chars=20_000), vocab_size=TINY_GPT2_VOCAB, special_tokens=[EOT],
                             show_progress=False)
-    assert bpe.get_vocab_size() == VOCAB
+    assert bpe.get_vocab_size() == TINY_GPT2_VOCAB
     bpe.save_model(str(folder))
     tiny_gpt2().save_pretrained(folder)
     model, _ = gpt_from_hf(folder)

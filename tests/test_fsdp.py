@@ -1,19 +1,14 @@
 """train.parallel=fsdp: real `torchrun` runs of train.py on 2 processes over gloo, against the
 same run under DDP, read back from their TensorBoard events and checkpoints."""
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
-from test_distributed import QUICK, curves, read_events, torchrun, weights
 
 from model_io.checkpoint import Checkpoint, build_model
+from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, read_events, torchrun, weights
 from training.optimizer import build_optimizer
 from training.parallel import named, numbered
 
@@ -43,19 +38,7 @@ def fsdp_stopped_and_resumed(tmp_path_factory) -> tuple[Path, int]:
     """RUN under FSDP, stopped by Ctrl-C after step 10 or so, then resumed to the end: its run
     dir and the step it stopped after."""
     workdir = tmp_path_factory.mktemp("fsdp")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(ROOT / "train.py"), *RUN, "train.parallel=fsdp", "hydra.run.dir=run"]
-    process = subprocess.Popen(command, cwd=workdir, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(workdir)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if "step 10/30" in line:
-            os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C does: torchrun and both ranks
-            break
-    seen.append(process.stdout.read())
-    process.wait(timeout=120)
-    output = "".join(seen)
+    output = ctrl_c_under_torchrun(2, *RUN, "train.parallel=fsdp", "hydra.run.dir=run", cwd=workdir, after="step 10/30")
     assert "| 2 processes (gloo), each holding a shard (fsdp)" in output, output
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved run/ckpt_last.pt", output)
     assert stopped, output

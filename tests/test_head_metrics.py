@@ -7,6 +7,7 @@ import torch
 
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from model import GPT, GPTConfig
+from tests.helpers import made_up_attention
 
 T = 12
 
@@ -32,11 +33,6 @@ def self_head(T: int) -> torch.Tensor:
     return torch.eye(T)
 
 
-def random_causal_head(T: int, seed: int) -> torch.Tensor:
-    scores = torch.randn(T, T, generator=torch.Generator().manual_seed(seed)) * 3
-    return torch.softmax(scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), dim=-1)
-
-
 def test_a_pure_previous_token_head_scores_1_looks_1_back_with_no_uncertainty():
     m = head_metrics(as_heads(previous_token_head(T)))
     assert m["previous_token"].item() == pytest.approx(1.0)
@@ -45,7 +41,8 @@ def test_a_pure_previous_token_head_scores_1_looks_1_back_with_no_uncertainty():
 
 
 def test_uniform_attention_has_the_largest_entropy_a_causal_head_can_have():
-    m = head_metrics(as_heads(uniform_causal_head(T), *(random_causal_head(T, seed) for seed in range(5))))
+    random_heads = [made_up_attention(seed, n_layer=1, n_head=1, T=T)[0, 0] for seed in range(5)]  # (T, T) each
+    m = head_metrics(as_heads(uniform_causal_head(T), *random_heads))
     most = sum(math.log(t + 1) for t in range(T)) / T  # query t spreads evenly over t + 1 tokens
     assert m["entropy"][0, 0].item() == pytest.approx(most)
     assert (m["entropy"][0, 1:] < most - 0.05).all()

@@ -8,11 +8,8 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_cli
-from helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, read_events, shift_then_copy_model
 from omegaconf import OmegaConf
 from PIL import Image
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.corpus import load_documents
 from data.dataset import TokenData
@@ -22,6 +19,7 @@ from docs.drawing import SHOWN_WIDTH
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
 from model_io.checkpoint import Checkpoint
+from tests.helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, ROOT, read_events, run_cli, shift_then_copy_model
 from training.distributed import Ranks
 from training.evaluation import evaluate, in_context_positions
 from training.precision import Precision
@@ -100,8 +98,7 @@ def test_made_up_names_are_new_letter_strings_and_the_common_stories_are_unchang
 
 
 def test_every_run_logs_the_in_context_score_and_the_induction_ablation_beside_the_old_tags(trained_run):
-    events = EventAccumulator(str(trained_run), size_guidance={"scalars": 0})
-    events.Reload()
+    events = read_events(trained_run)
     tags = set(events.Tags()["scalars"])
     assert [event.step for event in events.Scalars("loss/in_context")] == [0, 10, 20]  # at each evaluation
     heads = {f"ablation/induction_loss/layer_{layer}/head_{head}" for layer in range(2) for head in range(2)}

@@ -11,8 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data.tokenizer import EOT
 from model.gpt import eval_mode
 from model_io.checkpoint import Checkpoint
-from tests.conftest import run_cli
-from tests.helpers import HARD_TEXT, read_events, tiny_gpt2_folder
+from tests.helpers import HARD_TEXT, read_events, run_cli, tiny_gpt2_folder
 
 SMALL = ["data.n_chars=20000", "train.eval_iters=2", "train.batch_size=4", "train.sample_tokens=10", "train.probe_tokens=24"]
 TOLERANCE = 1e-5  # fp32: the same math in another order is ~2e-6 apart here

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import multihead_attention_like
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from model import GPT, GPTConfig
 from model.attention import CausalSelfAttention, KVCache
+from tests.helpers import multihead_attention_like
 
 ATOL, RTOL = 1e-5, 1e-4
 

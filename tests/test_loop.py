@@ -7,13 +7,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN
 from hydra import compose, initialize_config_dir
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data.dataset import get_batch
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
+from tests.helpers import ROOT, TINY_RUN, read_events
 from training.distributed import Ranks
 from training.fit import fit
 from training.jobs import Checkpoints, Every
@@ -142,7 +141,7 @@ def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fit
     figures = fit(build_run(cfg, tmp_path, ranks, precision, data, model), TrainState())
     assert [sorted(e) for e in figures.evaluations] == [["step", "val"]] * 4
     assert [e["val"] for e in figures.evaluations] == [e["val"] for e in fitted[1].evaluations]  # the same batches
-    events = EventAccumulator(str(tmp_path)).Reload()
+    events = read_events(tmp_path)
     assert "loss/val" in events.Tags()["scalars"] and "loss/train" not in events.Tags()["scalars"]
 
 
@@ -158,8 +157,7 @@ def test_fit_returns_every_evaluation_and_the_best_val_loss_it_saved(fitted):
 
 def test_fit_logs_each_steps_lr_loss_and_speed_as_it_returns_them(fitted):
     run_dir, figures = fitted
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
+    events = read_events(run_dir)
     assert [e.step for e in events.Scalars("train/batch_loss")] == list(range(1, 13))  # train.log_interval=1
     assert [e.value for e in events.Scalars("train/tokens_per_sec")] == pytest.approx(figures.tokens_per_sec)
     # Update number s (logged at step s) uses the schedule's lr for s - 1: warmup, flat, decay.

@@ -6,16 +6,11 @@ import re
 import pytest
 import torch
 
-from model import GPT, GPTConfig, eval_mode
+from model import GPT, eval_mode
 from model.generation import generate_text, generate_tokens
 from model.gpt import ReLUSquared, relu_squared
 from model.sampling import filter_logits
-
-
-def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overrides) -> GPT:
-    torch.manual_seed(seed)
-    config = dict(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=32)
-    return GPT(GPTConfig(**{**config, **overrides}))
+from tests.helpers import ARCHITECTURE_OPTIONS, previous_token_copier, tiny_gpt
 
 
 def test_loss_at_init_is_close_to_ln_vocab_size():
@@ -24,12 +19,6 @@ def test_loss_at_init_is_close_to_ln_vocab_size():
     idx = torch.randint(0, 65, (8, 16))
     _, loss = model(idx, torch.randint(0, 65, (8, 16)))
     assert abs(loss.item() - math.log(65)) < 0.1
-
-
-# Every architecture option (model.pos, norm, mlp, tie_head, qk_norm) against the GPT-2 defaults.
-ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False}, {"qk_norm": True},
-                        {"smear": True},
-                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True, "smear": True}]
 
 
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")
@@ -360,37 +349,6 @@ def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_
     with pytest.raises(ValueError, match=re.escape(message)), model.heads_knocked_out(heads):
         pass
     assert masks_of(model) == [None, None]
-
-
-def previous_token_copier(attention: str) -> GPT:
-    """A 1-layer, 2-head GPT with weights set by hand: head 0 copies the previous token, head 1
-    averages the tokens so far, and the LM head predicts whatever head 0 copied. The 24 channels
-    of the residual stream: [0, 8) this token, [8, 16) this position (both one-hot), and
-    [16, 24) the previous token, written there by head 0."""
-    V = T = 8  # vocabulary and block_size
-    TOKEN, POSITION, PREVIOUS = 0, 8, 16  # where each group of channels starts
-    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=24, attention=attention,
-                          norm="rmsnorm", tie_head=False))  # RMSNorm: a pure rescaling; no biases
-    block, D = model.blocks[0], model.blocks[0].attn.head_dim  # D = 12
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()  # the MLP stays zero: an attention-only model
-        model.tok_emb.weight[:, TOKEN : TOKEN + V] = torch.eye(V)
-        model.pos_emb.weight[:, POSITION : POSITION + T] = torch.eye(T)
-        block.ln_1.weight.fill_(math.sqrt(2 / 24))  # every stream holds two ones: this undoes RMSNorm's 1 / RMS
-        q, k, v = block.attn.qkv.weight.split(24)  # (C, C) each; head 0 owns rows [0, D), head 1 rows [D, 2D)
-        # Head 0: query t is position t, times 100; key s is position s + 1. They meet only for
-        # s = t - 1, with a score of 100 / sqrt(D) ~ 29: all the weight on the previous token.
-        q[:T, POSITION : POSITION + T] = 100 * torch.eye(T)
-        k[1:T, POSITION : POSITION + T - 1] = torch.eye(T - 1)
-        v[:V, TOKEN : TOKEN + V] = torch.eye(V)  # and what it takes from there is the token
-        v[D : D + V, TOKEN : TOKEN + V] = torch.eye(V)  # head 1: no query or key, so equal weights
-        proj = block.attn.proj.weight  # (C, C): columns [0, D) read head 0, [D, 2D) head 1
-        proj[PREVIOUS : PREVIOUS + V, :V] = torch.eye(V)  # head 0 writes the previous token
-        proj[TOKEN : TOKEN + V, D : D + V] = torch.eye(V)  # head 1 writes where the LM head does not read
-        model.ln_f.weight.fill_(1.0)
-        model.lm_head.weight[:, PREVIOUS : PREVIOUS + V] = 10 * torch.eye(V)  # predict the previous token
-    return model.eval()
 
 
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])

@@ -7,12 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
 from hydra import compose, initialize_config_dir
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
+from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
 from training.distributed import Ranks
 from training.fit import fit
 from training.optimizer import build_optimizer
@@ -126,7 +125,7 @@ def fp16_run(workdir, max_steps: int, scale: float = 2.0**22):
 def test_an_fp16_run_counts_its_overflows_logs_its_scale_and_resumes_bitwise(tmp_path):
     alone = fp16_run(tmp_path / "alone", max_steps=16)
     figures = fit(alone, TrainState())
-    events = EventAccumulator(str(tmp_path / "alone"), size_guidance={"scalars": 0}).Reload()
+    events = read_events(tmp_path / "alone")
     scales = [e.value for e in events.Scalars("train/loss_scale")]
     drops = sum(b < a for a, b in zip([2.0**22, *scales], scales, strict=False))
     assert drops >= 2 and figures.skipped == drops == events.Scalars("train/skipped_nonfinite")[-1].value

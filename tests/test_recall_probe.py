@@ -20,12 +20,6 @@ def test_recall_points_are_the_repeated_names_and_the_packed_items_named_again()
     assert recall_points("Mia and Tom went home.") == []
 
 
-@pytest.fixture(scope="module")
-def char_probe():
-    tokenizer = CharTokenizer(sorted(set("".join(generate_stories(1337, 100_000)))))
-    return tokenizer, RecallProbe.build(tokenizer, block_size=128, seed=1338)
-
-
 def test_each_recall_point_is_a_mention_whose_word_appears_earlier_in_the_same_window(char_probe):
     tokenizer, probe = char_probe
     assert probe.windows.shape == (96, 128)

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model_io.checkpoint import Checkpoint
+from tests.helpers import ROOT, TINY_RUN, read_events, run_cli, signal_after_line
 
 # TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
 EXACT_RUN = [a for a in TINY_RUN if not a.startswith(("train.max_steps", "train.log_interval"))] + [
@@ -32,29 +31,12 @@ def start_training(*args: str, cwd: Path) -> subprocess.Popen:
     )
 
 
-def signal_after_line(process: subprocess.Popen, marker: str, signum: int) -> str:
-    """Reads the process's output until a line holding marker, sends signum, returns all output."""
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if marker in line:
-            process.send_signal(signum)
-            break
-    seen.append(process.stdout.read())
-    process.wait(timeout=120)
-    return "".join(seen)
-
-
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
-    events.Reload()
-    return [(event.step, event.value) for event in events.Scalars(tag)]
+    return [(event.step, event.value) for event in read_events(run_dir).Scalars(tag)]
 
 
 def image_steps(run_dir: Path, tag: str) -> list[int]:
-    events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
-    events.Reload()
-    return [image.step for image in events.Images(tag)]
+    return [image.step for image in read_events(run_dir).Images(tag)]
 
 
 def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_path):

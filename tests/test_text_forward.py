@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_model import previous_token_copier
 
 from data.tokenizer import CharTokenizer
 from inspection.text_forward import forward_text
 from model import GPT, GPTConfig
+from tests.helpers import previous_token_copier
 from user_error import UserError
 
 TOKENIZER = CharTokenizer(list(" abcdefghijklmnopqrstuvwxyz."))

@@ -1,4 +1,4 @@
-"""The corpus tokenised as a stream equals the corpus tokenised at once (tests/conftest.py's
+"""The corpus tokenised as a stream equals the corpus tokenised at once (tests/helpers.py's
 reference), id for id, when the stream's pieces and batches are cut small enough to split
 multi-byte characters, words, line ends and documents; and a run killed while it writes the
 token cache leaves nothing a later run trusts."""
@@ -15,13 +15,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import regex
-from conftest import ROOT, encode_documents, split_documents
 
 from data import corpus, token_stream
 from data.bpe import GPT2_PATTERN
 from data.corpus import load_documents
 from data.dataset import is_complete, prepare_tokens
 from data.tokenizer import train_bpe_fast
+from tests.helpers import ROOT, encode_documents, split_documents
 
 LONG_TEXT = ("Naïve Zoë said: «ça va?» — ☃ snow, 雪.\r\n" * 30) + "x" * 700 + " end of a run with no spaces\n"
 

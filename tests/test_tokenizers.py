@@ -1,6 +1,7 @@
 """Byte-level BPE (our trainer, tiktoken's encoder), the GPT-2 encoding's offline errors,
 and the special <|endoftext|> token."""
 
+import re
 import time
 from collections import Counter
 from itertools import pairwise
@@ -9,14 +10,16 @@ import numpy as np
 import pytest
 import regex
 import tiktoken.load
-from conftest import ROOT
+import torch
 
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
+from data.corpus import load_documents
 from data.dataset import prepare_tokens
 from data.gpt2_files import load_gpt2_encoding
 from data.stories import generate_stories
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
 from inspection.heatmap import readable_token
+from tests.helpers import ROOT, TINY_RUN, run_cli, split_documents
 from user_error import UserError
 
 HARD_TEXT = "Café naïve, Ærøskøbing! Emoji 🙂👍🏽 and 中文字符 and कि\n\n\ttabs   spaces\r\n 'quotes' don't 1234"
@@ -119,6 +122,28 @@ def test_bpe_ranks_are_kept_as_a_tiktoken_file_in_the_cache_and_reused(tmp_path)
     mtime = ranks_file.stat().st_mtime_ns
     again = bpe(STORIES, 400, tmp_path)
     assert ranks_file.stat().st_mtime_ns == mtime and again.encode(STORIES[:500]) == tokenizer.encode(STORIES[:500])
+
+
+def test_the_default_run_uses_a_bpe_vocabulary_learned_once_and_cached(trained_run):
+    assert "(bpe)" in (trained_run / "train.log").read_text()
+    (cached,) = (trained_run.parent / ".cache" / "bpe").glob("*.tiktoken")
+    # Guards val text leaking into the vocabulary: the cached ranks, the checkpoint's, are the train split's alone.
+    checkpoint = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
+    data, vocab_size = checkpoint["config"]["data"], checkpoint["config"]["tokenizer"]["vocab_size"]
+    train_docs, _, _ = split_documents(load_documents(data), data["val_fraction"])
+    assert ranks_from_text(cached.read_text()) == train_bpe_fast(train_docs, vocab_size)
+    assert checkpoint["tokenizer"]["ranks"] == cached.read_text()
+
+
+def test_a_bpe_that_runs_out_of_merges_says_how_many_tokens_it_got(tmp_path):
+    result = run_cli("train.py", *TINY_RUN, "data.n_chars=10000", "tokenizer=bpe", "tokenizer.vocab_size=4096",
+                     "train.max_steps=1", "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    vocab = int(re.search(r"vocab (\d+) \(bpe\)", result.stdout).group(1))
+    assert vocab < 4096
+    assert f"note: bpe has {vocab - 1} byte tokens, not the 4096 of tokenizer.vocab_size" in result.stdout
+    assert "ns_dtype" not in result.stdout  # Muon in float32 on a CPU: nothing to say
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])

@@ -1,4 +1,4 @@
-"""The helpers train.py wires together: schedule, optimizer groups, heatmaps, checkpoints."""
+"""The helpers train.py wires together: optimizer groups and Muon, heatmaps, checkpoints, the recall logs."""
 
 import os
 import random
@@ -6,8 +6,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.util.tensor_util import make_ndarray
 
 from data.tokenizer import CharTokenizer
 from inspection.ablation import RecallAblation
@@ -15,32 +13,11 @@ from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, r
 from inspection.recall_probe import RecallScores
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, resolve_checkpoint
-from training.lr_schedule import lr_at
+from tests.helpers import TINY_RUN, read_events, run_cli, text_of
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states
 from training.tensorboard_log import RunLogger
 from user_error import UserError
-
-
-def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
-    kwargs = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=111)  # updates 0..110
-    assert lr_at(0, **kwargs) == pytest.approx(1e-4)
-    assert lr_at(4, **kwargs) == pytest.approx(5e-4)
-    assert lr_at(9, **kwargs) == pytest.approx(1e-3)  # warmup's last step reaches lr
-    assert lr_at(10, **kwargs) == pytest.approx(1e-3)
-    assert lr_at(60, **kwargs) == pytest.approx(0.5 * (1e-3 + 1e-4))  # half way down the cosine
-    assert lr_at(110, **kwargs) == pytest.approx(1e-4)  # the last update uses min_lr
-    assert lr_at(500, **kwargs) == pytest.approx(1e-4)
-    lrs = [lr_at(s, **kwargs) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
-
-
-def test_wsd_holds_lr_flat_then_decays_in_a_straight_line_over_the_last_fifth():
-    kwargs = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=111, schedule="wsd", decay_fraction=0.2)
-    assert lr_at(9, **kwargs) == pytest.approx(1e-3)
-    assert lr_at(50, **kwargs) == lr_at(88, **kwargs) == pytest.approx(1e-3)  # stable
-    assert lr_at(98, **kwargs) == pytest.approx(1e-3 + (1e-4 - 1e-3) * 10 / 22)  # decay: steps 88..110
-    assert lr_at(110, **kwargs) == pytest.approx(1e-4)
 
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_and_both_save_and_load():
@@ -111,6 +88,14 @@ def test_ns_dtype_auto_is_float32_on_a_cpu_and_bfloat16_on_a_gpu_and_the_config_
            "muon_momentum": 0.85}
     muon = build_optimizer(model, cfg, torch.device("cpu")).optimizers[1]
     assert muon.ns_dtype == torch.bfloat16 and muon.param_groups[0]["momentum"] == 0.85
+
+
+def test_muon_in_bfloat16_on_a_cpu_says_it_is_slow_without_avx512_bf16_and_how_to_use_float32(tmp_path):
+    result = run_cli("train.py", *TINY_RUN, "optim.ns_dtype=bfloat16", "train.max_steps=1", "train.attn_log_interval=0",
+                     "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it)" in result.stdout
+    assert "optim.ns_dtype=auto runs them in float32" in result.stdout
 
 
 def test_loading_a_saved_state_keeps_the_hyperparameters_the_optimizers_were_built_with():
@@ -282,18 +267,14 @@ def test_the_recall_and_ablation_logs_name_each_head_and_the_three_that_look_mos
     logger.recall(5, RecallScores(0.5, {"name": 0.8, "item": 0.2}, weight))
     logger.ablation(5, RecallAblation("name", 0.83, without))
     logger.close()
-    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    events = read_events(tmp_path)
     scalar = {tag: events.Scalars(tag)[0].value for tag in events.Tags()["scalars"]}
     for layer in range(2):
         for head in range(3):
             assert scalar[f"recall_heads/layer_{layer}/head_{head}"] == pytest.approx(weight[layer, head].item())
             assert scalar[f"ablation/recall_name/layer_{layer}/head_{head}"] == pytest.approx(without[layer, head].item())
     assert scalar["recall/accuracy_name"] == pytest.approx(0.8)
-
-    def text(tag: str) -> str:
-        return make_ndarray(events.Tensors(f"{tag}/text_summary")[0].tensor_proto).item().decode().strip()  # an indented block
-
-    assert text("recall/top_heads") == ("weight on the earlier mention: "
-                                        "layer 0 head 1: 0.50, layer 1 head 0: 0.30, layer 1 head 2: 0.20")
-    assert text("ablation/top_heads") == ("name recall 0.83 with every head; without "
-                                          "layer 0 head 2: 0.10, layer 1 head 1: 0.40, layer 0 head 0: 0.80")
+    assert text_of(events, "recall/top_heads") == ("weight on the earlier mention: "
+                                                   "layer 0 head 1: 0.50, layer 1 head 0: 0.30, layer 1 head 2: 0.20")
+    assert text_of(events, "ablation/top_heads") == ("name recall 0.83 with every head; without "
+                                                     "layer 0 head 2: 0.10, layer 1 head 1: 0.40, layer 0 head 0: 0.80")

@@ -1,0 +1,117 @@
+"""The table of bad inputs: each one to train.py or sample.py is one line on stderr that says what
+is wrong and what to do, with exit status 2, no traceback, and nothing written."""
+
+import gzip
+
+import pytest
+import torch
+
+from tests.helpers import assert_one_error_line, run_cli
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["model.n_layr=3"], "error: model.n_layr is not an option; check its spelling (`python train.py --help`"),
+        (["n_layer=3"], "error: n_layer is not an option"),
+        (["+model.n_layr=3"], "error: +model.n_layr=3 adds model.n_layr, which is not an option here"),
+        (["model=huge"], "error: model=huge is not an option of model; choose one of: gpt"),
+        (["optimizer=sgd"], "error: optimizer is not an option; check its spelling"),
+        (["model.n_layer=[1,"], "error: could not read the argument 'model.n_layer=[1,' (no viable alternative at input '[1,')"),
+        (["model.n_head=2,4"], "error: model.n_head=2,4: a comma here means a sweep; add -m for one run per value"),
+        (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
+        (["model.n_layer=${oops}"], "error: model.n_layer: Interpolation key 'oops' not found"),
+        (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
+        (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
+        (["optim.lr=-1"], "error: optim.lr=-1"),
+        (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),
+        (["data=text"], "error: data=text needs a corpus"),
+        (["data=text", "data.path=nowhere.txt"], "error: data.path=nowhere.txt does not exist"),
+        (["data=text", "data.path=empty.txt"], "error: data.path=empty.txt holds no text"),
+        (["data=text", "data.path=binary.txt"], "error: binary.txt looks binary (it holds NUL bytes at 5)"),
+        (["data=text", "data.path=latin1.txt"], "error: latin1.txt is not UTF-8 text (byte 3 is 0xe9)"),
+        (["data=text", "data.path=bad.jsonl"], "error: bad.jsonl, line 2: not valid JSON (Expecting ',' delimiter, column 16)"),
+        (["data=text", "data.path=bad.jsonl", "data.text_field=story"], "error: bad.jsonl, line 1: no 'story' field (it has 'text')"),
+        (["data=text", "data.path=cut.txt.gz"], "error: cut.txt.gz is not a readable gzip file"),
+        pytest.param(["train.device=cuda"], "error: train.device=cuda but PyTorch sees no CUDA GPU here",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
+        (["optim.lr=0"], "error: optim.lr=0"),
+        (["model.pos=alibi"], "error: model.pos=alibi must be one of learned, rope"),
+        (["model.pos=rope", "model.n_embd=36", "model.n_head=4"], "error: model.pos=rope needs an even head size"),
+        (["model.mlp=swish"], "error: model.mlp=swish must be one of gelu, gelu_tanh, relu2"),
+        (["optim.name=sgd"], "error: optim.name=sgd must be one of adamw, muon"),
+        (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),
+        (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: finetune_gpt2, gpt2_shape, induction, shakespeare_char_cpu"),
+        (["resume=nowhere"], "error: resume=nowhere does not exist"),
+        (["resume=auto"], "error: resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
+                          "add hydra.run.dir=<folder>"),
+        (["train.save_interval=-1"], "error: train.save_interval=-1 must be 0 (only at evaluations) or more"),
+        (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
+        (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
+        (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),
+        (["model.qk_norm=1.5"], "error: model.qk_norm=1.5 must be true or false"),
+        (["debug=shape"], "error: debug=shape is not a debug mode; the one there is: debug=shapes"),
+        (["train.compile=yes please"], "error: train.compile=yes please must be true or false"),
+        (["model.dropout=x"], "error: model.dropout=x must be a number"),
+        (["optim.betas=[2,0.9]"], "error: optim.betas=[2, 0.9] must be two numbers in [0, 1)"),
+        (["optim.muon_momentum=1"], "error: optim.muon_momentum=1 must be in [0, 1)"),
+        (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
+        (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or more"),
+        (["train.device=tpu9"], "error: train.device=tpu9"),
+        (["tokenizer=bpe", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size=100 must be a whole number from 256"),
+        (["tokenizer=gpt2", "tokenizer.url=http://127.0.0.1:9/gpt2", "data.cache_dir=c"],
+         "error: could not download http://127.0.0.1:9/gpt2/vocab.bpe"),
+        (["data=shakespeare", "data.url=http://127.0.0.1:9/input.txt", "data.cache_dir=c"],
+         "error: could not download http://127.0.0.1:9/input.txt"),
+    ],
+)
+def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args, message):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "binary.txt").write_bytes(b"hello\0\0\0world")
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
+    (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"text": "two" "three"}\n{"text": "four"}\n')
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(b"a story " * 1000)[:-40])  # a download cut short
+    result = run_cli("train.py", *args, cwd=tmp_path)
+    assert_one_error_line(result, message)
+    assert not (tmp_path / "outputs").exists()  # a refused run leaves no run dir, not even an empty one
+    if "data=text" in args:  # a corpus refused while read leaves no token cache entry, whole or half-written
+        assert not list(tmp_path.glob(".cache/tokens/*"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run=nowhere"], "error: run=nowhere does not exist"),
+        (["run=empty_run"], "error: run=empty_run has no ckpt_best.pt or ckpt_last.pt"),
+        (["run=truncated.pt"], "error: truncated.pt is not a readable checkpoint"),
+        (["run=notes.pt"], "error: notes.pt is not a readable checkpoint"),
+        (["run=mismatched.pt"], "error: the checkpoint's weights do not fit the model its config describes"),
+        (["top_p=0"], "error: top_p=0 must be in (0, 1]"),
+        (["topk=5"], "error: topk is not an option; check its spelling (`python sample.py --help`"),
+        (["temperature=-1"], "error: temperature=-1"),
+        (["prompt=Chapter", "1:", "x"], "error: could not read the argument '1:': each argument is key=value, and a value with"),
+        (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep"),
+        (["prompt='a','b'"], "error: prompt='a','b': a comma here means a sweep"),
+        (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
+        (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
+        (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
+        (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be 0 or more"),
+        (["max_new_tokens=abc"], "error: max_new_tokens=abc must be a whole number"),
+        (["top_k=lots"], "error: top_k=lots must be a whole number"),
+        (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false"),
+        (["compile=true", "use_kv_cache=false"], "error: compile=true compiles the cached one-token step"),
+    ],
+)
+def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tmp_path, args, message):
+    checkpoint = (trained_run / "ckpt_last.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(checkpoint[: len(checkpoint) // 2])
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    (tmp_path / "empty_run").mkdir()
+    wrong = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
+    wrong["config"]["model"]["n_embd"] = 64  # the config now describes another model than the weights
+    torch.save(wrong, tmp_path / "mismatched.pt")
+    run = [] if any(a.startswith("run=") for a in args) else [f"run={trained_run}"]
+    before = sorted(p.name for p in trained_run.rglob("*"))
+    result = run_cli("sample.py", *run, *args, cwd=tmp_path)
+    assert_one_error_line(result, message)
+    assert sorted(p.name for p in trained_run.rglob("*")) == before  # nothing written into the run dir

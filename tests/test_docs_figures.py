@@ -1,0 +1,26 @@
+"""The pictures `make docs` draws from a run (docs/figures.py)."""
+
+from PIL import Image
+
+from tests.helpers import assert_one_error_line, read_events, spawn_cli
+
+
+def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run, tmp_path):
+    import docs.figures  # the script behind `make docs`
+    from docs.drawing import SHOWN_WIDTH
+
+    out = tmp_path / "maps.png"
+    (copier, _), (other, _) = [((layer, head), role) for layer, head, role in
+                               docs.figures.attention_maps_figure(str(trained_run / "ckpt_last.pt"), out=out)]
+    # The run logged each head's weight on the earlier mention at step 20, from the same weights.
+    events = read_events(trained_run)
+    logged = {(layer, head): events.Scalars(f"recall_heads/layer_{layer}/head_{head}")[-1].value
+              for layer in range(2) for head in range(2)}
+    assert copier == max(logged, key=logged.get) and other != copier
+    width, height = Image.open(out).size
+    assert 1.5 * height < width <= SHOWN_WIDTH  # two square maps side by side, shown at their own size
+
+
+def test_the_docs_picture_of_a_missing_run_is_one_clear_line(tmp_path):
+    result = spawn_cli("docs/figures.py", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert_one_error_line(result, "does not exist")

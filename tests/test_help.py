@@ -1,0 +1,22 @@
+"""--help: train.py and sample.py list their options with the project's own text, and the values
+the rest of the command line would give."""
+
+import pytest
+
+from tests.helpers import run_cli, spawn_cli
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_help_lists_the_options_with_the_projects_own_text(tmp_path, script):
+    result = spawn_cli(script, "--help", cwd=tmp_path)  # the scripts' own start, as a user runs them
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{script}: ")
+    assert f"Usage: python {script} [key=value ...]" in result.stdout
+    if script == "train.py":
+        assert "tokenizer: bpe, char, gpt2" in result.stdout  # the groups and their options
+        assert "  n_head: 4\n" in result.stdout and "resume: null" in result.stdout
+        overridden = run_cli(script, "model.n_head=8", "--help", cwd=tmp_path)
+        assert "  n_head: 8\n" in overridden.stdout  # the values this command line would use
+    else:
+        assert "use_kv_cache: true" in result.stdout
+    assert list(tmp_path.iterdir()) == []  # asking for help writes nothing

@@ -1,0 +1,33 @@
+"""A Hydra sweep (train.py -m): one run dir per value, each with its HParams for TensorBoard."""
+
+import pytest
+import torch
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+from tests.helpers import TINY_RUN, read_events, run_cli
+
+
+def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
+    tiny_without_n_head = [arg for arg in TINY_RUN if not arg.startswith("model.n_head=")]
+    result = run_cli("train.py", "-m", "model.n_head=1,2", *tiny_without_n_head, "train.max_steps=4",
+                     "train.eval_interval=4", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert runs == ["0", "1"]
+    for run, n_head in (("0", 1), ("1", 2)):
+        run_dir = tmp_path / "sweep" / run
+        assert (run_dir / "ckpt_last.pt").is_file() and list(run_dir.glob("events.out.tfevents.*"))
+        assert torch.load(run_dir / "ckpt_last.pt", weights_only=True)["config"]["model"]["n_head"] == n_head
+        heads = {tag.split("/")[2] for tag in read_events(run_dir).Tags()["images"] if tag.startswith("attention/layer_")}
+        assert heads == {f"head_{h}" for h in range(n_head)}
+        # The HParams tab's data, read back as TensorBoard reads it: this run's settings and result.
+        events = read_events(run_dir)
+        content = events.PluginTagToContent("hparams")
+        assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(content)
+        start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+        assert start.hparams["model.n_head"].number_value == n_head
+        assert start.hparams["optim.name"].string_value == "muon"
+        experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+        assert "hparams/best_val_loss" in {m.name.tag for m in experiment.metric_infos}
+        best = events.Scalars("hparams/best_val_loss")[-1].value
+        assert best == pytest.approx(min(e.value for e in events.Scalars("loss/val")[1:]), rel=1e-6)

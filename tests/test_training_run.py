@@ -1,0 +1,63 @@
+"""One tiny run of train.py, end to end: what it leaves in its run dir, that its val loss falls,
+and a run on character tokens that logs, learns and samples as the default BPE run does."""
+
+import pytest
+import torch
+
+from tests.helpers import (
+    TINY_RUN,
+    assert_one_error_line,
+    last_values,
+    read_events,
+    recomputed_last_step_scalars,
+    run_cli,
+    text_of,
+)
+
+
+def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
+    for name in ("ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra/config.yaml"):
+        assert (trained_run / name).is_file(), name
+    assert list(trained_run.glob("events.out.tfevents.*"))
+    checkpoint = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
+    assert checkpoint["step"] == 20
+    assert checkpoint["config"]["model"]["n_layer"] == 2
+    assert checkpoint["tokenizer"]["kind"] == "bpe"  # the default
+    log = (trained_run / "train.log").read_text()
+    assert "step 20: train loss" in log and "val loss" in log
+    assert "precision: fp32 (train.dtype=auto: fp32 on a CPU, where bf16 and fp16 matmuls are slower)" in log
+    # Guards ckpt_best saved at the wrong evaluation or with a stale best_val_loss: the lowest val loss logged.
+    val = {e.step: e.value for e in read_events(trained_run).Scalars("loss/val") if e.step > 0}
+    best = torch.load(trained_run / "ckpt_best.pt", weights_only=True)
+    assert best["step"] == min(val, key=val.get)
+    assert best["best_val_loss"] == pytest.approx(val[best["step"]]) == checkpoint["best_val_loss"]
+
+
+def test_the_val_loss_falls_during_the_tiny_run(trained_run):
+    val = [e.value for e in read_events(trained_run).Scalars("loss/val")]
+    assert val[-1] < val[0] - 0.3
+
+
+def test_a_tiny_char_run_trains_logs_labelled_maps_and_samples(tmp_path):
+    result = run_cli("train.py", *TINY_RUN, "tokenizer=char", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = tmp_path / "run"
+    assert "(char)" in (run_dir / "train.log").read_text()
+    assert not (tmp_path / ".cache" / "bpe").exists()
+    events = read_events(run_dir)
+    assert {f"attention/layer_{layer}/head_{h}" for layer in range(2) for h in range(2)} <= set(events.Tags()["images"])
+    assert [image.step for image in events.Images("attention/layer_1/head_1")] == [0, 10, 20]
+    labels = text_of(events, "attention/probe").split(" | ")
+    assert len(labels) == 24 and all(len(label) == 1 for label in labels)  # one character each, a space as ·
+    assert "".join(labels).replace("·", " ").startswith(("Once upon", "There once", "Long ago"))
+    losses = [e.value for e in events.Scalars("loss/val")]
+    assert losses[-1] < losses[0] - 0.3
+    # The recall probe reads character tokens too; guards a probe built on other stories than the held-out ones.
+    expected = recomputed_last_step_scalars(run_dir)
+    assert "recall/accuracy_name" in expected
+    assert last_values(events, expected) == pytest.approx(expected, abs=1e-5)
+    sampled = run_cli("sample.py", f"run={run_dir}", "prompt=Once upon", "max_new_tokens=20", cwd=tmp_path)
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.startswith("Once upon") and len(sampled.stdout.rstrip("\n")) >= len("Once upon") + 20
+    unknown = run_cli("sample.py", f"run={run_dir}", "prompt='Once upon a time ☃'", cwd=tmp_path)
+    assert_one_error_line(unknown, "never saw in training: '☃'")  # a character outside the char vocabulary
