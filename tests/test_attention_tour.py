@@ -409,7 +409,7 @@ def assert_same_numbers(made: object, kept: object, where: str) -> None:
         for i, (a, b) in enumerate(zip(made, kept, strict=True)):
             assert_same_numbers(a, b, f"{where}[{i}]")
     elif isinstance(made, float):
-        assert made == pytest.approx(kept, rel=1e-5, abs=1e-7), where  # float32 on another CPU: last bits
+        assert made == pytest.approx(kept, rel=1e-5, abs=1e-6), where  # float32 on another CPU or thread count: last bits
     elif isinstance(made, tuple):
         assert_same_numbers(list(made), kept, where)
     else:
