@@ -17,13 +17,10 @@ from omegaconf import DictConfig
 from cli.config import validate_sample_config
 from cli.errors import exit_on_user_error, run_cli
 from model.decode_step import INDUCTOR_OPTIONS
-from model.generation import generate_text
+from model.generation import EOT_SHOWN, generate_text
 from model_io.checkpoint import Checkpoint, resolve_checkpoint
 from training.devices import Machine, check_compiler, pick_device
 from user_error import UserError
-
-# A text the model ends with <|endoftext|> and the next it starts, apart and readable.
-EOT_SHOWN = "\n\n--- end of text ---\n\n"
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")

@@ -8,6 +8,10 @@ from model.decode_step import CompiledDecodeStep
 from model.gpt import GPT, eval_mode
 from model.sampling import DIVERGED, choose_next_token, uniform_noise
 
+# How a printed text shows an <|endoftext|> the model wrote (sample.py, the training log's
+# samples): the text it ended and the next it started, apart and readable.
+EOT_SHOWN = "\n\n--- end of text ---\n\n"
+
 
 class Tokenizer(Protocol):
     """What generate_text needs of a tokenizer; every tokenizer in data/tokenizer.py has it."""

@@ -415,3 +415,22 @@ def assert_same_numbers(made: object, kept: object, where: str) -> None:
     else:
         assert made == kept, where
 
+
+
+def test_the_readme_and_default_model_page_quote_the_default_run_make_docs_recorded():
+    # The same record as above (docs/attention_maps.json): the figures README.md and
+    # docs/default_model.md quote from the default run, at the precision they quote them.
+    record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
+    recall, table = record["name_recall"], record["without_each_head"]
+    copier, second = table["heads"][:2]  # (layer, head, recall without it, look-back weight, induction)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    page = " ".join((ROOT / "docs" / "default_model.md").read_text().replace("**", "").split())
+    assert f"0% at step 0, **{100 * recall['800']:.1f}%** at step 800" in readme
+    assert f"name recall without each head ({copier[2]:.3f} without head {copier[1]}" in readme
+    assert "| `recall/accuracy_name` | " + " | ".join(f"{100 * recall[step]:.{0 if recall[step] == 0 else 1}f}%"
+                                                     for step in ("0", "200", "400", "600", "800")) in page
+    assert (f"layer {copier[0]} head {copier[1]}: {copier[3]:.2f}, layer {second[0]} head {second[1]}: {second[3]:.2f}"
+            in page)
+    assert (f"name recall falls from {100 * table['intact']:.0f}% to {100 * copier[2]:.0f}% with layer {copier[0]} head "
+            f"{copier[1]} knocked out alone, and only to {100 * second[2]:.0f}% without layer {second[0]} head {second[1]}"
+            in page)

@@ -2,17 +2,24 @@
 the end of a text as a line, not the raw <|endoftext|> token), the runs and checkpoints it reads,
 and run=latest, which skips a newer test run for a trained one."""
 
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from data.tokenizer import EOT, CharTokenizer
+from model.generation import EOT_SHOWN
 from model_io.checkpoint import BEST, LAST, Checkpoint, build_model, resolve_checkpoint
 from model_io.latest_run import MIN_STEPS
-from tests.helpers import run_cli
+from tests.helpers import read_events, run_cli, text_of
+from training.distributed import Ranks
+from training.jobs import Samples
+from training.parallel import Replicated
+from training.tensorboard_log import RunLogger
 
 TOKENIZER = CharTokenizer(list("ab"))  # <|endoftext|> is id 2
 MODEL = {"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 16, "pos": "learned", "tie_head": False}
@@ -102,3 +109,21 @@ def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_
     latest = run_cli("sample.py", "run=latest", *greedy, cwd=workdir)
     assert latest.returncode == 0, latest.stderr
     assert latest.stdout == by_file.stdout
+
+
+ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def test_the_training_logs_sample_shows_the_end_of_a_text_as_sample_py_does(tmp_path, caplog):
+    # The loop's Samples job, with a model that writes <|endoftext|> one token in three: the
+    # sample it logs and writes to TensorBoard shows each end of text as sample.py prints it.
+    model, tokenizer = Checkpoint.load(save_run(tmp_path / "run", steps=800, written=1_000)).build_model()
+    train = SimpleNamespace(sample_interval=10, sample_tokens=60, sample_temperature=1.0, seed=0)
+    run = SimpleNamespace(cfg=SimpleNamespace(train=train), model=model, data=SimpleNamespace(tokenizer=tokenizer),
+                          parallel=Replicated(model, ONE_PROCESS), ranks=ONE_PROCESS)
+    logger = RunLogger(tmp_path / "events")
+    with caplog.at_level(logging.INFO):
+        Samples(run, logger)(SimpleNamespace(step=10))
+    logger.close()
+    for shown in (text_of(read_events(tmp_path / "events"), "samples"), caplog.text):
+        assert EOT not in shown and shown.count(EOT_SHOWN.strip()) > 5

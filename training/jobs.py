@@ -8,7 +8,7 @@ from data.dataset import probe_ids
 from inspection.ablation import induction_loss_without_each_head, recall_without_each_head
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
-from model.generation import generate_text
+from model.generation import EOT_SHOWN, generate_text
 from model_io.checkpoint import BEST, LAST, Checkpoint
 from training.evaluation import evaluate
 from training.run import Run
@@ -184,7 +184,7 @@ class Samples:
         train = self.run.cfg.train
         try:
             sample = generate_text(self.run.model, self.run.data.tokenizer, "", train.sample_tokens,
-                                   temperature=train.sample_temperature, seed=train.seed)[0]
+                                   temperature=train.sample_temperature, seed=train.seed, eot_text=EOT_SHOWN)[0]
         except FloatingPointError as error:  # only after train.skip_nonfinite let NaN in
             sample = f"(no sample: {error})"
         self.tb.text("samples", sample, state.step)
