@@ -59,11 +59,11 @@ def heads_of(scalars: dict[str, dict[int, float]], prefix: str) -> dict[tuple[in
 
 
 def circuit(scalars: dict[str, dict[int, float]]) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The induction head (the highest score at the last step) and, in a layer below it, the head
+    """The induction head (the highest score at the last step, above layer 0) and, in a layer below it, the head
     whose knock-out raises the second-copy loss most: the one whose output its keys read."""
     induction = heads_of(scalars, "head_induction")
     last = max(next(iter(induction.values())))
-    head = max(induction, key=lambda h: induction[h][last])
+    head = max((h for h in induction if h[0] > 0), key=lambda h: induction[h][last])  # it reads a layer below
     without = heads_of(scalars, "ablation/induction_loss")
     below = [h for h in without if h[0] < head[0]]
     return head, max(below, key=lambda h: without[h][last])
@@ -87,6 +87,9 @@ def crossing(scalars: dict[str, dict[int, float]]) -> int | None:
 def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], seconds: float) -> dict:
     head, previous = circuit(scalars)
     induction = heads_of(scalars, "head_induction")[head]
+    if max(induction.values()) < AFTER:
+        raise UserError(f"no head's induction score reached {AFTER} by step {max(induction)} (the best: layer {head[0]} "
+                        f"head {head[1]}, {max(induction.values()):.3f}); draw a run of the preset's {checkpoint.config['train']['max_steps']} steps")
     previous_score = heads_of(scalars, "head_previous_token")[previous]
     without = heads_of(scalars, "ablation/induction_loss")
     intact = scalars["ablation/induction_loss/intact"]

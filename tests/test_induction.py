@@ -4,6 +4,8 @@ to shift, then copy (Olsson et al., 2022) is the reference; a tiny real run logs
 import json
 import math
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -154,6 +156,11 @@ def test_the_induction_preset_trains_two_layers_without_the_smear_on_word_games_
     tags = set(read_events(tmp_path / "run").Tags()["scalars"])
     assert {"head_induction/layer_1/head_0", "head_previous_token/layer_0/head_3", "loss/in_context",
             "ablation/induction_loss/layer_0/head_3"} <= tags
+    # make docs INDUCTION_RUNS=<this run>: 4 steps form no head, and the pictures say so in one line.
+    drawn = subprocess.run([sys.executable, str(ROOT / "docs" / "induction_figures.py"), "run"], cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert drawn.returncode == 2 and drawn.stderr.startswith("error: no head's induction score reached 0.5 by step 4")
+    assert len(drawn.stderr.strip().splitlines()) == 1
 
 
 def nearest(series: dict[str, float], step: int) -> tuple[int, float]:
