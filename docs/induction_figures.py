@@ -59,13 +59,19 @@ def heads_of(scalars: dict[str, dict[int, float]], prefix: str) -> dict[tuple[in
 
 
 def circuit(scalars: dict[str, dict[int, float]]) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The induction head (the highest score at the last step, above layer 0) and, in a layer below it, the head
-    whose knock-out raises the second-copy loss most: the one whose output its keys read."""
+    """The induction head (the highest score at the last step, above layer 0) and, in a layer
+    below it, the head its keys read: of the heads whose knock-out costs the second copy a nat or
+    more, the one that looks back one token most (else the knock-out that costs most)."""
     induction = heads_of(scalars, "head_induction")
     last = max(next(iter(induction.values())))
     head = max((h for h in induction if h[0] > 0), key=lambda h: induction[h][last])  # it reads a layer below
     without = heads_of(scalars, "ablation/induction_loss")
+    intact = scalars["ablation/induction_loss/intact"][last]
+    previous = heads_of(scalars, "head_previous_token")
     below = [h for h in without if h[0] < head[0]]
+    needed = [h for h in below if without[h][last] >= intact + 1.0]
+    if needed:
+        return head, max(needed, key=lambda h: previous[h][last])
     return head, max(below, key=lambda h: without[h][last])
 
 
@@ -109,7 +115,8 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
         "best_previous_token": [*best_previous[0], round(best_previous[1][last], 3)],
         "second_copy_loss": {"intact": round(intact[last], 2), "without_induction_head": round(without[head][last], 2),
                              "without_previous_token_head": round(without[previous][last], 2),
-                             "at_start": round(intact[0], 2)},
+                             "at_start": round(intact[0], 2),
+                             "without": {f"{l}.{h}": round(series[last], 2) for (l, h), series in sorted(without.items())}},
         "in_context": {str(step): round(value, 3) for step, value in sorted(in_context.items())},
         "series": {name: {str(step): round(value, 3) for step, value in sorted(values.items())} for name, values in (
             ("induction_head", induction), ("batch_loss", scalars["train/batch_loss"]), ("second_copy_intact", intact))},
@@ -123,7 +130,7 @@ def scores_figure(record: dict, scalars: dict[str, dict[int, float]]) -> None:
     head, previous = tuple(record["induction_head"]), tuple(record["previous_token_head"])
     steps = sorted(induction[head])
     top = max(steps)
-    x_ticks = list(range(0, top + 1, 250))
+    x_ticks = list(range(0, top + 1, 250 if top <= 2000 else 500))
     lines = [Line("", steps, [induction[h][s] for s in steps], FAINT, width=1) for h in sorted(induction) if h != head]
     lines.append(Line(f"induction score, layer {head[0]} head {head[1]}", steps, [induction[head][s] for s in steps], RED, width=3))
     prev = heads_of(scalars, "head_previous_token")[previous]

@@ -190,9 +190,9 @@ def induction_page_quotes(record: dict) -> list[str]:
         f"| second-copy loss (`ablation/induction_loss`) | {loss['at_start']:.2f} nats at step 0; at step "
         f"{record['step']:,}, {loss['intact']:.2f} intact, {loss['without_induction_head']:.2f} without the induction head, "
         f"{loss['without_previous_token_head']:.2f} without layer {l0} head {h0} |",
-        f"| the circuit's first head | layer {l0} head {h0}, the head of layer 0 whose knock-out costs the second copy "
-        f"most: `head_previous_token` {record['previous_token_score']:.3f} (the highest of any head: {best[2]:.3f}, "
-        f"layer {best[0]} head {best[1]}) |",
+        f"| the circuit's first head | layer {l0} head {h0}: of the heads of layer 0 whose knock-out costs the second copy "
+        f"a nat or more, the one that looks back most, `head_previous_token` {record['previous_token_score']:.3f} (the "
+        f"highest of any head: {best[2]:.3f}, layer {best[0]} head {best[1]}) |",
         "| seed | " + " | ".join(str(seed["seed"]) for seed in seeds) + " |",
         "| crossed 0.3 at step | " + " | ".join(str(seed["crossed_0.3_at"]) for seed in seeds) + " |",
         "| steps run | " + " | ".join(f"{seed['steps']:,}" for seed in seeds) + " |",
