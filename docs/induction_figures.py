@@ -116,7 +116,7 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
         "second_copy_loss": {"intact": round(intact[last], 2), "without_induction_head": round(without[head][last], 2),
                              "without_previous_token_head": round(without[previous][last], 2),
                              "at_start": round(intact[0], 2),
-                             "without": {f"{l}.{h}": round(series[last], 2) for (l, h), series in sorted(without.items())}},
+                             "without": {f"{layer}.{h}": round(series[last], 2) for (layer, h), series in sorted(without.items())}},
         "in_context": {str(step): round(value, 3) for step, value in sorted(in_context.items())},
         "series": {name: {str(step): round(value, 3) for step, value in sorted(values.items())} for name, values in (
             ("induction_head", induction), ("batch_loss", scalars["train/batch_loss"]), ("second_copy_intact", intact))},
