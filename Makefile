@@ -34,7 +34,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefil
 	@$(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch==$(TORCH_VERSION)"
 	@$(PY) -m pip install -qq --disable-pip-version-check torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
-	@echo "setup: installing requirements-dev.txt (hydra-core, tensorboard, tiktoken, tqdm, pytest, ruff, ...)"
+	@echo "setup: installing requirements-dev.txt (hydra-core, tensorboard, tiktoken, rustbpe, transformers, pytest, ruff, selenium, ...)"
 	@$(PY) -m pip install -qq --disable-pip-version-check -r requirements-dev.txt
 	@echo "setup: installing the Attention tab for TensorBoard (attention_tab/, editable)"
 	@$(PY) -m pip install -qq --disable-pip-version-check --no-deps -e .

@@ -67,6 +67,9 @@ def attention_maps_figure(run: str, out: Path = ATTENTION_MAPS) -> list[tuple[in
     if config["data"]["source"] != "stories":
         raise UserError(f"{run} was trained on data={config['data']['source']}; the picture needs a run on the "
                         "built-in stories, where names come back (the default)")
+    if config["data"].get("names", "common") != "common" or config["data"].get("word_games", 0):
+        raise UserError(f"{run} read made-up names or word games (experiment=induction?); the README's pictures need a "
+                        "run of make train's stories: make docs RUN=<its run dir>")
     data = prepare_tokens(config["data"], config["tokenizer"])
     probe = probe_ids(data.val, tokenizer, min(config["train"]["probe_tokens"], model.config.block_size))
     weights = model.attention_weights(torch.tensor([probe]))[:, 0]  # (L, H, T, T)

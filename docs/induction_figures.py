@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -29,6 +30,7 @@ DOCS = Path(__file__).resolve().parent
 SCORES, MAP, RECORD = DOCS / "induction_scores.png", DOCS / "induction_map.png", DOCS / "induction.json"
 SHOWN_TOKENS = 12  # random tokens in each copy of the drawn sequence: 24 rows, 12 px each
 BEFORE, AFTER, CROSSING = 0.05, 0.5, 0.3  # the issue's marks: below, above, and the seeds' crossing
+PRESET_STEPS = OmegaConf.load(DOCS.parent / "configs" / "experiment" / "induction.yaml").train.max_steps
 JUMP = 0.2  # the steep part of the rise starts where the score leaves this (twice its early plateau)
 
 
@@ -95,7 +97,8 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
     induction = heads_of(scalars, "head_induction")[head]
     if max(induction.values()) < AFTER:
         raise UserError(f"no head's induction score reached {AFTER} by step {max(induction)} (the best: layer {head[0]} "
-                        f"head {head[1]}, {max(induction.values()):.3f}); draw a run of the preset's {checkpoint.config['train']['max_steps']} steps")
+                        f"head {head[1]}, {max(induction.values()):.3f}); draw a run of the preset's whole "
+                        f"{PRESET_STEPS:,} steps")
     previous_score = heads_of(scalars, "head_previous_token")[previous]
     without = heads_of(scalars, "ablation/induction_loss")
     intact = scalars["ablation/induction_loss/intact"]

@@ -161,6 +161,11 @@ def test_the_induction_preset_trains_two_layers_without_the_smear_on_word_games_
                            capture_output=True, text=True)
     assert drawn.returncode == 2 and drawn.stderr.startswith("error: no head's induction score reached 0.5 by step 4")
     assert len(drawn.stderr.strip().splitlines()) == 1
+    # make docs's README pictures (RUN=latest may be this run): refused in one line, nothing drawn.
+    readme = subprocess.run([sys.executable, str(ROOT / "docs" / "figures.py"), "run"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert readme.returncode == 2 and readme.stderr.startswith("error: run read made-up names or word games")
+    assert len(readme.stderr.strip().splitlines()) == 1
 
 
 def nearest(series: dict[str, float], step: int) -> tuple[int, float]:
