@@ -31,7 +31,7 @@ SCORES, MAP, RECORD = DOCS / "induction_scores.png", DOCS / "induction_map.png",
 SHOWN_TOKENS = 12  # random tokens in each copy of the drawn sequence: 24 rows, 12 px each
 BEFORE, AFTER, CROSSING = 0.05, 0.5, 0.3  # the issue's marks: below, above, and the seeds' crossing
 PRESET_STEPS = OmegaConf.load(DOCS.parent / "configs" / "experiment" / "induction.yaml").train.max_steps
-JUMP = 0.2  # the steep part of the rise starts where the score leaves this (twice its early plateau)
+JUMP = 0.2  # the steep part of the rise starts where the score leaves this
 
 
 def read_run(run: str) -> tuple[Checkpoint, dict[str, dict[int, float]], float]:
@@ -77,10 +77,13 @@ def circuit(scalars: dict[str, dict[int, float]]) -> tuple[tuple[int, int], tupl
     return head, max(below, key=lambda h: without[h][last])
 
 
-def rise(series: dict[int, float], start: float = BEFORE) -> tuple[int, int]:
-    """(the last step below start, the first step at AFTER or more after it)."""
+def rise(series: dict[int, float], start: float = BEFORE) -> tuple[int, int] | None:
+    """(the last step below start, the first step at AFTER or more after it); None if the
+    score never reached AFTER."""
     steps = sorted(series)
-    first_above = next(step for step in steps if series[step] >= AFTER)
+    first_above = next((step for step in steps if series[step] >= AFTER), None)
+    if first_above is None:
+        return None
     last_below = max(step for step in steps if step < first_above and series[step] < start)
     return last_below, first_above
 
@@ -122,7 +125,8 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
                              "without": {f"{layer}.{h}": round(series[last], 2) for (layer, h), series in sorted(without.items())}},
         "in_context": {str(step): round(value, 3) for step, value in sorted(in_context.items())},
         "series": {name: {str(step): round(value, 3) for step, value in sorted(values.items())} for name, values in (
-            ("induction_head", induction), ("batch_loss", scalars["train/batch_loss"]), ("second_copy_intact", intact))},
+            ("induction_head", induction), ("previous_token_head", previous_score), ("batch_loss", scalars["train/batch_loss"]),
+            ("second_copy_intact", intact))},
     }
 
 
@@ -141,7 +145,7 @@ def scores_figure(record: dict, scalars: dict[str, dict[int, float]]) -> None:
     jump = record["induction_score"]["jump"]
     band = [(jump[0], jump[1], f"{JUMP} to {AFTER}")]
     scores = Plot("every head's induction score on random characters repeated once (grey: the other heads)", "step",
-                  "score", (0, top), (0, 1), x_ticks, [0, 0.25, 0.5, 0.75, 1], lines, bands=band, legend=(top * 0.6, 0.95))
+                  "score", (0, top), (0, 1), x_ticks, [0, 0.25, 0.5, 0.75, 1], lines, bands=band, legend=(top * 0.45, 0.2))
     in_context = scalars["loss/in_context"]
     evals = sorted(in_context)
     low = min(in_context.values())
@@ -176,7 +180,12 @@ def main(runs: list[str]) -> dict:
     seeds = []
     for run in runs:
         other, other_scalars, other_seconds = (checkpoint, scalars, seconds) if run == runs[0] else read_run(run)
+        head, previous = circuit(other_scalars)
+        looks_back = heads_of(other_scalars, "head_previous_token")[previous]  # {step: score}
         seeds.append({"seed": other.config["train"]["seed"], "crossed_0.3_at": crossing(other_scalars),
+                      "rise": rise(heads_of(other_scalars, "head_induction")[head]),
+                      "previous_token_head": list(previous),
+                      "previous_token_score": round(looks_back[max(looks_back)], 3),
                       "steps": other.step, "seconds": round(other_seconds)})
     record["seeds"] = seeds
     return record

@@ -20,6 +20,7 @@ from data.tokenizer import CharTokenizer
 from docs.drawing import SHOWN_WIDTH
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
+from model.attention import CausalSelfAttention
 from model_io.checkpoint import Checkpoint
 from tests.helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, ROOT, read_events, run_cli, shift_then_copy_model
 from training.distributed import Ranks
@@ -58,6 +59,36 @@ def test_second_copy_loss_collapses_with_the_circuit_and_comes_back_without_eith
     assert ablation.without[1, 1] == pytest.approx(ablation.intact, abs=1e-6)
     with model.heads_knocked_out({INDUCTION_HEAD}):
         assert second_copy_loss(model, repeated) == pytest.approx(ablation.without[INDUCTION_HEAD].item())
+
+
+def sharpest_look_back(rotary: bool, D: int = 32, T: int = 8, steps: int = 150) -> float:
+    """How far a QK-normed head (gains at 1) can lift the last query's score for the token one
+    back above its scores for the token itself and the one two back, by position alone: Adam
+    searches W_qkv and the input, one vector at every position (rotary) or one per position
+    (learned positions, as if the input were the position's embedding)."""
+    torch.manual_seed(0)
+    head = CausalSelfAttention(D, 1, bias=False, rope_length=T if rotary else 0, qk_norm=True, attention="manual")
+    x = torch.randn(1, 1 if rotary else T, D, requires_grad=True)  # (1, 1 or T, D)
+    optimizer = torch.optim.Adam([x, head.qkv.weight], lr=0.05)
+    best = -math.inf
+    for _ in range(steps):
+        _, weights = head(x.expand(1, T, D), need_weights=True)  # (1, 1, T, T)
+        log_w = weights[0, 0, T - 1].log()  # (T,): a difference of two is a difference of scores
+        gap = torch.minimum(log_w[T - 2] - log_w[T - 1], log_w[T - 2] - log_w[T - 3])
+        optimizer.zero_grad()
+        (-gap).backward()
+        optimizer.step()
+        best = max(best, gap.item())
+    return best
+
+
+def test_a_rotary_score_stands_at_most_2_6_above_its_neighbours_under_qk_norm_and_a_learned_one_11_3():
+    # docs/attention.md, section 16: why experiment=induction uses learned positions. With QK-norm,
+    # q and k have norm sqrt(D) (times the gains), so a score lies within +-sqrt(D); RoPE's fastest
+    # pair turns 1 radian a token, so one back can beat its two neighbours by sqrt(D)(1 - cos 1).
+    bound = math.sqrt(32) * (1 - math.cos(1))  # 2.600
+    assert bound - 0.02 < sharpest_look_back(rotary=True) <= bound + 1e-4
+    assert sharpest_look_back(rotary=False) == pytest.approx(2 * math.sqrt(32), abs=0.02)  # 11.31: +sqrt(D) against -sqrt(D)
 
 
 def repeating_stream(period: int, length: int, seed: int = 0) -> np.ndarray:
@@ -144,14 +175,15 @@ def test_data_word_games_below_0_gets_one_line(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-def test_the_induction_preset_trains_two_layers_without_the_smear_on_word_games_and_logs_the_circuit(tmp_path):
+def test_the_induction_preset_trains_two_layers_with_learned_positions_without_the_smear_on_word_games(tmp_path):
     # The preset's own settings, shortened: what `python train.py experiment=induction` runs.
     result = run_cli("train.py", "experiment=induction", "data.n_chars=30000", "train.max_steps=4", "train.eval_interval=4",
                      "train.eval_iters=1", "train.attn_log_interval=2", "train.sample_interval=0", "train.batch_size=2",
                      "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     config = Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").config
-    assert (config["model"]["n_layer"], config["model"]["smear"], config["tokenizer"]["kind"]) == (2, False, "char")
+    model = config["model"]
+    assert (model["n_layer"], model["smear"], model["pos"], config["tokenizer"]["kind"]) == (2, False, "learned", "char")
     assert config["data"]["names"] == "random" and config["data"]["word_games"] > 0
     tags = set(read_events(tmp_path / "run").Tags()["scalars"])
     assert {"head_induction/layer_1/head_0", "head_previous_token/layer_0/head_3", "loss/in_context",
@@ -200,6 +232,9 @@ def induction_page_quotes(record: dict) -> list[str]:
         f"highest of any head: {best[2]:.3f}, layer {best[0]} head {best[1]}) |",
         "| seed | " + " | ".join(str(seed["seed"]) for seed in seeds) + " |",
         "| crossed 0.3 at step | " + " | ".join(str(seed["crossed_0.3_at"]) for seed in seeds) + " |",
+        "| from below 0.05 to 0.5 and more | " + " | ".join(f"steps {seed['rise'][0]} to {seed['rise'][1]}" for seed in seeds) + " |",
+        "| the layer-0 head it reads, at the last step | " + " | ".join(
+            f"head {seed['previous_token_head'][1]}, {seed['previous_token_score']:.3f}" for seed in seeds) + " |",
         "| steps run | " + " | ".join(f"{seed['steps']:,}" for seed in seeds) + " |",
     ]
 
@@ -208,6 +243,8 @@ def test_the_induction_page_quotes_the_run_make_docs_recorded_and_that_run_is_th
     # docs/induction_figures.py (make docs INDUCTION_RUNS=...) writes docs/induction.json from the
     # preset's runs; the page's numbers are that record's, and the record's run is today's preset.
     from hydra import compose, initialize_config_dir
+
+    import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
 
     record = json.loads((ROOT / "docs" / "induction.json").read_text())
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -227,14 +264,17 @@ def test_the_induction_page_quotes_the_run_make_docs_recorded_and_that_run_is_th
     series = {**record["series"], "in_context": record["in_context"]}
     prose = " ".join(page.split())
     for name, step, quoted, phrase in [
-        ("batch_loss", 250, 1.69, "between steps 250 and 450 (1.69 to 0.93 nats)"), ("batch_loss", 450, 0.93, ""),
-        ("in_context", 300, -0.25, "from -0.25 at step 300 to -0.71 at step 400"), ("in_context", 400, -0.71, ""),
-        ("induction_head", 450, 0.24, "reaches 0.24 at step 450, 0.38 at 500 and 0.51 at 650"),
-        ("induction_head", 500, 0.38, ""), ("induction_head", 650, 0.51, ""),
-        ("second_copy_intact", 0, 4.18, "first rises from 4.18 to about 6"),
-        ("second_copy_intact", 650, 4.28, "falls back to 4.28 at step 650"),
+        ("previous_token_head", 0, "0.065", "rising from 0.065 at step 0 to 0.430 at step 200"),
+        ("previous_token_head", 200, "0.430", ""),
+        ("induction_head", 250, "0.017", "reaches 0.017, 0.263 and 0.620 at steps 250, 300 and 350"),
+        ("induction_head", 300, "0.263", ""), ("induction_head", 350, "0.620", ""),
+        ("batch_loss", 200, "2.01", "had slowed to 2.01 at step 200 and 1.88 at step 250, drops to 1.01 at step 350"),
+        ("batch_loss", 250, "1.88", ""), ("batch_loss", 350, "1.01", ""),
+        ("in_context", 200, "-0.007", "falls from -0.007 at step 200 to -0.620 at step 300"), ("in_context", 300, "-0.620", ""),
+        ("second_copy_intact", 0, "4.16", "first rises from 4.16 to 5.83 at step 200"),
+        ("second_copy_intact", 200, "5.83", ""), ("second_copy_intact", 350, "4.34", "falls to 4.34 at step 350"),
     ]:
-        assert round(series[name][str(step)], 2) == quoted, (name, step)
+        assert f"{series[name][str(step)]:.{len(quoted.split('.')[1])}f}" == quoted, (name, step)
         assert phrase in prose, phrase
     assert len(record["seeds"]) >= 4 and all(seed["crossed_0.3_at"] is not None for seed in record["seeds"])
     for picture in ("induction_scores.png", "induction_map.png"):
