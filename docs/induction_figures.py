@@ -6,6 +6,8 @@ It writes docs/induction_scores.png (every head's induction score over the steps
 previous-token score of the circuit's first head, and loss/in_context), docs/induction_map.png
 (the two heads of the circuit on random tokens repeated once), and docs/induction.json, the
 numbers docs/induction.md and docs/attention.md quote, which a test ties to the text.
+`--out <folder>` writes the three files there instead, leaving docs/ as it is:
+    python docs/induction_figures.py <run dir> --out <run dir>
 """
 
 import argparse
@@ -27,7 +29,7 @@ from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent
-SCORES, MAP, RECORD = DOCS / "induction_scores.png", DOCS / "induction_map.png", DOCS / "induction.json"
+SCORES, MAP, RECORD = "induction_scores.png", "induction_map.png", "induction.json"  # written in docs/ or --out
 SHOWN_TOKENS = 12  # random tokens in each copy of the drawn sequence: 24 rows, 12 px each
 BEFORE, AFTER, CROSSING = 0.05, 0.5, 0.3  # the issue's marks: below, above, and the seeds' crossing
 PRESET_STEPS = OmegaConf.load(DOCS.parent / "configs" / "experiment" / "induction.yaml").train.max_steps
@@ -130,7 +132,7 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
     }
 
 
-def scores_figure(record: dict, scalars: dict[str, dict[int, float]]) -> None:
+def scores_figure(record: dict, scalars: dict[str, dict[int, float]], path: Path) -> None:
     """Three panels over the same steps: every head's induction score (the induction head in red)
     with the circuit's layer-0 head's previous-token score; loss/in_context; the training loss."""
     induction = heads_of(scalars, "head_induction")
@@ -143,7 +145,7 @@ def scores_figure(record: dict, scalars: dict[str, dict[int, float]]) -> None:
     prev = heads_of(scalars, "head_previous_token")[previous]
     lines.append(Line(f"previous-token score, layer {previous[0]} head {previous[1]}", steps, [prev[s] for s in steps], BLUE))
     jump = record["induction_score"]["jump"]
-    band = [(jump[0], jump[1], f"{JUMP} to {AFTER}")]
+    band = [(jump[0], jump[1], "the jump")]  # from the last step below JUMP to the first at AFTER or more
     scores = Plot("every head's induction score on random characters repeated once (grey: the other heads)", "step",
                   "score", (0, top), (0, 1), x_ticks, [0, 0.25, 0.5, 0.75, 1], lines, bands=band, legend=(top * 0.45, 0.2))
     in_context = scalars["loss/in_context"]
@@ -157,10 +159,10 @@ def scores_figure(record: dict, scalars: dict[str, dict[int, float]]) -> None:
     losses = Plot("train/batch_loss: the training loss", "step", "nats", (0, top), (0, 4.5), x_ticks, [0, 1, 2, 3, 4],
                   [Line("", logged, [train[s] for s in logged], INK_LINE)], bands=band)
     one_above_another([scores.draw(SHOWN_WIDTH, 300), context.draw(SHOWN_WIDTH, 170), losses.draw(SHOWN_WIDTH, 170)]).save(
-        SCORES, optimize=True)
+        path, optimize=True)
 
 
-def map_figure(checkpoint: Checkpoint, record: dict) -> None:
+def map_figure(checkpoint: Checkpoint, record: dict, path: Path) -> None:
     model, tokenizer = checkpoint.build_model()
     ids = induction_probe(tokenizer.vocab_size, SHOWN_TOKENS, seed=0, avoid=tokenizer.eot_id)  # (2n,)
     weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, 2n, 2n)
@@ -169,14 +171,17 @@ def map_figure(checkpoint: Checkpoint, record: dict) -> None:
     titles = [f"layer {l1} head {h1}: induction", f"layer {l0} head {h0}: looks back"]
     caption = (f"step {checkpoint.step}: {SHOWN_TOKENS} random characters, then the same again; a row is a query, "
                "a column a key")
-    draw_maps(maps, tokenizer.token_strings(ids), titles, caption).save(MAP, optimize=True)
+    draw_maps(maps, tokenizer.token_strings(ids), titles, caption).save(path, optimize=True)
 
 
-def main(runs: list[str]) -> dict:
+def main(runs: list[str], out: Path = DOCS) -> dict:
+    """Reads the runs, draws the first into out's two pictures, and returns the record (with a
+    row for each run in its seeds)."""
     checkpoint, scalars, seconds = read_run(runs[0])
     record = run_record(checkpoint, scalars, seconds)
-    scores_figure(record, scalars)
-    map_figure(checkpoint, record)
+    out.mkdir(parents=True, exist_ok=True)
+    scores_figure(record, scalars, out / SCORES)
+    map_figure(checkpoint, record, out / MAP)
     seeds = []
     for run in runs:
         other, other_scalars, other_seconds = (checkpoint, scalars, seconds) if run == runs[0] else read_run(run)
@@ -194,12 +199,16 @@ def main(runs: list[str]) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", help="run dirs of python train.py experiment=induction (seeds)")
+    parser.add_argument("--out", type=Path, default=DOCS,
+                        help="the folder for the two pictures and the record (default: docs/, the record docs/induction.md quotes)")
     args = parser.parse_args()
     if not args.runs:
         print("docs/induction_figures.py: no runs given (make docs INDUCTION_RUNS=\"<run dir> ...\"); "
               "the committed induction pictures stay as they are")
         sys.exit(0)
     with exit_on_user_error():
-        record = main(args.runs)
-    RECORD.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {SCORES}, {MAP} and {RECORD}")
+        if args.out.exists() and not args.out.is_dir():
+            raise UserError(f"--out {args.out} is a file, not a folder; give a folder for the pictures")
+        record = main(args.runs, args.out)
+    (args.out / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {', '.join(str(args.out / name) for name in (SCORES, MAP, RECORD))}")
