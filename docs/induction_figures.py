@@ -174,12 +174,24 @@ def map_figure(checkpoint: Checkpoint, record: dict, path: Path) -> None:
     draw_maps(maps, tokenizer.token_strings(ids), titles, caption).save(path, optimize=True)
 
 
+def check_out(out: Path) -> None:
+    """UserError unless out is a folder, or could be made as one: before any run is read."""
+    existing = next(path for path in (out, *out.parents) if path.exists())
+    if existing == out and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder; give a folder for the pictures")
+    if not existing.is_dir():
+        raise UserError(f"--out {out} lies under {existing}, a file, not a folder; give a folder for the pictures")
+
+
 def main(runs: list[str], out: Path = DOCS) -> dict:
     """Reads the runs, draws the first into out's two pictures, and returns the record (with a
     row for each run in its seeds)."""
     checkpoint, scalars, seconds = read_run(runs[0])
     record = run_record(checkpoint, scalars, seconds)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"--out {out}: cannot make that folder ({error.strerror}); give a folder you can write to") from None
     scores_figure(record, scalars, out / SCORES)
     map_figure(checkpoint, record, out / MAP)
     seeds = []
@@ -207,8 +219,7 @@ if __name__ == "__main__":
               "the committed induction pictures stay as they are")
         sys.exit(0)
     with exit_on_user_error():
-        if args.out.exists() and not args.out.is_dir():
-            raise UserError(f"--out {args.out} is a file, not a folder; give a folder for the pictures")
+        check_out(args.out)
         record = main(args.runs, args.out)
     (args.out / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {', '.join(str(args.out / name) for name in (SCORES, MAP, RECORD))}")

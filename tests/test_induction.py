@@ -216,6 +216,10 @@ def test_the_induction_preset_trains_two_layers_with_learned_positions_without_t
                                cwd=tmp_path, capture_output=True, text=True)
     assert to_a_file.returncode == 2 and to_a_file.stderr.startswith("error: --out run/train.log is a file, not a folder")
     assert len(to_a_file.stderr.strip().splitlines()) == 1
+    under_a_file = subprocess.run([sys.executable, str(ROOT / "docs" / "induction_figures.py"), "run", "--out", "run/train.log/x"],
+                                  cwd=tmp_path, capture_output=True, text=True)
+    assert under_a_file.returncode == 2 and under_a_file.stderr.startswith("error: --out run/train.log/x lies under run/train.log")
+    assert len(under_a_file.stderr.strip().splitlines()) == 1
     # make docs's README pictures (RUN=latest may be this run): refused in one line, nothing drawn.
     readme = subprocess.run([sys.executable, str(ROOT / "docs" / "figures.py"), "run"], cwd=tmp_path,
                             capture_output=True, text=True)
