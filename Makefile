@@ -7,6 +7,7 @@
 #   make docs             redraw the tour's pictures (docs/questions/), and docs/attention_maps.png and the
 #                         Attention tab's screenshot docs/attention_tab.png from the newest run (RUN=<run dir>),
 #                         and docs/induction_*.png from runs of experiment=induction (INDUCTION_RUNS="<dir> ...")
+#   make notebook         open notebooks/ in JupyterLab (installs it into .venv the first time)
 #   make lint             ruff
 #   make browser          Chromium and its driver for the Attention tab's browser tests (apt-get; make
 #                         test runs it: it does nothing when they are there)
@@ -22,7 +23,7 @@ RUN ?= latest
 INDUCTION_RUNS ?=
 ARGS ?=
 
-.PHONY: setup browser train test sample tensorboard bench docs lint clean
+.PHONY: setup browser train test sample tensorboard bench docs notebook lint clean
 
 setup: $(VENV)/.installed
 
@@ -70,6 +71,11 @@ docs: setup browser
 	$(PY) docs/figures.py $(RUN)
 	$(PY) docs/attention_tab.py $(RUN)
 	$(PY) docs/induction_figures.py $(INDUCTION_RUNS)
+
+notebook: setup
+	@$(PY) -c "import jupyterlab" 2>/dev/null || { echo "notebook: installing JupyterLab into $(VENV) (once)"; \
+	  $(PY) -m pip install -qq --disable-pip-version-check "jupyterlab>=4"; }
+	$(VENV)/bin/jupyter lab notebooks/look_inside.ipynb $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

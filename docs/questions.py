@@ -54,7 +54,6 @@ def forward_pass() -> dict:
     torch.manual_seed(0)
     B, T, C, H = 2, 5, 12, 3
     module = CausalSelfAttention(C, H, attention="manual")
-    module.head_mask = torch.ones(H)  # step 7 runs only when a head_mask is set: here every head is kept
     recorder = LineShapes()
     with torch.no_grad(), recorder:
         module(torch.randn(B, T, C))
@@ -229,7 +228,7 @@ def residual_spread(n_layer: int = 16) -> dict[str, list[float]]:
             x = model.embed(torch.randint(0, 64, (8, 32)))  # (B, T, C): the stream before block 0
             stds = [x.std().item()]
             for block in model.blocks:
-                x, _ = block(x)  # (B, T, C)
+                x = block(x)  # (B, T, C)
                 stds.append(x.std().item())
         spread[init] = [std / stds[0] for std in stds]
     return spread
@@ -262,8 +261,7 @@ def draw_forward_pass(data: dict) -> Image.Image:
     for kind, item in rows:
         if kind == "step":
             draw.rectangle([8, y + 2, image.width - 8, y + heights["step"] - 4], fill=(236, 242, 250))
-            note = " (only with a head_mask; here every head kept)" if item["step"] == 7 else ""
-            draw.text((16, y + 12), f"{item['step']}. {item['title']}{note}", font=face, fill=INK, anchor="lm")
+            draw.text((16, y + 12), f"{item['step']}. {item['title']}", font=face, fill=INK, anchor="lm")
         else:
             draw.text((28, y + 2), item["code"], font=face, fill=INK)
             shapes = "-> " + " -> ".join(item["shapes"])

@@ -24,37 +24,29 @@ class RecallAblation:
 @torch.no_grad()
 def recall_without_each_head(model: GPT, probe: RecallProbe, kind: str = "name", chunk: int = 16) -> RecallAblation:
     """The probe's accuracy on recall points of one kind, intact and with each head knocked out
-    alone: the numbers probe.evaluate(model).accuracy_by_kind[kind] gives inside
-    model.heads_knocked_out({(layer, head)}), at a fraction of the cost. Only the windows that
-    hold such points are run; the LM head reads only the positions that predict them; and the
-    blocks below a head's layer, which knocking it out leaves unchanged, run once per window."""
+    alone: the numbers probe.evaluate(model).accuracy_by_kind[kind] gives with the hooks of
+    model.knock_out({(layer, head)}) attached, at a fraction of the cost: only the windows that
+    hold such points are run, and the LM head reads only the positions that predict them."""
     L, H = model.config.n_layer, model.config.n_head
     device = next(model.parameters()).device
     windows = sorted({window for window, *_, point_kind in probe.targets if point_kind == kind})
     intact: list[bool] = []
     without = [[[] for _ in range(H)] for _ in range(L)]  # L x H lists of hits
 
-    def hits(x: torch.Tensor, part: list[int]) -> list[bool]:
-        """x: (n, T, C), the last block's output for the windows part."""
-        x, targets = probe.before_points(x, part, kind)  # (P, C)
-        return probe.right(model.lm_head(model.ln_f(x)), targets).tolist()  # (P, C) -> (P, vocab) -> P
+    def hits(idx: torch.Tensor, part: list[int]) -> list[bool]:
+        """Whether the model, as hooked now, predicts each recall point of the windows part, idx (n, T)."""
+        x, targets = probe.before_points(model.hidden_states(idx), part, kind)  # (n, T, C) -> (P, C)
+        return probe.right(model.lm_head(x), targets).tolist()  # (P, C) -> (P, vocab) -> P
 
     with eval_mode(model):
         for lo in range(0, len(windows), chunk):
             part = windows[lo : lo + chunk]
-            x = model.embed(probe.windows[part].to(device))  # (n, T) -> (n, T, C)
-            block_inputs = []  # the residual stream entering each block, all heads in
-            for block in model.blocks:
-                block_inputs.append(x)
-                x, _ = block(x)  # (n, T, C)
-            intact += hits(x, part)
+            idx = probe.windows[part].to(device)  # (n, T)
+            intact += hits(idx, part)
             for layer in range(L):
                 for head in range(H):
-                    with model.heads_knocked_out({(layer, head)}):
-                        x = block_inputs[layer]
-                        for block in model.blocks[layer:]:
-                            x, _ = block(x)  # (n, T, C)
-                    without[layer][head] += hits(x, part)
+                    with model.hooks(model.knock_out({(layer, head)})):
+                        without[layer][head] += hits(idx, part)
     return RecallAblation(kind, accuracy(intact), torch.tensor(
         [[accuracy(without[layer][head]) for head in range(H)] for layer in range(L)], dtype=torch.float64))
 
@@ -78,12 +70,12 @@ def second_copy_loss(model: GPT, repeated: torch.Tensor) -> float:
 
 
 def induction_loss_without_each_head(model: GPT, repeated: torch.Tensor) -> InductionAblation:
-    """second_copy_loss intact and inside model.heads_knocked_out({(layer, head)}) for each head:
+    """second_copy_loss intact and with model.knock_out({(layer, head)}) attached, for each head:
     the heads an induction circuit is made of are those whose loss brings the loss back up."""
     L, H = model.config.n_layer, model.config.n_head
     without = torch.zeros(L, H, dtype=torch.float64)
     for layer in range(L):
         for head in range(H):
-            with model.heads_knocked_out({(layer, head)}):
+            with model.hooks(model.knock_out({(layer, head)})):
                 without[layer, head] = second_copy_loss(model, repeated)
     return InductionAblation(second_copy_loss(model, repeated), without)

@@ -107,8 +107,8 @@ class RecallProbe:
         with eval_mode(model):
             for lo in range(0, len(self.windows), chunk):
                 windows = self.windows[lo : lo + chunk].to(device)  # (n, T)
-                logits, _ = model(windows)  # (n, T, vocab)
-                weights = model.attention_weights(windows)  # (L, n, H, T, T)
+                logits, cache = model.run_with_cache(windows, names=lambda name: name.endswith("hook_pattern"))  # (n, T, vocab)
+                weights = cache.stack_activation("pattern")  # (L, n, H, T, T)
                 reads += self.read(logits.cpu(), weights.cpu(), first_window=lo)
         return summarise(reads)
 

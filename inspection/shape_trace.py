@@ -4,8 +4,9 @@ The trace watches the real forward pass, so it cannot disagree with the code: a
 TorchFunctionMode sees each torch operation as it runs, and the trace prints the line of
 model/ that asked for it (with its shape comment), followed by the shapes that line actually
 produced, in numbers, step by step: `q.view(B, T, H, D).transpose(1, 2)` shows the
-(B, T, H, D) between the view and the transpose. Attention runs its "manual" path here, so the steps the fused sdpa call
-hides (scores, mask, softmax, weights @ V) are shown one by one. The first block is shown in
+(B, T, H, D) between the view and the transpose. A function on every hook_pattern (model/hooks.py)
+makes attention run its "manual" path here, so the steps the fused sdpa call hides (scores, mask,
+softmax, weights @ V) are shown one by one. The first block is shown in
 full; the later ones repeat it exactly, and are summarised.
 
     trace_shapes(model, idx, targets) -> list of lines to print
@@ -21,6 +22,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from model import GPT, eval_mode
+from model.gpt import NormHooks
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 
@@ -35,10 +37,11 @@ def shape_of(value: object) -> str | None:
 
 
 def lesson_frame() -> FrameType | None:
-    """The innermost frame running code from model/ (the line that asked for the operation)."""
+    """The innermost frame running code from model/ (the line that asked for the operation), not
+    counting a norm's own forward (the line that called the norm is the one to show)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if Path(frame.f_code.co_filename).resolve().parent == MODEL_DIR:
+        if Path(frame.f_code.co_filename).resolve().parent == MODEL_DIR and frame.f_code is not NormHooks.forward.__code__:
             return frame
         frame = frame.f_back
     return None
@@ -74,7 +77,8 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
     recorder = LineShapes()
     # Steps are filed under the innermost module of model/ running them (GPT, Block, MLP,
     # CausalSelfAttention), not under the torch layers (Linear, LayerNorm) they call.
-    names = {module: name or "GPT" for name, module in model.named_modules() if type(module).__module__.startswith("model.")}
+    names = {module: name or "GPT" for name, module in model.named_modules()
+             if type(module).__module__.startswith("model.") and not isinstance(module, NormHooks)}
     def enter(module: nn.Module, args: tuple) -> None:
         recorder.modules.append(names[module])
 
@@ -84,18 +88,13 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
     hooks = []
     for module in names:
         hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    paths = {}
-    for block in model.blocks:
-        paths[block.attn] = block.attn.attention
-        block.attn.attention = "manual"  # the explicit math, one step per line
+    look_at_patterns = [(lambda name: name.endswith("hook_pattern"), lambda pattern, hook: None)]  # reads nothing
     try:
-        with eval_mode(model), recorder:
+        with eval_mode(model), model.hooks(look_at_patterns), recorder:
             model(idx, targets)
     finally:
         for hook in hooks:
             hook.remove()
-        for attn, path in paths.items():
-            attn.attention = path
 
     lines = [
         f"One forward of the configured model ({model.num_parameters() / 1e6:.2f}M parameters, "

@@ -63,15 +63,16 @@ def check_heads(model: GPT, heads: Collection[tuple[int, int]]) -> None:
 
 @torch.no_grad()
 def predict(model: GPT, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, Predictions]:
-    """idx (1, T): the attention weights (L, H, T, T) and the predictions, from one forward."""
+    """idx (1, T): the attention weights (L, H, T, T) and the predictions, from one forward
+    (with whatever functions an enclosing model.hooks() block attached)."""
     with eval_mode(model):
-        hidden, all_weights = model.hidden_states(idx, need_weights=True)  # (1, T, C), L x (1, H, T, T)
-        logits = model.lm_head(hidden)[0].float()  # (T, vocab_size)
+        logits, cache = model.run_with_cache(idx, names=lambda name: name.endswith("hook_pattern"))  # (1, T, vocab_size)
+    logits = logits[0].float()  # (T, vocab_size)
     log_probs = F.log_softmax(logits, dim=-1)  # (T, vocab_size)
     top_log_probs, top_ids = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)  # (T, k), (T, k)
     next_ids = idx[0, 1:]  # (T - 1,) the tokens that really came next
     next_loss = -log_probs[:-1].gather(1, next_ids.unsqueeze(1)).squeeze(1)  # (T - 1,)
-    weights = torch.stack(all_weights)[:, 0]  # (L, H, T, T)
+    weights = cache.stack_activation("pattern")[:, 0]  # (L, H, T, T)
     return weights, Predictions(top_ids, top_log_probs.exp(), next_loss, log_probs)
 
 
@@ -90,7 +91,7 @@ def forward_ids(model: GPT, tokenizer: Tokenizer, ids: list[int], knocked_out: C
     check_heads(model, heads)
     device = next(model.parameters()).device
     idx = torch.tensor([ids], device=device)  # (1, T)
-    with model.heads_knocked_out(heads):
+    with model.hooks(model.knock_out(heads)):
         weights, predictions = predict(model, idx, k)
     intact_top_probs = None
     if not heads:

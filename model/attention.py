@@ -22,11 +22,14 @@ Two paths compute exactly that:
 KVCache keeps the keys and values of the tokens seen so far, so that generating one more
 token computes only that token's query, key and value (see KVCache below).
 
-Knocking heads out, to see what a head does by taking it away: head_mask, None by default,
-can hold one number per head (H,) that scales each head's output just before the merge, 1
-keeping a head and 0 knocking it out, so that the output projection gets nothing from it.
-GPT.heads_knocked_out (model/gpt.py) sets the masks for a block of code and clears them after.
-With head_mask None, step 7 is skipped: no work, and not a bit of the output changes.
+Hook points (model/hooks.py) name the activations a learner asks about: hook_q, hook_k and
+hook_v after the split into heads, hook_rot_q and hook_rot_k after QK-norm and rotary positions,
+hook_attn_scores and hook_pattern (the manual path's scores before the mask and weights after
+softmax), and hook_z, each head's output before the merge. They are TransformerLens's names, with
+its layout: (B, T, H, D) for the per-head vectors. A function attached to one can read the
+activation or hand back another (knocking a head out is zeroing its slice of hook_z); with none
+attached, each is the identity. A function on hook_attn_scores or hook_pattern takes the manual
+path, as need_weights does: the fused call has no weights to show.
 
 Two variants, by the same steps: causal=False lets every query see every key (bidirectional,
 as in an encoder), and forward(x, context=...) takes the keys and values from another
@@ -38,6 +41,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from model.hooks import HookPoint, name_hook_points
 
 ATTENTION_PATHS = ("sdpa", "manual")
 
@@ -105,9 +110,6 @@ class CausalSelfAttention(nn.Module):
         self.attention = attention
         self.dropout = dropout
         self.causal = causal
-        # None, or (H,): each head's output is scaled by its entry (0 knocks the head out) in step 7.
-        # A plain attribute, not a buffer: it is not saved in checkpoints.
-        self.head_mask: torch.Tensor | None = None
         # Q, K and V for all heads in one matrix: one (C, 3C) matmul instead of three
         # (C, C) ones. Its rows [0:C] are W_q, [C:2C] are W_k, [2C:3C] are W_v.
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
@@ -124,9 +126,16 @@ class CausalSelfAttention(nn.Module):
             # Pair i of a head's D dims turns by position * 10000^(-2i / D): fast for the first
             # pairs, slow for the last. Not parameters, and not saved: derived from the sizes.
             speeds = 10000.0 ** (-torch.arange(0, self.head_dim, 2) / self.head_dim)  # (D/2,)
-            angles = torch.arange(rope_length).view(-1, 1) * speeds.view(1, -1)  # (rope_length, D/2)
-            self.register_buffer("rope_cos", angles.cos(), persistent=False)  # (rope_length, D/2)
-            self.register_buffer("rope_sin", angles.sin(), persistent=False)  # (rope_length, D/2)
+            angles = torch.arange(rope_length).view(-1, 1, 1) * speeds.view(1, 1, -1)  # (rope_length, 1, D/2)
+            # The 1: every head of a token turns by the same angles; q and k are (B, T, H, D) then.
+            self.register_buffer("rope_cos", angles.cos(), persistent=False)  # (rope_length, 1, D/2)
+            self.register_buffer("rope_sin", angles.sin(), persistent=False)  # (rope_length, 1, D/2)
+        # Named points where a function may read or replace an activation (model/hooks.py).
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        if qk_norm or rope_length:
+            self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern, self.hook_z = HookPoint(), HookPoint(), HookPoint()
+        name_hook_points(self)
 
     def forward(
         self,
@@ -142,7 +151,8 @@ class CausalSelfAttention(nn.Module):
         key_padding_mask: optional (B, S) bool, True marks a padding key that no query
                           may look at (the same convention as nn.MultiheadAttention).
         need_weights:     also return the attention weights; this always takes the
-                          manual path, whichever path the module was built with.
+                          manual path, whichever path the module was built with, and so
+                          does a function attached to hook_attn_scores or hook_pattern.
         cache:            optional KVCache holding the earlier tokens' keys and values:
                           x then holds the T tokens that come after them. It is extended.
         context:          optional (B, S, C), another sequence: cross-attention, the keys and
@@ -161,15 +171,16 @@ class CausalSelfAttention(nn.Module):
         if context is not None:  # cross-attention: keys and values from the other sequence, by the same W_k, W_v
             _, k, v = self.qkv(context).split(C, dim=2)  # 2 x (B, S, C); its queries go unused
 
-        # 2. Split the channels into H heads of D dims and move heads next to batch,
+        # 2. Split the channels into H heads of D dims, then move heads next to batch,
         #    so each head becomes an independent attention over (T, D) matrices.
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
-        k = k.view(B, -1, H, D).transpose(1, 2)  # (B, H, T, D); (B, H, S, D) from a context
-        v = v.view(B, -1, H, D).transpose(1, 2)  # (B, H, T, D); (B, H, S, D) from a context
+        q = self.hook_q(q.view(B, T, H, D))  # (B, T, C) -> (B, T, H, D)
+        k = self.hook_k(k.view(B, -1, H, D))  # (B, T, H, D); (B, S, H, D) from a context
+        v = self.hook_v(v.view(B, -1, H, D))  # (B, T, H, D); (B, S, H, D) from a context
         #    QK-norm and rotary positions, where turned on. A KV cache (when generating) holds
         #    the earlier tokens: these T come after them, and their keys and values join them.
         start = cache.length if cache is not None else 0  # the position of this call's first token
-        q, k = self.qk_norm_and_rope(q, k, slice(start, start + T))  # (B, H, T, D), (B, H, T, D)
+        q, k = self.qk_norm_and_rope(q, k, slice(start, start + T))  # (B, T, H, D), (B, T, H, D)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, T, H, D) -> (B, H, T, D)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, H, S, D), (B, H, S, D); the queries are only these T tokens
         S = k.shape[2]  # keys: these T tokens and any cached earlier ones, or the context's
@@ -179,20 +190,19 @@ class CausalSelfAttention(nn.Module):
         visible, no_key_visible = self._visible(B, T, S, key_padding_mask, x.device, self.causal)  # (1 or B, 1, T, S), (B, 1, T, 1) or None
 
         # 4-6. Scores, softmax over keys, weighted sum of values: spelt out, or one fused call.
-        if need_weights or self.attention == "manual":
+        if need_weights or self.attention == "manual" or self.hook_attn_scores.fns or self.hook_pattern.fns:
             out, weights = self.attend_manual(q, k, v, visible, no_key_visible)  # (B, H, T, D), (B, H, T, S)
         else:
             out, weights = self.attend_sdpa(q, k, v, visible, no_key_visible), None  # (B, H, T, D)
 
-        # 7. Knock heads out, where asked: a head scaled by 0 hands the merge zeros, so the
-        #    output projection gets nothing from it, as if the head were not there.
-        if self.head_mask is not None:
-            out = out * self.head_mask.view(1, H, 1, 1)  # (B, H, T, D) * (1, H, 1, 1) -> (B, H, T, D)
+        # 7. Each head's output z, back in token order: the last point where the heads are
+        #    apart, so a hook here reads what one head found, or zeroes it (a knock-out).
+        z = self.hook_z(out.transpose(1, 2))  # (B, H, T, D) -> (B, T, H, D)
 
-        # 8. Merge the heads: undo the transpose, then lay the H x D values side by side.
-        #    transpose() only changes strides; contiguous() copies into the new order so
-        #    that view() can reinterpret the memory as (B, T, C).
-        out = out.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
+        # 8. Merge the heads: lay the H x D values of each token side by side. transpose()
+        #    only changed strides; contiguous() copies into the new order so that view()
+        #    can reinterpret the memory as (B, T, C).
+        out = z.contiguous().view(B, T, C)  # (B, T, H, D) -> (B, T, C)
 
         # 9. Mix the heads and return to the residual stream.
         out = self.resid_dropout(self.proj(out))  # (B, T, C)
@@ -201,15 +211,18 @@ class CausalSelfAttention(nn.Module):
     def qk_norm_and_rope(
         self, q: torch.Tensor, k: torch.Tensor, positions: slice | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """QK-norm, then rotary positions, each if turned on. q and k (B, H, T, D) are the
-        tokens at `positions`: a slice start .. start + T, or a (T,) tensor of positions."""
+        """QK-norm, then rotary positions, each if turned on, then hook_rot_q and hook_rot_k.
+        q and k (B, T, H, D) are the tokens at `positions`: a slice start .. start + T, or a
+        (T,) tensor of positions."""
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), each (q or k) vector at RMS 1, times a gain
+            q, k = self.q_norm(q), self.k_norm(k)  # (B, T, H, D), each (q or k) vector at RMS 1, times a gain
         # With rotary positions, turn each query and key by its token's position, so that
         # q . k depends on how far apart two tokens are, not on where they are.
         if self.rope_length:
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, D/2) each
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, H, T, D)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, 1, D/2) each
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, T, H, D)
+        if self.q_norm is not None or self.rope_length:
+            q, k = self.hook_rot_q(q), self.hook_rot_k(k)  # (B, T, H, D) each
         return q, k
 
     def _check_context(self, x: torch.Tensor, context: torch.Tensor, cache: KVCache | None) -> None:
@@ -261,6 +274,7 @@ class CausalSelfAttention(nn.Module):
         # 4. Score every (query, key) pair by their dot product. Dividing by sqrt(D) keeps
         #    the scores' spread near 1 whatever D is, so softmax does not saturate.
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+        scores = self.hook_attn_scores(scores)  # (B, H, T, S), before the mask
 
         # 5. Hide what a query may not see, then turn each query's row of scores into
         #    weights over keys: softmax over the last dim (keys), so each row sums to 1.
@@ -269,6 +283,7 @@ class CausalSelfAttention(nn.Module):
         weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
         if no_key_visible is not None:
             weights = weights.masked_fill(no_key_visible, 0.0)  # (B, H, T, S): such rows attend to nothing
+        weights = self.hook_pattern(weights)  # (B, H, T, S)
 
         # 6. Each query's output is the weighted average of the values it attends to.
         out = self.attn_dropout(weights) @ v  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
@@ -301,10 +316,10 @@ class CausalSelfAttention(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding: treat dims (i, i + D/2) of x (B, H, T, D) as a point in a
-    plane and turn it by the angle whose cos and sin (T, D/2) are given for each position."""
-    x1, x2 = x.chunk(2, dim=-1)  # 2 x (B, H, T, D/2)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, D)
+    """Rotary position embedding: treat dims (i, i + D/2) of x (B, T, H, D) as a point in a
+    plane and turn it by the angle whose cos and sin (T, 1, D/2) are given for each position."""
+    x1, x2 = x.chunk(2, dim=-1)  # 2 x (B, T, H, D/2)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, T, H, D)
 
 
 def divisors(n: int) -> list[int]:

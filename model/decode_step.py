@@ -66,15 +66,11 @@ def attend_one(
     B, _, C = x.shape
     H, D = attn.n_head, attn.head_dim
     q, k, v = attn.qkv(x).split(C, dim=2)  # 3 x (B, 1, C)
-    q = q.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
-    k = k.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
-    v = v.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
-    q, k = attn.qk_norm_and_rope(q, k, position)  # (B, H, 1, D), (B, H, 1, D)
+    q, k = attn.qk_norm_and_rope(q.view(B, 1, H, D), k.view(B, 1, H, D), position)  # (B, 1, H, D) each
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D) each
     k_slots.index_copy_(2, position, k)  # (B, H, S, D) with this token's key in its slot
     v_slots.index_copy_(2, position, v)  # (B, H, S, D)
     out, _ = attn.attend_manual(q, k_slots, v_slots, visible, None)  # (B, H, 1, D)
-    if attn.head_mask is not None:
-        out = out * attn.head_mask.view(1, H, 1, 1)  # (B, H, 1, D): knocked-out heads hand over zeros
     out = out.transpose(1, 2).reshape(B, 1, C)  # (B, 1, H, D) -> (B, 1, C)
     return attn.proj(out)  # (B, 1, C)
 
@@ -103,11 +99,12 @@ class CompiledDecodeStep:
     torch.export and compiled by Inductor. Building it takes seconds (the first time on a
     machine about 20 s, then about 6 s: Inductor caches its kernels); each call then costs
     about a third of the eager step (docs/speed.md, "Sampling"). generate_tokens checks with
-    check_fits that it is used for what it was built for: every head of the model, so neither
-    building nor using one is allowed while heads are knocked out (GPT.heads_knocked_out)."""
+    check_fits that it is used for what it was built for: the model as it is, so neither
+    building nor using one is allowed while functions are attached to its hook points
+    (GPT.hooks: knock-outs, caches), which compiled code would not call."""
 
     def __init__(self, model: GPT, batch_size: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
-        refuse_knocked_out_heads(model)
+        refuse_hooks(model)
         self.model = model
         self.settings = (batch_size, temperature, top_k, top_p)
         config, weight = model.config, next(model.parameters())
@@ -151,7 +148,7 @@ class CompiledDecodeStep:
                 f"this CompiledDecodeStep was built for another model or for (batch_size, temperature, top_k, "
                 f"top_p) = {self.settings}, with the KV cache; got {(batch_size, temperature, top_k, top_p)}, "
                 f"use_kv_cache={use_kv_cache}")
-        refuse_knocked_out_heads(model)
+        refuse_hooks(model)
 
     def __call__(self, token: torch.Tensor, caches: Caches, uniform: torch.Tensor | None) -> torch.Tensor:
         """The next token (B, 1) after token (B, 1); caches (filled by GPT.forward) take in this
@@ -176,8 +173,8 @@ class CompiledDecodeStep:
         return next_token
 
 
-def refuse_knocked_out_heads(model: GPT) -> None:
-    """ValueError while heads of model are knocked out: a compiled step runs every head."""
-    if any(block.attn.head_mask is not None for block in model.blocks):
-        raise ValueError("heads of this model are knocked out (GPT.heads_knocked_out), and a CompiledDecodeStep "
-                         "runs every head: generate without it (compile=False) while heads are out")
+def refuse_hooks(model: GPT) -> None:
+    """ValueError while functions are attached to model's hook points: a compiled step calls none."""
+    if model.has_hooks():
+        raise ValueError("functions are attached to this model's hook points (GPT.hooks: knock-outs, caches), and a "
+                         "CompiledDecodeStep calls none of them: generate without it (compile=False) while they are")

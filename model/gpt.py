@@ -6,8 +6,9 @@ What is here:
     Block      pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))
     Smear      each token's embedding takes in a gated share of the previous token's
     Caches     what generation keeps between calls: a KVCache per layer, the last embedding
-    GPT        the whole model; forward() gives logits and the loss, attention_weights()
-               the per-layer maps for a probe, heads_knocked_out() runs it without some heads
+    GPT        the whole model; forward() gives logits and the loss; its hook points (model/hooks.py)
+               let run_with_cache() keep any activation and run_with_hooks() edit one, e.g.
+               knock_out() heads; attention_weights() the per-layer maps for a probe
                (generation is in model/generation.py).
 
 Nothing here reads files or config: train.py and sample.py build a GPTConfig and pass it in.
@@ -25,6 +26,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from model.attention import CausalSelfAttention, KVCache
+from model.hooks import HookedModel, HookFn, HookPoint, name_hook_points
 
 
 @contextmanager
@@ -59,10 +61,40 @@ class GPTConfig:
 POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "gelu_tanh", "relu2")
 
 
+class NormHooks:
+    """hook_scale (B, T, 1), the number each vector is divided by, and hook_normalized (B, T, C),
+    the vectors once divided, before the norm's gain (and bias), as TransformerLens names them.
+    With a function on either the norm is spelt out, as the fused kernel shows neither."""
+
+    def add_hook_points(self) -> None:
+        self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.hook_scale.fns or self.hook_normalized.fns):
+            return super().forward(x)  # (B, T, C), fused
+        centred = x - x.mean(dim=-1, keepdim=True) if isinstance(self, nn.LayerNorm) else x  # (B, T, C)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # RMSNorm's eps=None: the dtype's
+        scale = self.hook_scale((centred.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt())  # (B, T, 1)
+        out = self.hook_normalized(centred / scale) * self.weight  # (B, T, C)
+        return out + self.bias if getattr(self, "bias", None) is not None else out  # (B, T, C)
+
+
+class LayerNorm(NormHooks, nn.LayerNorm):
+    def __init__(self, n_embd: int, bias: bool) -> None:
+        super().__init__(n_embd, bias=bias)
+        self.add_hook_points()
+
+
+class RMSNorm(NormHooks, nn.RMSNorm):
+    def __init__(self, n_embd: int) -> None:
+        super().__init__(n_embd)
+        self.add_hook_points()
+
+
 def make_norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd)
-    return nn.LayerNorm(config.n_embd, bias=config.bias)
+        return RMSNorm(config.n_embd)
+    return LayerNorm(config.n_embd, bias=config.bias)
 
 
 class ReLUSquared(torch.autograd.Function):
@@ -96,14 +128,16 @@ class MLP(nn.Module):
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.activation = config.mlp
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.fc(x)  # (B, T, C) -> (B, T, 4C)
+        x = self.hook_pre(self.fc(x))  # (B, T, C) -> (B, T, 4C)
         if self.activation == "relu2":
             x = relu_squared(x)  # (B, T, 4C)
         else:
             # GPT-2 was trained with tanh's approximation of GELU; its weights expect it exactly.
             x = F.gelu(x, approximate="tanh" if self.activation == "gelu_tanh" else "none")  # (B, T, 4C)
+        x = self.hook_post(x)  # (B, T, 4C)
         return self.dropout(self.proj(x))  # (B, T, 4C) -> (B, T, C)
 
 
@@ -117,16 +151,18 @@ class Block(nn.Module):
         )
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
+        # The residual stream before, between and after the two sublayers, and what each adds.
+        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
+        self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
 
-    def forward(
-        self, x: torch.Tensor, need_weights: bool = False, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         # Pre-LayerNorm: each sublayer reads a normalised copy and adds its answer back,
         # so the residual stream x itself is never normalised away.
-        attn_out, attn_weights = self.attn(self.ln_1(x), need_weights=need_weights, cache=cache)  # (B, T, C), (B, H, T, S)
-        x = x + attn_out  # (B, T, C)
-        x = x + self.mlp(self.ln_2(x))  # (B, T, C)
-        return x, attn_weights
+        x = self.hook_resid_pre(x)  # (B, T, C)
+        attn_out, _ = self.attn(self.ln_1(x), cache=cache)  # (B, T, C)
+        x = self.hook_resid_mid(x + self.hook_attn_out(attn_out))  # (B, T, C)
+        x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))  # (B, T, C)
+        return self.hook_resid_post(x)  # (B, T, C)
 
 
 class Smear(nn.Module):
@@ -140,6 +176,7 @@ class Smear(nn.Module):
     def __init__(self, n_embd: int) -> None:
         super().__init__()
         self.gate = nn.Linear(n_embd, 1)
+        self.hook_out = HookPoint()
 
     def forward(self, x: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, C) token embeddings; before: (B, 1, C), the embedding of the token just
@@ -147,7 +184,7 @@ class Smear(nn.Module):
         if before is None:
             before = torch.zeros_like(x[:, :1])  # (B, 1, C)
         previous = torch.cat([before, x[:, :-1]], dim=1)  # (B, T, C): x shifted one token right
-        return x + torch.sigmoid(self.gate(x)) * previous  # (B, T, C) + (B, T, 1) * (B, T, C)
+        return self.hook_out(x + torch.sigmoid(self.gate(x)) * previous)  # (B, T, C) + (B, T, 1) * (B, T, C)
 
 
 @dataclass
@@ -164,7 +201,7 @@ class Caches:
         return self.layers[0].length
 
 
-class GPT(nn.Module):
+class GPT(HookedModel):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
@@ -180,6 +217,9 @@ class GPT(nn.Module):
             # Weight tying: reading a token in and scoring it as the next token share one
             # matrix (vocab_size, C). Fewer parameters, and it trains better at this size.
             self.lm_head.weight = self.tok_emb.weight
+        self.hook_embed = HookPoint()  # (B, T, C): the tokens' embeddings
+        self.hook_pos_embed = HookPoint() if self.pos_emb is not None else None  # (T, C): the positions'
+        name_hook_points(self)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -211,7 +251,7 @@ class GPT(nn.Module):
         start = caches.length if caches is not None else 0  # tokens already in the caches come first
         if self.config.block_size < start + T:
             raise ValueError(f"sequence length {start + T} exceeds block_size={self.config.block_size}")
-        x = self.tok_emb(idx)  # (B, T, C)
+        x = self.hook_embed(self.tok_emb(idx))  # (B, T, C)
         if self.smear is not None:
             before = caches.last_embedding if caches is not None else None  # (B, 1, C) or None
             if caches is not None:
@@ -219,19 +259,15 @@ class GPT(nn.Module):
             x = self.smear(x, before)  # (B, T, C)
         if self.pos_emb is not None:
             positions = torch.arange(start, start + T, device=idx.device)  # (T,)
-            x = x + self.pos_emb(positions)  # (B, T, C) + (T, C) -> (B, T, C)
+            x = x + self.hook_pos_embed(self.pos_emb(positions))  # (B, T, C) + (T, C) -> (B, T, C)
         return self.dropout(x)
 
-    def hidden_states(
-        self, idx: torch.Tensor, need_weights: bool, caches: Caches | None = None
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def hidden_states(self, idx: torch.Tensor, caches: Caches | None = None) -> torch.Tensor:
+        """The final norm's output for idx (B, T), what the LM head reads: (B, T, C)."""
         x = self.embed(idx, caches)  # (B, T, C)
-        all_weights = []
         for layer, block in enumerate(self.blocks):
-            x, attn_weights = block(x, need_weights, caches.layers[layer] if caches is not None else None)  # (B, T, C), (B, H, T, S) or None
-            if need_weights:
-                all_weights.append(attn_weights)
-        return self.ln_f(x), all_weights  # (B, T, C)
+            x = block(x, caches.layers[layer] if caches is not None else None)  # (B, T, C)
+        return self.ln_f(x)  # (B, T, C)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, caches: Caches | None = None
@@ -239,7 +275,7 @@ class GPT(nn.Module):
         """idx: (B, T) token ids; targets: (B, T) next-token ids or None; caches: what the
         tokens before idx left (generation, from new_caches()), or None.
         Returns logits (B, T, vocab_size) and the mean cross-entropy loss (or None)."""
-        x, _ = self.hidden_states(idx, need_weights=False, caches=caches)  # (B, T, C)
+        x = self.hidden_states(idx, caches)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
@@ -249,43 +285,22 @@ class GPT(nn.Module):
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
         """The attention weights every head uses on idx (B, T), computed with the model's
-        own parameters in eval mode: (n_layer, B, H, T, T)."""
+        own parameters in eval mode: (n_layer, B, H, T, T). Functions attached by an enclosing
+        hooks() block (knock-outs) act as in any forward."""
         with eval_mode(self):
-            _, all_weights = self.hidden_states(idx, need_weights=True)
-        return torch.stack(all_weights)  # (L, B, H, T, T)
+            _, cache = self.run_with_cache(idx, names=lambda name: name.endswith("attn.hook_pattern"))
+        return cache.stack_activation("pattern")  # (L, B, H, T, T)
 
-    @contextmanager
-    def heads_knocked_out(self, heads: Iterable[tuple[int, int]]) -> Iterator["GPT"]:
-        """Inside the block, each (layer, head) in heads is knocked out: its output is zeroed
-        before its layer merges the heads (CausalSelfAttention.head_mask), so the model runs
-        as if that head were not there. Heads knocked out by an enclosing block stay out.
-        After the block every mask is back as it was, even on error. No weights are touched or
-        copied, so knocking out one head after another costs one (H,) tensor per layer each."""
-        masks = self._keep_masks(set(heads))  # checks every (layer, head) before changing anything
-        attentions = [block.attn for block in self.blocks]
-        saved = [attn.head_mask for attn in attentions]
-        try:
-            if masks is not None:
-                for attn, before, keep in zip(attentions, saved, masks, strict=True):
-                    attn.head_mask = keep if before is None else before * keep
-            yield self
-        finally:
-            for attn, before in zip(attentions, saved, strict=True):
-                attn.head_mask = before
-
-    def _keep_masks(self, heads: set[tuple[int, int]]) -> list[torch.Tensor] | None:
-        """One (H,) mask per layer, 0 for the heads given and 1 elsewhere; None for no heads.
-        Every layer gets one, so that a compiled model sees the same masked graph whichever
-        head is out, rather than a graph per layer (torch.compile would recompile)."""
+    def knock_out(self, heads: Iterable[tuple[int, int]]) -> list[tuple[str, HookFn]]:
+        """fwd_hooks that knock out each (layer, head) of heads: its output z is zeroed before
+        its layer merges the heads, so the model runs as if the head were not there. Use them
+        with hooks(), run_with_hooks() or run_with_cache(); every pair is checked here."""
+        heads = set(heads)
         self._check_heads(heads)
-        if not heads:
-            return None
-        n_layer, n_head = self.config.n_layer, self.config.n_head
-        weight = self.blocks[0].attn.proj.weight
-        masks = [torch.ones(n_head, dtype=weight.dtype, device=weight.device) for _ in range(n_layer)]  # L x (H,)
-        for layer, head in heads:
-            masks[layer][head] = 0.0
-        return masks
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in sorted(heads):
+            by_layer.setdefault(layer, []).append(head)
+        return [(f"blocks.{layer}.attn.hook_z", zero_heads(knocked)) for layer, knocked in by_layer.items()]
 
     def _check_heads(self, heads: set[tuple[int, int]]) -> None:
         """ValueError unless every element of heads is a (layer, head) pair of this model."""
@@ -298,3 +313,14 @@ class GPT(nn.Module):
                 raise ValueError(f"layer {layer} does not exist: this model's layers are 0 to {n_layer - 1}")
             if head not in range(n_head):
                 raise ValueError(f"head {head} does not exist: each layer's heads are 0 to {n_head - 1}")
+
+
+def zero_heads(heads: list[int]) -> HookFn:
+    """A hook_z function that hands on z (B, T, H, D) with the given heads' outputs zeroed."""
+
+    def knock_out(z: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        keep = torch.ones(z.shape[2], dtype=z.dtype, device=z.device)  # (H,)
+        keep[heads] = 0.0
+        return z * keep.view(1, 1, -1, 1)  # (B, T, H, D) * (1, 1, H, 1)
+
+    return knock_out

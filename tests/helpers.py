@@ -186,7 +186,7 @@ def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
     by_kind = {f"recall/accuracy_{kind}": value for kind, value in recall.accuracy_by_kind.items()}
     ablation = {}
     for layer, head in np.ndindex(*induction.shape):
-        with model.heads_knocked_out({(layer, head)}):
+        with model.hooks(model.knock_out({(layer, head)})):
             ablation[f"ablation/recall_name/layer_{layer}/head_{head}"] = recall_probe.evaluate(model).accuracy_by_kind["name"]
     return {**per_head, "recall/accuracy": recall.accuracy, **by_kind, **ablation}
 

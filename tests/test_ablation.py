@@ -32,7 +32,7 @@ def test_each_heads_score_is_exactly_the_probes_name_recall_with_that_head_knock
     intact = probe.evaluate(model).accuracy_by_kind["name"]
     slow = torch.zeros(2, 2, dtype=torch.float64)
     for layer, head in [(0, 0), (0, 1), (1, 0), (1, 1)]:
-        with model.heads_knocked_out({(layer, head)}):
+        with model.hooks(model.knock_out({(layer, head)})):
             slow[layer, head] = probe.evaluate(model).accuracy_by_kind["name"]
     assert ablation.kind == "name" and ablation.intact == intact > 0
     assert torch.equal(ablation.without, slow)  # exactly: the same points, each right or not alike

@@ -289,7 +289,9 @@ def test_a_knocked_out_head_gives_exactly_the_output_recomputed_without_that_hea
     module = make_pair(n_embd=24, n_head=4)[attention == "sdpa"]
     x = torch.randn(2, 7, 24)
     for knocked_out in ({1}, {0, 3}):
-        module.head_mask = torch.tensor([0.0 if h in knocked_out else 1.0 for h in range(4)])  # (H,)
+        def zero_heads(z, hook, knocked_out=knocked_out):  # z: (B, T, H, D), each head's output before the merge
+            return z * torch.tensor([0.0 if h in knocked_out else 1.0 for h in range(4)]).view(1, 1, 4, 1)
+        detach = module.hook_z.add_hook(zero_heads)
         with torch.no_grad():
             if use_cache:
                 cache = KVCache(max_length=8)
@@ -298,3 +300,4 @@ def test_a_knocked_out_head_gives_exactly_the_output_recomputed_without_that_hea
                 out, _ = module(x)  # (2, 7, 24)
             torch.testing.assert_close(out, recomputed_without(module, x, knocked_out), atol=ATOL, rtol=RTOL)
             assert not torch.allclose(out, recomputed_without(module, x, set()), atol=1e-3)  # those heads did matter
+        detach()

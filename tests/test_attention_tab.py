@@ -245,7 +245,7 @@ def test_your_text_with_heads_knocked_out_has_the_knocked_out_models_numbers_bes
     model, tokenizer = run_model
     answer = read_text(base, {"run": name, "text": SENTENCE, "knocked_out": "1:0, 0:1"})
     idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(SENTENCE)]])
-    with model.heads_knocked_out({(1, 0), (0, 1)}):
+    with model.hooks(model.knock_out({(1, 0), (0, 1)})):
         labels, probs, loss, weights = expected_numbers(model, tokenizer, idx)
     intact_labels, intact_probs, intact_loss, _ = expected_numbers(model, tokenizer, idx)
     assert answer["knocked_out"] == [[0, 1], [1, 0]]
@@ -254,7 +254,7 @@ def test_your_text_with_heads_knocked_out_has_the_knocked_out_models_numbers_bes
     np.testing.assert_allclose(answer["next"]["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(answer["intact"]["probs"], intact_probs, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(answer["intact"]["loss"], intact_loss, rtol=1e-5)
-    with torch.no_grad(), model.heads_knocked_out({(1, 0), (0, 1)}):
+    with torch.no_grad(), model.hooks(model.knock_out({(1, 0), (0, 1)})):
         top = model(idx)[0][0].topk(5, dim=-1).indices  # (T, 5) the knocked-out model's likeliest
     with torch.no_grad():
         intact_probs_of_top = model(idx)[0][0].softmax(-1).gather(1, top)  # (T, 5)

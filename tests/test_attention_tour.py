@@ -152,20 +152,19 @@ def test_tour_one_fused_qkv_matrix_equals_three_projections_and_per_head_matrice
     x = torch.randn(2, 5, C)
     W = module.qkv.weight  # (3C, C): rows [0:C] are W_q, [C:2C] W_k, [2C:3C] W_v
     made = {}
-    attend = module.attend_manual
 
-    def catch(q, k, v, *masks):  # what the module's steps 1 and 2 made, on their way into steps 4 to 6
-        made.update(q=q, k=k, v=v)
-        return attend(q, k, v, *masks)
+    def catch(activation, hook):  # what the module's steps 1 and 2 made: hook_q, hook_k, hook_v (B, T, H, D)
+        made[hook.name[-1]] = activation
 
-    module.attend_manual = catch
+    for point in (module.hook_q, module.hook_k, module.hook_v):
+        point.add_hook(catch)
     with torch.no_grad():
-        out, weights = module(x, need_weights=True)  # made: the module's q, k, v after its head split (B, H, T, D)
+        out, weights = module(x, need_weights=True)
         by_hand, head_weights = attention_by_hand(module, x)  # head h: x @ W_q[h*D:(h+1)*D].T, and so on
         for offset, name in enumerate("qkv"):  # three separate Linear(C, C), split into heads, give the same
             separate = torch.nn.Linear(C, C, bias=False)
             separate.weight.copy_(W[offset * C : (offset + 1) * C])
-            torch.testing.assert_close(separate(x).view(2, 5, H, D).transpose(1, 2), made[name])
+            torch.testing.assert_close(separate(x).view(2, 5, H, D), made[name])
     torch.testing.assert_close(weights, head_weights, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(out, module.proj(by_hand), atol=ATOL, rtol=RTOL)
 

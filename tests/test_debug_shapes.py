@@ -20,23 +20,25 @@ def trace_steps(stdout: str) -> dict[str, str]:
     [
         (["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=16", "tokenizer=char",
           "model.pos=learned"], {
-            "x = self.tok_emb(idx)": "(2, 16, 32)",
+            "x = self.hook_embed(self.tok_emb(idx))": "(2, 16, 32)",
             "q, k, v = self.qkv(x).split(C, dim=2)": "(2, 16, 96) -> 3 x (2, 16, 32)",  # every step of a line
-            "q = q.view(B, T, H, D).transpose(1, 2)": "(2, 16, 4, 8) -> (2, 4, 16, 8)",
+            "q = self.hook_q(q.view(B, T, H, D))": "(2, 16, 4, 8)",
+            "q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)": "(2, 4, 16, 8)",
             "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)": "(2, 4, 8, 16) -> (2, 4, 16, 16)",
             "weights = torch.softmax(scores, dim=-1)": "(2, 4, 16, 16)",
             "out = self.attn_dropout(weights) @ v": "(2, 4, 16, 16) -> (2, 4, 16, 8)",
-            "out = out.transpose(1, 2).contiguous().view(B, T, C)": "(2, 16, 4, 8) -> (2, 16, 32)",
-            "x = self.fc(x)": "(2, 16, 128)",
+            "z = self.hook_z(out.transpose(1, 2))": "(2, 16, 4, 8)",
+            "out = z.contiguous().view(B, T, C)": "(2, 16, 4, 8) -> (2, 16, 32)",  # the copy, then the view
+            "x = self.hook_pre(self.fc(x))": "(2, 16, 128)",
             "logits = self.lm_head(x)": "(2, 16, 50)",  # 49 characters and <|endoftext|>
         }),
         (["model.n_layer=3", "model.n_head=2", "model.n_embd=48", "model.block_size=12", "model.pos=rope",
           "model.qk_norm=true", "model.attention=manual"], {
-            "q = q.view(B, T, H, D).transpose(1, 2)": "(2, 12, 2, 24) -> (2, 2, 12, 24)",
-            "q, k = self.q_norm(q), self.k_norm(k)": "(2, 2, 12, 24)",
-            "x1, x2 = x.chunk(2, dim=-1)": "2 x (2, 2, 12, 12)",
+            "q = self.hook_q(q.view(B, T, H, D))": "(2, 12, 2, 24)",
+            "q, k = self.q_norm(q), self.k_norm(k)": "(2, 12, 2, 24)",
+            "x1, x2 = x.chunk(2, dim=-1)": "2 x (2, 12, 2, 12)",
             "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)": "(2, 2, 24, 12) -> (2, 2, 12, 12)",
-            "x = self.fc(x)": "(2, 12, 192)",
+            "x = self.hook_pre(self.fc(x))": "(2, 12, 192)",
             "logits = self.lm_head(x)": "(2, 12, 1103)",  # the BPE vocabulary of the first 20,000 characters
         }),
     ],

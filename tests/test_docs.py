@@ -223,7 +223,7 @@ def span_problems(span: str) -> list[str]:
         pattern = re.escape(span.strip("./")).replace(r"\.\.\.", "")
         pattern = re.sub(r"<\w+>", r"[{<]\\w+[}>]", pattern)
         return [] if re.search(pattern, text) else [f"{span}: no such tag in the code"]
-    # An expression: its dotted names (torch.ones, model.heads_knocked_out) and snake_case names.
+    # An expression: its dotted names (torch.ones, model.run_with_cache) and snake_case names.
     names = re.findall(r"(?<![\w./])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|(?<![\w./])[A-Za-z]\w*_\w+", span)
     return [p for p in (name_problem(name, in_code=True) for name in names) if p]
 
@@ -249,7 +249,7 @@ def test_a_renamed_or_missing_code_name_is_caught(tmp_path: Path) -> None:
         "Real: `attend_manual`, `CausalSelfAttention.qk_norm_and_rope`, `F.scaled_dot_product_attention`, "
         "`model/attention.py`, `make docs`, `python train.py train.max_steps=10 data=stories`, "
         "`model.pos`, `head_entropy`, `attention/layer_<l>/head_<h>`, `contiguous()`, `q_i . q_j`, `train.log`, "
-        "`outputs/<date>/`, `with model.heads_knocked_out({(0, 1)}):`.\n"
+        "`outputs/<date>/`, `with model.hooks(model.knock_out({(0, 1)})):`.\n"
         "Gone: `_manual`, `GPT.init_weights_gpt2`, `F.scaled_dot_attention`, `model/attn.py`, `make doc`, "
         "`python train.py train.max_step=10`, `data=novels`, `model.position`, `loss/vall`, "
         "`model.knock_heads_out({(0, 1)})`.\n"

@@ -58,7 +58,7 @@ def test_second_copy_loss_collapses_with_the_circuit_and_comes_back_without_eith
     assert ablation.without[PREVIOUS_TOKEN_HEAD] > ablation.intact + 2.0  # keys that match nothing: copies a blur
     assert ablation.without[0, 1] == pytest.approx(ablation.intact, abs=1e-6)  # heads that write nothing
     assert ablation.without[1, 1] == pytest.approx(ablation.intact, abs=1e-6)
-    with model.heads_knocked_out({INDUCTION_HEAD}):
+    with model.hooks(model.knock_out({INDUCTION_HEAD})):
         assert second_copy_loss(model, repeated) == pytest.approx(ablation.without[INDUCTION_HEAD].item())
 
 
@@ -123,7 +123,7 @@ def test_in_context_score_is_below_minus_log_vocab_for_a_copying_model_and_zero_
     data = TokenData(CharTokenizer([chr(65 + i) for i in range(V)]), train=stream, val=stream)
     early, late = in_context_positions(2 * N)
     assert (early, late) == (slice(3, 6), slice(29, 32))  # a tenth of the way in, and the last tenth
-    with model.heads_knocked_out(knocked_out):
+    with model.hooks(model.knock_out(knocked_out)):
         evaluated = evaluate(model, data, batch_size=8, block_size=2 * N, eval_iters=3, ranks=ONE_PROCESS,
                              precision=Precision("fp32", CPU), seed=0, splits=("val",))
     if knocked_out:

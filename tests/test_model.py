@@ -268,13 +268,11 @@ def test_rope_has_no_position_table_and_an_untied_head_its_own_matrix():
     assert untied.num_parameters() == tiny_gpt().num_parameters() + 65 * 32
 
 
-def masks_of(model: GPT) -> list[list[float] | None]:
-    return [None if block.attn.head_mask is None else block.attn.head_mask.tolist() for block in model.blocks]
-
-
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])
-def test_with_every_head_kept_the_model_gives_bitwise_its_output_without_head_masks(attention):
-    model = tiny_gpt(attention=attention)
+def test_functions_that_hand_nothing_back_leave_the_model_bitwise_its_own(attention):
+    # At every point but those that choose the manual path (scores, pattern) or spell a norm out
+    # (scale, normalized): there the same math runs in other kernels, equal to rounding only.
+    model = tiny_gpt(attention=attention, pos="rope", qk_norm=True, smear=True)
     idx, targets = torch.randint(0, 65, (2, 2, 12), generator=torch.Generator().manual_seed(0))
 
     def logits_cached_logits_and_gradients() -> list[torch.Tensor]:
@@ -286,13 +284,16 @@ def test_with_every_head_kept_the_model_gives_bitwise_its_output_without_head_ma
             cached = torch.cat([model(idx[:, a:b], caches=caches)[0] for a, b in ((0, 5), (5, 6), (6, 12))], dim=1)
         return [logits, cached, *(p.grad for p in model.parameters())]
 
-    with model.heads_knocked_out(set()):
-        assert masks_of(model) == [None, None]  # nothing asked: step 7 is skipped, no work at all
-    without_masks = logits_cached_logits_and_gradients()
-    for block in model.blocks:
-        block.attn.head_mask = torch.ones(2)  # every head kept, through step 7
-    with_masks = logits_cached_logits_and_gradients()
-    assert all(torch.equal(a, b) for a, b in zip(without_masks, with_masks, strict=True))  # bit for bit: x1 is exact
+    assert model.knock_out(set()) == []  # nothing asked: nothing attached, no work at all
+    plain = logits_cached_logits_and_gradients()
+    seen = []
+    def look(activation, hook):
+        seen.append(hook.name)
+    path_choosers = ("hook_attn_scores", "hook_pattern", "hook_scale", "hook_normalized")
+    with model.hooks([(lambda name: not name.endswith(path_choosers), look)]):
+        looked_at = logits_cached_logits_and_gradients()
+    assert all(torch.equal(a, b) for a, b in zip(plain, looked_at, strict=True))  # bit for bit
+    assert "blocks.1.attn.hook_z" in seen and "smear.hook_out" in seen and not model.has_hooks()
 
 
 def without_output_columns(model: GPT, heads: set[tuple[int, int]]) -> GPT:
@@ -313,29 +314,36 @@ def test_a_knocked_out_head_gives_the_model_whose_output_projection_never_reads_
     idx = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(0))
     for heads in ({(1, 2)}, {(0, 0), (1, 3)}):
         without = without_output_columns(model, heads)
-        with torch.no_grad(), model.heads_knocked_out(heads):
+        with torch.no_grad(), model.hooks(model.knock_out(heads)):
             torch.testing.assert_close(model(idx)[0], without(idx)[0], atol=1e-6, rtol=1e-5)
             assert not torch.allclose(model(idx)[0], tiny_gpt(attention=attention, n_head=4)(idx)[0], atol=1e-4)
             for use_kv_cache in (True, False):
                 knocked_out = generate_tokens(model, idx[:, :4], 12, temperature=0, use_kv_cache=use_kv_cache)
                 assert torch.equal(knocked_out, generate_tokens(without, idx[:, :4], 12, temperature=0, use_kv_cache=use_kv_cache))
-    assert masks_of(model) == [None, None]
+    assert not model.has_hooks()
 
 
-def test_heads_knocked_out_puts_every_head_back_after_the_block_even_on_error_and_saves_nothing():
+def knocked_out_heads(model: GPT) -> set[tuple[int, int]]:
+    """The heads whose output z a forward zeroes now, read from a forward through hook_z."""
+    _, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]), names=lambda name: name.endswith("hook_z"))
+    z = cache.stack_activation("z")  # (L, B, T, H, D)
+    return {(layer, head) for layer, head in (z.abs().sum(dim=(1, 2, 4)) == 0).nonzero().tolist()}
+
+
+def test_hooks_detach_every_function_after_the_block_even_on_error_and_save_nothing():
     model = tiny_gpt()
     keys = model.state_dict().keys()
-    with model.heads_knocked_out({(0, 1)}):
-        assert masks_of(model) == [[1.0, 0.0], [1.0, 1.0]]  # every layer masked: one graph for torch.compile
-        with model.heads_knocked_out([(1, 0)]):  # heads an enclosing block knocked out stay out
-            assert masks_of(model) == [[1.0, 0.0], [0.0, 1.0]]
-        assert masks_of(model) == [[1.0, 0.0], [1.0, 1.0]]
+    with model.hooks(model.knock_out({(0, 1)})):
+        assert knocked_out_heads(model) == {(0, 1)}
+        with model.hooks(model.knock_out([(1, 0)])):  # heads an enclosing block knocked out stay out
+            assert knocked_out_heads(model) == {(0, 1), (1, 0)}
+        assert knocked_out_heads(model) == {(0, 1)}
         saved = model.state_dict()
-    assert masks_of(model) == [None, None]
-    with pytest.raises(FloatingPointError), model.heads_knocked_out({(1, 1)}):
+    assert knocked_out_heads(model) == set() and not model.has_hooks()
+    with pytest.raises(FloatingPointError), model.hooks(model.knock_out({(1, 1)})):
         raise FloatingPointError  # e.g. a probe on a diverged model
-    assert masks_of(model) == [None, None]
-    assert saved.keys() == keys  # no mask in a checkpoint: one saved before or during loads into any model
+    assert not model.has_hooks()
+    assert saved.keys() == keys  # nothing in a checkpoint: one saved before or during loads into any model
     tiny_gpt(seed=1).load_state_dict(saved)
 
 
@@ -346,9 +354,9 @@ def test_heads_knocked_out_puts_every_head_back_after_the_block_even_on_error_an
 ])
 def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_range(heads, message):
     model = tiny_gpt()
-    with pytest.raises(ValueError, match=re.escape(message)), model.heads_knocked_out(heads):
-        pass
-    assert masks_of(model) == [None, None]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model.knock_out(heads)
+    assert not model.has_hooks()
 
 
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])
@@ -364,11 +372,11 @@ def test_knocking_out_the_previous_token_head_destroys_the_copy_and_knocking_out
 
     intact, accuracy, loss = logits_accuracy_and_loss()
     assert accuracy == 1.0 and loss < 1e-4
-    with model.heads_knocked_out({(0, 1)}):
+    with model.hooks(model.knock_out({(0, 1)})):
         logits, accuracy, loss = logits_accuracy_and_loss()
         assert accuracy == 1.0 and loss < 1e-4  # head 1 did not carry the copy...
         assert not torch.equal(logits, intact)  # ...though it was out: the logits moved
-    with model.heads_knocked_out({(0, 0)}):
+    with model.hooks(model.knock_out({(0, 0)})):
         _, accuracy, loss = logits_accuracy_and_loss()
         assert accuracy < 0.25  # chance is 1/8
         assert loss == pytest.approx(math.log(8), rel=1e-6)  # all logits 0: nothing of the previous token is left

@@ -1,5 +1,5 @@
 """The forward the Attention tab runs on a learner's own text (inspection/text_forward.py), on
-tiny models: its numbers are the model's own, and a knocked-out head gives heads_knocked_out's."""
+tiny models: its numbers are the model's own, and a knocked-out head gives knock_out's hooks'."""
 
 import math
 
@@ -69,10 +69,10 @@ def test_the_weights_are_the_ones_attention_weights_gives():
     assert forward.knocked_out == [] and forward.intact is None and forward.intact_top_probs is None
 
 
-def test_with_a_head_knocked_out_every_number_is_heads_knocked_outs_and_the_intact_ones_come_beside():
+def test_with_a_head_knocked_out_every_number_is_the_knocked_out_models_and_the_intact_ones_come_beside():
     model, idx = tiny_gpt(), ids_of(TEXT)
     forward = forward_text(model, TOKENIZER, TEXT, knocked_out=[(0, 1), (0, 1)])
-    with torch.no_grad(), model.heads_knocked_out({(0, 1)}):
+    with torch.no_grad(), model.hooks(model.knock_out({(0, 1)})):
         weights, probs = model.attention_weights(idx)[:, 0], model(idx)[0][0].softmax(-1)
     intact_probs = model(idx)[0][0].softmax(-1).detach()
     assert forward.knocked_out == [(0, 1)]
@@ -84,7 +84,7 @@ def test_with_a_head_knocked_out_every_number_is_heads_knocked_outs_and_the_inta
     torch.testing.assert_close(forward.intact_top_probs, intact_probs.gather(1, forward.predictions.top_ids), atol=1e-6, rtol=1e-5)
     assert torch.equal(forward.intact.next_loss, forward_text(model, TOKENIZER, TEXT).predictions.next_loss)
     assert not torch.allclose(forward.predictions.next_loss, forward.intact.next_loss, atol=1e-3)
-    assert all(block.attn.head_mask is None for block in model.blocks)  # every head back after
+    assert not model.has_hooks()  # every head back after
 
 
 def test_knocking_out_the_copy_head_takes_the_copied_token_from_the_top_and_its_probability_down():

@@ -1,0 +1,222 @@
+"""Named points in the model's forward where a function may read or replace an activation,
+and the cache that keeps what a forward passed through them.
+
+The names are TransformerLens's (blocks.0.attn.hook_pattern, blocks.1.hook_resid_post, ...), so
+a learner moving between the two finds the same activation under the same name; docs/hooks.md
+lists them with their shapes. With no function attached, a hook point hands its input straight
+back: the forward pays one attribute check per point.
+
+    HookPoint        one named activation; GPT holds one per activation (model/gpt.py)
+    HookedModel      what GPT gains from them: hook_dict, hooks(), run_with_hooks(), run_with_cache()
+    ActivationCache  the activations of one forward by name, with cache["pattern", 0] and the stacks
+"""
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+# fn(activation, hook) returns the activation to use from here on, or None to keep it.
+HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
+# Where to attach it: a hook point's name, or a test on names (every point it accepts).
+Where = str | Callable[[str], bool]
+
+# Parameter names keep GPT-2's and nanoGPT's (checkpoints and exports read them); hook names take
+# TransformerLens's. This table is the one place where the two spellings meet.
+TRANSFORMER_LENS_NAMES = {"ln_f": "ln_final", "ln_1": "ln1", "ln_2": "ln2"}
+
+
+class HookPoint:
+    """One named activation of the forward: the identity, unless functions are attached.
+
+    A plain object, not an nn.Module: the forward reads it as an ordinary attribute and calls it
+    as an ordinary method, so with nothing attached it costs one check, not a module call."""
+
+    def __init__(self) -> None:
+        self.name = ""  # set by name_hook_points, e.g. "blocks.0.attn.hook_q"
+        self.fns: list[HookFn] = []
+
+    def __call__(self, activation: torch.Tensor) -> torch.Tensor:
+        if not self.fns:
+            return activation
+        for fn in tuple(self.fns):
+            replaced = fn(activation, self)
+            if replaced is not None:
+                activation = replaced
+        return activation
+
+    def layer(self) -> int | None:
+        """The block this point is in (blocks.<layer>. ...), or None outside the blocks."""
+        match = re.match(r"blocks\.(\d+)\.", self.name)
+        return int(match.group(1)) if match else None
+
+    def add_hook(self, fn: HookFn) -> Callable[[], None]:
+        """Attach fn; returns a function that detaches it again."""
+        self.fns.append(fn)
+        return lambda: self.fns.remove(fn) if fn in self.fns else None
+
+    def __repr__(self) -> str:
+        return f"HookPoint({self.name!r}, {len(self.fns)} attached)"
+
+
+def hook_points_of(root: nn.Module) -> dict[str, HookPoint]:
+    """Every HookPoint held by root or a module inside it, by its path from root."""
+    found = {}
+    for path, module in root.named_modules():
+        for attribute, value in vars(module).items():
+            if isinstance(value, HookPoint):
+                found[f"{path}.{attribute}" if path else attribute] = value
+    return found
+
+
+def name_hook_points(root: nn.Module) -> None:
+    """Name every HookPoint under root by its path from root, in TransformerLens's spelling."""
+    for path, point in hook_points_of(root).items():
+        point.name = ".".join(TRANSFORMER_LENS_NAMES.get(part, part) for part in path.split("."))
+
+
+class HookedModel(nn.Module):
+    """The one door into a model's forward: hook points found by name, functions attached for a
+    block of code, and a forward that keeps what it passed through."""
+
+    @property
+    def hook_dict(self) -> dict[str, HookPoint]:
+        """Every hook point of the model by name."""
+        return {point.name: point for point in hook_points_of(self).values()}
+
+    def hook_points(self, where: Where) -> list[HookPoint]:
+        """The points a name or a test on names picks; ValueError naming the near ones for an
+        unknown name."""
+        points = self.hook_dict
+        if callable(where):
+            return [point for name, point in points.items() if where(name)]
+        if where not in points:
+            near = difflib.get_close_matches(where, points, n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
+            raise ValueError(f"no hook point named {where!r} in this model: {hint}")
+        return [points[where]]
+
+    @contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[Where, HookFn]] = ()) -> Iterator["HookedModel"]:
+        """Inside the block, each fn of fwd_hooks runs at the points its name or test picks; after
+        it they are detached, even on error. Every name is checked before anything is attached."""
+        attach = [(point, fn) for where, fn in fwd_hooks for point in self.hook_points(where)]
+        detach = []
+        try:
+            for point, fn in attach:
+                detach.append(point.add_hook(fn))
+            yield self
+        finally:
+            for remove in reversed(detach):
+                remove()
+
+    def has_hooks(self) -> bool:
+        """Whether any function is attached anywhere (the compiled decode step runs none)."""
+        return any(point.fns for point in self.hook_dict.values())
+
+    def run_with_hooks(
+        self, idx: torch.Tensor, fwd_hooks: Iterable[tuple[Where, HookFn]] = (), targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """forward(idx, targets), with fwd_hooks attached for this one call: (logits, loss)."""
+        with self.hooks(fwd_hooks):
+            return self(idx, targets)
+
+    def run_with_cache(
+        self, idx: torch.Tensor, names: Where | Iterable[str] | None = None,
+        fwd_hooks: Iterable[tuple[Where, HookFn]] = (),
+    ) -> tuple[torch.Tensor, "ActivationCache"]:
+        """forward(idx) keeping the activations at the points `names` picks (a name, a list of
+        names, a test on names; None: every point), detached from autograd. fwd_hooks run too, and
+        the cache keeps what they hand on. Returns (logits, cache)."""
+        if names is None:
+            picked = list(self.hook_dict.values())
+        elif isinstance(names, str) or callable(names):
+            picked = self.hook_points(names)
+        else:
+            picked = [point for name in names for point in self.hook_points(name)]
+        activations: dict[str, torch.Tensor] = {}
+
+        def keep(activation: torch.Tensor, hook: HookPoint) -> None:
+            activations[hook.name] = activation.detach()
+
+        # The cache's functions come after fwd_hooks, so it keeps the activation the forward used.
+        with self.hooks(fwd_hooks), self.hooks([(point.name, keep) for point in picked]):
+            logits, _ = self(idx)
+        return logits, ActivationCache(activations, self)  # in the order the forward reached them
+
+
+class ActivationCache(Mapping[str, torch.Tensor]):
+    """The activations one forward passed through its hook points, by name.
+
+    cache["blocks.0.attn.hook_pattern"], or by TransformerLens's short form cache["pattern", 0];
+    cache["embed"] for the points outside the blocks."""
+
+    def __init__(self, activations: dict[str, torch.Tensor], model: HookedModel) -> None:
+        self.activations = activations
+        self.model = model
+
+    def name_of(self, key: str | tuple[str, int]) -> str:
+        """The full name of a key: a full name stays; ("pattern", 0) -> "blocks.0.attn.hook_pattern";
+        "embed" -> "hook_embed"."""
+        known = self.model.hook_dict
+        short, layer = (key, None) if isinstance(key, str) else key
+        if layer is None and short in known:
+            return short
+        short = SHORT_NAMES.get(short, short)
+        if layer is None:
+            candidates = [f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
+        else:
+            layer = layer % len(self.model.blocks) if layer < 0 else layer
+            candidates = [f"blocks.{layer}.{part}hook_{short}" for part in ("", "attn.", "mlp.", "ln1.", "ln2.")]
+        for name in candidates:
+            if name in known:
+                return name
+        near = difflib.get_close_matches(candidates[0], known, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
+        raise KeyError(f"no hook point named by {key!r} in this model: {hint}")
+
+    def __getitem__(self, key: str | tuple[str, int]) -> torch.Tensor:
+        name = self.name_of(key)
+        if name not in self.activations:
+            kept = ", ".join(self.activations) if len(self.activations) <= 8 else (
+                f"{len(self.activations)} names, {', '.join(list(self.activations)[:4])}, ...")
+            raise KeyError(f"this cache did not record {name!r}: it holds {kept}. "
+                           f"Ask run_with_cache for it: names=[{name!r}, ...], or names=None for every point")
+        return self.activations[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.activations)
+
+    def __len__(self) -> int:
+        return len(self.activations)
+
+    def __repr__(self) -> str:
+        return f"ActivationCache({len(self)} activations: {', '.join(list(self)[:3])}{', ...' if len(self) > 3 else ''})"
+
+    def stack_activation(self, short: str) -> torch.Tensor:
+        """One short name's activation in every layer, stacked: (L, ...), e.g. "pattern" ->
+        (L, B, H, T, S)."""
+        return torch.stack([self[short, layer] for layer in range(len(self.model.blocks))])
+
+    def stack_head_results(self, return_labels: bool = False) -> Any:
+        """What each head writes into the residual stream: its hook_z through its own D columns of
+        the output projection, (L * H, B, T, C), heads in layer order (the projection's bias, shared
+        by the heads, is left out, as in TransformerLens). Their sum over a layer's heads plus that
+        bias is the layer's attention output. With return_labels, also ["L0H0", "L0H1", ...]."""
+        results, labels = [], []
+        for layer, block in enumerate(self.model.blocks):
+            z = self["z", layer]  # (B, T, H, D)
+            H, D = z.shape[2], z.shape[3]
+            W_O = block.attn.proj.weight.view(-1, H, D)  # (C, H * D) -> (C, H, D): head h's columns
+            results.append(torch.einsum("bthd,chd->hbtc", z, W_O.to(z.dtype)))  # (H, B, T, C)
+            labels += [f"L{layer}H{head}" for head in range(H)]
+        stacked = torch.cat(results)  # (L * H, B, T, C)
+        return (stacked, labels) if return_labels else stacked
+
+
+# TransformerLens's short forms that are not the end of a hook's name.
+SHORT_NAMES = {"attn": "pattern", "scores": "attn_scores"}

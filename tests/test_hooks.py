@@ -1,0 +1,128 @@
+"""The hook points (model/hooks.py): every name the docs list is in the model with its shape, the
+cache holds what the forward really used, a function that hands back a tensor changes what comes
+after, and bad names get one clear line. TransformerLens's numbers: tests/test_transformer_lens.py."""
+
+import math
+import re
+import shutil
+
+import pytest
+import torch
+
+from tests.helpers import ARCHITECTURE_OPTIONS, ROOT, tiny_gpt
+
+B, T, C, H, L = 2, 9, 32, 2, 2
+LETTERS = {"B": B, "T": T, "S": T, "C": C, "H": H, "D": C // H, "4C": 4 * C, "1": 1}
+
+
+def documented_points() -> dict[str, tuple[int, ...]]:
+    """{name with {l}: shape} from docs/hooks.md's table of names."""
+    rows = re.findall(r"^\| `([\w.{}]+)` \| \(([\w, ]+)\) \|", (ROOT / "docs" / "hooks.md").read_text(), flags=re.MULTILINE)
+    return {name: tuple(LETTERS[letter.strip()] for letter in shape.split(",")) for name, shape in rows}
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS[1:], ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()))
+def test_every_hook_point_the_docs_list_is_in_the_model_with_its_shape(options):
+    documented = documented_points()
+    assert len(documented) >= 20
+    model = tiny_gpt(**options).eval()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.randint(0, 65, (B, T)))
+    expected = {name.format(l=layer): shape for name, shape in documented.items() for layer in range(L)}
+    assert set(model.hook_dict) <= set(expected)  # no point the docs leave out
+    assert set(cache) == set(model.hook_dict)  # names=None: every point, each reached once
+    for name, activation in cache.items():
+        assert tuple(activation.shape) == expected[name], name
+    # The points that only some models have are there exactly when their option is on.
+    config = model.config
+    assert ("smear.hook_out" in cache) == config.smear and ("hook_pos_embed" in cache) == (config.pos == "learned")
+    assert ("blocks.0.attn.hook_rot_q" in cache) == (config.pos == "rope" or config.qk_norm)
+
+
+def test_the_cache_holds_what_the_forward_used_step_by_step():
+    model = tiny_gpt(bias=True, pos="rope", qk_norm=True).eval()
+    idx = torch.randint(0, 65, (B, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(idx)
+        plain, _ = model(idx)
+        torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)  # the manual path, equal to rounding
+        last = cache["resid_post", -1]  # (B, T, C)
+        torch.testing.assert_close(model.lm_head(model.ln_f(last)), logits, atol=1e-5, rtol=1e-5)
+        for layer, block in enumerate(model.blocks):
+            q, k, v = (cache[name, layer].transpose(1, 2) for name in ("rot_q", "rot_k", "v"))  # (B, H, T, D)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(C // H)  # (B, H, T, T)
+            torch.testing.assert_close(cache["attn_scores", layer], scores, atol=1e-5, rtol=1e-5)
+            future = torch.ones(T, T, dtype=torch.bool).triu(1)
+            pattern = scores.masked_fill(future, float("-inf")).softmax(-1)
+            torch.testing.assert_close(cache["pattern", layer], pattern, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(cache["z", layer], (pattern @ v).transpose(1, 2), atol=1e-6, rtol=1e-5)  # (B, T, H, D)
+            # The heads' results and the output projection's bias add up to what attention adds.
+            heads = cache.stack_head_results()[layer * H : (layer + 1) * H]  # (H, B, T, C)
+            torch.testing.assert_close(heads.sum(0) + block.attn.proj.bias, cache["attn_out", layer], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cache["resid_mid", layer], cache["resid_pre", layer] + cache["attn_out", layer])
+            torch.testing.assert_close(cache["resid_post", layer], cache["resid_mid", layer] + cache["mlp_out", layer])
+    assert cache.stack_head_results(return_labels=True)[1] == ["L0H0", "L0H1", "L1H0", "L1H1"]
+    assert cache["embed"] is cache["hook_embed"] and cache["pattern", 1] is cache["blocks.1.attn.hook_pattern"]
+    assert cache.stack_activation("pattern").shape == (L, B, H, T, T)
+
+
+def test_a_function_that_hands_back_a_tensor_changes_what_the_forward_computes_after_it():
+    model = tiny_gpt(smear=True).eval()
+    idx = torch.randint(0, 65, (B, T), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, _ = model.run_with_hooks(idx, fwd_hooks=[("blocks.1.hook_resid_post", lambda x, hook: torch.zeros_like(x))])
+        assert torch.equal(logits, model.lm_head(model.ln_f(torch.zeros(B, T, C))))  # nothing before it is left
+        # Every query looking evenly at every key, the future too: each head's output is the mean value.
+        uniform = lambda pattern, hook: torch.full_like(pattern, 1 / T)  # noqa: E731
+        _, cache = model.run_with_cache(idx, names=["blocks.0.attn.hook_v", "blocks.0.attn.hook_z"],
+                                        fwd_hooks=[("blocks.0.attn.hook_pattern", uniform)])
+        torch.testing.assert_close(cache["z", 0], cache["v", 0].mean(dim=1, keepdim=True).expand(B, T, H, C // H))
+        # A test on names attaches to every point it accepts: here both layers' patterns.
+        seen = []
+        model.run_with_hooks(idx, fwd_hooks=[(lambda name: name.endswith("hook_pattern"), lambda x, hook: seen.append(hook.layer()))])
+    assert seen == [0, 1] and not model.has_hooks()
+
+
+def test_functions_are_detached_after_run_with_hooks_even_when_one_raises():
+    model = tiny_gpt()
+
+    def fail(activation, hook):
+        raise RuntimeError(f"stopped at {hook.name}")
+
+    with pytest.raises(RuntimeError, match="stopped at blocks.0.hook_resid_mid"):
+        model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[("blocks.0.hook_resid_mid", fail)])
+    assert not model.has_hooks()
+
+
+def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attached():
+    model = tiny_gpt()
+    message = re.escape("no hook point named 'blocks.0.attn.hook_patern' in this model: did you mean "
+                        "blocks.0.attn.hook_pattern")
+    keep = lambda x, hook: None  # noqa: E731
+    with pytest.raises(ValueError, match=message), model.hooks([("blocks.0.hook_resid_pre", keep), ("blocks.0.attn.hook_patern", keep)]):
+        pass
+    assert not model.has_hooks()  # the good name before it was not left attached
+    with pytest.raises(ValueError, match="no hook point named 'blocks.7.hook_resid_pre' in this model: did you mean"):
+        model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["blocks.7.hook_resid_pre"])
+
+
+def test_a_cache_asked_for_a_name_it_did_not_keep_says_what_it_holds_and_how_to_ask():
+    model = tiny_gpt()
+    _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["blocks.1.attn.hook_z"])
+    with pytest.raises(KeyError, match=re.escape("this cache did not record 'blocks.0.attn.hook_pattern': it holds "
+                                                 "blocks.1.attn.hook_z. Ask run_with_cache for it: names=[")):
+        cache["pattern", 0]
+    with pytest.raises(KeyError, match=re.escape("no hook point named by ('patern', 0) in this model: did you mean")):
+        cache["patern", 0]
+
+
+def test_the_hooks_pages_example_runs_on_a_trained_run(trained_run, tmp_path, monkeypatch):
+    example = re.search(r"^```py\n(.*?)^```", (ROOT / "docs" / "hooks.md").read_text(), flags=re.MULTILINE | re.DOTALL)[1]
+    assert 'resolve_checkpoint("latest")' in example
+    shutil.copytree(trained_run, tmp_path / "outputs" / "run")
+    monkeypatch.chdir(tmp_path)  # where "latest" looks: outputs/ under the working folder
+    names: dict = {}
+    exec(compile(example, "docs/hooks.md", "exec"), names)
+    assert names["results"].shape[0] == len(names["labels"]) == 4  # 2 layers x 2 heads
+    assert set(names["cache"]) == {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"}
+    assert not names["model"].has_hooks()

@@ -1,0 +1,60 @@
+"""The hook points against TransformerLens 4, the field's reference: the same GPT-2-shaped weights,
+saved by Hugging Face transformers, booted in TransformerLens's TransformerBridge and loaded here,
+give the same activations under the same names, and the same loss with a head zeroed in both."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model_io.hf_gpt2 import gpt_from_hf
+from tests.helpers import tiny_gpt2
+
+bridge_module = pytest.importorskip("transformer_lens.model_bridge")
+
+NAMES = ["blocks.{l}.attn.hook_q", "blocks.{l}.attn.hook_k", "blocks.{l}.attn.hook_v", "blocks.{l}.attn.hook_pattern",
+         "blocks.{l}.attn.hook_z", "blocks.{l}.hook_attn_out", "blocks.{l}.hook_resid_mid", "blocks.{l}.mlp.hook_post",
+         "blocks.{l}.hook_resid_post", "blocks.{l}.ln1.hook_scale", "blocks.{l}.ln2.hook_normalized"]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """(this project's GPT, TransformerLens's bridge) on one tiny GPT-2 folder, and tokens."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    tiny_gpt2(seed=3).save_pretrained(folder)
+    bridge = bridge_module.TransformerBridge.boot_transformers(str(folder), device="cpu")
+    bridge.enable_compatibility_mode(no_processing=True)  # the weights as saved: no folded norms, no centring
+    ours, _ = gpt_from_hf(folder)
+    tokens = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    return ours.eval(), bridge.eval(), tokens
+
+
+def test_the_hook_points_hold_transformer_lens_activations_under_the_same_names(both):
+    ours, bridge, tokens = both
+    names = [name.format(l=layer) for layer in range(2) for name in NAMES] + ["hook_embed", "ln_final.hook_normalized"]
+    with torch.no_grad():
+        our_logits, our_cache = ours.run_with_cache(tokens, names=names)
+        their_logits, their_cache = bridge.run_with_cache(tokens, names_filter=names)
+    for name in names:
+        torch.testing.assert_close(our_cache[name], their_cache[name], atol=1e-5, rtol=1e-5, msg=name)
+    torch.testing.assert_close(our_logits, their_logits, atol=1e-5, rtol=1e-5)
+    # What each head writes: TransformerLens's own split of the attention outputs, head by head.
+    torch.testing.assert_close(our_cache.stack_head_results(), their_cache.stack_head_results(layer=-1),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_a_head_zeroed_through_hook_z_costs_the_same_loss_in_both(both):
+    ours, bridge, tokens = both
+
+    def zero_head_1(z, hook):  # (B, T, H, D) in both
+        z = z.clone()
+        z[:, :, 1] = 0.0
+        return z
+
+    hooks = [("blocks.1.attn.hook_z", zero_head_1)]
+    with torch.no_grad():
+        our_logits, _ = ours.run_with_hooks(tokens, fwd_hooks=hooks)
+        their_logits = bridge.run_with_hooks(tokens, fwd_hooks=hooks)
+        intact, _ = ours(tokens)
+    loss = lambda logits: F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()).item()  # noqa: E731
+    assert loss(our_logits) == pytest.approx(loss(their_logits), abs=1e-5)
+    assert not torch.allclose(our_logits, intact, atol=1e-2)  # the head mattered: the test can tell a miss
