@@ -9,8 +9,6 @@ import torch.nn.functional as F
 from model_io.hf_gpt2 import gpt_from_hf
 from tests.helpers import tiny_gpt2
 
-bridge_module = pytest.importorskip("transformer_lens.model_bridge")
-
 NAMES = ["blocks.{l}.attn.hook_q", "blocks.{l}.attn.hook_k", "blocks.{l}.attn.hook_v", "blocks.{l}.attn.hook_pattern",
          "blocks.{l}.attn.hook_z", "blocks.{l}.hook_attn_out", "blocks.{l}.hook_resid_mid", "blocks.{l}.mlp.hook_post",
          "blocks.{l}.hook_resid_post", "blocks.{l}.ln1.hook_scale", "blocks.{l}.ln2.hook_normalized"]
@@ -19,9 +17,11 @@ NAMES = ["blocks.{l}.attn.hook_q", "blocks.{l}.attn.hook_k", "blocks.{l}.attn.ho
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
     """(this project's GPT, TransformerLens's bridge) on one tiny GPT-2 folder, and tokens."""
+    # Imported here: it takes seconds, which only the worker running these tests should pay.
+    from transformer_lens.model_bridge import TransformerBridge
     folder = tmp_path_factory.mktemp("gpt2")
     tiny_gpt2(seed=3).save_pretrained(folder)
-    bridge = bridge_module.TransformerBridge.boot_transformers(str(folder), device="cpu")
+    bridge = TransformerBridge.boot_transformers(str(folder), device="cpu")
     bridge.enable_compatibility_mode(no_processing=True)  # the weights as saved: no folded norms, no centring
     ours, _ = gpt_from_hf(folder)
     tokens = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
