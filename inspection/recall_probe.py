@@ -30,6 +30,7 @@ import torch
 from data.stories import FEMALE_NAMES, ITEMS, MALE_NAMES, generate_stories
 from data.tokenizer import Tokenizer
 from model import GPT, eval_mode
+from model.hooks import is_pattern
 from user_error import UserError
 
 NAME_PATTERN = re.compile(r"\b(" + "|".join(FEMALE_NAMES + MALE_NAMES) + r")\b")
@@ -107,7 +108,7 @@ class RecallProbe:
         with eval_mode(model):
             for lo in range(0, len(self.windows), chunk):
                 windows = self.windows[lo : lo + chunk].to(device)  # (n, T)
-                logits, cache = model.run_with_cache(windows, names=lambda name: name.endswith("hook_pattern"))  # (n, T, vocab)
+                logits, cache = model.run_with_cache(windows, names=is_pattern)  # (n, T, vocab)
                 weights = cache.stack_activation("pattern")  # (L, n, H, T, T)
                 reads += self.read(logits.cpu(), weights.cpu(), first_window=lo)
         return summarise(reads)

@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from model import GPT, eval_mode
 from model.gpt import NormHooks
+from model.hooks import is_pattern
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 
@@ -88,7 +89,7 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
     hooks = []
     for module in names:
         hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    look_at_patterns = [(lambda name: name.endswith("hook_pattern"), lambda pattern, hook: None)]  # reads nothing
+    look_at_patterns = [(is_pattern, lambda pattern, hook: None)]  # reads nothing
     try:
         with eval_mode(model), model.hooks(look_at_patterns), recorder:
             model(idx, targets)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from data.tokenizer import Tokenizer
 from inspection.heatmap import readable_token
 from model import GPT, eval_mode
+from model.hooks import is_pattern
 from user_error import UserError
 
 TOP_K = 5
@@ -66,7 +67,7 @@ def predict(model: GPT, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, Predic
     """idx (1, T): the attention weights (L, H, T, T) and the predictions, from one forward
     (with whatever functions an enclosing model.hooks() block attached)."""
     with eval_mode(model):
-        logits, cache = model.run_with_cache(idx, names=lambda name: name.endswith("hook_pattern"))  # (1, T, vocab_size)
+        logits, cache = model.run_with_cache(idx, names=is_pattern)  # (1, T, vocab_size)
     logits = logits[0].float()  # (T, vocab_size)
     log_probs = F.log_softmax(logits, dim=-1)  # (T, vocab_size)
     top_log_probs, top_ids = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)  # (T, k), (T, k)

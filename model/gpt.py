@@ -26,7 +26,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from model.attention import CausalSelfAttention, KVCache
-from model.hooks import HookedModel, HookFn, HookPoint, name_hook_points
+from model.hooks import HookedModel, HookFn, HookPoint, is_pattern, name_hook_points
 
 
 @contextmanager
@@ -288,7 +288,7 @@ class GPT(HookedModel):
         own parameters in eval mode: (n_layer, B, H, T, T). Functions attached by an enclosing
         hooks() block (knock-outs) act as in any forward."""
         with eval_mode(self):
-            _, cache = self.run_with_cache(idx, names=lambda name: name.endswith("attn.hook_pattern"))
+            _, cache = self.run_with_cache(idx, names=is_pattern)
         return cache.stack_activation("pattern")  # (L, B, H, T, T)
 
     def knock_out(self, heads: Iterable[tuple[int, int]]) -> list[tuple[str, HookFn]]:

@@ -79,6 +79,23 @@ def name_hook_points(root: nn.Module) -> None:
         point.name = ".".join(TRANSFORMER_LENS_NAMES.get(part, part) for part in path.split("."))
 
 
+def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
+    """The points of `points` that a name or a test on names picks; ValueError naming the near
+    ones for an unknown name."""
+    if callable(where):
+        return [point for name, point in points.items() if where(name)]
+    if where not in points:
+        near = difflib.get_close_matches(where, points, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
+        raise ValueError(f"no hook point named {where!r} in this model: {hint}")
+    return [points[where]]
+
+
+def is_pattern(name: str) -> bool:
+    """Picks every layer's attention weights, blocks.<l>.attn.hook_pattern."""
+    return name.endswith("attn.hook_pattern")
+
+
 class HookedModel(nn.Module):
     """The one door into a model's forward: hook points found by name, functions attached for a
     block of code, and a forward that keeps what it passed through."""
@@ -91,20 +108,14 @@ class HookedModel(nn.Module):
     def hook_points(self, where: Where) -> list[HookPoint]:
         """The points a name or a test on names picks; ValueError naming the near ones for an
         unknown name."""
-        points = self.hook_dict
-        if callable(where):
-            return [point for name, point in points.items() if where(name)]
-        if where not in points:
-            near = difflib.get_close_matches(where, points, n=3, cutoff=0.6)
-            hint = f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
-            raise ValueError(f"no hook point named {where!r} in this model: {hint}")
-        return [points[where]]
+        return pick(self.hook_dict, where)
 
     @contextmanager
     def hooks(self, fwd_hooks: Iterable[tuple[Where, HookFn]] = ()) -> Iterator["HookedModel"]:
         """Inside the block, each fn of fwd_hooks runs at the points its name or test picks; after
         it they are detached, even on error. Every name is checked before anything is attached."""
-        attach = [(point, fn) for where, fn in fwd_hooks for point in self.hook_points(where)]
+        points = self.hook_dict  # one walk of the modules, however many functions come
+        attach = [(point, fn) for where, fn in fwd_hooks for point in pick(points, where)]
         detach = []
         try:
             for point, fn in attach:
@@ -132,12 +143,13 @@ class HookedModel(nn.Module):
         """forward(idx) keeping the activations at the points `names` picks (a name, a list of
         names, a test on names; None: every point), detached from autograd. fwd_hooks run too, and
         the cache keeps what they hand on. Returns (logits, cache)."""
+        points = self.hook_dict
         if names is None:
-            picked = list(self.hook_dict.values())
+            picked = list(points.values())
         elif isinstance(names, str) or callable(names):
-            picked = self.hook_points(names)
+            picked = pick(points, names)
         else:
-            picked = [point for name in names for point in self.hook_points(name)]
+            picked = [point for name in names for point in pick(points, name)]
         activations: dict[str, torch.Tensor] = {}
 
         def keep(activation: torch.Tensor, hook: HookPoint) -> None:
