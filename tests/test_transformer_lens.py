@@ -1,11 +1,15 @@
 """The hook points against TransformerLens 4, the field's reference: the same GPT-2-shaped weights,
 saved by Hugging Face transformers, booted in TransformerLens's TransformerBridge and loaded here,
-give the same activations under the same names, and the same loss with a head zeroed in both."""
+give the same activations under the same names, the same loss with a head zeroed in both, the
+same activation patching (transformer_lens.patching, which takes the bridge) and the same direct
+logit attribution (its cache's full residual decomposition through the frozen final norm)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from inspection.logit_attribution import logit_attribution
+from inspection.patching import logit_difference, patch_heads, patch_residual
 from model_io.hf_gpt2 import gpt_from_hf
 from tests.helpers import tiny_gpt2
 
@@ -58,3 +62,42 @@ def test_a_head_zeroed_through_hook_z_costs_the_same_loss_in_both(both):
     loss = lambda logits: F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()).item()  # noqa: E731
     assert loss(our_logits) == pytest.approx(loss(their_logits), abs=1e-5)
     assert not torch.allclose(our_logits, intact, atol=1e-2)  # the head mattered: the test can tell a miss
+
+
+@pytest.fixture(scope="module")
+def corrupted(both):
+    """The tokens with one position changed in each row: a clean/corrupted pair for patching."""
+    _, _, tokens = both
+    corrupted = tokens.clone()
+    corrupted[:, 3] = (corrupted[:, 3] + 7) % 300
+    return corrupted
+
+
+def test_patching_heads_and_the_residual_stream_gives_what_transformer_lens_patching_gives(both, corrupted):
+    from transformer_lens import patching
+
+    ours, bridge, tokens = both
+    metric = logit_difference(-1, 5, 9)
+    with torch.no_grad():
+        _, clean_cache = bridge.run_with_cache(tokens)
+        their_heads = patching.get_act_patch_attn_head_out_all_pos(bridge, corrupted, clean_cache, metric)  # (L, H)
+        their_resid = patching.get_act_patch_resid_pre(bridge, corrupted, clean_cache, metric)  # (L, T)
+    heads, resid = patch_heads(ours, tokens, corrupted, metric), patch_residual(ours, tokens, corrupted, metric)
+    torch.testing.assert_close(heads.patched.float(), their_heads, atol=1e-5, rtol=0)
+    torch.testing.assert_close(resid.patched.float(), their_resid, atol=1e-5, rtol=0)
+    assert (heads.patched - heads.corrupted).abs().max() > 1e-3  # some patch moved the metric: the test can tell
+
+
+def test_each_parts_direct_share_is_transformer_lens_decomposition_through_the_frozen_final_norm(both):
+    ours, bridge, tokens = both
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(tokens)
+        stack, labels = cache.get_full_resid_decomposition(layer=-1, return_labels=True, expand_neurons=False)
+        scaled = cache.apply_ln_to_stack(stack[:, :, -1], layer=-1, pos_slice=-1)  # (P, B, C): centred, / scale
+    direction = ours.lm_head.weight[5] - ours.lm_head.weight[9]  # (C,): the logit difference's direction
+    theirs = dict(zip(labels, (scaled * ours.ln_f.weight) @ direction, strict=True))  # the norm's gain, then the unembedding
+    theirs["bias"] = theirs["bias"] + direction @ ours.ln_f.bias  # the final norm's bias: in "bias" here
+    attribution = logit_attribution(ours, tokens, -1, 5, 9)
+    assert set(attribution.shares) == set(theirs)
+    for label, share in attribution.shares.items():
+        torch.testing.assert_close(share, theirs[label], atol=1e-5, rtol=0, msg=label)

@@ -1,0 +1,135 @@
+"""Direct logit attribution: which part of the model wrote a token's logit.
+
+The residual stream the final norm reads is a sum: the embeddings, then what every head and
+every MLP added (model/gpt.py's Block: x + attn, then x + mlp). Freeze the final norm's scale at
+the value the forward used and the norm is linear, so the logit splits into one share per part,
+and the shares add up to the logit. A head's share is what it wrote directly; a head that only
+feeds later heads has a share near 0 here, and shows in a knock-out (knock_out_effects).
+
+    residual_parts(model, idx)     the parts (P, B, T, C) and their labels, summing to the stream
+    logit_attribution(model, idx, position, token, other=None)
+                                   each part's share of a logit (or of a difference of two)
+
+A head's whole effect, through later layers too, is what knocking it out costs:
+inspection/patching.py's knock_out_effects.
+
+The labels are TransformerLens's: "embed", "pos_embed", "L{l}H{h}", "{l}_mlp_out", "bias"; and
+"smear" for the smear's addition (model.smear=true).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from model import GPT, eval_mode
+from user_error import UserError
+
+Tokens = int | Sequence[int] | torch.Tensor  # one token id, or one per row of the batch
+
+
+@dataclass
+class LogitAttribution:
+    """Each part's direct share of a logit (or logit difference), one value per row of the batch."""
+
+    shares: dict[str, torch.Tensor]  # part label -> (B,), in the order the forward adds them
+    logit: torch.Tensor  # (B,): the model's own logit (difference); the shares sum to it
+    n_layer: int
+    n_head: int
+
+    def heads(self) -> torch.Tensor:
+        """The heads' shares as a grid: (L, H, B)."""
+        return torch.stack([torch.stack([self.shares[f"L{layer}H{head}"] for head in range(self.n_head)])
+                            for layer in range(self.n_layer)])  # (L, H, B)
+
+    def total(self) -> torch.Tensor:
+        """The shares added up: (B,), the logit within float error."""
+        return torch.stack(list(self.shares.values())).sum(dim=0)  # (P, B) -> (B,)
+
+
+def check_position(position: int, T: int) -> int:
+    """position as an index 0 .. T - 1 (a negative one counts from the end); UserError outside."""
+    if not -T <= position < T:
+        raise UserError(f"position {position} is out of range: the sequence has {T} tokens "
+                        f"(positions 0 to {T - 1}, or -{T} to -1 from the end)")
+    return position % T
+
+
+def token_direction(model: GPT, token: Tokens, other: Tokens | None, B: int) -> torch.Tensor:
+    """The LM head's row of token, less other's when given: (B, C), one per row of the batch.
+    A logit (difference) is this direction's dot product with the final norm's output."""
+    rows = []
+    for name, ids in (("token", token), ("other", other)):
+        if ids is None:
+            continue
+        ids = torch.as_tensor(ids, device=model.lm_head.weight.device).reshape(-1)  # (1,) or (B,)
+        V = model.lm_head.weight.shape[0]
+        if ids.numel() not in (1, B):
+            raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")
+        if ids.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) or not bool(((ids >= 0) & (ids < V)).all()):
+            raise UserError(f"{name}={ids.tolist()} is not a token id of this model: ids run from 0 to {V - 1}")
+        rows.append(model.lm_head.weight[ids.expand(B)])  # (B, C)
+    return rows[0] - rows[1] if len(rows) == 2 else rows[0]  # (B, C)
+
+
+@torch.no_grad()
+def residual_parts(model: GPT, idx: torch.Tensor) -> tuple[list[str], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """idx (B, T) -> (labels, parts, scale, logits): parts (P, B, T, C) add up to the stream that
+    leaves the last block; scale (B, T, 1) is what the final norm divided that stream by, and
+    logits (B, T, V) the output of that same forward.
+
+    "bias" holds the attention output projections' biases (shared by a layer's heads); an MLP's
+    own bias is inside its {l}_mlp_out, as in TransformerLens."""
+    wanted = ("hook_embed", "smear.hook_out", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
+    with eval_mode(model):
+        logits, cache = model.run_with_cache(idx, names=lambda name: name.endswith(wanted))
+    B, T = idx.shape
+    labels, parts = ["embed"], [cache["hook_embed"]]  # (B, T, C)
+    if model.smear is not None:
+        labels.append("smear")
+        parts.append(cache["smear.hook_out"] - cache["hook_embed"])  # (B, T, C): what the smear added
+    if model.pos_emb is not None:
+        labels.append("pos_embed")
+        parts.append(cache["hook_pos_embed"].expand(B, T, -1))  # (T, C) -> (B, T, C)
+    heads, head_labels = cache.stack_head_results(return_labels=True)  # (L * H, B, T, C)
+    H = model.config.n_head
+    bias = torch.zeros_like(parts[0])  # (B, T, C)
+    for layer, block in enumerate(model.blocks):
+        labels += head_labels[layer * H : (layer + 1) * H]
+        parts += list(heads[layer * H : (layer + 1) * H])  # H x (B, T, C)
+        if block.attn.proj.bias is not None:
+            bias = bias + block.attn.proj.bias  # (B, T, C) + (C,)
+        labels.append(f"{layer}_mlp_out")
+        parts.append(cache["mlp_out", layer])  # (B, T, C)
+    labels.append("bias")
+    parts.append(bias)
+    return labels, torch.stack(parts), cache["ln_final.hook_scale"], logits  # (P, B, T, C)
+
+
+@torch.no_grad()
+def logit_attribution(model: GPT, idx: torch.Tensor, position: int, token: Tokens,
+                      other: Tokens | None = None) -> LogitAttribution:
+    """Each part's direct share of the logit of `token` at `position` of idx (B, T), or of the
+    difference token - other: the part through the final norm (its scale frozen at the
+    forward's) and the LM head. The final norm's own bias joins "bias"."""
+    B, T = idx.shape
+    position = check_position(position, T)
+    direction = token_direction(model, token, other, B)  # (B, C)
+    labels, parts, scale, logits = residual_parts(model, idx)
+    parts, scale = parts[:, :, position], scale[:, position]  # (P, B, C), (B, 1)
+    if isinstance(model.ln_f, torch.nn.LayerNorm):
+        parts = parts - parts.mean(dim=-1, keepdim=True)  # (P, B, C): centring is linear too
+    normed = parts / scale * model.ln_f.weight  # (P, B, C): each part as the norm passes it on
+    shares = (normed * direction).sum(dim=-1)  # (P, B)
+    if getattr(model.ln_f, "bias", None) is not None:
+        shares[-1] += direction @ model.ln_f.bias  # (B,): the final norm's bias, straight to the logits
+    logit = real_logit(logits[:, position], token, other)  # (B,)
+    return LogitAttribution(dict(zip(labels, shares, strict=True)), logit, len(model.blocks), model.config.n_head)
+
+
+def real_logit(logits: torch.Tensor, token: Tokens, other: Tokens | None) -> torch.Tensor:
+    """logits (B, V) at one position -> (B,): token's logit, less other's when given."""
+    B = logits.shape[0]
+    take = lambda ids: logits.gather(1, torch.as_tensor(ids, device=logits.device).reshape(-1, 1).expand(B, 1))  # noqa: E731
+    value = take(token) if other is None else take(token) - take(other)  # (B, 1)
+    return value.squeeze(1).float()  # (B,)

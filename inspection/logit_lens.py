@@ -1,0 +1,59 @@
+"""The logit lens: what the model would predict if it stopped after each layer. The residual
+stream leaving a block goes through the final norm and the LM head, as the last block's does.
+
+After the last layer the lens is the model's own output, to the bit: the same two modules read
+the same tensor. Earlier layers show when the right token rises to the top (often a layer or
+two before the end) and which layer moves it most.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from model import GPT, eval_mode
+
+
+@torch.no_grad()
+def lens_layers(model: GPT, idx: torch.Tensor) -> Iterator[torch.Tensor]:
+    """For idx (B, T), the log-probabilities (B, T, V) after each layer in turn, one layer at a
+    time: a caller that keeps a summary never holds all L of them at once."""
+    with eval_mode(model):
+        _, cache = model.run_with_cache(idx, names=lambda name: name.endswith("hook_resid_post"))
+    for layer in range(len(model.blocks)):
+        stream = cache["resid_post", layer]  # (B, T, C)
+        logits = model.lm_head(model.ln_f(stream))  # (B, T, C) -> (B, T, V), as GPT.forward does
+        yield F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+
+
+def logit_lens(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """idx (B, T) -> (L, B, T, V): the log-probabilities the model would give after each layer.
+    [-1] equals log_softmax of the model's own logits exactly."""
+    return torch.stack(list(lens_layers(model, idx)))  # (L, B, T, V)
+
+
+@dataclass
+class LensSummary:
+    """The lens on one sequence, reduced to what the Attention tab draws (L layers, T tokens)."""
+
+    next_log_prob: torch.Tensor  # (L, T - 1): log p(the token that came next) after each layer
+    next_rank: torch.Tensor  # (L, T - 1): its rank among all tokens, 1 for the top one
+    top_ids: torch.Tensor  # (L, T, k): the k likeliest tokens after each layer, likeliest first
+    top_probs: torch.Tensor  # (L, T, k): their probabilities
+
+
+def lens_summary(model: GPT, idx: torch.Tensor, k: int = 5) -> LensSummary:
+    """The lens on one sequence idx (1, T), layer by layer, for the token that really came next
+    at each position and the top k."""
+    next_ids = idx[0, 1:]  # (T - 1,)
+    log_probs, ranks, top_ids, top_probs = [], [], [], []
+    for layer_log_probs in lens_layers(model, idx):
+        lp = layer_log_probs[0]  # (T, V)
+        right = lp[:-1].gather(1, next_ids.unsqueeze(1))  # (T - 1, 1)
+        log_probs.append(right.squeeze(1))  # (T - 1,)
+        ranks.append(1 + (lp[:-1] > right).sum(dim=1))  # (T - 1,): the tokens strictly likelier, plus one
+        top_log_probs, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)  # (T, k) each
+        top_ids.append(ids)
+        top_probs.append(top_log_probs.exp())
+    return LensSummary(torch.stack(log_probs), torch.stack(ranks), torch.stack(top_ids), torch.stack(top_probs))

@@ -1,0 +1,158 @@
+"""Activation patching: does the answer depend on this activation, at this place?
+
+Two prompts of the same length: a clean one ("When Mary and John went to the shop, John gave a
+drink to", answer " Mary") and a corrupted one that changes the answer (the names swapped). A
+metric reads the logits, e.g. the logit difference " Mary" - " John" at the last position. Run
+the corrupted prompt with one activation taken from the clean run: the share of the clean
+metric that comes back says how much of the answer that one activation carries.
+
+    restored = (metric(patched) - metric(corrupted)) / (metric(clean) - metric(corrupted))
+
+0: the patch brought nothing back; 1: all of it. The patched runs go through the model's hook
+points (blocks.{l}.attn.hook_z, blocks.{l}.hook_resid_pre) and run as a few batches, many
+patches to a batch, not one forward each.
+
+    patch_heads(model, clean, corrupted, metric)     (L, H): one head's output z, at every position
+    patch_residual(model, clean, corrupted, metric)  (L, T): the stream entering block l, at one position
+    knock_out_effects(model, idx, metric)            (L, H): metric intact, less with that head zeroed
+    logit_difference(position, token, other)         the usual metric
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from inspection.logit_attribution import Tokens, check_position, real_logit
+from model import GPT, eval_mode
+from user_error import UserError
+
+Metric = Callable[[torch.Tensor], torch.Tensor | float]  # logits (B, T, V) -> one number
+LOGIT_BUDGET = 2**25  # floats of logits in one patched batch (128 MB): GPT-2 small's 144 heads take three batches
+
+
+@dataclass
+class Restored:
+    """What patching found: the restored fraction of each patch, and the two runs it is measured between."""
+
+    fraction: torch.Tensor  # (L, H) or (L, T): 0 nothing restored, 1 all of it
+    clean: float  # the metric on the clean prompt
+    corrupted: float  # the metric on the corrupted prompt
+    patched: torch.Tensor  # the metric with each patch, the fraction's numerator plus `corrupted`
+
+
+def logit_difference(position: int, token: Tokens, other: Tokens | None = None) -> Metric:
+    """The metric logits (B, T, V) -> the logit of token less other's at position, averaged
+    over the batch (just token's logit with no other)."""
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return real_logit(logits[:, check_position(position, logits.shape[1])], token, other).mean()
+
+    return metric
+
+
+def score(metric: Metric, logits: torch.Tensor) -> float:
+    """metric(logits) as a float; UserError unless it gives one number."""
+    value = torch.as_tensor(metric(logits))
+    if value.numel() != 1:
+        raise UserError(f"the metric gave a tensor of shape {tuple(value.shape)}, not one number: average it over "
+                        "the batch (.mean())")
+    return float(value)
+
+
+@torch.no_grad()
+def patched_metrics(model: GPT, idx: torch.Tensor, patches: list[tuple[str, tuple, torch.Tensor]],
+                    metric: Metric) -> torch.Tensor:
+    """metric on idx (B, T) run once per patch, each patch (hook name, index, source): at that
+    hook point, activation[:, *index] becomes source[:, *index], source shaped like the
+    activation. Many patches share a batch; returns (len(patches),)."""
+    B, T = idx.shape
+    per_batch = max(1, LOGIT_BUDGET // (B * T * model.lm_head.weight.shape[0]))
+    values = []
+    with eval_mode(model):
+        for start in range(0, len(patches), per_batch):
+            chunk = patches[start : start + per_batch]  # patch n edits rows n * B .. (n + 1) * B - 1
+            edits: dict[str, list[tuple[int, tuple, torch.Tensor]]] = {}
+            for n, (name, index, source) in enumerate(chunk):
+                edits.setdefault(name, []).append((n * B, index, source))
+            fwd_hooks = [(name, copy_in(at, B)) for name, at in edits.items()]
+            logits, _ = model.run_with_hooks(idx.repeat(len(chunk), 1), fwd_hooks)  # (n * B, T, V)
+            values += [score(metric, logits[n * B : (n + 1) * B]) for n in range(len(chunk))]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def copy_in(edits: list[tuple[int, tuple, torch.Tensor]], B: int):
+    """A hook function that, for each (row, index, source) of edits, writes source[:, *index]
+    into rows row .. row + B - 1 of the activation at index."""
+
+    def patch(activation: torch.Tensor, hook) -> torch.Tensor:
+        activation = activation.clone()  # (n * B, T, ...)
+        for row, index, source in edits:
+            activation[(slice(row, row + B), *index)] = source[(slice(None), *index)]
+        return activation
+
+    return patch
+
+
+def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
+    """UserError unless the two prompts are token tensors of the same shape (B, T)."""
+    if clean.dim() != 2 or corrupted.dim() != 2:
+        raise UserError(f"clean and corrupted are token ids of shape (B, T), not {tuple(clean.shape)} and "
+                        f"{tuple(corrupted.shape)}")
+    if clean.shape != corrupted.shape:
+        raise UserError(f"the clean prompt has {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}"
+                        f"{'' if clean.shape[0] == corrupted.shape[0] else f' (rows: {clean.shape[0]} and {corrupted.shape[0]})'}: "
+                        "patching swaps activations position by position, so give prompts of the same length")
+
+
+@torch.no_grad()
+def baselines(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, names) -> tuple:
+    """The clean run's activations at `names`, and the metric on both prompts; UserError when the
+    metric does not tell them apart (there is nothing to restore)."""
+    check_pair(clean, corrupted)
+    with eval_mode(model):
+        clean_logits, cache = model.run_with_cache(clean, names=names)
+        corrupted_logits, _ = model(corrupted)
+    clean_value, corrupted_value = score(metric, clean_logits), score(metric, corrupted_logits)
+    if abs(clean_value - corrupted_value) < 1e-6:
+        raise UserError(f"the metric is {clean_value:.4g} on both prompts: there is nothing to restore; make the "
+                        "corrupted prompt change the answer (swap the names, say)")
+    return cache, clean_value, corrupted_value
+
+
+def restored(patched: torch.Tensor, clean: float, corrupted: float, shape: tuple) -> Restored:
+    return Restored(((patched - corrupted) / (clean - corrupted)).view(shape), clean, corrupted, patched.view(shape))
+
+
+def patch_heads(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric) -> Restored:
+    """For each head: corrupted, with that head's output z (blocks.{l}.attn.hook_z[:, :, h]) taken
+    from the clean run at every position. fraction (L, H)."""
+    cache, clean_value, corrupted_value = baselines(model, clean, corrupted, metric, lambda name: name.endswith("attn.hook_z"))
+    L, H = len(model.blocks), model.config.n_head
+    patches = [(f"blocks.{layer}.attn.hook_z", (slice(None), head), cache["z", layer])  # z: (B, T, H, D)
+               for layer in range(L) for head in range(H)]
+    return restored(patched_metrics(model, corrupted, patches, metric), clean_value, corrupted_value, (L, H))
+
+
+def patch_residual(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric) -> Restored:
+    """For each layer and position: corrupted, with the residual stream entering block l
+    (blocks.{l}.hook_resid_pre) at that one position taken from the clean run. fraction (L, T)."""
+    cache, clean_value, corrupted_value = baselines(model, clean, corrupted, metric,
+                                                    lambda name: name.endswith("hook_resid_pre"))
+    L, T = len(model.blocks), clean.shape[1]
+    patches = [(f"blocks.{layer}.hook_resid_pre", (position,), cache["resid_pre", layer])  # (B, T, C)
+               for layer in range(L) for position in range(T)]
+    return restored(patched_metrics(model, corrupted, patches, metric), clean_value, corrupted_value, (L, T))
+
+
+@torch.no_grad()
+def knock_out_effects(model: GPT, idx: torch.Tensor, metric: Metric) -> torch.Tensor:
+    """(L, H): the metric on idx intact, less the metric with that head knocked out (its z zeroed,
+    as GPT.knock_out does): what the model loses without the head, through every path."""
+    with eval_mode(model):
+        intact = score(metric, model(idx)[0])
+    L, H = len(model.blocks), model.config.n_head
+    B, T = idx.shape
+    zeros = torch.zeros(B, T, H, model.blocks[0].attn.head_dim, device=idx.device, dtype=model.lm_head.weight.dtype)  # (B, T, H, D)
+    patches = [(f"blocks.{layer}.attn.hook_z", (slice(None), head), zeros) for layer in range(L) for head in range(H)]
+    return intact - patched_metrics(model, idx, patches, metric).view(L, H)

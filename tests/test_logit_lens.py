@@ -1,0 +1,56 @@
+"""The logit lens (inspection/logit_lens.py): after the last layer it is the model's own output to
+the bit; after layer l it is what a model cut after layer l would say."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inspection.logit_lens import lens_summary, logit_lens
+from model import GPT
+from tests.helpers import ARCHITECTURE_OPTIONS, tiny_gpt
+
+TOKENS = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(4))  # (B, T)
+
+
+def perturbed(model: GPT, seed: int = 0) -> GPT:
+    """model with weights of a trained model's scale (logits of several units), so that a part
+    left out or counted twice moves the numbers well past float error."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
+    return model.eval()
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=str)
+def test_the_lens_after_the_last_layer_is_the_models_own_output_to_the_bit(options):
+    model = perturbed(tiny_gpt(**options))
+    lens = logit_lens(model, TOKENS)  # (L, B, T, V)
+    logits, _ = model(TOKENS)
+    assert lens.shape == (2, *TOKENS.shape, 65)
+    assert torch.equal(lens[-1], F.log_softmax(logits, dim=-1))
+
+
+def test_the_lens_after_layer_0_is_what_the_model_cut_after_layer_0_says():
+    model = perturbed(tiny_gpt(smear=True, bias=True))
+    cut = GPT(type(model.config)(**{**vars(model.config), "n_layer": 1}))
+    cut.load_state_dict({name: value for name, value in model.state_dict().items() if not name.startswith("blocks.1.")})
+    lens = logit_lens(model, TOKENS)
+    torch.testing.assert_close(lens[0], F.log_softmax(cut.eval()(TOKENS)[0], dim=-1), atol=1e-5, rtol=0)
+    assert (lens[0] - lens[1]).abs().max() > 0.5  # layer 1 changes the prediction: a lens that skipped it would show
+
+
+def test_the_summary_gives_each_layers_rank_probability_and_top_tokens_of_the_next_token():
+    model = perturbed(tiny_gpt())
+    idx = TOKENS[:1]  # (1, T)
+    lens = logit_lens(model, idx)[:, 0]  # (L, T, V)
+    summary = lens_summary(model, idx, k=5)
+    next_ids = idx[0, 1:]
+    for layer in range(2):
+        for t in range(idx.shape[1] - 1):
+            order = lens[layer, t].argsort(descending=True)
+            assert summary.next_rank[layer, t] == (order == next_ids[t]).nonzero().item() + 1
+            assert summary.next_log_prob[layer, t] == lens[layer, t, next_ids[t]]
+        assert torch.equal(summary.top_ids[layer], lens[layer].topk(5).indices)
+        torch.testing.assert_close(summary.top_probs[layer], lens[layer].topk(5).values.exp())
+    assert set(summary.next_rank.flatten().tolist()) != {1}  # not every token is top: ranks are really counted

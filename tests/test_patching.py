@@ -1,0 +1,89 @@
+"""Activation patching (inspection/patching.py) on the hand-built shift-then-copy circuit, where
+the answer is known: the induction head's output carries it, the previous-token head's does not
+(the copied token comes from the key's own embedding), and in the residual stream only the
+position of the changed token carries it. TransformerLens's own patching is the reference in
+tests/test_transformer_lens.py."""
+
+import pytest
+import torch
+
+from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from tests.helpers import INDUCTION_HEAD, shift_then_copy_model, tiny_gpt
+from user_error import UserError
+
+N = 16
+
+
+@pytest.fixture(scope="module")
+def circuit():
+    """The circuit, a clean prompt (16 tokens, then the first 15 again: the answer is the 16th),
+    a corrupted one whose 16th token is another (so the answer is that one), and the metric."""
+    model = shift_then_copy_model()
+    first = torch.randperm(60, generator=torch.Generator().manual_seed(0))[:N]
+    clean = torch.cat([first, first[:-1]]).unsqueeze(0)  # (1, 31)
+    corrupted = clean.clone()
+    corrupted[0, N - 1] = 62
+    return model, clean, corrupted, logit_difference(-1, int(first[-1]), 62)
+
+
+def test_patching_the_induction_heads_output_restores_the_answer_and_no_other_head_does(circuit):
+    model, clean, corrupted, metric = circuit
+    restored = patch_heads(model, clean, corrupted, metric)
+    assert restored.clean == pytest.approx(12.0, abs=0.01) and restored.corrupted == pytest.approx(-12.0, abs=0.01)
+    expected = torch.zeros(2, 2, dtype=torch.float64)
+    expected[INDUCTION_HEAD] = 1.0
+    torch.testing.assert_close(restored.fraction, expected, atol=1e-3, rtol=0)
+
+
+def test_patching_the_stream_restores_the_answer_only_where_the_prompts_differ(circuit):
+    model, clean, corrupted, metric = circuit
+    fraction = patch_residual(model, clean, corrupted, metric).fraction  # (L, T)
+    expected = torch.zeros(2, 2 * N - 1, dtype=torch.float64)
+    expected[:, N - 1] = 1.0  # entering either block, the changed token's position holds it all
+    torch.testing.assert_close(fraction, expected, atol=1e-3, rtol=0)
+
+
+def test_patches_batched_together_give_what_each_gives_run_alone():
+    model = tiny_gpt(seed=2).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(8)  # logits of several units
+    clean = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(1))
+    corrupted = clean.clone()
+    corrupted[:, 4] = (corrupted[:, 4] + 9) % 65
+    metric = logit_difference(-1, 3, 5)
+    heads = patch_heads(model, clean, corrupted, metric).patched
+    _, cache = model.run_with_cache(clean)
+    for layer, head in [(0, 1), (1, 0)]:
+        def from_clean(z, hook, layer=layer, head=head):
+            z = z.clone()
+            z[:, :, head] = cache["z", layer][:, :, head]
+            return z
+        alone = metric(model.run_with_hooks(corrupted, [(f"blocks.{layer}.attn.hook_z", from_clean)])[0])
+        assert heads[layer, head].item() == pytest.approx(alone.item(), abs=1e-5)
+    assert heads.std() > 1e-3  # the patches differ from each other: a test that could tell them apart
+
+
+def test_a_knock_outs_effect_is_what_the_metric_loses_without_the_head(circuit):
+    model, clean, _, metric = circuit
+    effects = knock_out_effects(model, clean, metric)
+    intact = metric(model(clean)[0]).item()
+    for layer in range(2):
+        for head in range(2):
+            with model.hooks(model.knock_out({(layer, head)})):
+                assert effects[layer, head].item() == pytest.approx(intact - metric(model(clean)[0]).item(), abs=1e-4)
+    assert effects[INDUCTION_HEAD] > 10 and effects[0, 0] > 10  # the previous-token head matters, through the other
+
+
+@pytest.mark.parametrize(("corrupted", "metric", "message"), [
+    (torch.zeros(1, 30, dtype=torch.long), None, "the clean prompt has 31 tokens and the corrupted one 30: patching "
+     "swaps activations position by position, so give prompts of the same length"),
+    ("same", None, "the metric is 12 on both prompts: there is nothing to restore"),
+    (None, lambda logits: logits[:, -1, :2], "the metric gave a tensor of shape (1, 2), not one number"),
+])
+def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
+    model, clean, default_corrupted, default_metric = circuit
+    corrupted = clean if isinstance(corrupted, str) else default_corrupted if corrupted is None else corrupted
+    with pytest.raises(UserError) as caught:
+        patch_heads(model, clean, corrupted, metric or default_metric)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
