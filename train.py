@@ -12,8 +12,8 @@
 
 The run dir (outputs/<date>/<time>, or multirun/<date>/<time>/<n> in a sweep) receives
 .hydra/ (the config as composed), train.log, TensorBoard event files, ckpt_last.pt and
-ckpt_best.pt; a run refused at its checks writes nothing. Watch it with `tensorboard --logdir outputs`; sample from it with
-`python sample.py run=<run dir>`.
+ckpt_best.pt (and checkpoints/ with train.keep_checkpoints); a run refused at its checks writes nothing.
+Watch it with `tensorboard --logdir outputs`; sample from it with `python sample.py run=<run dir>`.
 """
 
 import gc
@@ -112,8 +112,9 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: 
             checkpoint = Checkpoint.load(source)
             cfg, changes = resumed_config(cfg, checkpoint.config, overrides)
             if checkpoint.run_state is None:
-                raise UserError(f"resume={cfg.resume}: this checkpoint lacks what an exact resume needs (it was "
-                                "saved by an older version); start a new run, or sample from it")
+                raise UserError(f"resume={cfg.resume}: this checkpoint holds the model alone, without what an exact "
+                                "resume needs (a file of train.keep_checkpoints, or one an older version saved); resume "
+                                "from its run dir (the run's ckpt_last.pt), or sample from it")
         if cfg.init_from and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
             changes = pretrained_config(cfg, overrides)
         validate_train_config(cfg)

@@ -13,6 +13,7 @@ from cli.errors import refused_value_line
 from cli.schema import typed_train_config
 from model.attention import divisors
 from model_io.hf_gpt2 import gpt_config_from_hf, resolve_pretrained
+from training.jobs import LOG_SPACED
 from training.run import plain_config
 from user_error import UserError
 
@@ -45,6 +46,7 @@ def validate_train_config(cfg: Any) -> None:
     for key in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "probe_tokens"):
         require(train[key] >= 1, f"train.{key}={train[key]} must be at least 1")
     require(train.save_interval >= 0, f"train.save_interval={train.save_interval} must be 0 (only at evaluations) or more")
+    check_keep_checkpoints(train.keep_checkpoints)
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
     require(train.sample_temperature >= 0, f"train.sample_temperature={train.sample_temperature} must be 0 (greedy) or more")
@@ -60,6 +62,29 @@ def validate_train_config(cfg: Any) -> None:
                 f"data.n_chars={cfg.data.n_chars} must be a whole number of at least 10000 (the default is 1000000)")
         require(cfg.data.word_games >= 0,
                 f"data.word_games={cfg.data.word_games} must be 0 (no games) or more: the word games after each paragraph, on average (e.g. 9)")
+
+
+# Each kept checkpoint is a whole copy of the weights: a list longer than this is more likely a
+# mistake than a plan (train.keep_checkpoints=log keeps 32 at a billion steps).
+MAX_KEPT_CHECKPOINTS = 200
+
+
+def check_keep_checkpoints(keep: Any) -> None:
+    """train.keep_checkpoints: [] (off), a list of steps of at least 0, or log."""
+    shown = "[" + ",".join(str(step) for step in keep) + "]" if OmegaConf.is_list(keep) else keep
+    usage = "give a list of steps, e.g. train.keep_checkpoints=[0,50,100], or train.keep_checkpoints=log"
+    if keep is None or keep == LOG_SPACED:
+        return
+    require(OmegaConf.is_list(keep),
+            f"train.keep_checkpoints={shown} is neither a list of steps nor {LOG_SPACED}: {usage}"
+            + (f" (train.keep_checkpoints=[{keep}] keeps step {keep} alone)" if type(keep) is int and keep >= 0 else ""))
+    for step in keep:
+        require(type(step) is int, f"train.keep_checkpoints={shown} holds {step}, which is not a whole number of steps; {usage}")
+        require(step >= 0, f"train.keep_checkpoints={shown} holds {step}: a step is 0 (the weights before any update) or more")
+    count = len(set(keep))
+    require(count <= MAX_KEPT_CHECKPOINTS,
+            f"train.keep_checkpoints lists {count} steps, more than the {MAX_KEPT_CHECKPOINTS} a run keeps (each is a "
+            f"whole copy of the weights); list fewer, or train.keep_checkpoints={LOG_SPACED}")
 
 
 def validate_sample_config(cfg: Any, vocab_size: int) -> None:

@@ -160,6 +160,8 @@ class LoopSchema:
     grad_accum_steps: int = MISSING
     eval_interval: int = MISSING
     save_interval: int = MISSING
+    keep_checkpoints: Any = MISSING  # a list of whole numbers, or the word log: checked in cli/config.py (OmegaConf
+    # has no type for "a list or a word")
     eval_iters: int = MISSING
     eval_at_start: bool = MISSING
     eval_train: bool = MISSING

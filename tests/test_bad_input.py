@@ -46,6 +46,11 @@ from tests.helpers import assert_one_error_line, run_cli
         (["resume=auto"], "error: resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
                           "add hydra.run.dir=<folder>"),
         (["train.save_interval=-1"], "error: train.save_interval=-1 must be 0 (only at evaluations) or more"),
+        (["train.keep_checkpoints=[0,-50]"], "error: train.keep_checkpoints=[0,-50] holds -50: a step is 0 (the weights "
+                                             "before any update) or more"),
+        (["train.keep_checkpoints=logs"], "error: train.keep_checkpoints=logs is neither a list of steps nor log: give a "
+                                          "list of steps, e.g. train.keep_checkpoints=[0,50,100], or train.keep_checkpoints=log"),
+        (["train.keep_checkpoints=[0,2.5]"], "error: train.keep_checkpoints=[0,2.5] holds 2.5, which is not a whole number"),
         (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
         (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
         (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),

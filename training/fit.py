@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from model_io.checkpoint import LAST
 from training.interrupt import StopSignals
-from training.jobs import AttentionMaps, Checkpoints, Evaluation, Samples, Saver
+from training.jobs import AttentionMaps, Checkpoints, Evaluation, KeptCheckpoints, Samples, Saver
 from training.lr_schedule import lr_at
 from training.parallel import memory_line
 from training.progress import ProgressBar
@@ -40,7 +40,7 @@ def fit(run: Run, state: TrainState) -> Figures:
     saver = Saver(run)
     evaluation = Evaluation(run, tb)
     jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb),
-            Checkpoints(evaluation, saver, cfg.train.save_interval)]
+            KeptCheckpoints(run, evaluation, saver, state), Checkpoints(evaluation, saver, cfg.train.save_interval)]
     train_step = TrainStep(
         run.model, run.step_model, run.parallel, run.optimizer, run.precision, ranks, run.data.train, cfg.train.batch_size,
         cfg.model.block_size, cfg.train.grad_accum_steps, cfg.optim.grad_clip, cfg.train.skip_nonfinite, run.dir / LAST,
