@@ -6,8 +6,10 @@
 #   make bench            speed figures for this machine (python -m bench: bench/), as a table and JSON
 #   make docs             redraw the tour's pictures (docs/questions/), and docs/attention_maps.png and the
 #                         Attention tab's screenshot docs/attention_tab.png from the newest run (RUN=<run dir>),
-#                         and docs/induction_*.png from runs of experiment=induction (INDUCTION_RUNS="<dir> ...")
-#   make notebook         open notebooks/ in JupyterLab (installs it into .venv the first time)
+#                         and docs/induction_*.png from runs of experiment=induction (INDUCTION_RUNS="<dir> ..."),
+#                         and docs/tools.json with its pictures (the logit lens, attribution, patching) from both
+#   make notebook         open notebooks/look_inside.ipynb in JupyterLab (installs it into .venv the first time);
+#                         NOTEBOOK=name_swap opens notebooks/name_swap.ipynb
 #   make lint             ruff
 #   make browser          Chromium and its driver for the Attention tab's browser tests (apt-get; make
 #                         test runs it: it does nothing when they are there)
@@ -21,6 +23,7 @@ TORCH_VERSION := 2.13.0
 TORCH_PIP_ARGS ?=
 RUN ?= latest
 INDUCTION_RUNS ?=
+NOTEBOOK ?= look_inside
 ARGS ?=
 
 .PHONY: setup browser train test sample tensorboard bench docs notebook lint clean
@@ -71,11 +74,12 @@ docs: setup browser
 	$(PY) docs/figures.py $(RUN)
 	$(PY) docs/attention_tab.py $(RUN)
 	$(PY) docs/induction_figures.py $(INDUCTION_RUNS)
+	$(PY) docs/tools.py $(RUN) $(INDUCTION_RUNS)
 
 notebook: setup
 	@$(PY) -c "import jupyterlab" 2>/dev/null || { echo "notebook: installing JupyterLab into $(VENV) (once)"; \
 	  $(PY) -m pip install -qq --disable-pip-version-check "jupyterlab>=4"; }
-	$(VENV)/bin/jupyter lab notebooks/look_inside.ipynb $(ARGS)
+	$(VENV)/bin/jupyter lab notebooks/$(NOTEBOOK).ipynb $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

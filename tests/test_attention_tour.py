@@ -236,7 +236,7 @@ def test_every_numbered_section_and_question_of_the_tour_cites_a_test():
     parts = re.split(r"^(?=#{1,3} )", tour, flags=re.MULTILINE)  # from each heading to the next
     sections = [part for part in parts if re.match(r"## \d+\.", part)]
     questions = [part for part in parts if re.match(r"### Q\d+\.", part)]
-    assert [int(re.match(r"## (\d+)", part)[1]) for part in sections] == list(range(1, 17))
+    assert [int(re.match(r"## (\d+)", part)[1]) for part in sections] == list(range(1, 18))
     assert [int(re.match(r"### Q(\d+)", part)[1]) for part in questions] == list(range(1, 25))
     for part in sections + questions:
         assert re.search(r"`test_\w+`", part), part.splitlines()[0]
@@ -250,7 +250,7 @@ def test_the_tours_table_maps_each_section_to_the_steps_its_code_lines_are_in():
     tour = (ROOT / "docs" / "attention.md").read_text()
     table = {int(number): {int(step) for step in re.findall(r"\d+", cell)}
              for number, cell in re.findall(r"^\| \[(\d+)\. [^]]*\]\([^)]*\) \|([^|]*)\|", tour, re.MULTILINE)}
-    assert sorted(table) == list(range(1, 17))
+    assert sorted(table) == list(range(1, 18))
     source = (ROOT / "model" / "attention.py").read_text().splitlines()
     steps = step_of_each_line()  # {line number: (step, title)}
     checked = 0

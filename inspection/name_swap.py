@@ -1,0 +1,57 @@
+"""The name-swap example (Wang et al., 2022): a prompt whose next token is one of two names, and
+the same prompt with the names swapped, the pair that patching (inspection/patching.py) reads.
+
+The classic sentence, "When Mary and John went to the shop, John gave a drink to" (" Mary"), is
+English the default model never read; its stories say the same thing their own way (STORY), and
+that is the form docs/tools.md and notebooks/name_swap.ipynb run it on. Each name must be one
+token: patching swaps activations token for token, and the metric reads one logit per name.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from data.stories import FEMALE_NAMES
+from data.tokenizer import Tokenizer
+from inspection.patching import Metric, logit_difference
+from user_error import UserError
+
+CLASSIC = "When {answer} and {other} went to the shop, {other} gave a drink to"
+STORY = "On the way, {answer} met a girl named {other}. {other} looked sad. {other} hugged"
+NAMES = ("Mia", "Lily")  # two of data/stories.py's girls (STORY says "a girl"), one BPE token each in the default run
+
+
+@dataclass
+class NameSwap:
+    clean: torch.Tensor  # (1, T): <|endoftext|>, then the prompt; the next token should be `answer`
+    corrupted: torch.Tensor  # (1, T): the same with the two names swapped; it should be `other`
+    answer: int  # the id of " " + the answer's name
+    other: int  # the id of " " + the other name
+    pieces: list[str]  # the clean prompt's tokens, as text
+
+    def metric(self) -> Metric:
+        """logit(answer) - logit(other) at the last position: positive on the clean prompt."""
+        return logit_difference(-1, self.answer, self.other)
+
+
+def one_token_names(tokenizer: Tokenizer, names: Iterable[str] = FEMALE_NAMES) -> list[str]:
+    """The names that are one token each with a space before them, as they stand in a sentence."""
+    return [name for name in names if len(tokenizer.encode(" " + name)) == 1]
+
+
+def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY) -> NameSwap:
+    """The clean prompt (template with answer and other) and the corrupted one (the names swapped),
+    as token ids after <|endoftext|>; UserError unless each name is one token."""
+    for name in (answer, other):
+        pieces = tokenizer.token_strings(tokenizer.encode(" " + name))
+        if len(pieces) != 1:
+            raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: pick "
+                            f"names that are, e.g. {', '.join(one_token_names(tokenizer)[:4]) or 'none of the stories'}")
+    clean = [tokenizer.eot_id, *tokenizer.encode(template.format(answer=answer, other=other))]
+    corrupted = [tokenizer.eot_id, *tokenizer.encode(template.format(answer=other, other=answer))]
+    if len(clean) != len(corrupted):
+        raise UserError(f"the prompt is {len(clean)} tokens with the names one way round and {len(corrupted)} the other: "
+                        "patching needs prompts of the same length; pick names that are one token each")
+    ids = [tokenizer.encode(" " + name)[0] for name in (answer, other)]
+    return NameSwap(torch.tensor([clean]), torch.tensor([corrupted]), *ids, tokenizer.token_strings(clean))

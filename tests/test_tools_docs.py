@@ -1,0 +1,217 @@
+"""docs/tools.md and the tour's section 17 quote docs/tools.json, the record docs/tools.py writes
+(make docs) from the default run and a run of experiment=induction; its pictures are drawn from it."""
+
+import json
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from docs.tools import SURE
+from tests.helpers import ROOT
+
+RECORD = ROOT / "docs" / "tools.json"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.replace("**", "").split())
+
+
+def signed(value: float) -> str:
+    """A share as the pages print it: +5.81, -0.53 (the record's own digits)."""
+    return f"+{value}" if value > 0 else f"{value}"
+
+
+def head(layer: int, head_: int) -> str:
+    return f"layer {layer} head {head_}"
+
+
+def ranked(grid: list[list[float]]) -> list[tuple[float, int, int]]:
+    """(value, layer, head) of every head, largest value first."""
+    return sorted(((value, layer, h) for layer, row in enumerate(grid) for h, value in enumerate(row)), reverse=True)
+
+
+def at_most(values: list[float]) -> str:
+    """'at most 0.16 either way' of the values a table row leaves out (all 0: '0.0')."""
+    most = max(abs(value) for value in values)
+    return f"at most {most} either way" if most else "0.0"
+
+
+def named_heads(grid: list[list[float]], shown: int) -> str:
+    """The `shown` largest heads with their values, then the rest in one clause (when there is a rest)."""
+    order = ranked(grid)
+    named = "; ".join(f"{head(layer, h)}: {value}" for value, layer, h in order[:shown])
+    return named + (f"; every other head {at_most([v for v, _, _ in order[shown:]])}" if order[shown:] else "")
+
+
+def table_rows(part: dict, knocked_out_shown: int, patched_shown: int) -> list[str]:
+    """The rows of tools.md's table for a model, as the record gives them."""
+    answer, other, lens = part["answer"], part["other"], part["lens"]
+    shares = sorted(part["shares"].items(), key=lambda item: -abs(item[1]))
+    stream, best = part["patch_residual"], part["best_patch"]
+    position = int(np.argmax(stream[0]))
+    assert all(layer[position] == stream[0][position] for layer in stream)  # "entering every layer"
+    elsewhere = [value for layer in stream for p, value in enumerate(layer) if p != position]
+    largest = ", ".join(f'`"{label}"` {signed(value)}' for label, value in shares[:3])  # a part's label, quoted as a string
+    return [
+        f'| the metric, logit("{answer}") - logit("{other}") | {part["metric"]["clean"]} on the clean prompt, '
+        f'{part["metric"]["corrupted"]} on the corrupted one |',
+        f'| the logit lens: the rank of "{answer}" after layers 0 to {len(lens) - 1} | '
+        f"{', '.join(str(layer['rank']) for layer in lens)} (p {', '.join(str(layer['probability']) for layer in lens)}) |",
+        f"| direct shares of the {part['logit_difference']} | {largest}; "
+        f"every other part {at_most([v for _, v in shares[3:]])}; they add up to {part['shares_total']} |",
+        f"| lost when a head is knocked out | {named_heads(part['knock_out'], knocked_out_shown)} |",
+        f"| restored by one head's output (`patch_heads`) | {named_heads(part['patch_heads'], patched_shown)} |",
+        f'| restored by the stream at one position (`patch_residual`) | at "{part["tokens"][position]}" (position '
+        f"{position}): {stream[0][position]} entering every layer; at every other position {at_most(elsewhere)} |",
+        f"| where the patched head looks | {head(best['layer'], best['head'])} puts {best['weight']} of the last token's "
+        f'weight on "{part["tokens"][best["looks_at"]]}" (position {best["looks_at"]}) |',
+    ]
+
+
+def default_quotes(part: dict) -> tuple[list[str], list[str]]:
+    """What docs/tools.md and the tour's section 17 quote of the default run, word for word."""
+    answer, other, lens, classic = part["answer"], part["other"], part["lens"], part["classic"]
+    best = part["best_patch"]
+    own_share = part["direct"][best["layer"]][best["head"]]
+    knocked = ranked(part["knock_out"])
+    cost, layer_0 = knocked[0][0], knocked[1:3]  # the patched head's knock-out; the next two heads'
+    assert knocked[0][1:] == (best["layer"], best["head"])  # the head whose patch restores most costs most knocked out
+    assert cost > part["metric"]["clean"]  # "more than the whole difference": without the head the answer flips
+    assert layer_0[0][1] == layer_0[1][1] == 0 and part["direct"][0][layer_0[0][2]] == part["direct"][0][layer_0[1][2]]
+    assert ranked(part["patch_heads"])[1][1:] in [(0, layer_0[0][2]), (0, layer_0[1][2])]  # "the patch of one of them"
+    top = [f'"{piece}" ({p})' for piece, p in classic["top"]]
+    stream, name_at = part["patch_residual"], best["looks_at"]  # the first name's position
+    elsewhere = [value for layer in stream for p, value in enumerate(layer) if p != name_at]
+    shares = sorted(part["shares"].items(), key=lambda item: -abs(item[1]))
+    page = [
+        f"| measured on the default run (step {part['step']}) | |",
+        f"the model's three likeliest next tokens are {top[0]}, {top[1]} and {top[2]}, and \"{answer}\" gets "
+        f"{classic['answer_probability']}",
+        f'| the clean prompt | "{part["prompt"]}": "{answer}", p {part["probability"]["answer_on_clean"]} |',
+        f'| the corrupted prompt, the names swapped | "{other}", p {part["probability"]["other_on_corrupted"]} |',
+        *table_rows(part, knocked_out_shown=3, patched_shown=2),
+        f"putting back its output alone restores {best['restored']} of the answer",
+        f"it writes only {signed(own_share)} of the {part['logit_difference']} itself",
+        f"(knock-outs of {layer_0[0][0]} and {layer_0[1][0]}); the patch of one of them restores "
+        f"{ranked(part['patch_heads'])[1][0]}",
+    ]
+    tour = [
+        f"the answer's probability is near 0 after layers 0 to {len(lens) - 2} and {lens[-1]['probability']} after layer "
+        f"{len(lens) - 1}",
+        f'the model goes on with "{answer}" (p {part["probability"]["answer_on_clean"]}), and with the two names swapped '
+        f'with "{other}" (p {part["probability"]["other_on_corrupted"]})',
+        f'The logit difference logit("{answer}") - logit("{other}") is {part["logit_difference"]}',
+        f"{signed(shares[0][1])} from the last layer's MLP (`\"{shares[0][0]}\"`), {signed(shares[1][1])} from "
+        f"{head(best['layer'], best['head'])}, {signed(shares[2][1])} from layer 0's MLP, and "
+        f"{at_most([v for _, v in shares[3:]])} from every other part",
+        f"finds the answer at rank {lens[0]['rank']}, {lens[1]['rank']} and {lens[2]['rank']} after layers 0, 1 and 2, and at "
+        f"rank {lens[3]['rank']} after layer 3",
+        f"Layer {best['layer']} head {best['head']} writes {signed(own_share)} of it directly, yet knocking it out costs "
+        f"{cost}, more than the whole difference, and putting back its output alone restores {best['restored']} of it",
+        f"Layer 0 heads {layer_0[0][2]} and {layer_0[1][2]} write nothing to speak of directly "
+        f"({part['direct'][0][layer_0[0][2]]} each), and knocking out either costs {layer_0[0][0]} and {layer_0[1][0]}",
+        f'restores all of the answer ({part["patch_residual"][0][best["looks_at"]]}) at the first name, "{answer}",',
+        f"at the entrance of every layer, and {at_most(elsewhere)} anywhere else",
+        f"puts {best['weight']} of the last token's weight on it",
+        f"here a share of {own_share} for the head the answer needs",
+    ]
+    return page, tour
+
+
+def induction_quotes(part: dict) -> list[str]:
+    """What docs/tools.md quotes of the induction run, word for word."""
+    answer, other, best, seeds = part["answer"], part["other"], part["best_patch"], part["over_seeds"]
+    ((layer, h), count), = [(name.split("."), count) for name, count in seeds["best_heads"].items()]
+    previous = ranked(part["knock_out"])[1]  # the head whose knock-out costs most after the induction head's
+    assert ranked(part["knock_out"])[0][1:] == (best["layer"], best["head"]) and previous[1] == 0
+    looks_back = part["previous_token"][0]  # layer 0's heads: the weight on the token just before
+    assert previous[2] == looks_back.index(max(looks_back))  # "the previous-token head below it"
+    layer_1 = sorted(v for v in part["knock_out"][1] if v < 0)  # the heads of layer 1 it does better without
+    shares = sorted(part["shares"].items(), key=lambda item: -abs(item[1]))
+    assert seeds["restored"][1] > 1  # "above 1, the patched run says the answer more surely than the clean one"
+    n = part["n"]
+    return [
+        f"| measured on the induction run (step {part['step']:,}) | |",
+        f"`<|endoftext|>`, {n} distinct random characters, then the same {n} less the last, so that the last query, the "
+        f"{n - 1}th character again, should copy the {n}th; the corrupted prompt puts a {n + 1}th character in the {n}th's place",
+        f"of {seeds['seeds']} (seeds 0 to {seeds['seeds'] - 1}) it gives the copied character p {SURE} or more in "
+        f"{seeds['copied']}; the example is seed {part['seed']}, the first it answers both ways, clean and corrupted, with p "
+        f"{SURE} or more",
+        f'| the clean prompt | {part["n"]} random characters, then the same again but the last: "{answer}", p '
+        f'{part["probability"]["answer_on_clean"]} |',
+        f'| the corrupted prompt, "{answer}" at position {part["changed_position"]} changed to "{other}" | "{other}", p '
+        f'{part["probability"]["other_on_corrupted"]} |',
+        *table_rows(part, knocked_out_shown=8, patched_shown=2),
+        f"| over the {seeds['seeds']} sequences | the head whose patch restores most: {head(int(layer), int(h))} in {count} of "
+        f"{seeds['seeds']}, restoring {seeds['restored'][0]} to {seeds['restored'][1]} |",
+        f"it puts {best['weight']} of the last query's weight on the character to copy, and putting back its output alone "
+        f"restores {best['restored']} of the answer",
+        f"Here too it writes only {signed(part['direct'][best['layer']][best['head']])} of the {part['logit_difference']} "
+        f"directly; layer 1's MLP writes {signed(shares[0][1])}",
+        f"layer 0 head {previous[2]} ({looks_back[previous[2]]} of a query's weight on the character just before, on "
+        f"average over this prompt), is needed: knocking it out costs {previous[0]}, yet its patch restores "
+        f"{part['patch_heads'][0][previous[2]]}",
+        f"without layer 1 head {part['knock_out'][1].index(layer_1[0])} or head {part['knock_out'][1].index(layer_1[1])} "
+        f"the model says the copied character far more surely ({layer_1[0]}, {layer_1[1]})",
+    ]
+
+
+def test_the_tools_page_and_the_tour_quote_the_record_make_docs_wrote():
+    record = json.loads(RECORD.read_text())
+    page, tour = default_quotes(record["default"])
+    page += induction_quotes(record["induction"])
+    page.append(f"| `docs/tools.json`: the default run at step {record['default']['step']} and a run of `experiment=induction` "
+                f"at step {record['induction']['step']:,} |")
+    for part in (record["default"], record["induction"]):  # "What the two have in common"
+        L, best = len(part["lens"]), part["best_patch"]
+        assert max(part["shares"], key=part["shares"].get) == f"{L - 1}_mlp_out"  # the last MLP writes most of it
+        assert part["direct"][best["layer"]][best["head"]] < part["logit_difference"] / 4  # the head, little of it
+    tools, attention = flat((ROOT / "docs" / "tools.md").read_text()), flat((ROOT / "docs" / "attention.md").read_text())
+    for sentence in page:
+        assert flat(sentence) in tools, sentence
+    for sentence in tour:
+        assert flat(sentence) in attention, sentence
+
+
+def test_the_records_runs_are_the_default_run_and_the_induction_preset():
+    from hydra import compose, initialize_config_dir
+
+    import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
+
+    record = json.loads(RECORD.read_text())
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        for part, overrides in (("default", []), ("induction", ["experiment=induction"])):
+            config = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
+            kept = record[part]["config"]
+            for group in ("model", "data", "optim", "tokenizer"):
+                assert {k: v for k, v in config[group].items() if k != "cache_dir"} == {
+                    k: v for k, v in kept[group].items() if k != "cache_dir"}, (part, group)
+            assert record[part]["step"] == config["train"]["max_steps"] == kept["train"]["max_steps"], part
+
+
+def test_the_records_shares_add_up_to_its_logit_difference():
+    # Each share is rounded to 2 places, so the sum of P of them may be off by P * 0.005.
+    for part in json.loads(RECORD.read_text()).values():
+        if isinstance(part, dict) and "shares" in part:
+            shares = part["shares"]
+            assert sum(shares.values()) == pytest.approx(part["logit_difference"], abs=0.005 * len(shares) + 0.005)
+            assert part["shares_total"] == part["logit_difference"]
+
+
+def test_the_tools_pictures_are_what_docs_tools_py_draws_from_the_record(tmp_path):
+    from docs.drawing import SHOWN_WIDTH, drawn_with
+    from docs.tools import DOCS, PICTURES, draw_all
+
+    record = json.loads(RECORD.read_text())
+    for name in PICTURES:
+        with Image.open(DOCS / name) as image:
+            assert image.width <= SHOWN_WIDTH, name  # shown at its own size: 11 px labels stay 11 px
+    if record["drawn_with"] != drawn_with():
+        pytest.skip(f"the pictures were drawn with {record['drawn_with']} and this machine has {drawn_with()}: "
+                    "other anti-aliasing (the numbers are still checked)")
+    draw_all(record, tmp_path)
+    for name in PICTURES:
+        kept, drawn = (np.asarray(Image.open(folder / name).convert("RGB")) for folder in (DOCS, tmp_path))
+        assert kept.shape == drawn.shape and (kept == drawn).all(), f"docs/{name} is stale: run make docs"
