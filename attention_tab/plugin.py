@@ -3,21 +3,38 @@ point (pyproject.toml; `make setup` installs it) and serves these routes under
 data/plugin/tinyattn_attention/:
 
     static/<file>                   the page: index.js (the ES module the tab loads) and its parts
-    runs                            JSON: each run with attention data, its steps, shape and labels, and
+    runs                            JSON: each run with attention data, its steps, shape and labels,
                                     whether it counts as trained (model_io/latest_run.py: the tab opens
-                                    the newest such run first)
+                                    the newest such run first), and kept: the steps of the checkpoints
+                                    it kept along the way (train.keep_checkpoints)
     weights?run=R&step=S[&tag=T]    one step's weights: float16 little-endian (n_layer, n_head, T, T)
     metrics?run=R                   JSON: the head metrics logged as scalars, per head and step
-    text  (POST run, text[, knocked_out=L:H,...])
+    text  (POST run, text[, knocked_out=L:H,...][, step])
                                     JSON: the model of the run's checkpoint reads the text, with
                                     those heads knocked out (attention_tab/your_text.py)
-    repeated?run=R[&n=N&seed=S&knocked_out=L:H,...]
+    repeated?run=R[&n=N&seed=S&knocked_out=L:H,...&step=S]
                                     JSON: the same for n random tokens (32, or fewer where the model
                                     reads less), then the same n again, with each head's induction
                                     score and the mean loss over each copy
+    lens  (POST run, source=text&text=... or source=repeated[&n][&seed][, knocked_out][, step])
+                                    JSON: the logit lens on the tokens the text or repeated route
+                                    reads (attention_tab/tools.py)
+    attribution  (POST as lens, and position[, token][, other])
+                                    JSON: each head's, MLP's and embedding's direct share of the logit
+                                    of the token after position (or of token, less other's), and
+                                    what knocking out each head alone costs it
+    patch  (POST run, clean, corrupted, token[, other][, step])
+                                    JSON: how much of the logit difference token - other at the last
+                                    token each head, and the residual stream at each layer and
+                                    position, restores when patched from the clean prompt into the
+                                    corrupted one
+    patch_example  (POST run[, step])
+                                    JSON: the prompts and tokens the patching tool starts from, in
+                                    words the run's tokenizer reads (inspection/name_swap.py)
 
-A bad run, tag, step, text, n or seed gets a 400 or 404 with one line saying what is wrong,
-quoting at most the start of what was sent. The runs' models run on --attention_tab_device
+The routes that run a model run the run's ckpt_best.pt (else ckpt_last.pt), or with step the
+checkpoint it kept at that step. A bad run, tag, step, text, n, seed, head, position or token gets a 400
+or 404 with one line saying what is wrong, quoting at most the start of what was sent. The runs' models run on --attention_tab_device
 (cpu); they stay cached up to --attention_tab_cache_mb.
 """
 
@@ -36,7 +53,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
-from attention_tab.run_folders import init_from, logdir_roots, run_folder
+from attention_tab.run_folders import init_from, kept_checkpoint_steps, logdir_roots, run_folder
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
 from model_io.latest_run import is_trained
 from user_error import UserError, quoted
@@ -82,12 +99,13 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self.data = context.data_provider
         self.flags = context.flags
         self.cache: dict[tuple[str, str], tuple[tuple, dict[int, np.ndarray]]] = {}
-        self.models = None  # your_text.ModelCache, made on the first text
+        self.models = None  # your_text.ModelCache, made on the first request that runs a model
 
     def get_plugin_apps(self):
         return {"/static/*": self.serve_static, "/runs": self.serve_runs,
                 "/weights": self.serve_weights, "/metrics": self.serve_metrics, "/text": self.serve_text,
-                "/repeated": self.serve_repeated}
+                "/repeated": self.serve_repeated, "/lens": self.serve_lens, "/attribution": self.serve_attribution,
+                "/patch": self.serve_patch, "/patch_example": self.serve_patch_example}
 
     def is_active(self) -> bool:
         return False  # the frontend asks the data provider (data_plugin_names) instead
@@ -114,12 +132,12 @@ class AttentionPlugin(base_plugin.TBPlugin):
         runs = []
         for run, tags in sorted(listing.items()):
             trained_steps = max((series.max_step for series in scalars.get(run, {}).values()), default=0)
-            trained = is_trained(trained_steps, self.init_from(run))
+            trained, kept = is_trained(trained_steps, self.init_from(run)), self.kept_checkpoint_steps(run)
             for tag, series in sorted(tags.items()):
                 steps = self.steps(ctx, experiment, run, tag, series)
                 shape = next(iter(steps.values())).shape
                 runs.append({"run": run, "tag": tag, "steps": sorted(steps), "shape": list(shape),
-                             "labels": read_labels(series.plugin_content), "trained": trained})
+                             "labels": read_labels(series.plugin_content), "trained": trained, "kept": kept})
         return json_response(request, {"runs": runs})
 
     @wrappers.Request.application
@@ -152,22 +170,84 @@ class AttentionPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def serve_text(self, request):
         """The run's model reads the text: your_text.answer's JSON."""
-        if request.method != "POST":
-            raise errors.InvalidArgumentError("send the text as a POST form: run, text, knocked_out")
-        run, text = form_field(request, "run"), form_field(request, "text")
-        knocked_out = head_pairs(request.form.get("knocked_out", ""))
-        return self.run_model(request, run, lambda models, folder: models.read(folder, run, text, knocked_out))
+        form = post_form(request, "text", "run, text, knocked_out, step")
+        run, step, text = form_field(form, "run"), kept_step(form), form_field(form, "text")
+        knocked_out = head_pairs(form.get("knocked_out", ""))
+
+        def answer(loaded):
+            from attention_tab.your_text import text_answer
+            return text_answer(run, loaded, text, knocked_out)
+
+        return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
     def serve_repeated(self, request):
         """The run's model reads n random tokens twice: your_text.repeated_answer's JSON."""
-        run, n = required(request, "run"), request.args.get("n", "")
-        n, seed = integer(n, "n") if n else None, integer(request.args.get("seed", "0"), "seed")
+        run, step, (n, seed) = required(request, "run"), kept_step(request.args), repeated_fields(request.args)
         knocked_out = head_pairs(request.args.get("knocked_out", ""))
-        return self.run_model(request, run, lambda models, folder: models.read_repeated(folder, run, n, seed, knocked_out))
 
-    def run_model(self, request, run: str, read: Callable[[Any, Path], dict]):
-        """read(models, the run's folder) with the run's model: JSON, or a 400 with read's one line."""
+        def answer(loaded):
+            from attention_tab.your_text import repeated_tokens_answer
+            return repeated_tokens_answer(run, loaded, n, seed, knocked_out)
+
+        return self.run_model(request, run, step, answer)
+
+    @wrappers.Request.application
+    def serve_lens(self, request):
+        """The logit lens on the text or the repeated tokens: tools.lens_answer's JSON."""
+        form = post_form(request, "lens", "run, source (text: text; repeated: n, seed), knocked_out, step")
+        run, step, source = form_field(form, "run"), kept_step(form), token_source(form)
+        knocked_out = head_pairs(form.get("knocked_out", ""))
+
+        def answer(loaded):
+            from attention_tab.tools import lens_answer
+            return lens_answer(run, loaded, source, knocked_out)
+
+        return self.run_model(request, run, step, answer)
+
+    @wrappers.Request.application
+    def serve_attribution(self, request):
+        """Who wrote a logit, at one query of the text or the repeated tokens: tools.attribution_answer's JSON."""
+        form = post_form(request, "attribution", "run, source (text: text; repeated: n, seed), position, token, "
+                         "other, knocked_out, step")
+        run, step, source = form_field(form, "run"), kept_step(form), token_source(form)
+        position, knocked_out = integer(form_field(form, "position"), "position"), head_pairs(form.get("knocked_out", ""))
+        token, other = form.get("token", ""), form.get("other", "")
+
+        def answer(loaded):
+            from attention_tab.tools import attribution_answer
+            return attribution_answer(run, loaded, source, knocked_out, position, token, other)
+
+        return self.run_model(request, run, step, answer)
+
+    @wrappers.Request.application
+    def serve_patch(self, request):
+        """Activation patching from a clean prompt into a corrupted one: tools.patch_answer's JSON."""
+        form = post_form(request, "patch", "run, clean, corrupted, token, other, step")
+        run, step, clean, corrupted = form_field(form, "run"), kept_step(form), form_field(form, "clean"), form_field(form, "corrupted")
+        token, other = form_field(form, "token"), form.get("other", "")
+
+        def answer(loaded):
+            from attention_tab.tools import patch_answer
+            return patch_answer(run, loaded, clean, corrupted, token, other)
+
+        return self.run_model(request, run, step, answer)
+
+    @wrappers.Request.application
+    def serve_patch_example(self, request):
+        """The patching tool's first prompts for the run: tools.patch_example's JSON."""
+        form = post_form(request, "patch example", "run, step")
+        run, step = form_field(form, "run"), kept_step(form)
+
+        def answer(loaded):
+            from attention_tab.tools import patch_example
+            return patch_example(run, loaded)
+
+        return self.run_model(request, run, step, answer)
+
+    def run_model(self, request, run: str, step: int | None, answer: Callable[[Any], dict]):
+        """answer(the model of the run's checkpoint, or of the one it kept at step): JSON, or a 400
+        with the one line of its UserError."""
         ctx, experiment = request_context(request)
         if run not in {r.run_name for r in self.data.list_runs(ctx, experiment_id=experiment)}:
             raise errors.InvalidArgumentError(f"no run {quoted(run)}; the runs are those /runs lists")
@@ -176,12 +256,19 @@ class AttentionPlugin(base_plugin.TBPlugin):
         if self.models is None:
             self.models = your_text.ModelCache.in_tensorboard(self.flags)
         try:
-            return json_response(request, read(self.models, run_folder(run, self.roots())))
+            return json_response(request, self.models.ask(run_folder(run, self.roots()), run, step, answer))
         except UserError as err:
             raise errors.InvalidArgumentError(str(err)) from None
 
     def roots(self) -> dict[str, str | None]:
         return logdir_roots(self.flags.logdir, self.flags.logdir_spec)
+
+    def kept_checkpoint_steps(self, run: str) -> list[int]:
+        """The steps of the checkpoints the run kept (run_folders.kept_checkpoint_steps); none where it has no folder here."""
+        try:
+            return kept_checkpoint_steps(run_folder(run, self.roots()))
+        except UserError:
+            return []
 
     def init_from(self, run: str) -> str | None:
         """The pretrained weights the run started from, as its folder's config says; None when it
@@ -242,11 +329,41 @@ def required(request, name: str) -> str:
     return value
 
 
-def form_field(request, name: str) -> str:
-    value = request.form.get(name)
+def post_form(request, route: str, fields: str):
+    """The form of a POST; a 400 saying what to send for anything else."""
+    if request.method != "POST":
+        raise errors.InvalidArgumentError(f"send the {route} as a POST form: {fields}")
+    return request.form
+
+
+def form_field(form, name: str) -> str:
+    value = form.get(name)
     if value is None:
         raise errors.InvalidArgumentError(f"missing form field {name!r}")
     return value
+
+
+def kept_step(values) -> int | None:
+    """step: a step at which the run kept a checkpoint; None (absent or empty): its best, else last."""
+    step = values.get("step", "")
+    return integer(step, "step") if step else None
+
+
+def repeated_fields(values) -> tuple[int | None, int]:
+    """(n, seed) of the repeated tokens: n None (absent or empty) for the route's default, seed 0."""
+    n = values.get("n", "")
+    return (integer(n, "n") if n else None), integer(values.get("seed", "") or "0", "seed")
+
+
+def token_source(values) -> dict:
+    """What a tool reads: {"text": ...} (source=text), or {"n", "seed"} of the repeated tokens (source=repeated)."""
+    source = values.get("source", "")
+    if source == "text":
+        return {"text": form_field(values, "text")}
+    if source == "repeated":
+        n, seed = repeated_fields(values)
+        return {"n": n, "seed": seed}
+    raise errors.InvalidArgumentError(f"source is text (with text) or repeated (with n and seed), not {quoted(source)}")
 
 
 def head_pairs(value: str) -> list[tuple[int, int]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
+from model_io.run_files import kept_checkpoints
 from user_error import UserError, quoted
 
 
@@ -48,3 +49,8 @@ def init_from(folder: Path) -> str | None:
     except (OSError, yaml.YAMLError):
         return None  # not a run train.py made, or its config is unreadable: nothing says it was pretrained
     return config.get("init_from") if isinstance(config, dict) else None
+
+
+def kept_checkpoint_steps(folder: Path) -> list[int]:
+    """The steps at which the run kept a model-only checkpoint (train.keep_checkpoints)."""
+    return list(kept_checkpoints(folder))

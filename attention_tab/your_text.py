@@ -1,11 +1,12 @@
 """The Attention tab's routes that run a model ("your text" and "repeated tokens"), less the
-HTTP: a run's checkpoint's model kept in a cache bounded by bytes, and the answer as JSON.
-Loads torch, so the plugin imports it on the first such request rather than at TensorBoard's start."""
+HTTP: a run's checkpoint's model kept in a cache bounded by bytes, and the answer as JSON
+(the tools' answers: attention_tab/tools.py). Loads torch, so the plugin imports it on the
+first such request rather than at TensorBoard's start."""
 
 import base64
 import threading
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from inspection.heatmap import readable_token
 from inspection.repeated_tokens import RepeatedForward, copy_losses, default_n, forward_repeated
 from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
-from model_io.checkpoint import BEST, LAST, Checkpoint
+from model_io.checkpoint import BEST, LAST, Checkpoint, kept_checkpoints
 from user_error import UserError, quoted
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside
@@ -27,8 +28,16 @@ from user_error import UserError, quoted
 THREADS = 1
 
 
-def checkpoint_in(folder: Path, run: str) -> Path:
-    """The run's ckpt_best.pt, else its ckpt_last.pt, as sample.py picks."""
+def checkpoint_in(folder: Path, run: str, step: int | None = None) -> Path:
+    """The run's ckpt_best.pt, else its ckpt_last.pt, as sample.py picks; with a step, the
+    model-only checkpoint the run kept at that step (train.keep_checkpoints)."""
+    if step is not None:
+        kept = kept_checkpoints(folder)
+        path = kept.get(step)
+        if path is None or not is_inside(str(path), str(folder)):
+            steps = f"its kept steps are {sorted(kept)}" if kept else "it kept none (train.keep_checkpoints keeps them)"
+            raise UserError(f"run {quoted(run)} kept no checkpoint at step {step}; {steps}")
+        return path
     for name in (BEST, LAST):
         path = folder / name
         if path.is_file() and is_inside(str(path), str(folder)):
@@ -76,9 +85,10 @@ def model_bytes(model: GPT) -> int:
 
 
 class ModelCache:
-    """Each run's model, least recently used first out once they pass max_bytes together; a
-    run's model is loaded again when its checkpoint file changes. One reads at a time: knocking
-    heads out sets masks on the shared model."""
+    """The models of the checkpoint files asked for (a run's best or last, or one it kept along
+    the way), least recently used first out once they pass max_bytes together; a file's model
+    is loaded again when the file changes. One reads at a time: knocking heads out attaches
+    functions to the shared model."""
 
     def __init__(self, max_bytes: int, device: str = "cpu") -> None:
         self.max_bytes, self.device = max_bytes, device
@@ -91,14 +101,15 @@ class ModelCache:
         torch.set_num_threads(THREADS)
         return cls(flags.attention_tab_cache_mb * 2**20, flags.attention_tab_device)
 
-    def get(self, folder: Path, run: str) -> LoadedModel:
-        path = checkpoint_in(folder, run)
+    def get(self, folder: Path, run: str, step: int | None = None) -> LoadedModel:
+        """The model of the run's checkpoint (checkpoint_in: step None, its best else last)."""
+        path = checkpoint_in(folder, run, step)
         stat = path.stat()
         version = (stat.st_mtime_ns, stat.st_size)
-        loaded = self.models.pop(folder, None)
-        if loaded is None or loaded.checkpoint != path or loaded.version != version:
+        loaded = self.models.pop(path, None)
+        if loaded is None or loaded.version != version:
             loaded = self.load(path, version)
-        self.models[folder] = loaded  # the most recently used is last
+        self.models[path] = loaded  # the most recently used is last
         while self.models and sum(m.n_bytes for m in self.models.values()) > self.max_bytes:
             self.models.popitem(last=False)  # a model bigger than the bound alone answers, and is not kept
         return loaded
@@ -113,22 +124,32 @@ class ModelCache:
                             "leave it at cpu") from None
         return LoadedModel(model, tokenizer, path, int(checkpoint.step), version, model_bytes(model))
 
-    def read(self, folder: Path, run: str, text: str, knocked_out: Collection[tuple[int, int]]) -> dict:
-        """The answer to one text: forward_text's numbers as the tab reads them."""
+    def ask(self, folder: Path, run: str, step: int | None, make: Callable[[LoadedModel], dict]) -> dict:
+        """make(the model of the run's checkpoint at step) -> an answer, one at a time."""
         with self.lock:
-            loaded = self.get(folder, run)
-            return answer(run, loaded, loaded.read(text, knocked_out))
+            return make(self.get(folder, run, step))
 
-    def read_repeated(self, folder: Path, run: str, n: int | None, seed: int, knocked_out: Collection[tuple[int, int]]) -> dict:
-        """The answer to n repeated random tokens: forward_repeated's numbers as the tab reads them."""
-        with self.lock:
-            loaded = self.get(folder, run)
-            return repeated_answer(run, loaded, loaded.read_repeated(n, seed, knocked_out))
+
+def checkpoint_fields(run: str, loaded: LoadedModel) -> dict:
+    """What every answer says of the model that gave it: run, checkpoint (the file's name), step (the checkpoint's)."""
+    return {"run": run, "checkpoint": loaded.checkpoint.name, "step": loaded.step}
+
+
+def text_answer(run: str, loaded: LoadedModel, text: str, knocked_out: Collection[tuple[int, int]]) -> dict:
+    """The answer to one text: forward_text's numbers as the tab reads them."""
+    return answer(run, loaded, loaded.read(text, knocked_out))
+
+
+def repeated_tokens_answer(run: str, loaded: LoadedModel, n: int | None, seed: int,
+                           knocked_out: Collection[tuple[int, int]]) -> dict:
+    """The answer to n repeated random tokens: forward_repeated's numbers as the tab reads them."""
+    return repeated_answer(run, loaded, loaded.read_repeated(n, seed, knocked_out))
 
 
 def answer(run: str, loaded: LoadedModel, forward: TextForward) -> dict:
     """JSON for the tab:
-        run, checkpoint (file name), step (the checkpoint's), shape [L, H, T, T], labels [T],
+        run, checkpoint (file name: ckpt_best.pt, step_000250.pt), step (the checkpoint's),
+        shape [L, H, T, T], labels [T],
         weights       base64 of float16 little-endian (L, H, T, T), as the weights route sends
         knocked_out   [[layer, head], ...]
         next          {tokens [T][k], probs [T][k], loss [T - 1]}: the top next tokens after each
@@ -141,8 +162,7 @@ def answer(run: str, loaded: LoadedModel, forward: TextForward) -> dict:
     if forward.intact is not None:
         intact = {**predictions_json(forward.intact, loaded.tokenizer),
                   "probs_of_top": finite(forward.intact_top_probs)}
-    return {"run": run, "checkpoint": loaded.checkpoint.name, "step": loaded.step, "shape": [L, H, T, T],
-            "labels": forward.labels, "weights": base64.b64encode(weights.tobytes()).decode("ascii"),
+    return {**checkpoint_fields(run, loaded), "shape": [L, H, T, T], "labels": forward.labels, "weights": base64.b64encode(weights.tobytes()).decode("ascii"),
             "knocked_out": [list(pair) for pair in forward.knocked_out],
             "next": predictions_json(forward.predictions, loaded.tokenizer), "intact": intact}
 

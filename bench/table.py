@@ -61,6 +61,10 @@ def print_table(results: dict) -> None:
                      f"{t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
         rows.append((f"  repeated random tokens ({t['repeated_tokens']} tokens)", f"{t['repeated_answer_ms']:.0f} ms per answer, "
                      f"{t['repeated_knocked_out_answer_ms']:.0f} ms with a head knocked out"))
+        rows.append((f"  tools: lens, attribution ({t['tokens']} tokens)", f"{t['lens_ms']:.0f} ms, {t['attribution_ms']:.0f} ms "
+                     "(each head's knock-out included)"))
+        rows.append((f"  tools: patching ({t['patch_tokens']} tokens twice)", f"{t['patch_ms']:.0f} ms (every head, every layer "
+                     "and position)"))
     if "gpt2_text" in results:
         t = results["gpt2_text"]
         rows.append((f"Attention tab, your text at GPT-2 small's shape ({t['tokens']} tokens)",

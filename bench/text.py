@@ -1,5 +1,6 @@
 """The text sections: the Attention tab's answer to your own text on the CPU, for the default model
-(text, with the answer to the repeated random tokens beside it) and at GPT-2 small's shape (gpt2_text)."""
+(text, with the answer to the repeated random tokens and the three tools' answers beside it) and
+at GPT-2 small's shape (gpt2_text)."""
 
 import json
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from attention_tab.tools import attribution_answer, lens_answer, patch_answer, patch_example
 from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes, repeated_answer
 from bench.common import ROOT, median_time
 from data.bpe import GPT2_PATTERN
@@ -14,10 +16,12 @@ from data.dataset import prepare_tokens, probe_ids
 from data.stories import generate_stories
 from data.tokenizer import TiktokenTokenizer, Tokenizer, bpe_encoding
 from inspection.repeated_tokens import largest_n
+from inspection.text_forward import text_ids
 from model import GPT, GPTConfig
 from model_io.checkpoint import build_model
 
 ANSWERS_PER_RUN = 10
+TOOL_ANSWERS_PER_RUN = 3  # each takes 30 to 100 ms: three are enough to time, and keep the bench's test short
 
 
 def default_run_data(cache_dir: Path):
@@ -30,15 +34,17 @@ def default_run_data(cache_dir: Path):
 
 def bench_text(repeats: int, work: Path) -> dict:
     """ms per answer to a text of block_size tokens (<|endoftext|> and 127 of a held-out story) for
-    the default model at random init (the same work as a trained one); and to the longest repeated
-    random tokens it reads (<|endoftext|> and 63 tokens twice)."""
+    the default model at random init (the same work as a trained one); to the longest repeated
+    random tokens it reads (<|endoftext|> and 63 tokens twice); and the tools' answers: the lens
+    and attribution on that text, patching on the tab's example (the name swap)."""
     data = default_run_data(work / "cache")
     config = OmegaConf.load(ROOT / "configs/model/gpt.yaml")
     torch.manual_seed(0)
     model = build_model(config, data.tokenizer.vocab_size).eval()
     text = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, config.block_size - 1))
     return {**time_answers(model, data.tokenizer, text, repeats, ANSWERS_PER_RUN),
-            **time_repeated_answers(model, data.tokenizer, repeats, ANSWERS_PER_RUN)}
+            **time_repeated_answers(model, data.tokenizer, repeats, ANSWERS_PER_RUN),
+            **time_tools(model, data.tokenizer, text, repeats, TOOL_ANSWERS_PER_RUN)}
 
 
 def bench_gpt2_text(repeats: int) -> dict:
@@ -106,3 +112,29 @@ def time_repeated_answers(model: GPT, tokenizer: Tokenizer, repeats: int, answer
         torch.set_num_threads(threads)
     return {"repeated_tokens": 2 * n + 1, "repeated_answer_ms": 1e3 * intact_s / answers_per_run,
             "repeated_knocked_out_answer_ms": 1e3 * knocked_out_s / answers_per_run}
+
+
+def time_tools(model: GPT, tokenizer: Tokenizer, text: str, repeats: int, answers_per_run: int) -> dict:
+    """The three tools' answers as their routes make them (attention_tab/tools.py, then the JSON),
+    on the tab's torch threads: the lens on the text, attribution at its middle query (each
+    head's knock-out included), and patching every head and every layer and position of the tab's
+    first prompts (patch_example: the name swap in the stories' words)."""
+    loaded = LoadedModel(model, tokenizer, Path("ckpt_best.pt"), 0, (0, 0), model_bytes(model))
+    source = {"text": text}
+    prompts = {key: value for key, value in patch_example("run", loaded).items() if key in ("clean", "corrupted", "token", "other")}
+    middle = len(loaded.read(text, []).ids) // 2
+    asks = {"lens_ms": lambda: lens_answer("run", loaded, source, []),
+            "attribution_ms": lambda: attribution_answer("run", loaded, source, [], middle),
+            "patch_ms": lambda: patch_answer("run", loaded, **prompts)}
+
+    def answers(ask) -> None:
+        for _ in range(answers_per_run):
+            json.dumps(ask(), allow_nan=False)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        times = {name: 1e3 * median_time(lambda ask=ask: answers(ask), repeats) / answers_per_run for name, ask in asks.items()}
+    finally:
+        torch.set_num_threads(threads)
+    return {**times, "patch_tokens": len(text_ids(tokenizer, prompts["clean"], model.config.block_size))}

@@ -140,9 +140,15 @@ def patch_residual(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, met
     cache, clean_value, corrupted_value = baselines(model, clean, corrupted, metric,
                                                     lambda name: name.endswith("hook_resid_pre"))
     L, T = len(model.blocks), clean.shape[1]
+    # Up to the first token where the prompts differ, a causal model computes the same stream on
+    # both: patching there changes nothing (restores 0), and costs no forward.
+    differs = (clean != corrupted).any(dim=0).cumsum(dim=0) > 0  # (T,): at or after the first difference
+    positions = differs.nonzero().flatten().tolist()
     patches = [(f"blocks.{layer}.hook_resid_pre", (position,), cache["resid_pre", layer])  # (B, T, C)
-               for layer in range(L) for position in range(T)]
-    return restored(patched_metrics(model, corrupted, patches, metric), clean_value, corrupted_value, (L, T))
+               for layer in range(L) for position in positions]
+    patched = torch.full((L, T), corrupted_value, dtype=torch.float64)  # (L, T)
+    patched[:, positions] = patched_metrics(model, corrupted, patches, metric).view(L, len(positions))
+    return restored(patched, clean_value, corrupted_value, (L, T))
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ from data.tokenizer import Tokenizer
 from inspection.heatmap import readable_token
 from model import GPT, eval_mode
 from model.hooks import is_pattern
-from user_error import UserError
+from user_error import UserError, quoted
 
 TOP_K = 5
 CHARS_PER_TOKEN = 32  # a text with more characters than this per token it may hold is too long before tokenizing
@@ -52,6 +52,20 @@ def text_ids(tokenizer: Tokenizer, text: str, block_size: int) -> list[int]:
         raise UserError(f"the text is too long: {len(ids) - 1} tokens, and this model reads at most "
                         f"{block_size} (its block_size), <eot> before the text included; shorten it")
     return ids
+
+
+def single_token(tokenizer: Tokenizer, text: str) -> int:
+    """The id of a text the tokenizer reads as one token (" Mary", its leading space part of it);
+    UserError naming the pieces when it makes several, or none."""
+    if not text:
+        raise UserError("the token is empty: type one, e.g. ' Mary' (a word's token starts with its space)")
+    if len(text) > CHARS_PER_TOKEN:  # no token is that long: say so before tokenizing a megabyte
+        raise UserError(f"{quoted(text, 32)} is not one token: {len(text):,} characters; type a single token, e.g. ' Mary'")
+    ids = tokenizer.encode(text)
+    if len(ids) != 1:
+        pieces = ", ".join(repr(readable_token(piece)) for piece in tokenizer.token_strings(ids))
+        raise UserError(f"{quoted(text)} is {len(ids)} tokens to this model ({pieces}), not one: type a single token")
+    return ids[0]
 
 
 def check_heads(model: GPT, heads: Collection[tuple[int, int]]) -> None:

@@ -32,10 +32,9 @@ import torch
 from data.tokenizer import Tokenizer, tokenizer_from_state
 from model import GPT, GPTConfig
 from model_io.latest_run import newest_trained
+from model_io.run_files import BEST, KEPT, LAST, kept_checkpoint_path, kept_checkpoints  # noqa: F401 (the file names, here too)
 from user_error import UserError
 
-LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
-KEPT = "checkpoints"  # the run dir's folder of model-only checkpoints, one per step of train.keep_checkpoints
 AUTO = "auto"  # resume=auto: the run in hydra.run.dir if it saved one, else a new run there
 RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
@@ -80,22 +79,6 @@ class Checkpoint:
         model = build_model(self.config["model"], tokenizer.vocab_size)
         load_weights(model, self.model)
         return model, tokenizer
-
-
-def kept_checkpoint_path(run_dir: Path, step: int) -> Path:
-    """Where the model-only checkpoint kept at `step` lives: checkpoints/step_000250.pt."""
-    return Path(run_dir) / KEPT / f"step_{step:06d}.pt"
-
-
-def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
-    """The model-only checkpoints a run kept along the way (train.keep_checkpoints), by step, in
-    step order; {} for a run that kept none."""
-    found = {}
-    for path in (Path(run_dir) / KEPT).glob("step_*.pt"):
-        digits = path.stem.removeprefix("step_")
-        if digits.isdigit() and path.is_file():
-            found[int(digits)] = path
-    return dict(sorted(found.items()))
 
 
 def upgrade(checkpoint: Checkpoint) -> Checkpoint:

@@ -31,7 +31,7 @@ from data.tokenizer import EOT, CharTokenizer
 from inspection.head_metrics import induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model import GPT, CausalSelfAttention, GPTConfig
-from model_io.checkpoint import BEST, Checkpoint
+from model_io.checkpoint import BEST, Checkpoint, kept_checkpoint_path
 from training.tensorboard_log import RunLogger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -409,3 +409,19 @@ def save_circuit(run_dir: Path) -> GPT:
     logger.scalars(0, {"loss/train": 4.2})
     logger.close()
     return model
+
+
+def keep_circuit_checkpoints(run_dir: Path, steps: tuple[int, int] = (0, 100)) -> dict[int, GPT]:
+    """Two checkpoints of the circuit a run keeps along the way (train.keep_checkpoints), as if it
+    had learnt it: at the first step its induction head has not formed (its queries are zero, so
+    it looks at every earlier token alike), at the second it is shift_then_copy_model whole."""
+    before, after = (shift_then_copy_model(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_BLOCK_SIZE) for _ in steps)
+    C = before.config.n_embd
+    with torch.no_grad():
+        before.blocks[1].attn.qkv.weight[:C] = 0.0  # W_q of layer 1
+    shape = {key: value for key, value in dataclasses.asdict(after.config).items() if key != "vocab_size"}
+    for step, model in zip(steps, (before, after), strict=True):
+        path = kept_checkpoint_path(run_dir, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Checkpoint(model.state_dict(), {"model": shape}, CIRCUIT_TOKENIZER.state(), step=step).save(path)
+    return dict(zip(steps, (before, after), strict=True))

@@ -25,12 +25,18 @@ from attention_tab.browser import attention_runs, tensorboard_server
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import readable_token
-from model_io.checkpoint import BEST, Checkpoint
+from inspection.logit_attribution import logit_attribution
+from inspection.logit_lens import lens_summary
+from inspection.name_swap import name_swap, one_token_names
+from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from model_io.checkpoint import BEST, Checkpoint, kept_checkpoint_path, kept_checkpoints
 from tests.helpers import (
     CIRCUIT_N,
     CIRCUIT_SEED,
+    CIRCUIT_TOKENIZER,
     INDUCTION_HEAD,
     PREVIOUS_TOKEN_HEAD,
+    keep_circuit_checkpoints,
     made_up_attention,
     read_events,
     save_circuit,
@@ -52,15 +58,21 @@ def get(url: str, form: dict[str, str] | None = None) -> tuple[int, str, bytes]:
 
 @pytest.fixture(scope="module")
 def logdir(trained_run, tmp_path_factory):
-    """The tiny run as "run", and beside it "young": a run that has logged a scalar and saved no
-    checkpoint yet (so it has no attention data either); and "circuit", the induction circuit
-    built by hand, saved as a checkpoint."""
+    """The tiny run as "run", with its best checkpoint kept as if at step 10 too; beside it "young":
+    a run that has logged a scalar and saved no checkpoint yet (so it has no attention data
+    either); and "circuit", the induction circuit built by hand, saved as a checkpoint, and kept
+    at step 0 (before its induction head formed) and at step 100."""
     logdir = tmp_path_factory.mktemp("logdir")
     shutil.copytree(trained_run, logdir / "run")
+    kept = Checkpoint.load(trained_run / BEST)
+    kept.step = 10
+    kept_checkpoint_path(logdir / "run", 10).parent.mkdir(exist_ok=True)
+    kept.save(kept_checkpoint_path(logdir / "run", 10))
     young = RunLogger(logdir / "young")
     young.scalars(0, {"loss/train": 7.0})
     young.close()
     save_circuit(logdir / "circuit")
+    keep_circuit_checkpoints(logdir / "circuit")
     return logdir
 
 
@@ -93,13 +105,15 @@ def test_tensorboard_lists_the_attention_tab_and_serves_its_modules(served):
             assert imported in modules, f"{name} imports {imported}, which is not served"
 
 
-def test_runs_lists_the_logged_steps_shape_and_probe_labels(served, trained_run):
+def test_runs_lists_the_logged_steps_shape_probe_labels_and_kept_checkpoints(served, trained_run, logdir):
     base, name = served
     events = read_events(trained_run)
     (run,) = attention_runs(base)
     labels = json.loads(events.SummaryMetadata(WEIGHTS_TAG).plugin_data.content)["labels"]
+    kept = list(kept_checkpoints(logdir / "run"))
     assert run == {"run": name, "tag": WEIGHTS_TAG, "steps": [0, 10, 20], "shape": [2, 2, 24, 24], "labels": labels,
-                   "trained": False}  # 20 steps: a test run (model_io/latest_run.py)
+                   "trained": False, "kept": kept}  # 20 steps: a test run (model_io/latest_run.py)
+    assert 10 in kept
 
 
 def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):
@@ -300,8 +314,8 @@ def test_an_error_quotes_only_the_start_of_a_5000_character_run_name(served):
 N, DISTINCT = CIRCUIT_N, CIRCUIT_SEED
 
 
-def read_repeated(base: str, run: str, knocked_out: str = "", n: int = N, seed: int = DISTINCT) -> dict:
-    status, kind, body = get(f"{base}{PLUGIN}/repeated?run={run}&n={n}&seed={seed}&knocked_out={knocked_out}")
+def read_repeated(base: str, run: str, knocked_out: str = "", n: int = N, seed: int = DISTINCT, step: str = "") -> dict:
+    status, kind, body = get(f"{base}{PLUGIN}/repeated?run={run}&n={n}&seed={seed}&knocked_out={knocked_out}&step={step}")
     assert (status, kind) == (200, "application/json"), body
     return json.loads(body)
 
@@ -372,3 +386,135 @@ def test_a_bad_n_seed_or_head_gets_a_400_with_one_line(served, query, says):
     text = body.decode()
     assert code == 400 and says in text
     assert "Traceback" not in text and len(text.strip().splitlines()) == 1
+
+
+def ask(base: str, route: str, form: dict[str, str]) -> dict:
+    status, kind, body = get(f"{base}{PLUGIN}/{route}", form)
+    assert (status, kind) == (200, "application/json"), body
+    return json.loads(body)
+
+
+def test_a_step_reads_the_checkpoint_the_run_kept_there_and_no_step_its_best(served, trained_run):
+    base, name = served
+    kept, best = (read_text(base, {"run": name, "text": "Hi", **step}) for step in ({"step": "10"}, {}))
+    assert (kept["checkpoint"], kept["step"]) == ("step_000010.pt", 10)
+    assert (best["checkpoint"], best["step"]) == ("ckpt_best.pt", Checkpoint.load(trained_run / BEST).step)
+
+
+REPEATED = {"source": "repeated", "n": str(N), "seed": str(DISTINCT)}
+
+
+def test_the_lens_route_gives_lens_summarys_numbers_with_the_heads_knocked_out_that_the_views_show(served, circuit):
+    base, name = served
+    model, idx = circuit
+    for knocked_out in ("", "1:0"):
+        answer = ask(base, "lens", {"run": sibling(name, "circuit"), **REPEATED, "knocked_out": knocked_out})
+        with model.hooks(model.knock_out({INDUCTION_HEAD} if knocked_out else set())):
+            lens = lens_summary(model, idx)
+        np.testing.assert_allclose(answer["next_log_prob"], lens.next_log_prob, atol=1e-5)
+        assert answer["next_rank"] == lens.next_rank.tolist() and answer["vocab_size"] == 64
+        np.testing.assert_allclose(answer["top"]["probs"], lens.top_probs, atol=1e-6)
+        assert answer["top"]["tokens"][1][N + 4] == CIRCUIT_TOKENIZER.token_strings(lens.top_ids[1, N + 4].tolist())
+    second = np.array(ask(base, "lens", {"run": sibling(name, "circuit"), **REPEATED})["next_log_prob"])[:, N + 1 :]
+    assert (second[0] < -4).all() and (second[1] > -1e-3).all()  # after layer 0 a guess; the induction head copies
+
+
+def test_attribution_gives_the_induction_head_the_copied_tokens_logit_and_the_previous_token_head_its_knock_out(served, circuit):
+    base, name = served
+    model, idx = circuit
+    position = N + 4  # in the second copy: the token after it is the copy's
+    answer = ask(base, "attribution", {"run": sibling(name, "circuit"), **REPEATED, "position": str(position)})
+    copied = idx[0, position + 1].item()
+    expected = logit_attribution(model, idx, position, copied)
+    assert answer["token"] == {"id": copied, "label": CIRCUIT_TOKENIZER.token_strings([copied])[0]} and answer["other"] is None
+    np.testing.assert_allclose(answer["heads"], expected.heads()[..., 0], atol=1e-5)
+    np.testing.assert_allclose(answer["mlp"], [expected.shares[f"{layer}_mlp_out"].item() for layer in range(2)], atol=1e-5)
+    assert [label for label, _ in answer["parts"]] == ["embed", "pos_embed", "bias"]
+    assert answer["heads"][1][0] == pytest.approx(answer["logit"], abs=1e-4) and answer["logit"] == pytest.approx(12, abs=1e-3)
+    np.testing.assert_allclose(answer["knock_out"], knock_out_effects(model, idx, logit_difference(position, copied)), atol=1e-5)
+    assert answer["heads"][0][0] == 0 and answer["knock_out"][0][0] > 10  # the previous-token head: all through layer 1
+    typed = ask(base, "attribution", {"run": sibling(name, "circuit"), **REPEATED, "position": str(position), "token": "a",
+                                      "other": CIRCUIT_TOKENIZER.token_strings([copied])[0]})
+    a = CIRCUIT_TOKENIZER.encode("a")[0]
+    np.testing.assert_allclose(typed["heads"], logit_attribution(model, idx, position, a, copied).heads()[..., 0], atol=1e-5)
+    assert typed["logit"] == pytest.approx(-12, abs=1e-3)  # "a" is no token of this copy: 0 - 12
+
+
+def test_over_the_kept_checkpoints_the_induction_heads_attribution_appears_with_its_score(served, circuit, logdir):
+    base, name = served
+    _, idx = circuit
+    position, copied = N + 4, idx[0, N + 5].item()
+    by_step = {}
+    for step in (0, 100):
+        model, _ = Checkpoint.load(kept_checkpoint_path(logdir / "circuit", step)).build_model()
+        answer = ask(base, "attribution", {"run": sibling(name, "circuit"), **REPEATED, "position": str(position), "step": str(step)})
+        assert (answer["checkpoint"], answer["step"]) == (f"step_{step:06d}.pt", step)
+        np.testing.assert_allclose(answer["heads"], logit_attribution(model.eval(), idx, position, copied).heads()[..., 0], atol=1e-5)
+        by_step[step] = (answer["heads"][1][0], read_repeated(base, sibling(name, "circuit"), step=str(step))["induction"][1][0])
+    assert by_step[0][0] < 1 and by_step[0][1] < 0.2  # before: the head looks everywhere, copies a blur
+    assert by_step[100][0] == pytest.approx(12, abs=1e-3) and by_step[100][1] >= 0.9
+
+
+# The second copy's "g" should be followed by "h", the token after "g" in the first copy; with
+# the first copy's "g" corrupted to "X" there is no earlier "g" to copy after.
+PATCH = {"clean": "abcdefghabcdefg", "corrupted": "abcdefXhabcdefg", "token": "h", "other": "a"}
+
+
+def test_patching_restores_all_of_the_metric_with_either_head_of_the_circuit_and_none_with_a_head_that_writes_nothing(served, circuit):
+    base, name = served
+    model, _ = circuit
+    answer = ask(base, "patch", {"run": sibling(name, "circuit"), **PATCH})
+    clean, corrupted = (torch.tensor([[CIRCUIT_TOKENIZER.eot_id, *CIRCUIT_TOKENIZER.encode(PATCH[key])]]) for key in ("clean", "corrupted"))
+    metric = logit_difference(-1, *CIRCUIT_TOKENIZER.encode("ha"))
+    heads, residual = patch_heads(model, clean, corrupted, metric), patch_residual(model, clean, corrupted, metric)
+    np.testing.assert_allclose(answer["heads"], heads.fraction, atol=1e-6)
+    np.testing.assert_allclose(answer["residual"], residual.fraction, atol=1e-6)
+    assert (answer["clean"], answer["corrupted"]) == (pytest.approx(heads.clean), pytest.approx(heads.corrupted))
+    assert answer["labels"]["corrupted"][7] == "X" and answer["token"]["label"] == "h" and answer["other"]["label"] == "a"
+    assert np.array(answer["heads"]) == pytest.approx(np.array([[1, 0], [1, 0]]), abs=1e-6)  # both heads of the circuit carry it
+    # The stream entering layer 0 carries it at the corrupted "g"; the one entering layer 1, one
+    # token later, where the previous-token head has written that "g" came before the "h" (to 1e-3:
+    # the hand-set scores leave each other key a weight of about e^-30 times the sharp ones').
+    assert [row[7:9] for row in answer["residual"]] == [pytest.approx([1, 0], abs=1e-3), pytest.approx([0, 1], abs=1e-3)]
+
+
+def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads_and_patches(served, run_model):
+    base, name = served
+    _, tokenizer = run_model
+    example = ask(base, "patch_example", {"run": name})
+    swap = name_swap(tokenizer, *one_token_names(tokenizer)[:2])
+    assert [tokenizer.eot_id, *tokenizer.encode(example["clean"])] == swap.clean[0].tolist()
+    assert [tokenizer.eot_id, *tokenizer.encode(example["corrupted"])] == swap.corrupted[0].tolist()
+    assert [tokenizer.encode(example[key]) for key in ("token", "other")] == [[swap.answer], [swap.other]]
+    patched = ask(base, "patch", {"run": name, **{key: example[key] for key in ("clean", "corrupted", "token", "other")}})
+    assert np.array(patched["heads"]).shape == (2, 2)
+
+
+@pytest.mark.parametrize("route, form, says", [
+    ("patch", {**PATCH, "corrupted": "abcdefXXhabcdefg"}, "the clean prompt has 16 tokens and the corrupted one 17: "),
+    ("patch", {**PATCH, "token": "hh"}, "token: 'hh' is 2 tokens to this model ('h', 'h'), not one: type a single token"),
+    ("patch", {**PATCH, "other": "Xy"}, "against: 'Xy' is 2 tokens to this model ('X', 'y'), not one"),
+    ("patch", {**PATCH, "corrupted": PATCH["clean"]}, "on both prompts: there is nothing to restore"),
+    ("patch", {**PATCH, "clean": ""}, "the clean prompt: the text is empty"),
+    ("patch", {**PATCH, "token": "h" * 5000}, "'" + "h" * 32 + "'... (5,000 characters) is not one token"),
+    ("patch", {"clean": "ab", "corrupted": "ba"}, "missing form field 'token'"),
+    ("attribution", {**REPEATED, "position": "33"}, "position 33 is out of range: the sequence has 33 tokens"),
+    ("attribution", {**REPEATED, "position": "32"}, "position 32 is the last token: nothing came after it"),
+    ("attribution", {**REPEATED, "position": "5", "knocked_out": "2:0"}, "no head 0 in layer 2: this model has layers 0 to 1"),
+    ("attribution", {**REPEATED, "position": "five"}, "position must be a whole number, not 'five'"),
+    ("lens", {**REPEATED, "knocked_out": "0:5"}, "no head 5 in layer 0"),
+    ("lens", {**REPEATED, "step": "7"}, "run '{circuit}' kept no checkpoint at step 7; its kept steps are [0, 100]"),
+    ("lens", {"source": "probe"}, "source is text (with text) or repeated (with n and seed), not 'probe'"),
+    ("lens", None, "send the lens as a POST form"),
+    ("patch_example", {}, "this run's tokenizer makes no two of the stories' names one token each"),
+    ("text", {"text": "Hi", "run": "{run}", "step": "7"}, "run '{run}' kept no checkpoint at step 7; its kept steps are [10]"),
+])
+def test_a_bad_tool_request_gets_a_400_with_one_line(served, route, form, says):
+    base, name = served
+    names = {"circuit": sibling(name, "circuit"), "run": name}
+    if form is not None:
+        form = {"run": names["circuit"], **{key: value.format(**names) for key, value in form.items()}}
+    code, _, body = get(f"{base}{PLUGIN}/{route}", form)
+    text = body.decode()
+    assert code == 400 and says.format(**names) in text
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1 and len(text) < 300

@@ -7,6 +7,7 @@ the routes' answers (tests/test_attention_tab.py checks those against the models
 import base64
 import io
 import json
+import math
 import shutil
 import urllib.parse
 import urllib.request
@@ -26,7 +27,20 @@ from attention_tab.browser import attention_runs, choose_run, headless_chromium,
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import COLORMAP
-from tests.helpers import CIRCUIT_N, CIRCUIT_SEED, CIRCUIT_TOKENIZER, made_up_attention, read_events, save_circuit
+from inspection.logit_attribution import logit_attribution
+from inspection.logit_lens import lens_summary
+from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from model_io.checkpoint import Checkpoint, kept_checkpoint_path
+from tests.helpers import (
+    CIRCUIT_N,
+    CIRCUIT_SEED,
+    CIRCUIT_TOKENIZER,
+    INDUCTION_HEAD,
+    keep_circuit_checkpoints,
+    made_up_attention,
+    read_events,
+    save_circuit,
+)
 from training.tensorboard_log import RunLogger
 
 MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)
@@ -37,7 +51,8 @@ def logdir(trained_run, tmp_path_factory):
     """The tiny run's event file and best checkpoint and, beside it, runs of made-up weights: a
     12 x 12 model on 128 tokens, heads that weigh every visible token the same, a run "still
     training" and "a-trained", the only one that trained 100 steps; and "circuit", the induction
-    circuit built by hand, as a checkpoint and its maps on repeated tokens."""
+    circuit built by hand, as a checkpoint and its maps on repeated tokens, kept along the way at
+    step 0 (before its induction head formed) and step 100."""
     logdir = tmp_path_factory.mktemp("logdir")
     (logdir / "run").mkdir()
     for events in [*trained_run.glob("events.out.tfevents.*"), trained_run / "ckpt_best.pt"]:
@@ -54,6 +69,7 @@ def logdir(trained_run, tmp_path_factory):
     trained.attention_weights(150, made_up_attention(150, 2, 2, 6), list("abcdef"))
     trained.close()
     circuit = save_circuit(logdir / "circuit")
+    keep_circuit_checkpoints(logdir / "circuit")
     ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, 8, 0, CIRCUIT_TOKENIZER.eot_id)]
     logger = RunLogger(logdir / "circuit")
     logger.attention_weights(0, circuit.attention_weights(torch.tensor([ids]))[:, 0], CIRCUIT_TOKENIZER.token_strings(ids))
@@ -94,9 +110,10 @@ def browser(logdir, live):
 @pytest.fixture
 def tab(browser):
     """The browser inside the tab's frame, showing the tiny run's probe at layer 0 with all heads
-    drawn and head 0 in the matrix, whatever the test before left it at."""
+    drawn, head 0 in the matrix and the model view beside, whatever the test before left it at."""
     browser.switch_to.default_content()
     browser.switch_to.frame(browser.find_element(By.CSS_SELECTOR, "iframe"))
+    browser.find_element(By.CSS_SELECTOR, ".tool-tab[data-tool=model]").click()
     if browser.execute_script("return document.body.dataset.drawnRun") != "run":
         choose_run(browser, "run")
     browser.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]").click()
@@ -533,3 +550,102 @@ def test_a_bad_n_gets_its_one_line_under_the_sources_and_the_views_stay(tab):
     error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
     assert error.text == "n=1 is out of range: give 2 to 19 random tokens (this model reads at most 40 tokens, <eot> and the n tokens twice)"
     assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]
+
+
+def open_tool(driver, name: str):
+    """Shows a tool in the right-hand column and waits for its answer."""
+    driver.find_element(By.CSS_SELECTOR, f".tool-tab[data-tool={name}]").click()
+    return wait_for_tool(driver, name)
+
+
+def wait_for_tool(driver, name: str, state: str = "ready"):
+    return WebDriverWait(driver, 30, poll_frequency=0.05).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, f".tool.{name}[data-state={state}]"))
+
+
+def grid(driver, table: str) -> np.ndarray:
+    """A tool's grid as the page holds it: each cell's data-value, (rows, columns)."""
+    return np.array(js(driver, f"return [...document.querySelectorAll('table.{table} tr')].slice(1)"
+                               ".map(r => [...r.querySelectorAll('td.cell')].map(c => Number(c.dataset.value)))"))
+
+
+def circuit_model(logdir, step: int | None = None):
+    """The circuit as the test loads it (its best checkpoint, or the one kept at step), and the repeated tokens."""
+    path = logdir / "circuit" / "ckpt_best.pt" if step is None else kept_checkpoint_path(logdir / "circuit", step)
+    model, _ = Checkpoint.load(path).build_model()
+    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_N, CIRCUIT_SEED, CIRCUIT_TOKENIZER.eot_id)]
+    return model.eval(), torch.tensor([ids])  # (1, 2N + 1)
+
+
+def test_the_lens_and_attribution_show_the_python_numbers_at_the_pinned_query_and_follow_the_checkpoint_slider(tab, logdir):
+    N, query = CIRCUIT_N, CIRCUIT_N + 4  # a query of the second copy: the token after it is the copy's
+    choose_run(tab, "circuit")
+    show_repeated(tab, N, CIRCUIT_SEED)
+    model, idx = circuit_model(logdir)
+    lens = lens_summary(model, idx)
+    open_tool(tab, "lens")
+    picture = js(tab, "return [...document.querySelectorAll('.lens-picture .cell')].map(c => [c.dataset.layer, c.dataset.query, Number(c.dataset.logProb)])")
+    assert [(int(layer), int(q)) for layer, q, _ in picture] == [(layer, q) for layer in range(2) for q in range(2 * N)]
+    np.testing.assert_allclose([v for *_, v in picture], lens.next_log_prob.flatten(), atol=1e-6)
+    cell = tab.find_element(By.CSS_SELECTOR, f".lens-picture .cell[data-layer='1'][data-query='{query}']")
+    log_prob = lens.next_log_prob[1, query].item()
+    assert cell.get_attribute("title").endswith(f"log p {log_prob:.4f} (p {math.exp(log_prob):.4f}), rank 1")
+    cell.click()  # pins that query
+    assert "pinned" in tab.find_element(By.CSS_SELECTOR, f".token[data-side=query][data-index='{query}']").get_attribute("class")
+    rows = js(tab, "return [...document.querySelectorAll('.lens-table tr[data-layer]')].map(r => [Number(r.children[1].dataset.rank), "
+                   "Number(r.children[2].dataset.logProb), [...r.querySelectorAll('.top-token .token-text')].map(s => s.textContent)])")
+    assert [rank for rank, _, _ in rows] == lens.next_rank[:, query].tolist()
+    np.testing.assert_allclose([log_prob for _, log_prob, _ in rows], lens.next_log_prob[:, query], atol=1e-6)
+    assert [top for *_, top in rows] == [CIRCUIT_TOKENIZER.token_strings(ids) for ids in lens.top_ids[:, query].tolist()]
+
+    for step, head_share in ((None, 12.0), (0, None)):  # the run's best, then the checkpoint it kept at step 0
+        if step is not None:
+            tab.find_element(By.CSS_SELECTOR, "input[type=range]").send_keys(Keys.HOME)
+            WebDriverWait(tab, 30).until(lambda d: js(d, "return document.body.dataset.drawnCheckpoint") == "step_000000.pt")
+            assert tab.find_element(By.CSS_SELECTOR, ".step-label").text == "step_000000.pt, step 0 (1 of 3)"
+            model, _ = circuit_model(logdir, step)
+            root = wait_for_tool(tab, "attribution")
+        else:
+            root = open_tool(tab, "attribution")
+        copied = idx[0, query + 1].item()
+        expected = logit_attribution(model, idx, query, copied)
+        shares = grid(tab, "shares")  # (L, H + 1): the heads, then the MLP
+        np.testing.assert_allclose(shares[:, :2], expected.heads()[..., 0], atol=1e-5)
+        np.testing.assert_allclose(grid(tab, "knock-out"), knock_out_effects(model, idx, logit_difference(query, copied)), atol=1e-5)
+        logit = float(root.find_element(By.CSS_SELECTOR, ".tool-summary").get_attribute("data-logit"))
+        assert logit == pytest.approx(expected.logit.item(), abs=1e-5)
+        if head_share:  # the induction head carries the copied token's whole logit
+            assert shares[INDUCTION_HEAD] == pytest.approx(logit, abs=1e-4) == head_share
+        else:  # before it formed: a share of a blur
+            assert shares[INDUCTION_HEAD] < 1
+
+
+def test_patching_two_prompts_fills_both_grids_with_patch_heads_and_patch_residuals_numbers(tab, logdir):
+    choose_run(tab, "circuit")
+    tab.find_element(By.CSS_SELECTOR, ".tool-tab[data-tool=patching]").click()
+    prompts = {"clean prompt": "abcdefghabcdefg", "corrupted prompt": "abcdefXhabcdefg", "metric token": "h", "metric against token": "a"}
+    for label, value in prompts.items():
+        box = tab.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']")
+        box.clear()
+        box.send_keys(value)
+    tab.find_element(By.XPATH, "//button[text()='patch']").click()
+    root = wait_for_tool(tab, "patching")
+    model, _ = circuit_model(logdir)
+    clean, corrupted = (torch.tensor([[CIRCUIT_TOKENIZER.eot_id, *CIRCUIT_TOKENIZER.encode(prompts[f"{which} prompt"])]])
+                        for which in ("clean", "corrupted"))
+    metric = logit_difference(-1, *CIRCUIT_TOKENIZER.encode("ha"))
+    heads, residual = patch_heads(model, clean, corrupted, metric), patch_residual(model, clean, corrupted, metric)
+    np.testing.assert_allclose(grid(tab, "patch-heads"), heads.fraction, atol=1e-6)
+    np.testing.assert_allclose(grid(tab, "patch-residual"), residual.fraction, atol=1e-6)
+    cells = {(c.get_attribute("data-layer"), c.get_attribute("data-head")): c.text
+             for c in root.find_elements(By.CSS_SELECTOR, ".patch-heads td.cell")}
+    assert cells[("1", "0")] == "1.00" and cells[("0", "1")] == "0.00"  # the induction head: all of it; a head that writes nothing
+    assert root.find_element(By.CSS_SELECTOR, ".tool-summary").text == (
+        f"logit of “h” − “a” at the last token: clean {heads.clean:.2f}, corrupted {heads.corrupted:.2f}")
+    box = tab.find_element(By.CSS_SELECTOR, "input[aria-label='corrupted prompt']")
+    box.clear()
+    box.send_keys("abcdefXXhabcdefg", Keys.ENTER)  # a token longer than the clean prompt
+    wait_for_tool(tab, "patching", "refused")
+    assert root.find_element(By.CSS_SELECTOR, ".tool-error").text == ("the clean prompt has 16 tokens and the corrupted one 17: "
+                                                                      "patching swaps activations position by position, so give prompts of the same length")
+    assert not root.find_element(By.CSS_SELECTOR, ".tool-grids").is_displayed()

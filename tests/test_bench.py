@@ -17,6 +17,7 @@ import bench.gpt2_finetune
 import bench.gpt2_sampling
 import bench.loading
 import bench.sampling
+import bench.text
 from bench.cli import main
 from model import GPT, GPTConfig
 from tests.helpers import ROOT
@@ -143,6 +144,7 @@ def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_pa
 
 
 def test_the_text_section_times_the_tabs_answer_to_128_tokens_and_to_repeated_tokens_for_the_default_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.text, "TOOL_ANSWERS_PER_RUN", 1)  # the tools take 30 to 100 ms an answer
     record, printed = run_bench("--only", "text", "--repeats", "1", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
     text = record["results"]["text"]
     assert text["tokens"] == 128  # the default block_size: <|endoftext|> and 127 tokens of a held-out story
@@ -152,6 +154,8 @@ def test_the_text_section_times_the_tabs_answer_to_128_tokens_and_to_repeated_to
     assert text["repeated_tokens"] == 127  # <|endoftext|> and 63 random tokens twice: the longest the default model reads
     assert text["repeated_answer_ms"] > 0 and text["repeated_knocked_out_answer_ms"] > 0
     assert "repeated random tokens (127 tokens)" in printed
+    assert text["lens_ms"] > 0 and text["attribution_ms"] > 0 and text["patch_ms"] > 0 and text["patch_tokens"] > 10
+    assert "tools: lens, attribution (128 tokens)" in printed and "tools: patching" in printed
 
 
 def test_the_loading_section_measures_a_fresh_process_loading_a_hugging_face_folder(tmp_path, monkeypatch, capsys):

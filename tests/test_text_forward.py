@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from data.tokenizer import CharTokenizer
-from inspection.text_forward import forward_text
+from inspection.text_forward import forward_text, single_token
 from model import GPT, GPTConfig
 from tests.helpers import previous_token_copier
 from user_error import UserError
@@ -124,3 +124,13 @@ def test_seven_tokens_fit_a_block_size_of_8_with_endoftext_before_them():
 def test_knocking_out_a_head_the_model_lacks_is_refused_saying_which_heads_it_has():
     with pytest.raises(UserError, match=r"no head 0 in layer 2: this model has layers 0 to 1 and heads 0 to 1"):
         forward_text(tiny_gpt(), TOKENIZER, TEXT, knocked_out=[(2, 0)])
+
+
+def test_a_typed_token_is_its_one_id_and_more_than_one_token_is_refused_naming_the_pieces():
+    assert single_token(TOKENIZER, " ") == TOKENIZER.encode(" ")[0]
+    with pytest.raises(UserError, match=r"^' a' is 2 tokens to this model \('·', 'a'\), not one: type a single token$"):
+        single_token(TOKENIZER, " a")
+    with pytest.raises(UserError, match=r"^the token is empty"):
+        single_token(TOKENIZER, "")
+    with pytest.raises(UserError, match=r"^'a{32}'\.\.\. \(5,000 characters\) is not one token"):
+        single_token(TOKENIZER, "a" * 5000)

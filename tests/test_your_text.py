@@ -14,7 +14,7 @@ from attention_tab.run_folders import logdir_roots, run_folder
 from attention_tab.your_text import LoadedModel, ModelCache, model_bytes
 from inspection.repeated_tokens import forward_repeated
 from inspection.text_forward import forward_text
-from model_io.checkpoint import Checkpoint
+from model_io.checkpoint import Checkpoint, kept_checkpoint_path
 from user_error import UserError
 
 
@@ -71,7 +71,7 @@ def test_the_cache_reads_ckpt_best_else_ckpt_last_and_reloads_a_checkpoint_writt
     assert best.checkpoint.name == "ckpt_best.pt" and best is not first
     os.utime(run / "ckpt_best.pt", ns=(0, 0))  # the same name written again (a run still training)
     assert cache.get(run, "run") is not best
-    assert list(cache.models) == [run]
+    assert list(cache.models) == [run / "ckpt_last.pt", run / "ckpt_best.pt"]  # by file: a checkpoint of each
 
 
 def test_the_cache_keeps_the_models_used_last_within_its_bound_in_bytes(trained_run, tmp_path):
@@ -84,9 +84,27 @@ def test_the_cache_keeps_the_models_used_last_within_its_bound_in_bytes(trained_
     cache.get(runs[1], "b")
     assert cache.get(runs[0], "a") is a  # a used again: b is now the least recently used
     cache.get(runs[2], "c")
-    assert list(cache.models) == [runs[0], runs[2]]
+    assert list(cache.models) == [runs[0] / "ckpt_best.pt", runs[2] / "ckpt_best.pt"]
     tiny = ModelCache(max_bytes=size - 1)  # a model bigger than the bound answers, and is not kept
     assert tiny.get(runs[0], "a").step == 20 and not tiny.models
+
+
+def test_a_step_loads_the_checkpoint_the_run_kept_there_beside_its_best_within_the_same_bound(trained_run, tmp_path):
+    run = copy_run(trained_run, tmp_path / "run", "ckpt_best.pt")
+    kept = Checkpoint.load(run / "ckpt_best.pt")
+    kept.step = 10
+    kept_checkpoint_path(run, 10).parent.mkdir()
+    kept.save(kept_checkpoint_path(run, 10))
+    size = model_bytes(ModelCache(2**30).get(run, "run").model)
+    cache = ModelCache(max_bytes=size)  # room for one model
+    at_10 = cache.get(run, "run", step=10)
+    assert (at_10.checkpoint, at_10.step) == (kept_checkpoint_path(run, 10), 10)
+    assert cache.get(run, "run").step == 20 and list(cache.models) == [run / "ckpt_best.pt"]  # the kept one went out
+    with pytest.raises(UserError, match=r"run 'run' kept no checkpoint at step 20; its kept steps are \[10\]"):
+        cache.get(run, "run", step=20)
+    shutil.rmtree(run / "checkpoints")
+    with pytest.raises(UserError, match=r"run 'run' kept no checkpoint at step 10; it kept none \(train.keep_checkpoints"):
+        cache.get(run, "run", step=10)
 
 
 def test_a_run_with_no_checkpoint_yet_is_refused_saying_when_it_will_have_one(trained_run, tmp_path):

@@ -1,5 +1,6 @@
 // The colours of the tab: weights on the heatmap images' scale (inspection/heatmap.py: viridis on
-// the square root of the weight, 256 levels; future cells grey), and one colour per head.
+// the square root of the weight, 256 levels; future cells grey), one colour per head, and a
+// diverging scale (blue, white, red) for signed numbers: shares of a logit, what a patch restores.
 
 const VIRIDIS_ANCHORS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const FUTURE = [236, 236, 236];
@@ -34,8 +35,24 @@ export function paintMap(canvas, map, T) {
 
 // A weight (or a score from 0 to 1) as a CSS colour, on the maps' scale.
 export function weightColour(weight) {
-  const [r, g, b] = LEVELS[Math.round(Math.sqrt(Math.min(1, Math.max(0, weight || 0))) * 255)];
+  return viridis(Math.sqrt(Math.min(1, Math.max(0, weight || 0))));
+}
+
+// x from 0 to 1 as a CSS colour, viridis on a linear scale.
+export function viridis(x) {
+  const [r, g, b] = LEVELS[Math.round(Math.min(1, Math.max(0, x || 0)) * 255)];
   return `rgb(${r} ${g} ${b})`;
+}
+
+const [NEGATIVE, ZERO, POSITIVE] = [[33, 102, 172], [247, 247, 247], [178, 24, 43]];  // ColorBrewer's RdBu ends and middle
+
+// A signed value as CSS colours on a diverging scale: white at 0, full blue at -scale, full red
+// at +scale (and beyond); {background, ink}, the ink readable on the background.
+export function divergingColour(value, scale) {
+  const t = Math.max(-1, Math.min(1, (value || 0) / (scale || 1)));
+  const end = t < 0 ? NEGATIVE : POSITIVE;
+  const [r, g, b] = ZERO.map((c, channel) => Math.round(c + Math.abs(t) * (end[channel] - c)));
+  return {background: `rgb(${r} ${g} ${b})`, ink: Math.abs(t) > 0.55 ? "#fff" : "#202124"};
 }
 
 // Head h of n: hues spread around the wheel, dark enough to read on white.

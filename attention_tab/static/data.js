@@ -1,7 +1,8 @@
 // What the tab reads from the plugin's routes (attention_tab/plugin.py). A step's weights come
 // as float16 bytes, (n_layer, n_head, T, T) row-major; they are fetched once per step and kept.
 // Your text (the text route) and the repeated random tokens (the repeated route) come back as
-// JSON, the weights as the same bytes in base64.
+// JSON, the weights as the same bytes in base64; so do the tools (lens, attribution, patch).
+// Each route that runs a model takes a step: a checkpoint the run kept (null: its best, else last).
 
 const route = (name, params = {}) => {
   const url = new URL(`../${name}`, import.meta.url);
@@ -25,26 +26,45 @@ export async function fetchMetrics(run) {
 
 // The run's model reads text with the heads knockedOut ([[layer, head], ...]) switched off:
 // the text route's answer, its weights as StepWeights. A refusal (too long, no checkpoint yet)
-// throws the route's one line as it is, for the tab to show.
-export async function readText(run, text, knockedOut) {
-  const form = new URLSearchParams({run: run.run, text, knocked_out: heads(knockedOut)});
+// throws the route's one line as it is, for the tab to show. The reading remembers the step it
+// was asked at (askedStep) and how to ask again (sourceForm).
+export async function readText(run, text, knockedOut, step) {
+  const form = new URLSearchParams({run: run.run, text, knocked_out: heads(knockedOut), ...stepField(step)});
   const answer = await modelAnswer(await fetch(route("text"), {method: "POST", body: form}));
-  return {...answer, source: "text", text};
+  return {...answer, source: "text", text, askedStep: step, sourceForm: {source: "text", text}};
 }
 
 // The same for n random tokens, then the same n again (n null: the route's default), with seed.
-export async function readRepeated(run, n, seed, knockedOut) {
-  const params = {run: run.run, seed, knocked_out: heads(knockedOut)};
+export async function readRepeated(run, n, seed, knockedOut, step) {
+  const params = {run: run.run, seed, knocked_out: heads(knockedOut), ...stepField(step)};
   if (n !== null) params.n = n;
-  return {...await modelAnswer(await fetch(route("repeated", params))), source: "repeated"};
+  const answer = await modelAnswer(await fetch(route("repeated", params)));
+  return {...answer, source: "repeated", askedStep: step, sourceForm: {source: "repeated", n: answer.n, seed: answer.seed}};
 }
+
+// A tool's answer (route lens, attribution or patch) to a POST of fields; a refusal throws its one line.
+export async function askTool(name, run, step, fields) {
+  const form = new URLSearchParams({run: run.run, ...stepField(step), ...fields});
+  const response = await fetch(route(name), {method: "POST", body: form});
+  if (!response.ok) throw new Error(await refusal(response));
+  return response.json();
+}
+
+// The tokens a reading showed, for a tool to read the same: its source and its heads knocked out
+// (and its askedStep, the tool's step).
+export const readingFields = (reading) => ({...reading.sourceForm, knocked_out: heads(reading.knocked_out)});
+
+const stepField = (step) => (step === null || step === undefined ? {} : {step});
 
 const heads = (knockedOut) => knockedOut.map(([l, h]) => `${l}:${h}`).join(",");
 
+// TensorBoard words a 400 "Invalid argument: <the route's line>": the line.
+async function refusal(response) {
+  return (await response.text()).trim().replace(/^Invalid argument: /, "") || `the route answered ${response.status}`;
+}
+
 async function modelAnswer(response) {
-  if (!response.ok) {  // TensorBoard words a 400 "Invalid argument: <the route's line>"
-    throw new Error((await response.text()).trim().replace(/^Invalid argument: /, "") || `the route answered ${response.status}`);
-  }
+  if (!response.ok) throw new Error(await refusal(response));
   const answer = await response.json();
   const bytes = Uint8Array.from(atob(answer.weights), (c) => c.charCodeAt(0));
   return {...answer, weights: halfWeights(answer.shape, bytes.buffer)};

@@ -1,0 +1,155 @@
+"""The Attention tab's three tools on a run's model, less the HTTP: the logit lens and direct logit
+attribution on the tokens the views show (your text, or the repeated random tokens), and
+activation patching on two prompts of your own. Each answer is the JSON the page reads; the
+numbers are those of inspection/logit_lens.py, logit_attribution.py and patching.py."""
+
+import math
+from collections.abc import Collection
+
+import numpy as np
+import torch
+
+from attention_tab.your_text import LoadedModel, checkpoint_fields, finite
+from inspection.heatmap import readable_token
+from inspection.logit_attribution import check_position, logit_attribution
+from inspection.logit_lens import lens_summary
+from inspection.name_swap import STORY, name_swap, one_token_names
+from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from inspection.repeated_tokens import default_n, repeated_ids
+from inspection.text_forward import TOP_K, check_heads, single_token, text_ids
+from user_error import UserError
+
+Source = dict  # the tokens a tool reads: {"text": str}, or {"n": int | None, "seed": int} for the repeated tokens
+
+
+def source_ids(loaded: LoadedModel, source: Source) -> list[int]:
+    """The ids the text or repeated route reads for the same source: <|endoftext|> first."""
+    block_size = loaded.model.config.block_size
+    if "text" in source:
+        return text_ids(loaded.tokenizer, source["text"], block_size)
+    n = default_n(block_size) if source["n"] is None else source["n"]
+    return repeated_ids(loaded.tokenizer, n, source["seed"], block_size)
+
+
+def number(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # JSON has no NaN: a model gone non-finite
+
+
+def labels_of(loaded: LoadedModel, ids) -> list[str]:
+    return [readable_token(piece) for piece in loaded.tokenizer.token_strings(list(ids))]
+
+
+def lens_answer(run: str, loaded: LoadedModel, source: Source, knocked_out: Collection[tuple[int, int]]) -> dict:
+    """The logit lens on the source, with the heads knocked out that the views show knocked out:
+        run, checkpoint, step, labels [T], knocked_out, vocab_size
+        next_log_prob  [L][T - 1]: log p(the token that came next) after each layer
+        next_rank      [L][T - 1]: its rank, 1 for the likeliest (tokens tied with it do not count)
+        top            {tokens [L][T][k], probs [L][T][k]}: the k likeliest after each layer
+    After the last layer these are the model's own numbers (the text route's next)."""
+    model, heads = loaded.model, sorted(set(knocked_out))
+    check_heads(model, heads)
+    ids = source_ids(loaded, source)
+    idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
+    with model.hooks(model.knock_out(heads)):
+        lens = lens_summary(model, idx, TOP_K)
+    top_ids = lens.top_ids.cpu()  # (L, T, k)
+    top_labels = np.array(labels_of(loaded, top_ids.flatten().tolist()), dtype=object).reshape(top_ids.shape)
+    return {**checkpoint_fields(run, loaded), "labels": labels_of(loaded, ids), "knocked_out": [list(h) for h in heads],
+            "vocab_size": loaded.tokenizer.vocab_size, "next_log_prob": finite(lens.next_log_prob),
+            "next_rank": lens.next_rank.tolist(), "top": {"tokens": top_labels.tolist(), "probs": finite(lens.top_probs)}}
+
+
+def typed_token(loaded: LoadedModel, text: str, field: str) -> dict:
+    """{id, label} of a token typed in a field; UserError naming the field and the pieces when
+    the run's tokenizer makes it more than one token."""
+    try:
+        token = single_token(loaded.tokenizer, text)
+    except UserError as err:
+        raise UserError(f"{field}: {err}") from None
+    return {"id": token, "label": labels_of(loaded, [token])[0]}
+
+
+def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_out: Collection[tuple[int, int]],
+                       position: int, token: str = "", other: str = "") -> dict:
+    """Direct logit attribution at one query of the source: each part's share of the logit of
+    `token` (empty: the token that came next) after position, less `other`'s when typed; and
+    what knocking out each head alone costs that logit (difference), through every path:
+        run, checkpoint, step, labels [T], knocked_out, position (0 .. T - 1)
+        token, other  {id, label}; other null for a logit, not a difference
+        logit         the model's own logit (difference); the shares add up to it
+        heads [L][H], mlp [L]   each head's and each MLP's direct share
+        parts         [[label, share], ...]: the embeddings ("embed", "pos_embed", "smear") and "bias"
+        knock_out     [L][H]: the logit (difference) intact, less with that head knocked out"""
+    model, heads = loaded.model, sorted(set(knocked_out))
+    check_heads(model, heads)
+    ids = source_ids(loaded, source)
+    position = check_position(position, len(ids))
+    if token:
+        target = typed_token(loaded, token, "token")
+    elif position == len(ids) - 1:
+        raise UserError(f"position {position} is the last token: nothing came after it; type the token to score there, "
+                        "or pin an earlier query")
+    else:
+        target = {"id": ids[position + 1], "label": labels_of(loaded, [ids[position + 1]])[0]}
+    against = typed_token(loaded, other, "against") if other else None
+    other_id = against["id"] if against else None
+    idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
+    with model.hooks(model.knock_out(heads)):
+        attribution = logit_attribution(model, idx, position, target["id"], other_id)
+        effects = knock_out_effects(model, idx, logit_difference(position, target["id"], other_id))  # (L, H)
+    shares = {label: share.item() for label, share in attribution.shares.items()}  # (B,) = (1,) each
+    L = len(model.blocks)
+    layer_labels = {f"L{layer}H{head}" for layer in range(L) for head in range(model.config.n_head)}
+    layer_labels |= {f"{layer}_mlp_out" for layer in range(L)}
+    return {**checkpoint_fields(run, loaded), "labels": labels_of(loaded, ids), "knocked_out": [list(h) for h in heads],
+            "position": position, "token": target, "other": against, "logit": number(attribution.logit.item()),
+            "heads": finite(attribution.heads()[..., 0]), "mlp": [number(shares[f"{layer}_mlp_out"]) for layer in range(L)],
+            "parts": [[label, number(share)] for label, share in shares.items() if label not in layer_labels],
+            "knock_out": finite(effects)}
+
+
+def prompt_ids(loaded: LoadedModel, text: str, which: str) -> torch.Tensor:
+    """(1, T): <|endoftext|> and the prompt's ids; UserError naming the prompt."""
+    try:
+        ids = text_ids(loaded.tokenizer, text, loaded.model.config.block_size)
+    except UserError as err:
+        raise UserError(f"the {which} prompt: {err}") from None
+    return torch.tensor([ids], device=next(loaded.model.parameters()).device)
+
+
+def patch_example(run: str, loaded: LoadedModel) -> dict:
+    """The prompts the patching tool starts from, in words the run's tokenizer reads: the name swap
+    of inspection/name_swap.py (its stories' sentence, with the first two of their names that
+    are one token each): run, checkpoint, step, and clean, corrupted, token, other as text."""
+    try:
+        names = one_token_names(loaded.tokenizer)[:2]
+    except UserError:  # a tokenizer without a space (a character one): no name is a word of its own
+        names = []
+    if len(names) < 2:
+        raise UserError("this run's tokenizer makes no two of the stories' names one token each: type two prompts of your own")
+    answer, other = names
+    name_swap(loaded.tokenizer, answer, other)  # UserError when the swapped prompt has another length
+    return {**checkpoint_fields(run, loaded), "clean": STORY.format(answer=answer, other=other),
+            "corrupted": STORY.format(answer=other, other=answer), "token": " " + answer, "other": " " + other}
+
+
+def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, token: str, other: str = "") -> dict:
+    """Activation patching from the clean prompt into the corrupted one (the same number of
+    tokens), the metric the logit of `token` less `other`'s at the last token:
+        run, checkpoint, step
+        labels        {clean [T], corrupted [T]}
+        token, other  {id, label}; other null: the metric is token's logit alone
+        clean, corrupted   the metric on each prompt
+        heads         [L][H]: the share of clean - corrupted that one head's output (at every
+                      position) taken from the clean run restores: 0 nothing, 1 all
+        residual      [L][T]: the same for the residual stream entering layer l, at one position"""
+    clean_idx, corrupted_idx = prompt_ids(loaded, clean, "clean"), prompt_ids(loaded, corrupted, "corrupted")
+    target = typed_token(loaded, token, "token")
+    against = typed_token(loaded, other, "against") if other else None
+    metric = logit_difference(-1, target["id"], against["id"] if against else None)
+    heads = patch_heads(loaded.model, clean_idx, corrupted_idx, metric)  # (L, H)
+    residual = patch_residual(loaded.model, clean_idx, corrupted_idx, metric)  # (L, T)
+    return {**checkpoint_fields(run, loaded),
+            "labels": {"clean": labels_of(loaded, clean_idx[0].tolist()), "corrupted": labels_of(loaded, corrupted_idx[0].tolist())},
+            "token": target, "other": against, "clean": number(heads.clean), "corrupted": number(heads.corrupted),
+            "heads": finite(heads.fraction), "residual": finite(residual.fraction)}
