@@ -24,14 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli.errors import exit_on_user_error  # noqa: E402
 from docs.drawing import BLUE, FAINT, RED, SHOWN_WIDTH, drawn_with, font, one_above_another, side_by_side  # noqa: E402
-from inspection.head_metrics import head_metrics  # noqa: E402
+from inspection.head_metrics import head_metrics, induction_probe, induction_score  # noqa: E402
 from inspection.heatmap import INK, readable_token, text_width  # noqa: E402
 from inspection.logit_attribution import logit_attribution  # noqa: E402
 from inspection.logit_lens import logit_lens  # noqa: E402
 from inspection.name_swap import CLASSIC, NAMES, STORY, name_swap  # noqa: E402
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual  # noqa: E402
 from model import GPT, eval_mode  # noqa: E402
-from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
+from model_io.checkpoint import Checkpoint, kept_checkpoints, resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent
@@ -134,9 +134,36 @@ def induction_part(run: str) -> dict:
     with eval_mode(model), torch.no_grad():
         _, cache = model.run_with_cache(example["pair"][0], names=lambda name: name.endswith("hook_pattern"))
     patterns = cache.stack_activation("pattern")[:, 0, :, 1:, 1:]  # (L, B, H, T, T) -> (L, H, T - 1, T - 1) without <eot>
+    found = findings(model, tokenizer, *example["pair"])
+    head = (found["best_patch"]["layer"], found["best_patch"]["head"])
     return {"step": checkpoint.step, "config": checkpoint.config, "n": N, "seed": example["seed"], "changed_position": N,
             "over_seeds": over_seeds, "previous_token": rounded(head_metrics(patterns)["previous_token"], 3),
-            **findings(model, tokenizer, *example["pair"])}
+            **found, "across_training": across_training(resolve_checkpoint(run).parent, example["pair"], head)}
+
+
+def across_training(run_dir: Path, pair: tuple, head: tuple[int, int]) -> list[dict]:
+    """The example at each step the run kept (train.keep_checkpoints): the head's induction score
+    (on 32 random tokens repeated, as the run logs head_induction), the metric on the clean prompt
+    and on the corrupted one, the head's direct share of the clean one, and what its patch restores
+    (None where the two prompts' metrics are the same: nothing to restore); [] for a run that kept none."""
+    clean, corrupted, answer, other = pair
+    layer, h = head
+    rows = []
+    for step, path in kept_checkpoints(run_dir).items():
+        model, tokenizer = Checkpoint.load(path).build_model()
+        model.eval()
+        probe = torch.tensor([induction_probe(tokenizer.vocab_size, 32, seed=0, avoid=tokenizer.eot_id)])  # (1, 64)
+        score = induction_score(model.attention_weights(probe)[:, 0], 32)[layer, h]  # (L, 1, H, T, T) -> (L, H) -> ()
+        attribution = logit_attribution(model, clean, -1, answer, other)
+        try:
+            patched = patch_heads(model, clean, corrupted, logit_difference(-1, answer, other))
+            restored, corrupted_metric = round(patched.fraction[layer, h].item(), 2), round(patched.corrupted, 2)
+        except UserError:
+            restored = corrupted_metric = None
+        rows.append({"step": step, "induction_score": round(score.item(), 2),
+                     "metric": {"clean": round(attribution.logit.item(), 2), "corrupted": corrupted_metric},
+                     "direct_share": round(attribution.shares[f"L{layer}H{h}"].item(), 2), "restored": restored})
+    return rows
 
 
 # The pictures, drawn from the record alone, so that a test can redraw them and compare.

@@ -163,7 +163,7 @@ def test_the_tools_page_and_the_tour_quote_the_record_make_docs_wrote():
     page, tour = default_quotes(record["default"])
     page += induction_quotes(record["induction"])
     page.append(f"| `docs/tools.json`: the default run at step {record['default']['step']} and a run of `experiment=induction` "
-                f"at step {record['induction']['step']:,} |")
+                f"at step {record['induction']['step']:,}, with its {len(record['induction']['across_training'])} kept checkpoints |")
     for part in (record["default"], record["induction"]):  # "What the two have in common"
         L, best = len(part["lens"]), part["best_patch"]
         assert max(part["shares"], key=part["shares"].get) == f"{L - 1}_mlp_out"  # the last MLP writes most of it
@@ -215,3 +215,37 @@ def test_the_tools_pictures_are_what_docs_tools_py_draws_from_the_record(tmp_pat
     for name in PICTURES:
         kept, drawn = (np.asarray(Image.open(folder / name).convert("RGB")) for folder in (DOCS, tmp_path))
         assert kept.shape == drawn.shape and (kept == drawn).all(), f"docs/{name} is stale: run make docs"
+
+
+ACROSS_TRAINING_SHOWN = (0, 200, 225, 250, 275, 300, 325, 350, 375, 400, 450, 1000, 2000)  # the steps tools.md's table lists
+
+
+def test_the_across_training_table_and_its_reading_are_the_records():
+    rows = json.loads(RECORD.read_text())["induction"]["across_training"]
+    by_step = {row["step"]: row for row in rows}
+    page = flat((ROOT / "docs" / "tools.md").read_text())
+    assert f"keeps the model at {len(rows)} steps" in page
+    for step in ACROSS_TRAINING_SHOWN:
+        row = by_step[step]
+        assert flat(f"| {step:,} | {row['induction_score']} | {row['metric']['clean']} / {row['metric']['corrupted']} | "
+                    f"{row['direct_share']} | {row['restored']} |") in page, step
+    gap = {step: round(row["metric"]["clean"] - row["metric"]["corrupted"], 2) for step, row in by_step.items()}
+    opens = next(step for step in by_step if gap[step] > 0.2)  # the first kept step whose prompts the model tells apart
+    before, after = [s for s in by_step if s < opens], [s for s in by_step if s > opens]
+    score = {step: row["induction_score"] for step, row in by_step.items()}
+    crosses = next(step for step in by_step if score[step] >= 0.5)
+    previous = max(s for s in by_step if s < crosses)
+    shares = {step: row["direct_share"] for step, row in by_step.items()}
+    largest = max(shares, key=shares.get)
+    second = min(s for s in after if gap[s] > 1)
+    reading = [
+        f"Up to step {before[-1]} the two prompts' metrics lie within {max(abs(gap[s]) for s in before)} of each other",
+        f"({by_step[200]['restored']} at step 200, {by_step[250]['restored']} at step 250)",
+        f"At step {opens} the gap opens ({gap[opens]}, then {gap[second]} at step {second})",
+        f"the head's patch restores most of it ({by_step[opens]['restored']} at step {opens}, at least "
+        f"{min(by_step[s]['restored'] for s in after)} at every kept step after)",
+        f"while its induction score is still {score[opens]} and crosses 0.5 only between steps {previous} and {crosses}",
+        f"{shares[300]} at step 300, at most {shares[largest]} (step {largest})",
+    ]
+    for sentence in reading:
+        assert flat(sentence) in page, sentence
