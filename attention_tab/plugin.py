@@ -30,7 +30,8 @@ data/plugin/tinyattn_attention/:
                                     corrupted one
     patch_example  (POST run[, step])
                                     JSON: the prompts and tokens the patching tool starts from, in
-                                    words the run's tokenizer reads (inspection/name_swap.py)
+                                    words the run's tokenizer reads (inspection/name_swap.py); null,
+                                    with `why`, for a tokenizer that has no such words
 
 The routes that run a model run the run's ckpt_best.pt (else ckpt_last.pt), or with step the
 checkpoint it kept at that step. A bad run, tag, step, text, n, seed, head, position or token gets a 400

@@ -120,17 +120,24 @@ def prompt_ids(loaded: LoadedModel, text: str, which: str) -> torch.Tensor:
 def patch_example(run: str, loaded: LoadedModel) -> dict:
     """The prompts the patching tool starts from, in words the run's tokenizer reads: the name swap
     of inspection/name_swap.py (its stories' sentence, with the first two of their names that
-    are one token each): run, checkpoint, step, and clean, corrupted, token, other as text."""
+    are one token each): run, checkpoint, step, and clean, corrupted, token, other as text; or,
+    where the tokenizer has no such names, those four null and `why` saying so (the page asks on
+    its own for every run: no example is an answer, not a bad request)."""
     try:
         names = one_token_names(loaded.tokenizer)[:2]
     except UserError:  # a tokenizer without a space (a character one): no name is a word of its own
         names = []
-    if len(names) < 2:
-        raise UserError("this run's tokenizer makes no two of the stories' names one token each: type two prompts of your own")
-    answer, other = names
-    name_swap(loaded.tokenizer, answer, other)  # UserError when the swapped prompt has another length
+    try:
+        if len(names) < 2:
+            raise UserError("this run's tokenizer makes no two of the stories' names one token each: type two prompts of "
+                            "your own")
+        answer, other = names
+        name_swap(loaded.tokenizer, answer, other)  # UserError when the swapped prompt has another length
+    except UserError as err:
+        return {**checkpoint_fields(run, loaded), "clean": None, "corrupted": None, "token": None, "other": None,
+                "why": str(err)}
     return {**checkpoint_fields(run, loaded), "clean": STORY.format(answer=answer, other=other),
-            "corrupted": STORY.format(answer=other, other=answer), "token": " " + answer, "other": " " + other}
+            "corrupted": STORY.format(answer=other, other=answer), "token": " " + answer, "other": " " + other, "why": None}
 
 
 def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, token: str, other: str = "") -> dict:

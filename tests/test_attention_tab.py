@@ -488,6 +488,10 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     assert [tokenizer.encode(example[key]) for key in ("token", "other")] == [[swap.answer], [swap.other]]
     patched = ask(base, "patch", {"run": name, **{key: example[key] for key in ("clean", "corrupted", "token", "other")}})
     assert np.array(patched["heads"]).shape == (2, 2)
+    # A character model's names are no tokens of their own: no example, and why (the page asks for every run).
+    none = ask(base, "patch_example", {"run": sibling(name, "circuit")})
+    assert [none[key] for key in ("clean", "corrupted", "token", "other")] == [None] * 4
+    assert none["why"].startswith("this run's tokenizer makes no two of the stories' names one token each")
 
 
 @pytest.mark.parametrize("route, form, says", [
@@ -506,7 +510,6 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     ("lens", {**REPEATED, "step": "7"}, "run '{circuit}' kept no checkpoint at step 7; its kept steps are [0, 100]"),
     ("lens", {"source": "probe"}, "source is text (with text) or repeated (with n and seed), not 'probe'"),
     ("lens", None, "send the lens as a POST form"),
-    ("patch_example", {}, "this run's tokenizer makes no two of the stories' names one token each"),
     ("text", {"text": "Hi", "run": "{run}", "step": "7"}, "run '{run}' kept no checkpoint at step 7; its kept steps are [10]"),
 ])
 def test_a_bad_tool_request_gets_a_400_with_one_line(served, route, form, says):

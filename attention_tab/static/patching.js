@@ -46,11 +46,11 @@ export class Patching extends Tool {
     let example = null;
     try {
       example = await askTool("patch_example", run, null, {});
-      this.exampleNote.textContent = "";
+      this.exampleNote.textContent = example.why ? `No example for this run: ${example.why}` : "";
     } catch (error) {
       this.exampleNote.textContent = `No example for this run: ${error.message}`;
     }
-    if (this.app.run !== run || !example) return;
+    if (this.app.run !== run || !example || example.why) return;
     for (const [name, input] of Object.entries(this.fields)) {
       if (input.value === "" || input.value === this.example?.[name]) input.value = example[name];
     }
