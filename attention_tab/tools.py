@@ -19,6 +19,9 @@ from inspection.repeated_tokens import default_n, repeated_ids
 from inspection.text_forward import TOP_K, check_heads, single_token, text_ids
 from user_error import UserError
 
+# Patching's layers x positions grid runs a forward of the prompt per layer and position: 64 tokens
+# take about 1 s on the default model (docs/speed.md), and the tab answers one request at a time.
+MAX_PATCH_TOKENS = 64
 Source = dict  # the tokens a tool reads: {"text": str}, or {"n": int | None, "seed": int} for the repeated tokens
 
 
@@ -96,7 +99,8 @@ def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_ou
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
     with model.hooks(model.knock_out(heads)):
         attribution = logit_attribution(model, idx, position, target["id"], other_id)
-        effects = knock_out_effects(model, idx, logit_difference(position, target["id"], other_id))  # (L, H)
+        # A causal model's logit at position reads no later token: the knock-outs run on the tokens up to it.
+        effects = knock_out_effects(model, idx[:, : position + 1], logit_difference(-1, target["id"], other_id))  # (L, H)
     shares = {label: share.item() for label, share in attribution.shares.items()}  # (B,) = (1,) each
     L = len(model.blocks)
     layer_labels = {f"L{layer}H{head}" for layer in range(L) for head in range(model.config.n_head)}
@@ -109,11 +113,16 @@ def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_ou
 
 
 def prompt_ids(loaded: LoadedModel, text: str, which: str) -> torch.Tensor:
-    """(1, T): <|endoftext|> and the prompt's ids; UserError naming the prompt."""
+    """(1, T): <|endoftext|> and the prompt's ids; UserError naming the prompt, and for more than
+    MAX_PATCH_TOKENS (patching runs a forward of the prompt for each layer and position)."""
     try:
         ids = text_ids(loaded.tokenizer, text, loaded.model.config.block_size)
     except UserError as err:
         raise UserError(f"the {which} prompt: {err}") from None
+    if len(ids) > MAX_PATCH_TOKENS:
+        raise UserError(f"the {which} prompt is {len(ids)} tokens, <eot> included; the tab patches at most {MAX_PATCH_TOKENS} "
+                        "(a forward of the prompt for each layer and position): shorten it, or call "
+                        "inspection.patching.patch_residual from Python")
     return torch.tensor([ids], device=next(loaded.model.parameters()).device)
 
 

@@ -19,7 +19,8 @@ from inspection.heatmap import readable_token
 from inspection.repeated_tokens import RepeatedForward, copy_losses, default_n, forward_repeated
 from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
-from model_io.checkpoint import BEST, LAST, Checkpoint, kept_checkpoints
+from model_io.checkpoint import BEST, LAST, Checkpoint
+from model_io.run_files import kept_checkpoints
 from user_error import UserError, quoted
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside

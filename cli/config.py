@@ -13,7 +13,7 @@ from cli.errors import refused_value_line
 from cli.schema import typed_train_config
 from model.attention import divisors
 from model_io.hf_gpt2 import gpt_config_from_hf, resolve_pretrained
-from training.jobs import LOG_SPACED
+from model_io.run_files import LOG_SPACED
 from training.run import plain_config
 from user_error import UserError
 

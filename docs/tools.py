@@ -31,7 +31,8 @@ from inspection.logit_lens import logit_lens  # noqa: E402
 from inspection.name_swap import CLASSIC, NAMES, STORY, name_swap  # noqa: E402
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual  # noqa: E402
 from model import GPT, eval_mode  # noqa: E402
-from model_io.checkpoint import Checkpoint, kept_checkpoints, resolve_checkpoint  # noqa: E402
+from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
+from model_io.run_files import kept_checkpoints
 from user_error import UserError  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent
@@ -143,17 +144,20 @@ def induction_part(run: str) -> dict:
 
 def across_training(run_dir: Path, pair: tuple, head: tuple[int, int]) -> list[dict]:
     """The example at each step the run kept (train.keep_checkpoints): the head's induction score
-    (on 32 random tokens repeated, as the run logs head_induction), the metric on the clean prompt
+    (on the random tokens repeated that the run logs head_induction on), the metric on the clean prompt
     and on the corrupted one, the head's direct share of the clean one, and what its patch restores
     (None where the two prompts' metrics are the same: nothing to restore); [] for a run that kept none."""
     clean, corrupted, answer, other = pair
     layer, h = head
     rows = []
     for step, path in kept_checkpoints(run_dir).items():
-        model, tokenizer = Checkpoint.load(path).build_model()
+        checkpoint = Checkpoint.load(path)
+        model, tokenizer = checkpoint.build_model()
         model.eval()
-        probe = torch.tensor([induction_probe(tokenizer.vocab_size, 32, seed=0, avoid=tokenizer.eot_id)])  # (1, 64)
-        score = induction_score(model.attention_weights(probe)[:, 0], 32)[layer, h]  # (L, 1, H, T, T) -> (L, H) -> ()
+        # The sequence the run scores head_induction on (training/jobs.py): n random tokens twice, seeded by train.seed.
+        n, seed = checkpoint.config["train"]["probe_tokens"] // 2, checkpoint.config["train"]["seed"]
+        probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, seed, avoid=tokenizer.eot_id)])  # (1, 2n)
+        score = induction_score(model.attention_weights(probe)[:, 0], n)[layer, h]  # (L, 1, H, 2n, 2n) -> (L, H) -> ()
         attribution = logit_attribution(model, clean, -1, answer, other)
         try:
             patched = patch_heads(model, clean, corrupted, logit_difference(-1, answer, other))

@@ -6,10 +6,6 @@ the value the forward used and the norm is linear, so the logit splits into one 
 and the shares add up to the logit. A head's share is what it wrote directly; a head that only
 feeds later heads has a share near 0 here, and shows in a knock-out (knock_out_effects).
 
-    residual_parts(model, idx)     the parts (P, B, T, C) and their labels, summing to the stream
-    logit_attribution(model, idx, position, token, other=None)
-                                   each part's share of a logit (or of a difference of two)
-
 A head's whole effect, through later layers too, is what knocking it out costs:
 inspection/patching.py's knock_out_effects.
 
@@ -55,21 +51,25 @@ def check_position(position: int, T: int) -> int:
     return position % T
 
 
+def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
+    """ids as a (B,) tensor of token ids, one per row of the batch (one id serves every row);
+    UserError for an id outside 0 .. V - 1 or a count that is neither 1 nor B."""
+    ids = torch.as_tensor(ids).reshape(-1)  # (1,) or (B,)
+    if ids.numel() not in (1, B):
+        raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")
+    if ids.is_floating_point() or not bool(((ids >= 0) & (ids < V)).all()):
+        raise UserError(f"{name}={ids.tolist()} is not a token id of this model: ids run from 0 to {V - 1}")
+    return ids.expand(B)  # (B,)
+
+
 def token_direction(model: GPT, token: Tokens, other: Tokens | None, B: int) -> torch.Tensor:
     """The LM head's row of token, less other's when given: (B, C), one per row of the batch.
     A logit (difference) is this direction's dot product with the final norm's output."""
-    rows = []
-    for name, ids in (("token", token), ("other", other)):
-        if ids is None:
-            continue
-        ids = torch.as_tensor(ids, device=model.lm_head.weight.device).reshape(-1)  # (1,) or (B,)
-        V = model.lm_head.weight.shape[0]
-        if ids.numel() not in (1, B):
-            raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")
-        if ids.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) or not bool(((ids >= 0) & (ids < V)).all()):
-            raise UserError(f"{name}={ids.tolist()} is not a token id of this model: ids run from 0 to {V - 1}")
-        rows.append(model.lm_head.weight[ids.expand(B)])  # (B, C)
-    return rows[0] - rows[1] if len(rows) == 2 else rows[0]  # (B, C)
+    W_U = model.lm_head.weight  # (V, C)
+    direction = W_U[token_ids(token, W_U.shape[0], B).to(W_U.device)]  # (B, C)
+    if other is not None:
+        direction = direction - W_U[token_ids(other, W_U.shape[0], B, "other").to(W_U.device)]  # (B, C)
+    return direction
 
 
 @torch.no_grad()
@@ -129,7 +129,11 @@ def logit_attribution(model: GPT, idx: torch.Tensor, position: int, token: Token
 
 def real_logit(logits: torch.Tensor, token: Tokens, other: Tokens | None) -> torch.Tensor:
     """logits (B, V) at one position -> (B,): token's logit, less other's when given."""
-    B = logits.shape[0]
-    take = lambda ids: logits.gather(1, torch.as_tensor(ids, device=logits.device).reshape(-1, 1).expand(B, 1))  # noqa: E731
-    value = take(token) if other is None else take(token) - take(other)  # (B, 1)
-    return value.squeeze(1).float()  # (B,)
+    B, V = logits.shape
+
+    def logit_of(ids: Tokens, name: str) -> torch.Tensor:
+        rows = token_ids(ids, V, B, name).to(logits.device)  # (B,)
+        return logits.gather(1, rows.unsqueeze(1)).squeeze(1)  # (B, V) -> (B,)
+
+    value = logit_of(token, "token") if other is None else logit_of(token, "token") - logit_of(other, "other")  # (B,)
+    return value.float()

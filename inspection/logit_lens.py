@@ -49,11 +49,11 @@ def lens_summary(model: GPT, idx: torch.Tensor, k: int = 5) -> LensSummary:
     next_ids = idx[0, 1:]  # (T - 1,)
     log_probs, ranks, top_ids, top_probs = [], [], [], []
     for layer_log_probs in lens_layers(model, idx):
-        lp = layer_log_probs[0]  # (T, V)
-        right = lp[:-1].gather(1, next_ids.unsqueeze(1))  # (T - 1, 1)
-        log_probs.append(right.squeeze(1))  # (T - 1,)
-        ranks.append(1 + (lp[:-1] > right).sum(dim=1))  # (T - 1,): the tokens strictly likelier, plus one
-        top_log_probs, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)  # (T, k) each
-        top_ids.append(ids)
-        top_probs.append(top_log_probs.exp())
-    return LensSummary(torch.stack(log_probs), torch.stack(ranks), torch.stack(top_ids), torch.stack(top_probs))
+        every = layer_log_probs[0]  # (T, V): log p of every token after this layer
+        came_next = every[:-1].gather(1, next_ids.unsqueeze(1))  # (T - 1, 1)
+        log_probs.append(came_next.squeeze(1))  # (T - 1,)
+        ranks.append(1 + (every[:-1] > came_next).sum(dim=1))  # (T - 1,): the tokens strictly likelier, plus one
+        top_log_probs, ids = every.topk(min(k, every.shape[-1]), dim=-1)  # (T, k) each
+        top_ids.append(ids)  # (T, k)
+        top_probs.append(top_log_probs.exp())  # (T, k)
+    return LensSummary(torch.stack(log_probs), torch.stack(ranks), torch.stack(top_ids), torch.stack(top_probs))  # (L, ...)

@@ -10,12 +10,7 @@ metric that comes back says how much of the answer that one activation carries.
 
 0: the patch brought nothing back; 1: all of it. The patched runs go through the model's hook
 points (blocks.{l}.attn.hook_z, blocks.{l}.hook_resid_pre) and run as a few batches, many
-patches to a batch, not one forward each.
-
-    patch_heads(model, clean, corrupted, metric)     (L, H): one head's output z, at every position
-    patch_residual(model, clean, corrupted, metric)  (L, T): the stream entering block l, at one position
-    knock_out_effects(model, idx, metric)            (L, H): metric intact, less with that head zeroed
-    logit_difference(position, token, other)         the usual metric
+patches to a batch, not one forward each. A knock-out is a patch too: zeros for the head's z.
 """
 
 from collections.abc import Callable
@@ -24,11 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from inspection.logit_attribution import Tokens, check_position, real_logit
-from model import GPT, eval_mode
+from model import GPT, ActivationCache, eval_mode
 from user_error import UserError
 
 Metric = Callable[[torch.Tensor], torch.Tensor | float]  # logits (B, T, V) -> one number
-LOGIT_BUDGET = 2**25  # floats of logits in one patched batch (128 MB): GPT-2 small's 144 heads take three batches
+LOGIT_BUDGET = 2**25  # floats of logits in one patched batch (128 MB): a batch holds LOGIT_BUDGET // (B * T * V) patches
 
 
 @dataclass
@@ -81,14 +76,14 @@ def patched_metrics(model: GPT, idx: torch.Tensor, patches: list[tuple[str, tupl
     return torch.tensor(values, dtype=torch.float64)
 
 
-def copy_in(edits: list[tuple[int, tuple, torch.Tensor]], B: int):
+def copy_in(edits: list[tuple[int, tuple, torch.Tensor]], B: int) -> Callable[[torch.Tensor, object], torch.Tensor]:
     """A hook function that, for each (row, index, source) of edits, writes source[:, *index]
     into rows row .. row + B - 1 of the activation at index."""
 
-    def patch(activation: torch.Tensor, hook) -> torch.Tensor:
-        activation = activation.clone()  # (n * B, T, ...)
+    def patch(activation: torch.Tensor, hook: object) -> torch.Tensor:
+        activation = activation.clone()  # (n * B, T, ...): n patched copies of the batch
         for row, index, source in edits:
-            activation[(slice(row, row + B), *index)] = source[(slice(None), *index)]
+            activation[(slice(row, row + B), *index)] = source[(slice(None), *index)]  # rows row .. row + B - 1
         return activation
 
     return patch
@@ -106,7 +101,8 @@ def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def baselines(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, names) -> tuple:
+def baselines(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
+              names: Callable[[str], bool]) -> tuple[ActivationCache, float, float]:
     """The clean run's activations at `names`, and the metric on both prompts; UserError when the
     metric does not tell them apart (there is nothing to restore)."""
     check_pair(clean, corrupted)
@@ -120,7 +116,8 @@ def baselines(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: 
     return cache, clean_value, corrupted_value
 
 
-def restored(patched: torch.Tensor, clean: float, corrupted: float, shape: tuple) -> Restored:
+def restored_fraction(patched: torch.Tensor, clean: float, corrupted: float, shape: tuple) -> Restored:
+    """patched: (P,) the metric with each patch -> Restored, its fraction and patched viewed as shape."""
     return Restored(((patched - corrupted) / (clean - corrupted)).view(shape), clean, corrupted, patched.view(shape))
 
 
@@ -131,7 +128,7 @@ def patch_heads(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric
     L, H = len(model.blocks), model.config.n_head
     patches = [(f"blocks.{layer}.attn.hook_z", (slice(None), head), cache["z", layer])  # z: (B, T, H, D)
                for layer in range(L) for head in range(H)]
-    return restored(patched_metrics(model, corrupted, patches, metric), clean_value, corrupted_value, (L, H))
+    return restored_fraction(patched_metrics(model, corrupted, patches, metric), clean_value, corrupted_value, (L, H))
 
 
 def patch_residual(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric) -> Restored:
@@ -148,7 +145,7 @@ def patch_residual(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, met
                for layer in range(L) for position in positions]
     patched = torch.full((L, T), corrupted_value, dtype=torch.float64)  # (L, T)
     patched[:, positions] = patched_metrics(model, corrupted, patches, metric).view(L, len(positions))
-    return restored(patched, clean_value, corrupted_value, (L, T))
+    return restored_fraction(patched, clean_value, corrupted_value, (L, T))
 
 
 @torch.no_grad()
@@ -161,4 +158,4 @@ def knock_out_effects(model: GPT, idx: torch.Tensor, metric: Metric) -> torch.Te
     B, T = idx.shape
     zeros = torch.zeros(B, T, H, model.blocks[0].attn.head_dim, device=idx.device, dtype=model.lm_head.weight.dtype)  # (B, T, H, D)
     patches = [(f"blocks.{layer}.attn.hook_z", (slice(None), head), zeros) for layer in range(L) for head in range(H)]
-    return intact - patched_metrics(model, idx, patches, metric).view(L, H)
+    return intact - patched_metrics(model, idx, patches, metric).view(L, H)  # (L, H)

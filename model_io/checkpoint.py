@@ -32,7 +32,7 @@ import torch
 from data.tokenizer import Tokenizer, tokenizer_from_state
 from model import GPT, GPTConfig
 from model_io.latest_run import newest_trained
-from model_io.run_files import BEST, KEPT, LAST, kept_checkpoint_path, kept_checkpoints  # noqa: F401 (the file names, here too)
+from model_io.run_files import BEST, LAST
 from user_error import UserError
 
 AUTO = "auto"  # resume=auto: the run in hydra.run.dir if it saved one, else a new run there

@@ -7,6 +7,7 @@ from pathlib import Path
 
 LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
 KEPT = "checkpoints"  # the run dir's folder of model-only checkpoints, one per step of train.keep_checkpoints
+LOG_SPACED = "log"  # train.keep_checkpoints=log: step 0, every power of two, and the last step
 
 
 def kept_checkpoint_path(run_dir: Path, step: int) -> Path:

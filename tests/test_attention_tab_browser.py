@@ -30,7 +30,8 @@ from inspection.heatmap import COLORMAP
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
-from model_io.checkpoint import Checkpoint, kept_checkpoint_path
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import kept_checkpoint_path
 from tests.helpers import (
     CIRCUIT_N,
     CIRCUIT_SEED,

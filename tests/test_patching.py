@@ -7,6 +7,7 @@ tests/test_transformer_lens.py."""
 import pytest
 import torch
 
+from inspection import patching
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
 from tests.helpers import INDUCTION_HEAD, shift_then_copy_model, tiny_gpt
 from user_error import UserError
@@ -43,25 +44,42 @@ def test_patching_the_stream_restores_the_answer_only_where_the_prompts_differ(c
     torch.testing.assert_close(fraction, expected, atol=1e-3, rtol=0)
 
 
-def test_patches_batched_together_give_what_each_gives_run_alone():
+def test_patches_batched_together_give_what_each_gives_run_alone(monkeypatch):
     model = tiny_gpt(seed=2).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.mul_(8)  # logits of several units
-    clean = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(1))
+    clean = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(1))  # (B, T)
     corrupted = clean.clone()
     corrupted[:, 4] = (corrupted[:, 4] + 9) % 65
     metric = logit_difference(-1, 3, 5)
-    heads = patch_heads(model, clean, corrupted, metric).patched
+    monkeypatch.setattr(patching, "LOGIT_BUDGET", 3 * 2 * 10 * 65)  # 3 patches a batch: batches of 3, 3, ... and a rest
+    heads = patch_heads(model, clean, corrupted, metric).patched  # (L, H)
+    residual = patch_residual(model, clean, corrupted, metric).patched  # (L, T)
     _, cache = model.run_with_cache(clean)
-    for layer, head in [(0, 1), (1, 0)]:
-        def from_clean(z, hook, layer=layer, head=head):
-            z = z.clone()
-            z[:, :, head] = cache["z", layer][:, :, head]
-            return z
-        alone = metric(model.run_with_hooks(corrupted, [(f"blocks.{layer}.attn.hook_z", from_clean)])[0])
-        assert heads[layer, head].item() == pytest.approx(alone.item(), abs=1e-5)
-    assert heads.std() > 1e-3  # the patches differ from each other: a test that could tell them apart
+
+    def alone(name: str, index: tuple, source: torch.Tensor) -> float:
+        def from_clean(activation, hook):
+            activation = activation.clone()
+            activation[(slice(None), *index)] = source[(slice(None), *index)]
+            return activation
+        return metric(model.run_with_hooks(corrupted, [(name, from_clean)])[0]).item()
+
+    for layer in range(2):
+        for head in range(2):
+            assert heads[layer, head].item() == pytest.approx(
+                alone(f"blocks.{layer}.attn.hook_z", (slice(None), head), cache["z", layer]), abs=1e-5), (layer, head)
+        for position in range(10):
+            assert residual[layer, position].item() == pytest.approx(
+                alone(f"blocks.{layer}.hook_resid_pre", (position,), cache["resid_pre", layer]), abs=1e-5), (layer, position)
+    assert heads.std() > 1e-3 and residual[:, 4:].std() > 1e-3  # the patches differ: a mix-up would show
+
+
+def test_a_token_id_the_model_lacks_is_one_line_from_the_metric_too(circuit):
+    model, clean, corrupted, _ = circuit
+    with pytest.raises(UserError) as caught:
+        patch_heads(model, clean, corrupted, logit_difference(-1, 3, 99_999))
+    assert str(caught.value) == "other=[99999] is not a token id of this model: ids run from 0 to 63"
 
 
 def test_a_knock_outs_effect_is_what_the_metric_loses_without_the_head(circuit):

@@ -14,7 +14,9 @@ from attention_tab.run_folders import logdir_roots, run_folder
 from attention_tab.your_text import LoadedModel, ModelCache, model_bytes
 from inspection.repeated_tokens import forward_repeated
 from inspection.text_forward import forward_text
-from model_io.checkpoint import Checkpoint, kept_checkpoint_path
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import kept_checkpoint_path
+from tests.helpers import save_circuit
 from user_error import UserError
 
 
@@ -168,3 +170,17 @@ def test_knocking_heads_out_on_the_repeated_tokens_also_runs_one_forward_with_th
     before = len(forwards)
     loaded.read_repeated(8, 4, [(1, 0)])  # another seed: other tokens, whose intact numbers are computed anew
     assert len(forwards) == before + 2
+
+
+def test_the_tab_patches_prompts_of_at_most_its_bound_and_says_so_in_one_line(tmp_path, monkeypatch):
+    from attention_tab import tools
+
+    save_circuit(tmp_path / "circuit")
+    loaded = ModelCache(2**30).get(tmp_path / "circuit", "circuit")
+    monkeypatch.setattr(tools, "MAX_PATCH_TOKENS", 7)  # the circuit reads 40 tokens: the bound, made smaller
+    assert tools.patch_answer("circuit", loaded, "abcdab", "abXdab", "c", "X")["heads"]  # 7 tokens with <eot>: patched
+    with pytest.raises(UserError) as caught:
+        tools.patch_answer("circuit", loaded, "abcdeab", "abXdeab", "c", "X")
+    assert str(caught.value) == ("the clean prompt is 8 tokens, <eot> included; the tab patches at most 7 (a forward of the "
+                                 "prompt for each layer and position): shorten it, or call inspection.patching.patch_residual "
+                                 "from Python")

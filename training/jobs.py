@@ -13,7 +13,8 @@ from inspection.ablation import induction_loss_without_each_head, recall_without
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model.generation import EOT_SHOWN, generate_text
-from model_io.checkpoint import BEST, KEPT, LAST, Checkpoint, kept_checkpoint_path, kept_checkpoints
+from model_io.checkpoint import BEST, LAST, Checkpoint
+from model_io.run_files import KEPT, LOG_SPACED, kept_checkpoint_path, kept_checkpoints
 from training.evaluation import evaluate
 from training.run import Run
 from training.run_state import capture_rng_states
@@ -29,7 +30,6 @@ log = logging.getLogger("train")
 RECALL_PROBE_WINDOWS, RECALL_PROBE_TOKENS = 96, 96 * 128
 ABLATION_MAX_HEADS = 64
 INDUCTION_ROWS = 8  # repeated random sequences whose second copies the induction ablation scores
-LOG_SPACED = "log"  # train.keep_checkpoints=log: step 0, every power of two, and the last step
 
 
 class Every:
