@@ -5,10 +5,8 @@
 import {divergingColour} from "./colours.js";
 import {readingFields} from "./data.js";
 import {el, formatValue} from "./dom.js";
-import {quote, valueGrid} from "./grid.js";
+import {MAX_TEXT_COLUMNS, quote, valueGrid} from "./grid.js";
 import {answeredBy, Tool} from "./tools.js";
-
-const MAX_TEXT_COLUMNS = 8;  // wider grids show colours only; the title holds the value
 
 export class Attribution extends Tool {
   constructor(app) {

@@ -21,3 +21,6 @@ export function valueGrid({className, rows, columns, values, colour, describe, t
 
 // What the page shows for a token: “·Mary”.
 export const quote = (label) => `“${label}”`;
+
+// A grid wider than this shows colours only; each cell's title holds its value.
+export const MAX_TEXT_COLUMNS = 8;

@@ -46,14 +46,14 @@ export class Lens extends Tool {
     this.drawQuery(this.answer, Math.min(token.index, this.answer.labels.length - 1));
   }
 
-  // The table for one query: each layer's rank and p of the token that came next, and its top 5.
+  // The table for one query: each layer's rank and p of the token that came next, and its top k (the server's TOP_K).
   drawQuery({labels, next_log_prob: logProbs, next_rank: ranks, top}, index) {
     const last = index === labels.length - 1;
     this.query.textContent = `after ${quote(labels[index])} (token ${index})`
       + (last ? ": the text ends here, no next token to score" : `, the token that came next: ${quote(labels[index + 1])}`);
     this.table.replaceChildren(
       el("tr", {}, el("th", {}, "after"), el("th", {title: "its rank among all tokens, 1 for the likeliest"}, "rank"),
-        el("th", {}, "p"), el("th", {class: "top"}, "top 5")),
+        el("th", {}, "p"), el("th", {class: "top"}, `top ${top.tokens[0][0].length}`)),
       ...top.tokens.map((tokens, layer) => el("tr", {"data-layer": layer},
         el("th", {}, `L${layer}`),
         el("td", {class: "number", "data-rank": last ? "" : ranks[layer][index]}, last ? "" : `${ranks[layer][index]}`),

@@ -6,10 +6,9 @@
 import {divergingColour} from "./colours.js";
 import {askTool} from "./data.js";
 import {el, formatValue} from "./dom.js";
-import {quote, valueGrid} from "./grid.js";
+import {MAX_TEXT_COLUMNS, quote, valueGrid} from "./grid.js";
 import {answeredBy, Tool} from "./tools.js";
 
-const MAX_TEXT_COLUMNS = 8;
 
 export class Patching extends Tool {
   constructor(app) {
