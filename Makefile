@@ -47,6 +47,8 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefil
 
 # Debian's chromium and chromium-driver (Ubuntu: chromium-browser); with apt-get as root or through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+# JupyterLab refuses to start as root (a container, a VM) unless told it may.
+JUPYTER_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 browser:
 	@if command -v chromedriver >/dev/null && { command -v chromium || command -v chromium-browser; } >/dev/null; then :; \
 	elif command -v apt-get >/dev/null; then \
@@ -79,7 +81,7 @@ docs: setup browser
 notebook: setup
 	@$(PY) -c "import jupyterlab" 2>/dev/null || { echo "notebook: installing JupyterLab into $(VENV) (once)"; \
 	  $(PY) -m pip install -qq --disable-pip-version-check "jupyterlab>=4"; }
-	$(VENV)/bin/jupyter lab notebooks/$(NOTEBOOK).ipynb $(ARGS)
+	$(VENV)/bin/jupyter lab notebooks/$(NOTEBOOK).ipynb $(JUPYTER_ROOT) $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -90,7 +90,7 @@ def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_ou
     if token:
         target = typed_token(loaded, token, "token")
     elif position == len(ids) - 1:
-        raise UserError(f"position {position} is the last token: nothing came after it; type the token to score there, "
+        raise UserError(f"token {position} is the last one: nothing came after it; type the token to score there, "
                         "or pin an earlier query")
     else:
         target = {"id": ids[position + 1], "label": labels_of(loaded, [ids[position + 1]])[0]}
@@ -160,6 +160,9 @@ def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, toke
                       position) taken from the clean run restores: 0 nothing, 1 all
         residual      [L][T]: the same for the residual stream entering layer l, at one position"""
     clean_idx, corrupted_idx = prompt_ids(loaded, clean, "clean"), prompt_ids(loaded, corrupted, "corrupted")
+    if clean_idx.shape != corrupted_idx.shape:  # counted as the user sees them: without the <eot> before each
+        raise UserError(f"the clean prompt is {clean_idx.shape[1] - 1} tokens and the corrupted one {corrupted_idx.shape[1] - 1}: "
+                        "patching swaps activations position by position, so give prompts of the same length")
     target = typed_token(loaded, token, "token")
     against = typed_token(loaded, other, "against") if other else None
     metric = logit_difference(-1, target["id"], against["id"] if against else None)

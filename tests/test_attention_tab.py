@@ -494,7 +494,7 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
 
 
 @pytest.mark.parametrize("route, form, says", [
-    ("patch", {**PATCH, "corrupted": "abcdefXXhabcdefg"}, "the clean prompt has 16 tokens and the corrupted one 17: "),
+    ("patch", {**PATCH, "corrupted": "abcdefXXhabcdefg"}, "the clean prompt is 15 tokens and the corrupted one 16: "),
     ("patch", {**PATCH, "token": "hh"}, "token: 'hh' is 2 tokens to this model ('h', 'h'), not one: type a single token"),
     ("patch", {**PATCH, "other": "Xy"}, "against: 'Xy' is 2 tokens to this model ('X', 'y'), not one"),
     ("patch", {**PATCH, "corrupted": PATCH["clean"]}, "on both prompts: there is nothing to restore"),
@@ -502,7 +502,7 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     ("patch", {**PATCH, "token": "h" * 5000}, "'" + "h" * 32 + "'... (5,000 characters) is not one token"),
     ("patch", {"clean": "ab", "corrupted": "ba"}, "missing form field 'token'"),
     ("attribution", {**REPEATED, "position": "33"}, "position 33 is out of range: the sequence has 33 tokens"),
-    ("attribution", {**REPEATED, "position": "32"}, "position 32 is the last token: nothing came after it"),
+    ("attribution", {**REPEATED, "position": "32"}, "token 32 is the last one: nothing came after it"),
     ("attribution", {**REPEATED, "position": "5", "knocked_out": "2:0"}, "no head 0 in layer 2: this model has layers 0 to 1"),
     ("attribution", {**REPEATED, "position": "five"}, "position must be a whole number, not 'five'"),
     ("lens", {**REPEATED, "knocked_out": "0:5"}, "no head 5 in layer 0"),

@@ -647,6 +647,6 @@ def test_patching_two_prompts_fills_both_grids_with_patch_heads_and_patch_residu
     box.clear()
     box.send_keys("abcdefXXhabcdefg", Keys.ENTER)  # a token longer than the clean prompt
     wait_for_tool(tab, "patching", "refused")
-    assert root.find_element(By.CSS_SELECTOR, ".tool-error").text == ("the clean prompt has 16 tokens and the corrupted one 17: "
+    assert root.find_element(By.CSS_SELECTOR, ".tool-error").text == ("the clean prompt is 15 tokens and the corrupted one 16: "
                                                                       "patching swaps activations position by position, so give prompts of the same length")
     assert not root.find_element(By.CSS_SELECTOR, ".tool-grids").is_displayed()
