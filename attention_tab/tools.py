@@ -6,10 +6,9 @@ numbers are those of inspection/logit_lens.py, logit_attribution.py and patching
 import math
 from collections.abc import Collection
 
-import numpy as np
 import torch
 
-from attention_tab.your_text import LoadedModel, checkpoint_fields, finite
+from attention_tab.your_text import LoadedModel, checkpoint_fields, finite, token_labels
 from inspection.heatmap import readable_token
 from inspection.logit_attribution import check_position, logit_attribution
 from inspection.logit_lens import lens_summary
@@ -55,11 +54,9 @@ def lens_answer(run: str, loaded: LoadedModel, source: Source, knocked_out: Coll
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
     with model.hooks(model.knock_out(heads)):
         lens = lens_summary(model, idx, TOP_K)
-    top_ids = lens.top_ids.cpu()  # (L, T, k)
-    top_labels = np.array(labels_of(loaded, top_ids.flatten().tolist()), dtype=object).reshape(top_ids.shape)
     return {**checkpoint_fields(run, loaded), "labels": labels_of(loaded, ids), "knocked_out": [list(h) for h in heads],
             "vocab_size": loaded.tokenizer.vocab_size, "next_log_prob": finite(lens.next_log_prob),
-            "next_rank": lens.next_rank.tolist(), "top": {"tokens": top_labels.tolist(), "probs": finite(lens.top_probs)}}
+            "next_rank": lens.next_rank.tolist(), "top": {"tokens": token_labels(loaded.tokenizer, lens.top_ids), "probs": finite(lens.top_probs)}}  # (L, T, k)
 
 
 def typed_token(loaded: LoadedModel, text: str, field: str) -> dict:

@@ -185,11 +185,15 @@ def repeated_answer(run: str, loaded: LoadedModel, repeated: RepeatedForward) ->
             "intact_copy_loss": copies(forward.intact) if forward.intact is not None else None}
 
 
+def token_labels(tokenizer: Tokenizer, ids: torch.Tensor) -> list:
+    """Token ids of any shape as nested lists of the labels the tab prints, in the same shape."""
+    pieces = tokenizer.token_strings(ids.cpu().flatten().tolist())
+    return np.array([readable_token(piece) for piece in pieces], dtype=object).reshape(tuple(ids.shape)).tolist()
+
+
 def predictions_json(predictions: Predictions, tokenizer: Tokenizer) -> dict:
-    top_ids = predictions.top_ids.cpu()  # (T, k)
-    pieces = tokenizer.token_strings(top_ids.flatten().tolist())
-    labels = np.array([readable_token(piece) for piece in pieces], dtype=object).reshape(top_ids.shape)
-    return {"tokens": labels.tolist(), "probs": finite(predictions.top_probs), "loss": finite(predictions.next_loss)}
+    return {"tokens": token_labels(tokenizer, predictions.top_ids), "probs": finite(predictions.top_probs),  # (T, k) each
+            "loss": finite(predictions.next_loss)}
 
 
 def finite(values: torch.Tensor) -> list:
