@@ -1,5 +1,6 @@
-"""Write a GPT-2-shaped run as a Hugging Face folder that transformers loads with no custom code:
-AutoModelForCausalLM gives a GPT2LMHeadModel, AutoTokenizer the run's tokenizer (docs/export.md).
+"""Write a run as a Hugging Face folder that transformers loads with no custom code: AutoModelForCausalLM
+gives a GPT2LMHeadModel, a LlamaForCausalLM or a Qwen3ForCausalLM, whichever the run's shape is, and
+AutoTokenizer the run's tokenizer (docs/export.md).
 
     python export.py run=outputs/2026-11-22/10-00-00 out=exported/stories
     python export.py run=latest out=exported/stories force=true
@@ -22,10 +23,8 @@ from data.hf_tokenizer import write_hf_tokenizer
 from data.tokenizer import Tokenizer
 from model import GPT
 from model_io.checkpoint import Checkpoint, resolve_checkpoint
-from model_io.hf_gpt2 import export_blockers, save_hf_gpt2
+from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
 from user_error import UserError
-
-GPT2_PRESET = "experiment=gpt2_shape"  # configs/experiment/gpt2_shape.yaml: a run of this shape exports
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="export", version_base="1.3")
@@ -40,15 +39,14 @@ def export(cfg: DictConfig) -> None:
     out = Path(cfg.out).expanduser()
     path = resolve_checkpoint(str(cfg.run))
     model, tokenizer = Checkpoint.load(path).build_model()
-    blockers = export_blockers(model.config)
-    if blockers:
-        raise UserError(f"{path} is not GPT-2-shaped, so transformers' GPT2LMHeadModel cannot hold it: "
-                        f"{'; '.join(blockers)}. Train one that exports with `python train.py {GPT2_PRESET}`")
+    model_type = export_model_type(model.config)
+    if model_type is None:
+        raise UserError(f"{path} {export_refusal(model.config)}")
     check_out(out, path, cfg.force)
     replace_folder(out, lambda folder: write_hf_folder(model, tokenizer, folder))
 
     files = ", ".join(sorted(p.name for p in out.iterdir()))
-    print(f"wrote {out}: {files}")
+    print(f"wrote {out} as a {ARCHITECTURES[model_type].hf_class}: {files}")
     print("Load it in Python:")
     print("    from transformers import AutoModelForCausalLM, AutoTokenizer")
     print(f"    model, tokenizer = AutoModelForCausalLM.from_pretrained({str(out)!r}), "
@@ -57,11 +55,11 @@ def export(cfg: DictConfig) -> None:
 
 def write_hf_folder(model: GPT, tokenizer: Tokenizer, folder: Path) -> None:
     """The model (config.json, model.safetensors), its tokenizer and generation settings in folder."""
-    save_hf_gpt2(model, folder, tokenizer.eot_id)
+    save_hf_model(model, folder, bos_id=tokenizer.bos_id, eos_id=tokenizer.eot_id)
     write_hf_tokenizer(tokenizer, folder, model_max_length=model.config.block_size)
     # pad = eot as well: generate() then pads a finished row of a batch without a warning.
     eot = tokenizer.eot_id
-    generation = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
+    generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": eot, "pad_token_id": eot}
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
 
 

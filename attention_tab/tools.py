@@ -25,7 +25,7 @@ Source = dict  # the tokens a tool reads: {"text": str}, or {"n": int | None, "s
 
 
 def source_ids(loaded: LoadedModel, source: Source) -> list[int]:
-    """The ids the text or repeated route reads for the same source: <|endoftext|> first."""
+    """The ids the text or repeated route reads for the same source: the start token first."""
     block_size = loaded.model.config.block_size
     if "text" in source:
         return text_ids(loaded.tokenizer, source["text"], block_size)
@@ -110,7 +110,7 @@ def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_ou
 
 
 def prompt_ids(loaded: LoadedModel, text: str, which: str) -> torch.Tensor:
-    """(1, T): <|endoftext|> and the prompt's ids; UserError naming the prompt, and for more than
+    """(1, T): the start token and the prompt's ids; UserError naming the prompt, and for more than
     MAX_PATCH_TOKENS (patching runs a forward of the prompt for each layer and position)."""
     try:
         ids = text_ids(loaded.tokenizer, text, loaded.model.config.block_size)
@@ -157,7 +157,7 @@ def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, toke
                       position) taken from the clean run restores: 0 nothing, 1 all
         residual      [L][T]: the same for the residual stream entering layer l, at one position"""
     clean_idx, corrupted_idx = prompt_ids(loaded, clean, "clean"), prompt_ids(loaded, corrupted, "corrupted")
-    if clean_idx.shape != corrupted_idx.shape:  # counted as the user sees them: without the <eot> before each
+    if clean_idx.shape != corrupted_idx.shape:  # counted as the user sees them: without the start token before each
         raise UserError(f"the clean prompt is {clean_idx.shape[1] - 1} tokens and the corrupted one {corrupted_idx.shape[1] - 1}: "
                         "patching swaps activations position by position, so give prompts of the same length")
     target = typed_token(loaded, token, "token")

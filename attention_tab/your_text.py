@@ -170,7 +170,7 @@ def answer(run: str, loaded: LoadedModel, forward: TextForward) -> dict:
 
 def repeated_answer(run: str, loaded: LoadedModel, repeated: RepeatedForward) -> dict:
     """answer's JSON for the repeated tokens, and:
-        n, seed      the sequence: <|endoftext|>, n random tokens, the same n again (T = 2n + 1)
+        n, seed      the sequence: the start token, n random tokens, the same n again (T = 2n + 1)
         induction    [L][H]: each head's induction score on the weights sent
         copy_loss    {first, second}: the mean loss over the first copy, and over the second from
                      its second token on; intact_copy_loss: the intact model's, or null."""

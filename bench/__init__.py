@@ -49,9 +49,9 @@ Sections (each figure is the median of --repeats runs):
                losses), for block_size (128) tokens of a held-out story and the default model on
                CPU; intact, and with one head knocked out (two forwards)
     loading    (not by default; writes 1.4 GB) peak memory of a fresh process loading GPT-2 medium's shape of
-               random weights from a Hugging Face folder (model_io/hf_gpt2.py), against their file's size
+               random weights from a Hugging Face folder (model_io/hf_models.py), against their file's size
     gpt2_sampling  (not by default; 8 to 14 minutes on a shared 2-core machine) greedy sampling at GPT-2 small's
-               shape (124M, random weights written by transformers and read by model_io/hf_gpt2.py):
+               shape (124M, random weights written by transformers and read by model_io/hf_models.py):
                tokens/s of 128 new tokens after a 32-token prompt, sample.py's path (the KV cache,
                eager and compiled) against transformers' generate(do_sample=False), and whether
                all three chose the same tokens

@@ -15,7 +15,7 @@ GPT2_MEDIUM = {"n_layer": 24, "n_head": 16, "n_embd": 1024, "n_positions": 1024,
 # rather than ru_maxrss: a child's ru_maxrss keeps the peak of the process it was forked from.
 MEASURE = """
 import re, sys
-from model_io.hf_gpt2 import gpt_from_hf
+from model_io.hf_models import gpt_from_hf
 def peak(): return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 imports = peak()
 gpt_from_hf(sys.argv[1])

@@ -11,8 +11,8 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from cli.errors import refused_value_line
 from cli.schema import typed_train_config
-from model.attention import divisors
-from model_io.hf_gpt2 import gpt_config_from_hf, resolve_pretrained
+from model.attention import ROPE_SCALING_KEYS, divisors
+from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
 from training.run import plain_config
 from user_error import UserError
@@ -24,13 +24,26 @@ def validate_train_config(cfg: Any) -> None:
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
     require(
-        model.n_embd % model.n_head == 0,
+        model.head_dim is not None or model.n_embd % model.n_head == 0,
         f"model.n_embd={model.n_embd} is not divisible by model.n_head={model.n_head}; "
-        f"pick model.n_head from {divisors(model.n_embd)}",
+        f"pick model.n_head from {divisors(model.n_embd)} (or set model.head_dim)",
     )
+    for key in ("n_kv_head", "head_dim", "window", "mlp_hidden"):
+        require(model[key] is None or model[key] >= 1, f"model.{key}={model[key]} must be at least 1, or null")
+    require(model.n_kv_head is None or model.n_head % model.n_kv_head == 0,
+            f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}: each key/value head serves "
+            f"n_head // n_kv_head query heads; pick model.n_kv_head from {divisors(model.n_head)}")
+    require(model.rope_theta > 0, f"model.rope_theta={model.rope_theta} must be greater than 0, e.g. 10000")
+    require(model.norm_eps is None or model.norm_eps > 0, f"model.norm_eps={model.norm_eps} must be greater than 0, or null")
+    scaling = model.rope_scaling
+    require(scaling is None or (OmegaConf.is_dict(scaling) and set(scaling) == set(ROPE_SCALING_KEYS)
+                                and all(type(value) in (int, float) and value > 0 for value in scaling.values())),
+            f"model.rope_scaling={scaling} must be null or Llama 3.1's four positive numbers, e.g. "
+            "'model.rope_scaling={factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}'")
     require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
-    require(model.pos != "rope" or (model.n_embd // model.n_head) % 2 == 0,
-            f"model.pos=rope needs an even head size; n_embd // n_head is {model.n_embd // model.n_head}")
+    head_size = model.head_dim or model.n_embd // model.n_head
+    require(model.pos != "rope" or head_size % 2 == 0,
+            f"model.pos=rope needs an even head size; {'model.head_dim' if model.head_dim else 'n_embd // n_head'} is {head_size}")
     require(optim.lr > 0, f"optim.lr={optim.lr} must be greater than 0, e.g. optim.lr=1e-3")
     require(0 < optim.decay_fraction <= 1, f"optim.decay_fraction={optim.decay_fraction} must be in (0, 1], e.g. 0.2")
     require(0 <= optim.min_lr <= optim.lr, f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr}")
@@ -129,8 +142,9 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
 
 
 # What the weights fix, and what a run starting from them may still choose (model.block_size
-# crops the positions; model.dropout and model.attention change no weight).
-SHAPE_FROM_WEIGHTS = ("n_layer", "n_head", "n_embd", "bias", "pos", "norm", "mlp", "tie_head", "qk_norm", "smear")
+# crops the context; model.dropout and model.attention change no weight).
+SHAPE_FROM_WEIGHTS = ("n_layer", "n_head", "n_embd", "bias", "pos", "norm", "mlp", "tie_head", "qk_norm", "smear",
+                      "n_kv_head", "head_dim", "window", "mlp_hidden", "rope_theta", "rope_scaling", "norm_eps")
 MODEL_DEFAULTS = Path(__file__).resolve().parent.parent / "configs" / "model" / "gpt.yaml"
 
 
@@ -163,9 +177,13 @@ def pretrained_config(cfg: Any, overrides: list[str]) -> list[str]:
 
 
 def tokenizer_files_sha256(folder: Path) -> str:
-    """One hash of the tokenizer files a Hugging Face folder holds."""
+    """One hash of the tokenizer files a Hugging Face folder holds (tokenizer_config.json says whether a
+    start token comes first)."""
     names = [name for name in ("tokenizer.json", "vocab.json", "merges.txt") if (folder / name).is_file()]
-    require(bool(names), f"{folder} has no tokenizer: a GPT-2 folder holds vocab.json and merges.txt, or tokenizer.json")
+    require(bool(names), f"{folder} has no tokenizer: a Hugging Face folder holds tokenizer.json (or GPT-2's "
+                         f"vocab.json and merges.txt)")
+    if (folder / "tokenizer_config.json").is_file():
+        names.append("tokenizer_config.json")
     digest = hashlib.sha256()
     for name in names:
         digest.update(name.encode() + (folder / name).read_bytes())

@@ -89,6 +89,14 @@ class ModelSchema:
     tie_head: bool = MISSING
     qk_norm: bool = MISSING
     smear: bool = MISSING
+    n_kv_head: int | None = MISSING
+    head_dim: int | None = MISSING
+    window: int | None = MISSING
+    mlp_hidden: int | None = MISSING
+    rope_theta: Number = MISSING
+    rope_scaling: Any = MISSING  # null, or the four numbers of Llama 3.1's scaling: checked in cli/config.py (OmegaConf 2.3
+    # cannot merge a dict given on the command line into a typed dict that is null)
+    norm_eps: Number | None = MISSING
 
 
 @dataclass

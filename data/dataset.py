@@ -33,7 +33,7 @@ class TokenData:
 
 def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]) -> TokenData:
     """The corpus as ids: its last val_fraction of characters is val, the tokenizer (BPE learns
-    from the train part only) encodes both parts once, each document after an <|endoftext|>;
+    from the train part only) encodes both parts once, each document after the start token;
     uint16 when the vocabulary fits, else uint32. Cached."""
     survey = survey_corpus(data_cfg, tokenizer_cfg)
     if not survey.has_text:
@@ -110,10 +110,10 @@ def get_batch(
 
 
 def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
-    """The first n ids of the first document that starts in tokens, after its
-    <|endoftext|> (or of tokens itself, when no document starts near the start)."""
+    """The first n ids of the first document that starts in tokens, after its start token
+    (or of tokens itself, when no document starts near the start)."""
     head = tokens[:50_000]
-    starts = np.flatnonzero(head == tokenizer.eot_id)
+    starts = np.flatnonzero(head == tokenizer.bos_id)
     start = int(starts[0]) + 1 if len(starts) else 0
     start = min(start, max(len(tokens) - n, 0))  # keep n ids when the split is short
     return [int(t) for t in tokens[start : start + n]]

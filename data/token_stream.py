@@ -2,11 +2,13 @@
 once to survey it, once more for a BPE sample when a vocabulary is to be learned, and once to
 encode it, a few megabytes at a time, into ids that go straight to disk.
 
-The ids are exactly those of encoding the whole corpus at once: an <|endoftext|> before each
-document, and each document's text encoded as one string, except that the train/val cut (the
-last val_fraction of the characters is val) encodes the two sides of a document it falls in
-apart. Long text is handed to the tokenizer in segments cut where BPE's pre-tokenisation starts
-a new piece whatever follows: before a space between two non-space characters.
+The ids are exactly those of encoding the whole corpus at once: the tokenizer's start token
+(bos_id) before each document, and each document's text encoded as one string, except that the
+train/val cut (the last val_fraction of the characters is val) encodes the two sides of a
+document it falls in apart. Where the start token is not the end-of-text token (Llama's), an
+eot_id also ends each document before the next one starts: `bos doc eot bos doc ...`. Long text
+is handed to the tokenizer in segments cut where its pre-tokenisation starts a new piece whatever
+follows (tokenizer.text_cuts): before a space between two non-space characters.
 """
 
 import hashlib
@@ -92,12 +94,13 @@ def split_pieces(pieces: Iterator[Piece], n_train: int) -> Iterator[tuple[str, P
         position = end
 
 
-def segments(pieces: Iterable[tuple[str, Piece]], cut_anywhere: bool = False) -> Iterator[tuple[str, str | None]]:
-    """(split, text) in order, with (split, None) where a document starts (its <|endoftext|>).
+def segments(pieces: Iterable[tuple[str, Piece]], cuts: str = "spaces") -> Iterator[tuple[str, str | None]]:
+    """(split, text) in order, with (split, None) where a document starts (its start token).
     Each text ends at a safe cut, a document's end or the train/val cut, so encoding the texts
     one by one gives the ids of encoding each document (each side of the cut) at once (except
     where MAX_SEGMENT_CHARS without a safe cut force one).
-    cut_anywhere: each piece goes on whole (one token per character needs no safe cut)."""
+    cuts (tokenizer.text_cuts): "spaces" cuts at safe_cut; "anywhere" hands each piece on whole
+    (one token per character needs no safe cut); "nowhere" keeps each document whole."""
     carry, carry_split = "", "train"  # the end of a document not yet safe to hand on
     for split, piece in pieces:
         if (piece.starts_document or split != carry_split) and carry:
@@ -106,7 +109,7 @@ def segments(pieces: Iterable[tuple[str, Piece]], cut_anywhere: bool = False) ->
         if piece.starts_document:
             yield split, None
         text = carry + piece.text
-        cut = len(text) if cut_anywhere else safe_cut(text)
+        cut = len(text) if cuts == "anywhere" else safe_cut(text) if cuts == "spaces" else forced_cut(text)
         if cut:
             yield split, text[:cut]
         carry, carry_split = text[cut:], split
@@ -137,27 +140,32 @@ def train_sample(data_cfg: Mapping[str, Any], survey: Survey) -> Iterator[str]:
 
 def encoded_batches(tokenizer: Tokenizer, texts: Iterable[tuple[str, str | None]]) -> Iterator[tuple[str, np.ndarray]]:
     """(split, ids) for segments gathered into batches of about BATCH_CHARS characters, each
-    encoded at once (tiktoken spreads a batch over the cores)."""
-    batch: list[tuple[str, str | None]] = []
-    n_chars = 0
+    encoded at once (tiktoken spreads a batch over the cores). A document starts with bos_id;
+    when that is not eot_id, an eot_id ends the document before, in that document's split."""
+    bos = np.array([tokenizer.bos_id], dtype=np.uint32)
+    eot = np.array([tokenizer.eot_id], dtype=np.uint32)
+    batch: list[tuple[str, str | np.ndarray]] = []
+    n_chars, last_split = 0, None  # last_split: of the text before, None at the corpus's start
     for split, text in texts:
-        batch.append((split, text))
+        if text is None and tokenizer.bos_id != tokenizer.eot_id and last_split is not None:
+            batch.append((last_split, eot))
+        batch.append((split, bos if text is None else text))
         n_chars += len(text or "")
+        last_split = split
         if n_chars >= BATCH_CHARS:
             yield from encoded_batch(tokenizer, batch)
             batch, n_chars = [], 0
     yield from encoded_batch(tokenizer, batch)
 
 
-def encoded_batch(tokenizer: Tokenizer, batch: list[tuple[str, str | None]]) -> Iterator[tuple[str, np.ndarray]]:
-    """The batch's ids, one array per run of segments of the same split."""
-    encoded = iter(tokenizer.encode_batch([text for _, text in batch if text is not None]))
-    eot = np.array([tokenizer.eot_id], dtype=np.uint32)
+def encoded_batch(tokenizer: Tokenizer, batch: list[tuple[str, str | np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
+    """The batch's ids, one array per run of segments of the same split; an array in batch is ids already."""
+    encoded = iter(tokenizer.encode_batch([text for _, text in batch if isinstance(text, str)]))
     runs: list[tuple[str, list[np.ndarray]]] = []
     for split, text in batch:
         if not runs or runs[-1][0] != split:
             runs.append((split, []))
-        runs[-1][1].append(eot if text is None else next(encoded))
+        runs[-1][1].append(next(encoded) if isinstance(text, str) else text)
     for split, arrays in runs:
         yield split, np.concatenate(arrays)
 
@@ -169,6 +177,11 @@ def safe_cut(text: str) -> int:
     found = SAFE_CUT.search(text)
     if found:
         return found.start()
+    return forced_cut(text)
+
+
+def forced_cut(text: str) -> int:
+    """The whole text once it is MAX_SEGMENT_CHARS long (a cut that may change the ids), else 0: wait for more."""
     return len(text) if len(text) >= MAX_SEGMENT_CHARS else 0
 
 
@@ -177,7 +190,7 @@ def encoded_corpus(data_cfg: Mapping[str, Any], tokenizer: Tokenizer, survey: Su
     started = time.perf_counter()
     with progress(f"tokenising ({tokenizer.kind})", total=survey.n_bytes) as bar:
         pieces = split_pieces(shown(read_corpus(data_cfg), bar), survey.n_train)
-        yield from encoded_batches(tokenizer, segments(pieces, cut_anywhere=tokenizer.kind == "char"))
+        yield from encoded_batches(tokenizer, segments(pieces, cuts=tokenizer.text_cuts))
     seconds = time.perf_counter() - started
     log.info(f"tokenised {survey.n_chars:,} characters in {seconds:.1f} s ({survey.n_chars / seconds / 1e6:.1f} M chars/s)")
 

@@ -4,12 +4,19 @@ Every tokenizer offers the same small interface, so train.py, sample.py and the
 TensorBoard labels never care which one is in use:
 
     kind                    the name used in config (`tokenizer=char`, `bpe`, `gpt2`), or `pretrained`
-    vocab_size              ids run from 0 to vocab_size - 1, <|endoftext|> included
-    eot_id                  the id of <|endoftext|>, the token before every document
-    encode(text)            -> list[int]; plain text never produces eot_id, even if it
-                               contains the characters "<|endoftext|>"
-    decode(ids)             -> str (eot_id decodes to "<|endoftext|>")
+    vocab_size              ids run from 0 to vocab_size - 1, the special tokens included
+    eot_id                  the end-of-text token (<|endoftext|>): it ends a document, before the next
+    bos_id                  the start token, put before every text (training documents, prompts,
+                            probes): eot_id itself, except for a pretrained tokenizer whose folder
+                            starts texts with a token of its own (Llama's <|begin_of_text|> or <s>)
+    encode(text)            -> list[int]; plain text never produces a special token (eot_id, bos_id),
+                               even if it contains the characters "<|endoftext|>"
+    decode(ids)             -> str (a special token decodes to its text, "<|endoftext|>")
     token_strings(ids)      -> list[str], the text of each token on its own (heatmap labels)
+    text_cuts               where data/token_stream.py may cut a document's text and encode the parts
+                            apart with the same ids: "anywhere" (char), "spaces" (before a space
+                            between two non-space characters, where the pre-tokenisation starts a
+                            new piece anyway) or "nowhere" (each document whole)
     state()                 -> plain dict (str, int) that rebuilds it: stored in
                                checkpoints and in the token cache
 
@@ -18,8 +25,9 @@ The kinds:
     bpe    byte-level BPE learned from the training split by rustbpe (data/bpe.py is the same
            algorithm as a lesson), run by tiktoken.
     gpt2   tiktoken's GPT-2 encoding (50,257 tokens); its files are downloaded once.
-    pretrained  a Hugging Face byte-level BPE (GPT-2's vocab.json and merges.txt, or a tokenizer.json)
-           run by tiktoken with Hugging Face's ids (data/hf_tokenizer.py reads the folder).
+    pretrained  a Hugging Face tokenizer folder (data/hf_tokenizer.py reads it): a GPT-2-style
+           byte-level BPE is run by tiktoken with Hugging Face's ids; any other BPE tokenizer.json
+           (Llama 3, SmolLM2, Llama 2 / TinyLlama, Qwen) by the tokenizers library itself.
 
     build_tokenizer(cfg, corpus_chars, train_texts, cache_dir, corpus_key)   a new one, from the config
     tokenizer_from_state(state, cache_dir)                                  the one a checkpoint stored
@@ -52,6 +60,8 @@ class Tokenizer(Protocol):
     kind: str
     vocab_size: int
     eot_id: int
+    bos_id: int
+    text_cuts: str
 
     def encode(self, text: str) -> list[int]: ...
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
@@ -65,10 +75,12 @@ class CharTokenizer:
     then <|endoftext|> as the last id."""
 
     kind = "char"
+    text_cuts = "anywhere"  # one token per character: any cut gives the same ids
 
     def __init__(self, chars: Sequence[str]) -> None:
         self.chars = list(chars)
         self.eot_id = len(self.chars)
+        self.bos_id = self.eot_id
         self.vocab_size = len(self.chars) + 1
         self.char_to_id = {ch: i for i, ch in enumerate(self.chars)}
         self.id_of_code_point: np.ndarray | None = None  # built on first encode_batch
@@ -115,10 +127,13 @@ class CharTokenizer:
 class TiktokenTokenizer:
     """A tiktoken Encoding behind the common interface (the bpe, gpt2 and pretrained kinds)."""
 
+    text_cuts = "spaces"  # GPT-2's pre-tokenisation starts a new piece before such a space
+
     def __init__(self, kind: str, encoding: tiktoken.Encoding) -> None:
         self.kind = kind
         self.encoding = encoding
         self.eot_id = encoding.eot_token
+        self.bos_id = self.eot_id
         self.vocab_size = encoding.n_vocab
 
     def encode(self, text: str) -> list[int]:
@@ -177,9 +192,9 @@ def build_tokenizer(cfg: Mapping[str, Any], corpus_chars: Iterable[str], train_t
     if cfg["kind"] == "gpt2":
         return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=cfg.get("url")))
     if cfg["kind"] == "pretrained":
-        from data.hf_tokenizer import encoding_from_hf_folder  # the tokenizers library only when needed
+        from data.hf_tokenizer import pretrained_tokenizer  # the tokenizers library only when needed
 
-        return TiktokenTokenizer("pretrained", encoding_from_hf_folder(cfg["path"]))
+        return pretrained_tokenizer(cfg["path"])
     raise UserError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
 
 
@@ -224,6 +239,10 @@ def tokenizer_from_state(state: Mapping[str, Any], cache_dir: Path = Path(".cach
                 f"delete {cache_dir / 'tiktoken'} so it is downloaded again"
             )
         return TiktokenTokenizer("gpt2", encoding)
+    if kind == "pretrained" and "tokenizer_json" in state:  # a folder the tokenizers library runs
+        from data.hf_tokenizer import TokenizersTokenizer
+
+        return TokenizersTokenizer.from_state(state)
     if kind == "pretrained":
         encoding = bpe_encoding(ranks_from_text(state["ranks"]), state["pattern"], state["special_tokens"], state["name"])
         return TiktokenTokenizer("pretrained", encoding)

@@ -38,13 +38,13 @@ from docs.drawing import (  # noqa: E402
 from inspection.heatmap import COLORMAP, FUTURE, INK, colour_level, render_attention_map  # noqa: E402
 from inspection.shape_trace import LineShapes  # noqa: E402
 from model import attention  # noqa: E402
-from model.attention import CausalSelfAttention  # noqa: E402
+from model.attention import CausalSelfAttention, KVCache  # noqa: E402
 from model_io.checkpoint import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "docs" / "questions"
 PICTURES = ("forward_pass", "scale_and_head_size", "mask_conventions", "softmax_direction", "softmax_overflow", "wq_for_k",
-            "strides", "init_scale")
+            "strides", "init_scale", "window", "kv_cache_sizes")
 T = 6  # tokens in the small examples
 
 
@@ -72,7 +72,8 @@ def forward_pass() -> dict:
 
 def step_of_each_line() -> dict[int, tuple[int, str]]:
     """{line number of model/attention.py: (step number, the step's comment)}: a line belongs to
-    the last `# N.` comment above it in its function, or to the `Step N` its docstring names."""
+    the last `# N.` comment above it in its function (`# 3b.` is part of step 3), or to the
+    `Step N` its docstring names."""
     source = Path(attention.__file__).read_text()
     lines = source.splitlines()
     steps: dict[int, tuple[int, str]] = {}
@@ -83,7 +84,7 @@ def step_of_each_line() -> dict[int, tuple[int, str]]:
         current = (int(named[1]), short(" ".join(named[2].split()))) if named else None
         for number in range(function.body[0].lineno, function.end_lineno + 1):
             text = lines[number - 1].strip()
-            heading = re.match(r"# (\d+)\. (.*)", text)
+            heading = re.match(r"# (\d+)[a-z]?\. (.*)", text)
             if heading:
                 comment = [heading[2]]
                 for following in lines[number:]:  # the comment goes on in lines "#    ..."
@@ -234,11 +235,66 @@ def residual_spread(n_layer: int = 16) -> dict[str, list[float]]:
     return spread
 
 
+WINDOW_T, WINDOW = 10, 4  # the window picture: 10 tokens, a window of 4
+
+
+def window_and_ring() -> dict:
+    """Section 9: which keys each query may see, causal and with a window (the module's step 3),
+    and which position each of a windowed KVCache's ring slots holds after each token."""
+    T, W = WINDOW_T, WINDOW
+    causal, _ = CausalSelfAttention._visible(1, T, T, None, torch.device("cpu"))  # (1, 1, T, T)
+    band, _ = CausalSelfAttention._visible(1, T, T, None, torch.device("cpu"), window=W)
+    cache = KVCache(T, window=W)
+    held = []
+    for position in range(T):  # one token at a time, as generation feeds them
+        key = torch.full((1, 1, 1, 1), position + 1.0)  # (B, K, 1, D): its position + 1; an unwritten slot holds 0
+        cache.extend(key, key)
+        held.append([int(p) - 1 if p else None for p in cache.k[0, 0, :, 0].tolist()])
+    return {"tokens": T, "window": W, "causal": causal[0, 0].tolist(), "band": band[0, 0].tolist(), "ring": held}
+
+
+SMOLLM2_135M = {"n_layer": 30, "n_head": 9, "n_kv_head": 3, "head_dim": 64, "context": 8192}  # its config.json; bf16
+CONTEXTS = [1, *range(256, 4097, 256)]
+
+
+def cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, length: int, window: int | None = None,
+                dtype: torch.dtype = torch.float32) -> int:
+    """The bytes of one sequence's KV caches, all layers, holding `length` tokens: what KVCache
+    allocates for them, read with nbytes() after one token."""
+    cache = KVCache(length, window)
+    key = torch.zeros(1, n_kv_head, 1, head_dim, dtype=dtype)  # (B, K, 1, D)
+    cache.extend(key, key)
+    return n_layer * cache.nbytes()
+
+
+def kv_cache_sizes() -> dict:
+    """Section 9: the KV cache's bytes against the context length for the default model's shape,
+    with every head its own keys, fewer key/value heads, and a window; and SmolLM2-135M's."""
+    defaults = yaml.safe_load((ROOT / "configs" / "model" / "gpt.yaml").read_text())
+    L, H = defaults["n_layer"], defaults["n_head"]
+    D = defaults["n_embd"] // H
+    settings = {f"every head its own keys and values (K = {H})": (H, None),
+                f"grouped, K = {H // 2} (2 query heads each)": (H // 2, None),
+                f"multi-query, K = 1 ({H} query heads each)": (1, None),
+                f"K = {H}, a window of 256": (H, 256)}
+    smol = SMOLLM2_135M
+    at_context = {K: cache_bytes(smol["n_layer"], K, smol["head_dim"], smol["context"], dtype=torch.bfloat16)
+                  for K in (smol["n_kv_head"], smol["n_head"])}
+    return {
+        "default_shape": {"n_layer": L, "n_head": H, "head_dim": D, "block_size": defaults["block_size"], "bytes": 4},
+        "context": CONTEXTS,
+        "mib": {name: [cache_bytes(L, K, D, S, window) / 2**20 for S in CONTEXTS] for name, (K, window) in settings.items()},
+        "default_full_block_kib": {str(K): cache_bytes(L, K, D, defaults["block_size"]) / 2**10 for K in (H, H // 2, 1)},
+        "smollm2_135m": {**smol, "bytes_per_token": {str(K): n // smol["context"] for K, n in at_context.items()},
+                         "mib_at_context": {str(K): n / 2**20 for K, n in at_context.items()}},
+    }
+
+
 def figure_data() -> dict:
     return {"forward_pass": forward_pass(), "scale_and_head_size": scale_and_head_size(),
             "mask_conventions": mask_conventions(), "softmax_direction": softmax_direction(),
             "softmax_overflow": softmax_overflow(), "wq_for_k": wq_for_k(), "strides": strides(),
-            "init_scale": residual_spread()}
+            "init_scale": residual_spread(), "window": window_and_ring(), "kv_cache_sizes": kv_cache_sizes()}
 
 
 def draw_forward_pass(data: dict) -> Image.Image:
@@ -406,6 +462,85 @@ def draw_scores(scores: list[list[float]], title: str, cell: int = 33) -> Image.
     return image
 
 
+MAY_SEE, TOO_OLD = (158, 202, 234), (250, 215, 210)
+
+
+def draw_visible(visible: list[list[bool]], causal: list[list[bool]], title: str, cell: int = 22) -> Image.Image:
+    """Queries down (t0, t1, ...), keys across (0, 1, ...): blue where a query may look, grey the
+    future, red what is visible causally but W or more back."""
+    face = font()
+    n = len(visible)
+    left, top = 34, 44
+    image = Image.new("RGB", (max(left + n * cell + 8, face.getbbox(title)[2] + 12), top + n * cell + 8), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((6, 6), title, font=face, fill=INK)
+    for i in range(n):
+        draw.text((left - 4, top + i * cell + cell // 2), f"t{i}", font=face, fill=INK, anchor="rm")
+        draw.text((left + i * cell + cell // 2, top - 4), f"{i}", font=face, fill=INK, anchor="mb")  # key i is token t_i
+        for j in range(n):
+            fill = MAY_SEE if visible[i][j] else TOO_OLD if causal[i][j] else FUTURE
+            draw.rectangle([left + j * cell, top + i * cell, left + (j + 1) * cell, top + (i + 1) * cell], fill=fill,
+                           outline=(200, 200, 200))
+    return image
+
+
+def draw_ring(ring: list[list[int | None]], cell: int = 22) -> Image.Image:
+    """After each token (a row), the position each ring slot holds; the slot just written in orange."""
+    face = font()
+    width, n = 44, len(ring)
+    left, top = 64, 44
+    title = f"KVCache(window={len(ring[0])}): its {len(ring[0])} slots"
+    image = Image.new("RGB", (max(left + len(ring[0]) * width + 8, face.getbbox(title)[2] + 12), top + n * cell + 8),
+                      "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((6, 6), title, font=face, fill=INK)
+    for s in range(len(ring[0])):
+        draw.text((left + s * width + width // 2, top - 4), f"slot {s}", font=face, fill=INK, anchor="mb")
+    for t, held in enumerate(ring):
+        draw.text((left - 4, top + t * cell + cell // 2), f"after t{t}", font=face, fill=INK, anchor="rm")
+        for s, position in enumerate(held):
+            box = [left + s * width, top + t * cell, left + (s + 1) * width, top + (t + 1) * cell]
+            draw.rectangle(box, fill=(255, 214, 170) if position == t else "white", outline=(200, 200, 200))
+            if position is not None:
+                draw.text((box[0] + width // 2, box[1] + cell // 2), f"t{position}", font=face,
+                          fill=INK if position == t else FAINT, anchor="mm")
+    return image
+
+
+def draw_window(data: dict) -> Image.Image:
+    W = data["window"]
+    panels = side_by_side([
+        draw_visible(data["causal"], data["causal"], "causal: itself and every earlier key"),
+        draw_visible(data["band"], data["causal"], f"window={W}: the {W} most recent keys"),
+        draw_ring(data["ring"]),
+    ], gap=22)
+    face = font()
+    legend = Image.new("RGB", (panels.width, 24), "white")
+    draw = ImageDraw.Draw(legend)
+    x = 6
+    for fill, text in ((MAY_SEE, "may attend"), (FUTURE, "the future"), (TOO_OLD, f"{W} or more back: hidden"),
+                       ((255, 214, 170), f"the slot just written, over the token {W} back")):
+        draw.rectangle([x, 6, x + 14, 20], fill=fill, outline=(200, 200, 200))
+        draw.text((x + 20, 13), text, font=face, fill=INK, anchor="lm")
+        x += 20 + face.getbbox(text)[2] + 18
+    return one_above_another([panels, legend], gap=4)
+
+
+def draw_kv_cache_sizes(data: dict) -> Image.Image:
+    shape, contexts = data["default_shape"], data["context"]
+    colours = (RED, ORANGE, BLUE, (44, 160, 44))
+    plot = Plot(
+        title=f"KV cache of one sequence, default shape: {shape['n_layer']} layers, {shape['n_head']} query heads of "
+              f"D = {shape['head_dim']}, float32 (computed, not measured)",
+        x_label="tokens held (S)", y_label="MiB",
+        x_range=(0, contexts[-1]), y_range=(0, 17), x_ticks=list(range(0, contexts[-1] + 1, 512)), y_ticks=[0, 4, 8, 12, 16],
+        lines=[Line(name, contexts, mib, colour, width=3) for (name, mib), colour in zip(data["mib"].items(), colours,
+                                                                                            strict=True)],
+        legend=(250, 15.5),
+    )
+    return plot.draw(SHOWN_WIDTH - 10, 320)
+
+
 def draw_all(data: dict, folder: Path = FOLDER) -> None:
     """Every picture of PICTURES, as folder/<name>.png."""
     folder.mkdir(exist_ok=True)
@@ -433,6 +568,8 @@ def draw_all(data: dict, folder: Path = FOLDER) -> None:
         ], gap=24) for name, title in (("keys_from_w_q", "keys from W_q"), ("keys_from_w_k", "keys from W_k"))], gap=12),
         "strides": draw_strides(data["strides"]),
         "init_scale": draw_init_scale(data["init_scale"]),
+        "window": draw_window(data["window"]),
+        "kv_cache_sizes": draw_kv_cache_sizes(data["kv_cache_sizes"]),
     }
     assert pictures.keys() == set(PICTURES)
     for name, picture in pictures.items():

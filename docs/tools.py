@@ -96,15 +96,15 @@ def default_part(run: str) -> dict:
             **findings(model, tokenizer, swap.clean, swap.corrupted, swap.answer, swap.other)}
 
 
-def repeated_pair(vocab_size: int, eot_id: int, n: int, seed: int) -> tuple[list[int], list[int], int, int]:
-    """(clean, corrupted, answer, other): <eot>, n distinct random tokens, then the same n less the last,
-    so that the last query should copy the first copy's last token (answer); corrupted puts another
-    token (other, not in clean) in that one place."""
+def repeated_pair(vocab_size: int, start_id: int, eot_id: int, n: int, seed: int) -> tuple[list[int], list[int], int, int]:
+    """(clean, corrupted, answer, other): the start token (<eot>), n distinct random tokens (neither it nor
+    eot_id), then the same n less the last, so that the last query should copy the first copy's last
+    token (answer); corrupted puts another token (other, not in clean) in that one place."""
     generator = torch.Generator().manual_seed(seed)
-    choices = [i for i in range(vocab_size) if i != eot_id]
+    choices = [i for i in range(vocab_size) if i not in (start_id, eot_id)]
     drawn = [choices[i] for i in torch.randperm(len(choices), generator=generator)[: n + 1].tolist()]  # n + 1 distinct
     tokens, other = drawn[:n], drawn[n]
-    clean = [eot_id, *tokens, *tokens[:-1]]  # (2n,)
+    clean = [start_id, *tokens, *tokens[:-1]]  # (2n,)
     corrupted = [*clean[:n], other, *clean[n + 1 :]]  # the first copy's last token, at position n, changed
     return clean, corrupted, tokens[-1], other
 
@@ -116,7 +116,7 @@ def induction_part(run: str) -> dict:
     model, tokenizer = checkpoint.build_model()
     tried = []
     for seed in range(SEEDS):
-        clean, corrupted, answer, other = repeated_pair(tokenizer.vocab_size, tokenizer.eot_id, N, seed)
+        clean, corrupted, answer, other = repeated_pair(tokenizer.vocab_size, tokenizer.bos_id, tokenizer.eot_id, N, seed)
         clean, corrupted = torch.tensor([clean]), torch.tensor([corrupted])  # (1, 2N) each
         with eval_mode(model), torch.no_grad():
             sure = [model(idx)[0][0, -1].softmax(dim=-1)[token].item() for idx, token in ((clean, answer), (corrupted, other))]
@@ -134,7 +134,7 @@ def induction_part(run: str) -> dict:
                   "copied": sum(t["probabilities"][0] >= SURE for t in tried)}
     with eval_mode(model), torch.no_grad():
         _, cache = model.run_with_cache(example["pair"][0], names=lambda name: name.endswith("hook_pattern"))
-    patterns = cache.stack_activation("pattern")[:, 0, :, 1:, 1:]  # (L, B, H, T, T) -> (L, H, T - 1, T - 1) without <eot>
+    patterns = cache.stack_activation("pattern")[:, 0, :, 1:, 1:]  # (L, B, H, T, T) -> (L, H, T - 1, T - 1) without the start token
     found = findings(model, tokenizer, *example["pair"])
     head = (found["best_patch"]["layer"], found["best_patch"]["head"])
     return {"step": checkpoint.step, "config": checkpoint.config, "n": N, "seed": example["seed"], "changed_position": N,

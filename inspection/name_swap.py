@@ -42,14 +42,14 @@ def one_token_names(tokenizer: Tokenizer, names: Iterable[str] = FEMALE_NAMES) -
 
 def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY) -> NameSwap:
     """The clean prompt (template with answer and other) and the corrupted one (the names swapped),
-    as token ids after <|endoftext|>; UserError unless each name is one token."""
+    as token ids after the start token (<|endoftext|>); UserError unless each name is one token."""
     for name in (answer, other):
         pieces = tokenizer.token_strings(tokenizer.encode(" " + name))
         if len(pieces) != 1:
             raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: pick "
                             f"names that are, e.g. {', '.join(one_token_names(tokenizer)[:4]) or 'none of the stories'}")
-    clean = [tokenizer.eot_id, *tokenizer.encode(template.format(answer=answer, other=other))]
-    corrupted = [tokenizer.eot_id, *tokenizer.encode(template.format(answer=other, other=answer))]
+    clean = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=answer, other=other))]
+    corrupted = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=other, other=answer))]
     if len(clean) != len(corrupted):
         raise UserError(f"the prompt is {len(clean)} tokens with the names one way round and {len(corrupted)} the other: "
                         "patching needs prompts of the same length; pick names that are one token each")

@@ -5,7 +5,7 @@ item comes back as "the rope" when it solves a friend's problem. Writing such a 
 right needs attention: the clue is only in the earlier text. The probe measures exactly that.
 
 Held-out stories (generated with a seed the training corpus does not use) are cut into
-windows of block_size tokens, each story starting after <|endoftext|> as in training. A
+windows of block_size tokens, each story starting after the start token as in training. A
 *recall point* is the first token of a mention whose word already appeared earlier in the
 same window: a character's name, or a packed item written as "the <item>". There the model,
 having read everything before, must predict that token.
@@ -78,12 +78,14 @@ class RecallProbe:
         windows, targets = [], []
         for story in generate_stories(seed, n_chars=200_000):
             try:
-                ids = [tokenizer.eot_id, *tokenizer.encode(story)]
+                ids = [tokenizer.bos_id, *tokenizer.encode(story)]
             except UserError:  # a char vocabulary from a small corpus may lack a letter of this story
                 continue
-            # Where each token starts in the story (stories are ASCII: the pieces add up exactly).
-            starts, offset = [-1], 0  # the <|endoftext|> token holds no text
-            for piece in tokenizer.token_strings(ids[1:]):
+            # Where each token starts in the story (stories are ASCII: the pieces add up exactly, less
+            # the space a Llama 2 tokenizer spells before a text, its "▁": the offset starts it at -1).
+            pieces = tokenizer.token_strings(ids[1:])
+            starts, offset = [-1], len(story) - sum(map(len, pieces))  # the start token holds no text
+            for piece in pieces:
                 starts.append(offset)
                 offset += len(piece)
             points = [(p, *(bisect_right(starts, c) - 1 for c in (p.start, p.earlier_start, p.earlier_end - 1)))

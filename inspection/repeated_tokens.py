@@ -1,7 +1,7 @@
 """The classic induction demo (Olsson et al., 2022) on a run's model, for the Attention tab: n
-random tokens, then the same n again, after <|endoftext|>. Over the first copy the model can
-only guess; over the second, a model with induction heads copies what came after the token's
-earlier occurrence, and the loss collapses."""
+random tokens, then the same n again, after the start token (<|endoftext|>). Over the first copy
+the model can only guess; over the second, a model with induction heads copies what came after
+the token's earlier occurrence, and the loss collapses."""
 
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -23,12 +23,12 @@ MAX_SEED = 2**31 - 1
 class RepeatedForward:
     n: int
     seed: int
-    forward: TextForward  # ids: <|endoftext|>, the n tokens, the same n again: (2n + 1,)
+    forward: TextForward  # ids: the start token, the n tokens, the same n again: (2n + 1,)
     induction: torch.Tensor  # (L, H) induction_score of the weights read, heads knocked out included
 
 
 def largest_n(block_size: int) -> int:
-    """The longest copy a model reads whole: <|endoftext|> and 2n tokens within block_size, at most MAX_N."""
+    """The longest copy a model reads whole: the start token and 2n tokens within block_size, at most MAX_N."""
     return min(MAX_N, (block_size - 1) // 2)
 
 
@@ -38,15 +38,15 @@ def default_n(block_size: int) -> int:
 
 
 def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> list[int]:
-    """<|endoftext|>, n random ids (never <|endoftext|>), the same n again; UserError for an n
-    the model cannot read or a seed out of range."""
+    """The start token (tokenizer.bos_id), n random ids (never <|endoftext|>), the same n again;
+    UserError for an n the model cannot read or a seed out of range."""
     most = largest_n(block_size)
     if not 2 <= n <= most:
         raise UserError(f"n={n} is out of range: give 2 to {most} random tokens (this model reads at most "
                         f"{block_size} tokens, <eot> and the n tokens twice)")
     if not 0 <= seed <= MAX_SEED:
         raise UserError(f"seed={seed} is out of range: give a whole number from 0 to {MAX_SEED}")
-    return [tokenizer.eot_id, *induction_probe(tokenizer.vocab_size, n, seed, avoid=tokenizer.eot_id)]
+    return [tokenizer.bos_id, *induction_probe(tokenizer.vocab_size, n, seed, avoid=tokenizer.eot_id)]
 
 
 def forward_repeated(model: GPT, tokenizer: Tokenizer, n: int, seed: int,
@@ -54,12 +54,12 @@ def forward_repeated(model: GPT, tokenizer: Tokenizer, n: int, seed: int,
     """The model reads the repeated tokens with the heads in knocked_out switched off (forward_ids)."""
     ids = repeated_ids(tokenizer, n, seed, model.config.block_size)
     forward = forward_ids(model, tokenizer, ids, knocked_out, intact=intact)
-    induction = induction_score(forward.weights[..., 1:, 1:], n)  # (L, H): the copies without <|endoftext|>
+    induction = induction_score(forward.weights[..., 1:, 1:], n)  # (L, H): the copies without the start token
     return RepeatedForward(n, seed, forward, induction)
 
 
 def copy_losses(next_loss: torch.Tensor, n: int) -> tuple[float, float]:
-    """next_loss: (2n,), the loss of each token after <|endoftext|>. The mean loss over the first
+    """next_loss: (2n,), the loss of each token after the start token. The mean loss over the first
     copy, and over the second from its second token on (as inspection.ablation.second_copy_loss:
-    the copy's first token followed <|endoftext|> the first time, so no context gives it away)."""
+    the copy's first token followed the start token the first time, so no context gives it away)."""
     return next_loss[:n].mean().item(), next_loss[n + 1:].mean().item()  # (n,), (n - 1,)

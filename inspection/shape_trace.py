@@ -100,8 +100,9 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
     lines = [
         f"One forward of the configured model ({model.num_parameters() / 1e6:.2f}M parameters, "
         f"attention path {c.attention!r}, traced through 'manual' to show every step):",
-        f"  B={B} sequences, T={T} tokens, C={c.n_embd} channels, H={c.n_head} heads of D={c.n_embd // c.n_head} dims, "
-        f"{c.n_layer} blocks, vocab {c.vocab_size}",
+        f"  B={B} sequences, T={T} tokens, C={c.n_embd} channels, H={c.n_head} heads of D={c.head_size} dims"
+        + (f" sharing K={c.kv_heads} key/value heads" if c.kv_heads != c.n_head else "")
+        + f", {c.n_layer} blocks, vocab {c.vocab_size}",
         "",
     ]
     shown_module, summarised = None, False

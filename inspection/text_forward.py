@@ -30,7 +30,7 @@ class Predictions:
 
 @dataclass
 class TextForward:
-    ids: list[int]  # (T,) <|endoftext|>, then the text's tokens
+    ids: list[int]  # (T,) the start token (<|endoftext|>), then the text's tokens
     labels: list[str]  # (T,) each token as the tab prints it
     weights: torch.Tensor  # (L, H, T, T) attention weights, with the heads knocked_out out
     predictions: Predictions
@@ -40,14 +40,15 @@ class TextForward:
 
 
 def text_ids(tokenizer: Tokenizer, text: str, block_size: int) -> list[int]:
-    """<|endoftext|> and the text's ids, as a document starts in training; UserError when the
-    text is empty or does not fit in block_size tokens."""
+    """The start token (tokenizer.bos_id: <|endoftext|>, or Llama's <|begin_of_text|>) and the text's
+    ids, as a document starts in training; UserError when the text is empty or does not fit in
+    block_size tokens."""
     if not text.strip():
         raise UserError("the text is empty: type a sentence")
     if len(text) > CHARS_PER_TOKEN * block_size:  # tokenizing a megabyte to say it is too long would take long
         raise UserError(f"the text is too long: {len(text):,} characters, and this model reads at most "
                         f"{block_size} tokens (its block_size); shorten it")
-    ids = [tokenizer.eot_id, *tokenizer.encode(text)]
+    ids = [tokenizer.bos_id, *tokenizer.encode(text)]
     if len(ids) > block_size:
         raise UserError(f"the text is too long: {len(ids) - 1} tokens, and this model reads at most "
                         f"{block_size} (its block_size), <eot> before the text included; shorten it")
@@ -93,7 +94,7 @@ def predict(model: GPT, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, Predic
 
 def forward_text(model: GPT, tokenizer: Tokenizer, text: str, knocked_out: Collection[tuple[int, int]] = (),
                  k: int = TOP_K, intact: Predictions | None = None) -> TextForward:
-    """The model reads text after <|endoftext|>, with the heads in knocked_out switched off.
+    """The model reads text after the start token, with the heads in knocked_out switched off.
     intact: the intact model's predictions on this text, when the caller kept them from an
     earlier read (the tab: type a text, then knock heads out); else a second forward makes them."""
     return forward_ids(model, tokenizer, text_ids(tokenizer, text, model.config.block_size), knocked_out, k, intact)

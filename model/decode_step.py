@@ -4,12 +4,13 @@ what generation runs for each new token with compile=True (model/generation.py).
 Eager, a cached step is about 200 small operations per token, and with a model this small the
 fixed cost of each operation is most of the time. Compiled, the step becomes a few fused C++
 loops. Compiling needs the same shapes at every token, so the new key and value are written
-into slot `position` of each KVCache's block_size slots, and the query looks at all slots
-through a mask that hides the ones not written yet. The math is GPT.forward's with caches,
+into slot `position` of each KVCache's block_size slots (slot position % W of a window's ring of
+W), and the query looks at all slots through a mask that hides the ones not written yet. The math is GPT.forward's with caches,
 then sampling.choose_next_token; tests/test_decode_step.py checks both against the eager path.
 """
 
 import logging
+import math
 
 import torch
 from torch import nn
@@ -34,8 +35,9 @@ def one_token_logits(
     """The next-token logits after `token` (B, 1), the token at `position` (a (1,) tensor).
 
     last_embedding: (B, 1, C), the previous token's embedding (used by Smear only).
-    slots: each layer's KVCache keys, then each layer's values, all (B, H, block_size, D), with
-    slots 0 .. position - 1 filled; this token's key and value are written into slot `position`.
+    slots: each layer's KVCache keys, then each layer's values, all (B, K, N, D), N slots (block_size,
+    or a window's W), with the earlier tokens' in slots 0 .. min(position, N) - 1; this token's key
+    and value are written into slot position % N.
     Returns logits (B, vocab_size) and this token's embedding (B, 1, C), the next last_embedding.
     """
     n_layer = len(model.blocks)
@@ -44,10 +46,13 @@ def one_token_logits(
     x = model.smear(embedding, last_embedding) if model.smear is not None else embedding  # (B, 1, C)
     if model.pos_emb is not None:
         x = x + model.pos_emb(position)  # (B, 1, C) + (1, C)
-    slot_positions = torch.arange(model.config.block_size, device=token.device)  # (S,), S = block_size
-    visible = (slot_positions <= position).view(1, 1, 1, -1)  # (1, 1, 1, S): the filled slots and this one
+    slot_count = keys[0].shape[2]  # N
+    slot = position % slot_count  # (1,): where this token's key and value go
+    slot_positions = torch.arange(slot_count, device=token.device)  # (N,)
+    # The filled slots and this one: every slot once a ring has gone round, all within the window.
+    visible = (slot_positions <= position).view(1, 1, 1, -1)  # (1, 1, 1, N)
     for block, k_slots, v_slots in zip(model.blocks, keys, values, strict=True):
-        x = x + attend_one(block.attn, block.ln_1(x), k_slots, v_slots, position, visible)  # (B, 1, C)
+        x = x + attend_one(block.attn, block.ln_1(x), k_slots, v_slots, position, slot, visible)  # (B, 1, C)
         x = x + block.mlp(block.ln_2(x))  # (B, 1, C)
     logits = model.lm_head(model.ln_f(x))  # (B, 1, vocab_size)
     return logits[:, -1], embedding  # (B, vocab_size), (B, 1, C)
@@ -59,20 +64,28 @@ def attend_one(
     k_slots: torch.Tensor,
     v_slots: torch.Tensor,
     position: torch.Tensor,
+    slot: torch.Tensor,
     visible: torch.Tensor,
 ) -> torch.Tensor:
-    """CausalSelfAttention.forward for one token x (B, 1, C) whose key and value go into slot
-    `position` of k_slots and v_slots (B, H, S, D). Returns (B, 1, C)."""
+    """CausalSelfAttention.forward for one token x (B, 1, C) at `position` whose key and value go
+    into `slot` of k_slots and v_slots (B, K, N, D). Returns (B, 1, C).
+
+    The scores are attend_manual's, but each group of G = H // K query heads reads its shared
+    key/value head in place, as one (G, D) @ (D, N) product, instead of a copy of the cache
+    repeated G times per token."""
     B, _, C = x.shape
-    H, D = attn.n_head, attn.head_dim
-    q, k, v = attn.qkv(x).split(C, dim=2)  # 3 x (B, 1, C)
-    q, k = attn.qk_norm_and_rope(q.view(B, 1, H, D), k.view(B, 1, H, D), position)  # (B, 1, H, D) each
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D) each
-    k_slots.index_copy_(2, position, k)  # (B, H, S, D) with this token's key in its slot
-    v_slots.index_copy_(2, position, v)  # (B, H, S, D)
-    out, _ = attn.attend_manual(q, k_slots, v_slots, visible, None)  # (B, H, 1, D)
-    out = out.transpose(1, 2).reshape(B, 1, C)  # (B, 1, H, D) -> (B, 1, C)
-    return attn.proj(out)  # (B, 1, C)
+    H, K, D = attn.n_head, attn.n_kv_head, attn.head_dim
+    G = H // K
+    q, k, v = attn.qkv(x).split([H * D, K * D, K * D], dim=2)  # (B, 1, H*D), 2 x (B, 1, K*D)
+    q, k = attn.qk_norm_and_rope(q.view(B, 1, H, D), k.view(B, 1, K, D), position)  # (B, 1, H, D), (B, 1, K, D)
+    q = q.view(B, K, G, D)  # (B, 1, H, D) -> (B, K, G, D): query heads by group
+    k, v = k.transpose(1, 2), v.view(B, 1, K, D).transpose(1, 2)  # (B, K, 1, D) each
+    k_slots.index_copy_(2, slot, k)  # (B, K, N, D) with this token's key in its slot
+    v_slots.index_copy_(2, slot, v)  # (B, K, N, D)
+    scores = q @ k_slots.transpose(-2, -1) / math.sqrt(D)  # (B, K, G, D) @ (B, K, D, N) -> (B, K, G, N)
+    weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)  # (B, K, G, N)
+    out = weights @ v_slots  # (B, K, G, N) @ (B, K, N, D) -> (B, K, G, D)
+    return attn.proj(out.reshape(B, 1, H * D))  # (B, K, G, D) -> (B, 1, H*D) -> (B, 1, C)
 
 
 class NextTokenStep(nn.Module):
@@ -109,13 +122,13 @@ class CompiledDecodeStep:
         self.settings = (batch_size, temperature, top_k, top_p)
         config, weight = model.config, next(model.parameters())
         floats = dict(dtype=weight.dtype, device=weight.device)
-        head_dim = config.n_embd // config.n_head
+        slot_count = model.new_caches().layers[0].slots  # block_size, or a window's W
         example = (
             torch.zeros(batch_size, 1, dtype=torch.long, device=weight.device),  # token
             torch.zeros(1, dtype=torch.long, device=weight.device),  # position
             torch.zeros(batch_size, 1, config.n_embd, **floats),  # last_embedding
             torch.full((batch_size, config.vocab_size), 0.5, **floats),  # uniform
-            *(torch.zeros(batch_size, config.n_head, config.block_size, head_dim, **floats)
+            *(torch.zeros(batch_size, config.kv_heads, slot_count, config.head_size, **floats)
               for _ in range(2 * config.n_layer)),  # slots
         )
         self._position = example[1]  # refilled for each call

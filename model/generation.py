@@ -16,7 +16,8 @@ EOT_SHOWN = "\n\n--- end of text ---\n\n"
 class Tokenizer(Protocol):
     """What generate_text needs of a tokenizer; every tokenizer in data/tokenizer.py has it."""
 
-    eot_id: int
+    eot_id: int  # the end of a text
+    bos_id: int  # the token every text starts after: eot_id itself, or Llama's <|begin_of_text|>
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
@@ -64,7 +65,9 @@ def generate_tokens(
     caches = None  # the KV caches (model.new_caches()) of the current window
     with eval_mode(model):
         for end in range(T0, T0 + max_new_tokens):  # tokens[:, :end] are known; this step writes tokens[:, end]
-            if end - start > block_size:  # the window is full: slide it, start a new cache
+            if end - start > block_size and not (caches is not None and model.generates_past_block_size):
+                # The window is full: slide it, start a new cache. (A window model with rotary
+                # positions goes on with its ring caches instead: nothing in them goes stale.)
                 start, caches = end - keep, None
             uniform = uniform_noise(B, vocab_size, temperature, generator, idx.device)  # (B, vocab_size) or None
             if decode_step is not None and caches is not None:
@@ -101,11 +104,12 @@ def generate_text(
     """num_samples continuations of prompt, each returned as prompt + new text. The same
     seed gives the same samples. compile: build a CompiledDecodeStep first (seconds), then
     generate with it (faster per token; the same tokens unless rounding flips a near tie).
-    eot_text: what each <|endoftext|> the model writes reads as (None: as the tokenizer decodes it)."""
+    eot_text: what each end of text (eot_id) the model writes reads as (None: as the tokenizer decodes it)."""
     device = next(model.parameters()).device
-    # Start where every training document starts, after <|endoftext|>, so the model knows
-    # it is at the beginning; that token is not part of the output.
-    context = [tokenizer.eot_id]
+    # Start where every training document starts, after the start token (<|endoftext|>, or
+    # Llama's <|begin_of_text|>), so the model knows it is at the beginning; that token is not
+    # part of the output.
+    context = [tokenizer.bos_id]
     ids = context + tokenizer.encode(prompt)
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T0)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -117,15 +121,18 @@ def generate_text(
 
 
 def decode(tokenizer: Tokenizer, ids: list[int], eot_text: str | None = None) -> str:
-    """tokenizer.decode(ids), each <|endoftext|> written as eot_text if given. The pieces between
-    them are decoded apart, so a prompt that holds the characters "<|endoftext|>" keeps them."""
+    """tokenizer.decode(ids), each end of text written as eot_text if given. The pieces between
+    them are decoded apart, so a prompt that holds the characters "<|endoftext|>" keeps them.
+    Where the start token is another token (Llama's), it starts the next text: after an end of
+    text (or at the start) it shows nothing more, elsewhere it ends the text before as eot does."""
     if eot_text is None:
         return tokenizer.decode(ids)
+    bos = tokenizer.bos_id
     pieces, piece = [], []
     for token in ids:
-        if token == tokenizer.eot_id:
+        if token == tokenizer.eot_id or (token == bos and piece):  # a text ends
             pieces.append(piece)
             piece = []
-        else:
+        elif token != bos:  # a start token first, or right after an end, adds nothing
             piece.append(token)
     return eot_text.join(tokenizer.decode(piece) for piece in [*pieces, piece])

@@ -56,9 +56,37 @@ class GPTConfig:
     tie_head: bool = True  # the LM head shares the token embedding matrix
     qk_norm: bool = False  # RMS-normalise queries and keys in every head before scoring
     smear: bool = False  # add to each token's embedding a gated share of the previous token's
+    n_kv_head: int | None = None  # key/value heads, shared by n_head // n_kv_head query heads each; None: n_head
+    head_dim: int | None = None  # each head's size D; None: n_embd // n_head
+    window: int | None = None  # each query sees at most this many of the most recent keys; None: all
+    mlp_hidden: int | None = None  # the MLP's hidden width; None: 4 * n_embd, or about 8/3 of it for swiglu
+    rope_theta: float = 10000.0  # rotary positions' base: pair i turns by rope_theta^(-2i/D) per token
+    rope_scaling: dict[str, float] | None = None  # Llama 3.1's rope scaling (model/attention.py rope_speeds)
+    norm_eps: float | None = None  # inside the norms' root; None: LayerNorm's 1e-5, RMSNorm's the dtype's eps
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def hidden_size(self) -> int:
+        """The MLP's hidden width."""
+        if self.mlp_hidden:
+            return self.mlp_hidden
+        return swiglu_hidden(self.n_embd) if self.mlp == "swiglu" else 4 * self.n_embd
 
 
-POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "gelu_tanh", "relu2")
+POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "gelu_tanh", "relu2", "swiglu")
+
+
+def swiglu_hidden(n_embd: int) -> int:
+    """SwiGLU's usual hidden width: 8/3 of n_embd, rounded up to a multiple of 32, so its three
+    matrices hold about the parameters of a 4 * n_embd MLP's two."""
+    return 32 * math.ceil(8 * n_embd / 3 / 32)
 
 
 class NormHooks:
@@ -80,21 +108,21 @@ class NormHooks:
 
 
 class LayerNorm(NormHooks, nn.LayerNorm):
-    def __init__(self, n_embd: int, bias: bool) -> None:
-        super().__init__(n_embd, bias=bias)
+    def __init__(self, n_embd: int, bias: bool, eps: float = 1e-5) -> None:
+        super().__init__(n_embd, bias=bias, eps=eps)
         self.add_hook_points()
 
 
 class RMSNorm(NormHooks, nn.RMSNorm):
-    def __init__(self, n_embd: int) -> None:
-        super().__init__(n_embd)
+    def __init__(self, n_embd: int, eps: float | None = None) -> None:
+        super().__init__(n_embd, eps=eps)
         self.add_hook_points()
 
 
 def make_norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return RMSNorm(config.n_embd)
-    return LayerNorm(config.n_embd, bias=config.bias)
+        return RMSNorm(config.n_embd, eps=config.norm_eps)
+    return LayerNorm(config.n_embd, bias=config.bias, eps=1e-5 if config.norm_eps is None else config.norm_eps)
 
 
 class ReLUSquared(torch.autograd.Function):
@@ -122,23 +150,33 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLP(nn.Module):
+    """Per token: widen to F = config.hidden_size (4C unless set), an activation, back to C.
+    swiglu (Llama's) has a second widening matrix `up`, and multiplies it by SiLU of the first:
+    a gate. Its F is about 8/3 C, so its three matrices weigh what the others' two do."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        hidden = config.hidden_size
+        self.fc = nn.Linear(config.n_embd, hidden, bias=config.bias)  # swiglu: the gate
+        self.up = nn.Linear(config.n_embd, hidden, bias=config.bias) if config.mlp == "swiglu" else None
+        self.proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.activation = config.mlp
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+        if self.up is not None:
+            self.hook_pre_linear = HookPoint()  # TransformerLens's name for the ungated half
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.hook_pre(self.fc(x))  # (B, T, C) -> (B, T, 4C)
-        if self.activation == "relu2":
-            x = relu_squared(x)  # (B, T, 4C)
+        pre = self.hook_pre(self.fc(x))  # (B, T, C) -> (B, T, F)
+        if self.activation == "swiglu":
+            h = F.silu(pre) * self.hook_pre_linear(self.up(x))  # (B, T, F) * (B, T, F)
+        elif self.activation == "relu2":
+            h = relu_squared(pre)  # (B, T, F)
         else:
             # GPT-2 was trained with tanh's approximation of GELU; its weights expect it exactly.
-            x = F.gelu(x, approximate="tanh" if self.activation == "gelu_tanh" else "none")  # (B, T, 4C)
-        x = self.hook_post(x)  # (B, T, 4C)
-        return self.dropout(self.proj(x))  # (B, T, 4C) -> (B, T, C)
+            h = F.gelu(pre, approximate="tanh" if self.activation == "gelu_tanh" else "none")  # (B, T, F)
+        h = self.hook_post(h)  # (B, T, F)
+        return self.dropout(self.proj(h))  # (B, T, F) -> (B, T, C)
 
 
 class Block(nn.Module):
@@ -147,7 +185,9 @@ class Block(nn.Module):
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(
             config.n_embd, config.n_head, config.dropout, config.bias, config.attention,
-            rope_length=config.block_size if config.pos == "rope" else 0, qk_norm=config.qk_norm,
+            rope=config.pos == "rope", qk_norm=config.qk_norm, n_kv_head=config.n_kv_head,
+            head_dim=config.head_dim, window=config.window, rope_theta=config.rope_theta,
+            rope_scaling=config.rope_scaling, norm_eps=config.norm_eps,
         )
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
@@ -240,17 +280,28 @@ class GPT(HookedModel):
         """Distinct parameters (the tied head/embedding matrix counted once)."""
         return sum(p.numel() for p in self.parameters())
 
+    @property
+    def generates_past_block_size(self) -> bool:
+        """Whether generation may run on past block_size tokens with one set of caches: with a
+        window no query reads further back than it (its caches are rings), and rotary positions
+        work at any position. Learned positions end at block_size: generation slides instead."""
+        return self.config.window is not None and self.pos_emb is None
+
     def new_caches(self) -> Caches:
-        """Empty caches for generating one window of up to block_size tokens."""
-        return Caches([KVCache(self.config.block_size) for _ in self.blocks])
+        """Empty caches for generating one window of up to block_size tokens (a window model with
+        rotary positions: as many as wanted, in rings of `window` slots)."""
+        # A ring past block_size still keeps W slots when W > block_size: each query sees W keys.
+        length = max(self.config.block_size, self.config.window) if self.generates_past_block_size else self.config.block_size
+        return Caches([KVCache(length, self.config.window) for _ in self.blocks])
 
     def embed(self, idx: torch.Tensor, caches: Caches | None = None) -> torch.Tensor:
         """The first block's input for idx (B, T): token embeddings, smeared and with learned
         positions where those are turned on. Returns (B, T, C)."""
         T = idx.shape[1]
         start = caches.length if caches is not None else 0  # tokens already in the caches come first
-        if self.config.block_size < start + T:
-            raise ValueError(f"sequence length {start + T} exceeds block_size={self.config.block_size}")
+        end = T if self.generates_past_block_size else start + T  # the furthest position this call needs
+        if self.config.block_size < end:
+            raise ValueError(f"sequence length {end} exceeds block_size={self.config.block_size}")
         x = self.hook_embed(self.tok_emb(idx))  # (B, T, C)
         if self.smear is not None:
             before = caches.last_embedding if caches is not None else None  # (B, 1, C) or None

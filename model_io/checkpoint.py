@@ -43,7 +43,9 @@ MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # versions before them did, so that such a run samples and resumes unchanged.
 ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
               "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp", "data.names": "common",
-              "data.word_games": 0, "train.keep_checkpoints": []}
+              "data.word_games": 0, "train.keep_checkpoints": [], "model.n_kv_head": None, "model.head_dim": None,
+              "model.window": None, "model.mlp_hidden": None, "model.rope_theta": 10000.0, "model.rope_scaling": None,
+              "model.norm_eps": None}
 
 
 @dataclass
@@ -101,6 +103,8 @@ def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
     """A new GPT of the shape model_cfg gives (the `model` config group, as plain values or a
     config); a key missing from an older checkpoint's config keeps GPTConfig's default."""
     def plain(value: Any) -> Any:
+        if isinstance(value, Mapping):  # model.rope_scaling, maybe a config node
+            return dict(value)
         return value.value if isinstance(value, Enum) else value
     return GPT(GPTConfig(vocab_size=vocab_size, **{key: plain(model_cfg[key]) for key in MODEL_KEYS if key in model_cfg}))
 

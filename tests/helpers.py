@@ -250,7 +250,9 @@ def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overri
 # Every architecture option (model.pos, norm, mlp, tie_head, qk_norm) against the GPT-2 defaults.
 ARCHITECTURE_OPTIONS = [{}, {"pos": "rope"}, {"norm": "rmsnorm"}, {"mlp": "relu2"}, {"tie_head": False}, {"qk_norm": True},
                         {"smear": True},
-                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True, "smear": True}]
+                        {"pos": "rope", "norm": "rmsnorm", "mlp": "relu2", "tie_head": False, "qk_norm": True, "smear": True},
+                        # Today's small models: one key/value head for both query heads, SwiGLU, a window.
+                        {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": True, "n_kv_head": 1, "window": 5}]
 
 
 def previous_token_copier(attention: str) -> GPT:

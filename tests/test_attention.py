@@ -242,18 +242,19 @@ def test_with_a_cache_the_weights_cover_earlier_tokens_and_hide_later_ones():
 
 
 def test_rotary_positions_make_scores_depend_only_on_the_distance_between_tokens():
-    module = CausalSelfAttention(16, 2, attention="manual", rope_length=32)
+    module = CausalSelfAttention(16, 2, attention="manual", rope=True)
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)  # one head's query and key, D = 8
 
+    def at(x, p):
+        return rotate(x, *module.rope_cos_sin(torch.tensor([p])))
+
     def score(query_position: int, key_position: int) -> float:
-        def at(x, p):
-            return rotate(x, module.rope_cos[p : p + 1], module.rope_sin[p : p + 1])
         return (at(q, query_position) * at(k, key_position)).sum().item()
 
     assert score(7, 3) == pytest.approx(score(27, 23), abs=1e-5)  # 4 apart, wherever they are
     assert score(7, 3) != pytest.approx(score(7, 5), abs=1e-3)  # a different distance, another score
-    assert rotate(q, module.rope_cos[:1], module.rope_sin[:1]).equal(q)  # position 0 is not turned
-    assert rotate(q, module.rope_cos[5:6], module.rope_sin[5:6]).norm() == pytest.approx(q.norm().item(), rel=1e-5)
+    assert at(q, 0).equal(q)  # position 0 is not turned
+    assert at(q, 5).norm() == pytest.approx(q.norm().item(), rel=1e-5)
 
 
 def test_qk_norm_makes_the_weights_blind_to_the_size_of_queries_and_keys():

@@ -172,7 +172,7 @@ def test_tour_one_fused_qkv_matrix_equals_three_projections_and_per_head_matrice
 def test_tour_without_positions_attention_sees_a_set_and_rope_scores_a_key_by_how_far_back_it_is():
     torch.manual_seed(0)
     plain = CausalSelfAttention(16, 2, attention="manual")
-    rope = CausalSelfAttention(16, 2, attention="manual", rope_length=32)
+    rope = CausalSelfAttention(16, 2, attention="manual", rope=True)
     rope.load_state_dict(plain.state_dict())
     x = torch.randn(1, 6, 16)
     shuffled = x[:, [3, 0, 4, 1, 2, 5]]  # the first five tokens in another order, the last one last
@@ -236,7 +236,7 @@ def test_every_numbered_section_and_question_of_the_tour_cites_a_test():
     parts = re.split(r"^(?=#{1,3} )", tour, flags=re.MULTILINE)  # from each heading to the next
     sections = [part for part in parts if re.match(r"## \d+\.", part)]
     questions = [part for part in parts if re.match(r"### Q\d+\.", part)]
-    assert [int(re.match(r"## (\d+)", part)[1]) for part in sections] == list(range(1, 18))
+    assert [int(re.match(r"## (\d+)", part)[1]) for part in sections] == list(range(1, 19))
     assert [int(re.match(r"### Q(\d+)", part)[1]) for part in questions] == list(range(1, 25))
     for part in sections + questions:
         assert re.search(r"`test_\w+`", part), part.splitlines()[0]
@@ -250,7 +250,7 @@ def test_the_tours_table_maps_each_section_to_the_steps_its_code_lines_are_in():
     tour = (ROOT / "docs" / "attention.md").read_text()
     table = {int(number): {int(step) for step in re.findall(r"\d+", cell)}
              for number, cell in re.findall(r"^\| \[(\d+)\. [^]]*\]\([^)]*\) \|([^|]*)\|", tour, re.MULTILINE)}
-    assert sorted(table) == list(range(1, 18))
+    assert sorted(table) == list(range(1, 19))
     source = (ROOT / "model" / "attention.py").read_text().splitlines()
     steps = step_of_each_line()  # {line number: (step, title)}
     checked = 0
@@ -288,7 +288,15 @@ def test_the_figures_the_tour_quotes_from_a_computation_are_the_ones_make_docs_r
     scale = figures["scale_and_head_size"]
     unscaled = dict(zip(scale["head_size"], scale["unscaled"], strict=True))
     spread = [figures["init_scale"][name][-1] for name in INITS]  # after the last block
+    sizes = figures["kv_cache_sizes"]
+    smol, full_block = sizes["smollm2_135m"], sizes["default_full_block_kib"]
+    K, H = str(smol["n_kv_head"]), str(smol["n_head"])
     for quoted in (
+        f"that is {smol['bytes_per_token'][K]:,} bytes a token with its {K} key/value heads and "
+        f"{smol['bytes_per_token'][H]:,} with {H}: at its context of {smol['context']:,} tokens, "
+        f"{smol['mib_at_context'][K]:.0f} MiB instead of {smol['mib_at_context'][H]:.0f} MiB",
+        f"a full `block_size` of {sizes['default_shape']['block_size']} tokens takes {full_block['4']:.0f} KiB, "
+        f"{full_block['2']:.0f} KiB with `K = 2` and {full_block['1']:.0f} KiB with `K = 1`",
         f"without the scale the largest weight averages {unscaled[32]:.2f} at the default model's D = 32 and "
         f"{unscaled[256]:.2f} at D = 256; with it, between {min(scale['scaled']):.2f} and {max(scale['scaled']):.2f} "
         f"at every D from {scale['head_size'][0]} to {scale['head_size'][-1]}",
@@ -296,6 +304,8 @@ def test_the_figures_the_tour_quotes_from_a_computation_are_the_ones_make_docs_r
         f"{spread[1]:.1f} times without the scaling (growing with depth), and {spread[2]:,.0f} times with std 1",
     ):
         assert quoted in tour, quoted
+    assert f"SmolLM2-135M ({smol['n_layer']} layers, `D = {smol['head_dim']}`, bf16's 2 bytes a number)" in tour
+    assert f"SmolLM2-135M has {H} query heads and {K} key/value heads" in tour
 
 
 def test_the_tour_pictures_are_what_docs_questions_py_draws_from_their_numbers(tmp_path):
@@ -326,7 +336,7 @@ def test_every_picture_of_the_docs_is_shown_at_its_own_size_so_its_labels_stay_1
 
 
 def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_right():
-    # docs/attention_maps.png and section 14's numbers come from one run, recorded by `make docs`
+    # docs/attention_maps.png and section 15's numbers come from one run, recorded by `make docs`
     # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
     from hydra import compose, initialize_config_dir
 
@@ -350,18 +360,18 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
             "make train, then make docs RUN=<that run>")
     assert record["step"] == defaults["train"]["max_steps"]
     tour = (ROOT / "docs" / "attention.md").read_text()
-    section_14 = tour[tour.index("## 14."): tour.index("## 15.")]
+    section_15 = tour[tour.index("## 15."): tour.index("## 16.")]
     recall = record["name_recall"]
     for quoted in (f"{record['largest_induction_score_at_the_end']:.3f} or below at step {record['step']}",
                    f"from {recall['400']:.1%} at step 400 to {recall[str(record['step'])]:.1%} at step {record['step']}"):
-        assert quoted in " ".join(section_14.split()), quoted
+        assert quoted in " ".join(section_15.split()), quoted
     for page in ("README.md", "docs/default_model.md"):
         heads = " and ".join(f"layer {layer} head {head}" for layer, head, _ in record["heads"])
         assert f"Attention maps of {heads} at step {record['step']} of the default run" in (ROOT / page).read_text(), page
 
 
 def test_the_numbers_the_pages_quote_from_the_default_run_are_the_ones_make_docs_recorded():
-    # Sections 13 to 15 of the tour quote the default run; `make docs` records those numbers in
+    # Sections 14 to 16 of the tour quote the default run; `make docs` records those numbers in
     # docs/attention_maps.json (docs/figures.py), the picture's run.
     record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
     tour = " ".join((ROOT / "docs" / "attention.md").read_text().replace("**", "").split())

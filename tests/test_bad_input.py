@@ -22,6 +22,9 @@ from tests.helpers import assert_one_error_line, run_cli
         (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
         (["model.n_layer=${oops}"], "error: model.n_layer: Interpolation key 'oops' not found"),
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
+        (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
+                                "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
+        (["model.window=0"], "error: model.window=0 must be at least 1, or null"),
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
         (["optim.lr=-1"], "error: optim.lr=-1"),
         (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),
@@ -41,7 +44,7 @@ from tests.helpers import assert_one_error_line, run_cli
         (["model.mlp=swish"], "error: model.mlp=swish must be one of gelu, gelu_tanh, relu2"),
         (["optim.name=sgd"], "error: optim.name=sgd must be one of adamw, muon"),
         (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),
-        (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: finetune_gpt2, gpt2_shape, induction, shakespeare_char_cpu"),
+        (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: finetune_gpt2, finetune_smollm2, gpt2_shape, induction, llama_shape, qwen3_shape, shakespeare_char_cpu"),
         (["resume=nowhere"], "error: resume=nowhere does not exist"),
         (["resume=auto"], "error: resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
                           "add hydra.run.dir=<folder>"),

@@ -10,6 +10,7 @@ from data.dataset import get_batch, prepare_tokens, probe_ids
 from data.stories import ITEMS, generate_stories
 from data.token_stream import split_pieces
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
+from tests.test_hf_tokenizer import save_family
 from user_error import UserError
 
 
@@ -177,3 +178,13 @@ def test_the_probe_starts_at_a_story_start_in_val(tmp_path):
     assert len(probe) == 64
     assert re.match(r"(Once upon|There once|Long ago|[A-Z][a-z]+ was a)", probe), probe
     assert probe in data.tokenizer.decode(data.val.tolist())
+
+
+def test_with_a_llama_3_tokenizer_every_story_starts_after_its_start_token_and_the_probe_after_one(tmp_path):
+    data = prepare_tokens(stories_cfg(tmp_path), {"kind": "pretrained", "path": str(save_family("llama3", tmp_path / "llama3"))})
+    tokenizer, stories = data.tokenizer, generate_stories(seed=1337, n_chars=30_000)
+    ids = np.concatenate([data.train, data.val])
+    assert data.train[0] == tokenizer.bos_id and tokenizer.bos_id != tokenizer.eot_id
+    assert (ids == tokenizer.bos_id).sum() == len(stories) and (ids == tokenizer.eot_id).sum() == len(stories) - 1
+    probe = probe_ids(data.val, tokenizer, 64)
+    assert tokenizer.bos_id not in probe and re.match(r"(Once upon|There once|Long ago|[A-Z][a-z]+ was a)", tokenizer.decode(probe))

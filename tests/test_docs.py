@@ -253,7 +253,8 @@ def test_a_renamed_or_missing_code_name_is_caught(tmp_path: Path) -> None:
         "Gone: `_manual`, `GPT.init_weights_gpt2`, `F.scaled_dot_attention`, `model/attn.py`, `make doc`, "
         "`python train.py train.max_step=10`, `data=novels`, `model.position`, `loss/vall`, "
         "`model.knock_heads_out({(0, 1)})`.\n"
-        "```python\nq, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)\nq, k, v = self.qkv(x).chunk(3)\n```\n")
+        "```python\nq, k, v = self.qkv(x).split([H * D, K * D, K * D], dim=2)  # (B, T, H*D), 2 x (B, T, K*D)\n"
+        "q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)\n```\n")
     assert stale_code_names(page) == [
         "_manual: _manual is nowhere in the code",
         "GPT.init_weights_gpt2: init_weights_gpt2 is nowhere in the code",
@@ -265,5 +266,5 @@ def test_a_renamed_or_missing_code_name_is_caught(tmp_path: Path) -> None:
         "model.position: no such config key in configs/",
         "loss/vall: no such tag in the code",
         "model.knock_heads_out: knock_heads_out is nowhere in the code",
-        "quoted line not in the code: q, k, v = self.qkv(x).chunk(3)",
+        "quoted line not in the code: q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)",  # the line before K
     ]

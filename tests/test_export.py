@@ -1,6 +1,7 @@
 """export.py, through its real command line: a GPT-2-shaped run's folder loads in transformers with
 our logits, our greedy text and our token ids (transformers is the independent reference); a run
-that GPT-2 cannot hold, and an out folder already in use, are refused in one line."""
+that no architecture holds, and an out folder already in use, are refused in one line. Llama- and
+Qwen3-shaped runs: tests/test_hf_llama.py."""
 
 import shutil
 from dataclasses import asdict
@@ -16,7 +17,7 @@ from data.stories import generate_stories
 from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
 from model.gpt import eval_mode
 from model_io.checkpoint import BEST, Checkpoint, build_model
-from model_io.hf_gpt2 import gpt_from_hf
+from model_io.hf_models import gpt_from_hf
 from tests.helpers import TINY_GPT2_VOCAB, TINY_RUN, run_cli, tiny_gpt2
 
 TOLERANCE = 1e-5  # fp32: the same math in another order
@@ -127,10 +128,15 @@ def test_an_exported_byte_level_run_reads_back_as_the_same_model_and_tokenizer(
         assert torch.equal(ours(idx)[0], back(idx)[0])
 
 
-def test_a_run_gpt2_cannot_hold_is_refused_naming_each_option_and_the_preset(trained_run: Path, tmp_path: Path) -> None:
-    message = refusal(trained_run, tmp_path / "exported")
-    for blocker in ("model.pos=rope", "model.qk_norm=true", "model.smear=true", "python train.py experiment=gpt2_shape"):
-        assert blocker in message
+def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_the_presets(trained_run: Path, tmp_path: Path) -> None:
+    message = refusal(trained_run, tmp_path / "exported")  # the default run: rope, LayerNorm, relu2, QK-norm, smear
+    for shape in ("As GPT-2 (GPT2LMHeadModel): model.pos=rope (GPT-2 learns position embeddings); model.qk_norm=true",
+                  "As Llama (LlamaForCausalLM): model.norm=layernorm (Llama uses RMSNorm); model.mlp=relu2",
+                  "As Qwen3 (Qwen3ForCausalLM): model.norm=layernorm (Qwen3 uses RMSNorm); model.mlp=relu2 (Qwen3's MLP "
+                  "is SwiGLU); model.smear=true (Qwen3 has no smear)."):
+        assert shape in message
+    assert message.count("model.smear=true") == 3 and "model.qk_norm=true (Llama does not normalise" in message
+    assert "`python train.py experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape)" in message
     assert list(tmp_path.iterdir()) == []
 
 

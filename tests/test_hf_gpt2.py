@@ -1,5 +1,5 @@
-"""Hugging Face GPT-2 folders in and out (model_io/hf_gpt2.py), with transformers' GPT2LMHeadModel as
-the reference: tiny random GPT-2s written by save_pretrained, never the Hub."""
+"""Hugging Face GPT-2 folders in and out (model_io/hf_gpt2.py, read and written by model_io/hf_models.py),
+with transformers' GPT2LMHeadModel as the reference: tiny random GPT-2s written by save_pretrained, never the Hub."""
 
 import json
 import time
@@ -13,14 +13,14 @@ from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
 from model.generation import generate_tokens
 from model.gpt import GPT, GPTConfig, eval_mode
-from model_io.hf_gpt2 import (
+from model_io.hf_models import (
     export_blockers,
     gpt_config_from_hf,
     gpt_from_hf,
     hf_files_for,
     load_hf_weights,
     resolve_pretrained,
-    save_hf_gpt2,
+    save_hf_model,
 )
 from tests.helpers import tiny_gpt2
 from user_error import UserError
@@ -143,7 +143,7 @@ def random_gpt(**options) -> GPT:
                          ids=["gpt2", "bias=False,gelu", "relu2,untied"])
 def test_export_loads_in_transformers_with_the_same_logits_and_back(options: dict, tmp_path: Path) -> None:
     model = random_gpt(**options)
-    save_hf_gpt2(model, tmp_path, eot_id=EOT)
+    save_hf_model(model, tmp_path, bos_id=EOT, eos_id=EOT)
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(theirs) is GPT2LMHeadModel
     assert theirs.config.eos_token_id == EOT
@@ -153,18 +153,21 @@ def test_export_loads_in_transformers_with_the_same_logits_and_back(options: dic
 
 
 def test_a_bias_free_model_exports_zero_biases(tmp_path: Path) -> None:
-    _, tensors = hf_files_for(random_gpt(bias=False), eot_id=EOT)
+    _, tensors = hf_files_for(random_gpt(bias=False), bos_id=EOT, eos_id=EOT)
     assert tensors["transformer.h.0.attn.c_attn.bias"].shape == (96,)
     assert all(tensor.count_nonzero() == 0 for name, tensor in tensors.items() if name.endswith(".bias"))
 
 
 def test_export_blockers_name_every_option_gpt2_cannot_represent() -> None:
     default = GPTConfig(vocab_size=VOCAB, pos="rope", norm="rmsnorm", qk_norm=True, smear=True, mlp="relu2")
-    blockers = export_blockers(default)
+    blockers = export_blockers(default)["gpt2"]
     assert [blocker.split(" ")[0] for blocker in blockers] == ["model.pos=rope", "model.norm=rmsnorm",
                                                                 "model.qk_norm=true", "model.smear=true"]
-    assert export_blockers(random_gpt().config) == []
-    message = one_line_error(hf_files_for, GPT(default), eot_id=EOT)
+    llama_options = GPTConfig(vocab_size=VOCAB, pos="learned", qk_norm=False, mlp="swiglu", n_kv_head=2, window=16)
+    assert [blocker.split(" ")[0] for blocker in export_blockers(llama_options)["gpt2"]] == [
+        "model.mlp=swiglu", "model.n_kv_head=2", "model.window=16"]
+    assert export_blockers(random_gpt().config)["gpt2"] == []
+    message = one_line_error(hf_files_for, GPT(default), bos_id=EOT, eos_id=EOT)
     assert all(blocker in message for blocker in blockers)
 
 
@@ -175,7 +178,7 @@ def edit_config(folder: Path, **changes) -> None:
 
 def test_missing_files_and_a_pickle_each_get_one_line(gpt2_folder: Path, tmp_path: Path) -> None:
     no_config = copy_folder(gpt2_folder, tmp_path / "no_config", leave_out="config.json")
-    assert f"{no_config} has no config.json: a Hugging Face GPT-2 folder holds" in one_line_error(gpt_from_hf, no_config)
+    assert f"{no_config} has no config.json: a Hugging Face model folder holds" in one_line_error(gpt_from_hf, no_config)
     no_weights = copy_folder(gpt2_folder, tmp_path / "no_weights", leave_out="model.safetensors")
     assert f"{no_weights} has no model.safetensors:" in one_line_error(resolve_pretrained, no_weights)
     empty = tmp_path / "empty"
@@ -203,7 +206,8 @@ def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
 
 
 @pytest.mark.parametrize(("change", "words"), [
-    ({"model_type": "llama"}, 'model_type="llama": this project reads GPT-2 models only'),
+    ({"model_type": "bert"}, 'model_type="bert": this project reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), '
+                             'Qwen3ForCausalLM (qwen3)'),
     ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06: this project's LayerNorm uses 1e-05"),
     ({"n_inner": 100}, "n_inner=100: this project's MLP is 4 * n_embd = 128 wide"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),
@@ -235,5 +239,5 @@ def test_a_hub_repo_id_without_the_hub_fails_at_once_and_writes_nothing(
     message = one_line_error(resolve_pretrained, "openai-community/gpt2", cache_dir=cache)
     assert time.perf_counter() - start < 5
     assert message.startswith("init_from=openai-community/gpt2 is not a folder here and needs the Hugging Face Hub once")
-    assert "nothing was written" in message and "hf download openai-community/gpt2 config.json model.safetensors" in message
+    assert "nothing was written" in message and "hf download openai-community/gpt2 --include '*.json'" in message
     assert not cache.exists() or not any(cache.rglob("*"))

@@ -9,23 +9,25 @@ import shutil
 import pytest
 import torch
 
+from model.gpt import GPTConfig
 from tests.helpers import ARCHITECTURE_OPTIONS, ROOT, tiny_gpt
 
 B, T, C, H, L = 2, 9, 32, 2, 2
-LETTERS = {"B": B, "T": T, "S": T, "C": C, "H": H, "D": C // H, "4C": 4 * C, "1": 1}
 
 
-def documented_points() -> dict[str, tuple[int, ...]]:
-    """{name with {l}: shape} from docs/hooks.md's table of names."""
+def documented_points(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """{name with {l}: shape} from docs/hooks.md's table of names, its letters at config's sizes."""
+    letters = {"B": B, "T": T, "S": T, "C": C, "H": H, "K": config.kv_heads, "D": config.head_size,
+               "F": config.hidden_size, "1": 1}
     rows = re.findall(r"^\| `([\w.{}]+)` \| \(([\w, ]+)\) \|", (ROOT / "docs" / "hooks.md").read_text(), flags=re.MULTILINE)
-    return {name: tuple(LETTERS[letter.strip()] for letter in shape.split(",")) for name, shape in rows}
+    return {name: tuple(letters[letter.strip()] for letter in shape.split(",")) for name, shape in rows}
 
 
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS[1:], ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()))
 def test_every_hook_point_the_docs_list_is_in_the_model_with_its_shape(options):
-    documented = documented_points()
-    assert len(documented) >= 20
     model = tiny_gpt(**options).eval()
+    documented = documented_points(model.config)
+    assert len(documented) >= 20
     with torch.no_grad():
         _, cache = model.run_with_cache(torch.randint(0, 65, (B, T)))
     expected = {name.format(l=layer): shape for name, shape in documented.items() for layer in range(L)}
@@ -37,6 +39,7 @@ def test_every_hook_point_the_docs_list_is_in_the_model_with_its_shape(options):
     config = model.config
     assert ("smear.hook_out" in cache) == config.smear and ("hook_pos_embed" in cache) == (config.pos == "learned")
     assert ("blocks.0.attn.hook_rot_q" in cache) == (config.pos == "rope" or config.qk_norm)
+    assert ("blocks.0.mlp.hook_pre_linear" in cache) == (config.mlp == "swiglu")
 
 
 def test_the_cache_holds_what_the_forward_used_step_by_step():

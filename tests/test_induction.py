@@ -22,7 +22,7 @@ from docs.drawing import SHOWN_WIDTH
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
 from model.attention import CausalSelfAttention
-from model_io.checkpoint import Checkpoint
+from model_io.checkpoint import Checkpoint, upgrade
 from tests.helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, ROOT, read_events, run_cli, shift_then_copy_model
 from training.distributed import Ranks
 from training.evaluation import evaluate, in_context_positions
@@ -80,7 +80,7 @@ def best_look_back(rotary: bool, measure: Callable[[torch.Tensor], torch.Tensor]
     alone: Adam searches W_qkv and the input, one vector at every position (rotary) or one per
     position (learned positions, as if the input were the position's embedding)."""
     torch.manual_seed(0)
-    head = CausalSelfAttention(D, 1, bias=False, rope_length=T if rotary else 0, qk_norm=True, attention="manual")
+    head = CausalSelfAttention(D, 1, bias=False, rope=rotary, qk_norm=True, attention="manual")
     x = torch.randn(1, 1 if rotary else T, D, requires_grad=True)  # (1, 1 or T, D)
     optimizer = torch.optim.Adam([x, head.qkv.weight], lr=0.05)
     best = -math.inf
@@ -95,7 +95,7 @@ def best_look_back(rotary: bool, measure: Callable[[torch.Tensor], torch.Tensor]
 
 
 def test_a_rotary_score_stands_at_most_2_6_above_its_neighbours_under_qk_norm_and_a_learned_one_11_3():
-    # docs/attention.md, section 16: why experiment=induction uses learned positions. With QK-norm,
+    # docs/attention.md, section 17: why experiment=induction uses learned positions. With QK-norm,
     # q and k have norm sqrt(D) (times the gains), so a score lies within +-sqrt(D); RoPE's fastest
     # pair turns 1 radian a token, so one back can beat both its neighbours by sqrt(D)(1 - cos 1).
     bound = math.sqrt(32) * (1 - math.cos(1))  # 2.600
@@ -274,6 +274,8 @@ def test_the_induction_page_quotes_the_run_make_docs_recorded_and_that_run_is_th
     import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
 
     record = json.loads((ROOT / "docs" / "induction.json").read_text())
+    # The record's config as a checkpoint of it loads: with the keys added since (their old behaviour).
+    record["config"] = upgrade(Checkpoint(model={}, config=record["config"], tokenizer={})).config
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         preset = OmegaConf.to_container(compose("train", overrides=["experiment=induction"]), resolve=True)
     for group in ("model", "data", "optim", "tokenizer"):

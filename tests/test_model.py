@@ -136,7 +136,7 @@ def test_a_seeded_generator_makes_sampling_repeatable():
 class DigitTokenizer:
     """All generate_text asks of a tokenizer: digits are ids 0 to 9, <|endoftext|> is 10."""
 
-    eot_id = 10
+    eot_id = bos_id = 10
 
     def encode(self, text: str) -> list[int]:
         return [int(digit) for digit in text]

@@ -22,6 +22,7 @@ from data.corpus import load_documents
 from data.dataset import is_complete, prepare_tokens
 from data.tokenizer import train_bpe_fast
 from tests.helpers import ROOT, encode_documents, split_documents
+from tests.test_hf_tokenizer import save_family
 
 LONG_TEXT = ("Naïve Zoë said: «ça va?» — ☃ snow, 雪.\r\n" * 30) + "x" * 700 + " end of a run with no spaces\n"
 
@@ -54,6 +55,42 @@ def test_the_stream_gives_the_ids_of_encoding_the_corpus_at_once(tmp_path, mixed
     assert data.val.tolist() == encode_documents(data.tokenizer, val_docs, starts_mid_document=val_continues)
     if tokenizer_cfg["kind"] == "bpe":  # learned from the train split's documents, all of them here
         assert data.tokenizer.encoding._mergeable_ranks == train_bpe_fast(train_docs, 400)
+
+
+def start_and_end_layout(tokenizer, documents: list[str], starts_mid_document: bool = False) -> list[int]:
+    """bos doc eot bos doc ...: each document after the start token, an end-of-text token between two."""
+    ids: list[int] = []
+    for i, doc in enumerate(documents):
+        ids += [tokenizer.eot_id] if i else []
+        ids += [] if i == 0 and starts_mid_document else [tokenizer.bos_id]
+        ids += tokenizer.encode(doc)
+    return ids
+
+
+@pytest.mark.parametrize("val_fraction", [0.1, 0.37])
+@pytest.mark.parametrize("family", ["llama3", "tinyllama"])  # cut before spaces; each document whole
+def test_a_llama_tokenizer_streams_bos_doc_eot_bos_doc_as_encoding_each_document_at_once(
+        tmp_path, mixed_corpus, small_cuts, family, val_fraction):
+    cfg = {"source": "text", "path": str(mixed_corpus), "text_field": "text", "val_fraction": val_fraction,
+           "cache_dir": str(tmp_path / "cache")}
+    data = prepare_tokens(cfg, {"kind": "pretrained", "path": str(save_family(family, tmp_path / family))})
+    assert data.tokenizer.bos_id != data.tokenizer.eot_id
+    train_docs, val_docs, val_continues = split_documents(load_documents(cfg), val_fraction)
+    assert data.train.tolist() == start_and_end_layout(data.tokenizer, train_docs)
+    # The end of the document the cut fell in is val's: so is the end-of-text token after it.
+    assert data.val.tolist() == start_and_end_layout(data.tokenizer, val_docs, starts_mid_document=val_continues)
+
+
+def test_a_document_that_ends_the_train_split_ends_there_with_its_end_of_text_token(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("Tom met Ana. " * 7 + "x")  # 92 characters: train
+    (tmp_path / "corpus" / "b.txt").write_text("Ana waved.")  # 10 characters: val (the last 10 of 102)
+    cfg = {"source": "text", "path": str(tmp_path / "corpus"), "text_field": "text", "val_fraction": 0.1,
+           "cache_dir": str(tmp_path / "cache")}
+    data = prepare_tokens(cfg, {"kind": "pretrained", "path": str(save_family("llama3", tmp_path / "llama3"))})
+    tokenizer = data.tokenizer
+    assert data.train.tolist() == [tokenizer.bos_id, *tokenizer.encode("Tom met Ana. " * 7 + "x"), tokenizer.eot_id]
+    assert data.val.tolist() == [tokenizer.bos_id, *tokenizer.encode("Ana waved.")]
 
 
 def test_bpe_learns_from_every_document_of_the_train_split_cut_only_where_pre_tokens_start(tmp_path, small_cuts):

@@ -202,3 +202,11 @@ def test_gpt2_files_with_the_wrong_hash_are_refused_and_not_kept(tmp_path, file_
     with pytest.raises(UserError, match=r"vocab\.bpe has sha256 .* not the expected 1ce16647.*nothing was kept"):
         load_gpt2_encoding(tmp_path, mirror=url)
     assert list(tmp_path.rglob("*")) in ([], [tmp_path / "tiktoken"])
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_project_tokenizers_start_every_text_with_their_end_of_text_token(kind, tmp_path):
+    cfg = {"kind": kind, "vocab_size": 300}
+    tokenizer = build_tokenizer(cfg, set(STORIES), lambda: [STORIES], tmp_path, corpus_key="test")
+    assert tokenizer.bos_id == tokenizer.eot_id
+    assert tokenizer_from_state(tokenizer.state()).bos_id == tokenizer.eot_id

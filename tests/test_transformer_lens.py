@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from inspection.logit_attribution import logit_attribution
 from inspection.patching import logit_difference, patch_heads, patch_residual
-from model_io.hf_gpt2 import gpt_from_hf
+from model_io.hf_models import gpt_from_hf
 from tests.helpers import tiny_gpt2
 
 NAMES = ["blocks.{l}.attn.hook_q", "blocks.{l}.attn.hook_k", "blocks.{l}.attn.hook_v", "blocks.{l}.attn.hook_pattern",

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model
-from model_io.hf_gpt2 import load_hf_weights
+from model_io.hf_models import load_hf_weights
 from training.devices import Machine, check_compiler
 from training.distributed import Ranks, dist_backend, said_once_per_machine
 from training.optimizer import Optimizers, build_optimizer
@@ -100,7 +100,9 @@ def describe(run: Run) -> None:
     cfg, model, tokenizer = run.cfg, run.model, run.data.tokenizer
     log.info(
         f"model: {model.num_parameters() / 1e6:.2f}M parameters, {cfg.model.n_layer} layers x "
-        f"{cfg.model.n_head} heads x {cfg.model.n_embd // cfg.model.n_head} dims, context {cfg.model.block_size}"
+        f"{cfg.model.n_head} heads x {model.config.head_size} dims"
+        + (f" ({model.config.kv_heads} key/value heads)" if model.config.kv_heads != cfg.model.n_head else "")
+        + f", context {cfg.model.block_size}" + (f", window {cfg.model.window}" if cfg.model.window else "")
     )
     log.info(
         f"data: {cfg.data.source}, {len(run.data.train):,} train and {len(run.data.val):,} val tokens, "

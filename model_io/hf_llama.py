@@ -1,0 +1,185 @@
+"""Llama and Qwen3 as transformers writes them (LlamaForCausalLM: Llama 2 and 3, SmolLM2, TinyLlama;
+Qwen3ForCausalLM): config.json's settings and the tensors' names, both ways. model_io/hf_models.py reads
+and writes the files. In this project's terms both are rotary positions, RMSNorm, a SwiGLU MLP, no
+biases and often fewer key/value heads than query heads; Qwen3 adds QK-norm and may set its own head size."""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from model.attention import ROPE_SCALING_KEYS
+from model.gpt import GPTConfig
+from user_error import UserError
+
+Refuse = Callable[[str, Any, str], UserError]  # (key, its value, what is needed) -> one line naming config.json
+
+# LlamaConfig's and Qwen3Config's defaults (transformers 5), for keys a config.json leaves out.
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None, "hidden_act": "silu",
+              "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+              "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0},
+    "qwen3": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
+              "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+              "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "max_window_layers": 28,
+              "layer_types": None},
+}
+ROPE_THETA = 10000.0  # transformers' default base
+
+ALL = slice(None)  # every row of our parameter
+BLOCK_NAMES = {  # a block's tensors but q, k and v: HF's name under model.layers.{i}. -> ours under blocks.{i}.
+    "input_layernorm.weight": "ln_1.weight",
+    "self_attn.o_proj.weight": "attn.proj.weight",
+    "post_attention_layernorm.weight": "ln_2.weight",
+    "mlp.gate_proj.weight": "mlp.fc.weight",
+    "mlp.up_proj.weight": "mlp.up.weight",
+    "mlp.down_proj.weight": "mlp.proj.weight",
+}
+QK_NORM_NAMES = {"self_attn.q_norm.weight": "attn.q_norm.weight", "self_attn.k_norm.weight": "attn.k_norm.weight"}
+TRANSPOSED = ()  # nn.Linear on both sides
+IGNORED = ("rotary_emb.inv_freq",)  # a buffer some older files hold: the angles are computed, not loaded
+
+
+def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: float | None) -> tuple[GPTConfig, list[str]]:
+    """The GPTConfig of a Llama or Qwen3 config.json (block_size: max_position_embeddings), and notes for
+    the log. dropout (None: the folder's attention_dropout) applies to attention and residual branches."""
+    hf = HF_DEFAULTS[model_type] | hf
+    for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
+                "max_position_embeddings", "vocab_size"):
+        if not (isinstance(hf[key], int) and hf[key] >= 1):
+            raise refuse(key, hf[key], "it must be a whole number of at least 1")
+    n_head, n_embd = hf["num_attention_heads"], hf["hidden_size"]
+    n_kv_head = hf["num_key_value_heads"] or n_head
+    if not isinstance(n_kv_head, int) or n_head % n_kv_head:
+        raise refuse("num_key_value_heads", n_kv_head, f"it must divide num_attention_heads={n_head}")
+    if hf["head_dim"] is None and n_embd % n_head:
+        raise refuse("num_attention_heads", n_head, f"it must divide hidden_size={n_embd}, or head_dim be set")
+    head_dim = hf["head_dim"] or n_embd // n_head
+    if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise refuse("head_dim", head_dim, "rotary positions turn pairs of dims: it must be even")
+    if hf["hidden_act"] != "silu":
+        raise refuse("hidden_act", hf["hidden_act"], "this project's SwiGLU MLP gates with SiLU (silu)")
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            raise refuse(key, hf[key], "this project reads Llama and Qwen3 without biases")
+    if model_type == "qwen3":
+        check_full_attention(hf, refuse)
+    rope_theta, rope_scaling = rope_settings(hf, refuse)
+    config = GPTConfig(
+        vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
+        n_head=n_head, n_embd=n_embd, dropout=hf["attention_dropout"] if dropout is None else dropout, bias=False,
+        attention="sdpa", pos="rope", norm="rmsnorm", mlp="swiglu", tie_head=bool(hf["tie_word_embeddings"]),
+        qk_norm=model_type == "qwen3", smear=False, n_kv_head=n_kv_head, head_dim=head_dim, window=None,
+        mlp_hidden=hf["intermediate_size"], rope_theta=rope_theta, rope_scaling=rope_scaling,
+        norm_eps=float(hf["rms_norm_eps"]),
+    )
+    return config, []
+
+
+def check_full_attention(hf: dict[str, Any], refuse: Refuse) -> None:
+    """Refuse a Qwen3 with sliding-window layers: this project has one window for every layer, or none."""
+    layer_types = hf["layer_types"]
+    if layer_types is None and hf["use_sliding_window"]:  # Qwen3Config's rule: layers from max_window_layers on slide
+        if hf["max_window_layers"] < hf["num_hidden_layers"]:
+            raise refuse("use_sliding_window", True, "sliding-window layers do not map to this project's model, "
+                                                     "which reads full attention in every layer")
+    elif layer_types is not None and any(kind != "full_attention" for kind in layer_types):
+        raise refuse("layer_types", layer_types, "sliding-window layers do not map to this project's model, "
+                                                 "which reads full attention in every layer")
+
+
+def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, float] | None]:
+    """(rope_theta, our rope_scaling or None) from transformers 5's rope_parameters, or from the rope_theta
+    and rope_scaling that earlier versions wrote."""
+    key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    rope = hf.get(key) or {}
+    if not isinstance(rope, dict) or any(isinstance(value, dict) for value in rope.values()):
+        raise refuse(key, rope, "this project reads one rotary setting for every layer")
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", ROPE_THETA)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise refuse(f"{key}.rope_type", rope_type, 'this project\'s rotary positions take no scaling ("default") '
+                                                    'or Llama 3.1\'s ("llama3")')
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise refuse(f"{key}.partial_rotary_factor", rope["partial_rotary_factor"], "this project turns every dim of a head")
+    if rope_type == "default":
+        return theta, None
+    scaling = {"original_max_position_embeddings": hf["max_position_embeddings"]} | rope  # transformers' default
+    missing = [name for name in ROPE_SCALING_KEYS if name not in scaling]
+    if missing:
+        raise refuse(key, rope, f"Llama 3.1's scaling needs {', '.join(missing)}")
+    return theta, {name: scaling[name] for name in ROPE_SCALING_KEYS}
+
+
+def hf_names(config: GPTConfig) -> dict[str, tuple[str, slice]]:
+    """LlamaForCausalLM's (and Qwen3ForCausalLM's) tensor names -> (ours, which of its rows). q_proj, k_proj
+    and v_proj share our attn.qkv: its rows [q (H*D) | k (K*D) | v (K*D)]."""
+    H, K, D = config.n_head, config.kv_heads, config.head_size
+    qkv_rows = {"q_proj": slice(0, H * D), "k_proj": slice(H * D, (H + K) * D), "v_proj": slice((H + K) * D, (H + 2 * K) * D)}
+    block_names = BLOCK_NAMES | (QK_NORM_NAMES if config.qk_norm else {})
+    names = {"model.embed_tokens.weight": ("tok_emb.weight", ALL)}
+    for i in range(config.n_layer):
+        names |= {f"model.layers.{i}.self_attn.{hf}.weight": (f"blocks.{i}.attn.qkv.weight", rows)
+                  for hf, rows in qkv_rows.items()}
+        names |= {f"model.layers.{i}.{hf}": (f"blocks.{i}.{ours}", ALL) for hf, ours in block_names.items()}
+    names["model.norm.weight"] = ("ln_f.weight", ALL)
+    if not config.tie_head:
+        names["lm_head.weight"] = ("lm_head.weight", ALL)  # tied, HF leaves it out of the file
+    return names
+
+
+def full_name(name: str) -> str:
+    """A file's tensor name as LlamaForCausalLM's: a file of the bare LlamaModel lacks "model."."""
+    return name if name.startswith(("model.", "lm_head.")) else f"model.{name}"
+
+
+def export_blockers(config: GPTConfig, model_type: str) -> list[str]:
+    """One phrase per option of config that LlamaForCausalLM (model_type llama) or Qwen3ForCausalLM (qwen3)
+    cannot represent as written here; empty if it maps."""
+    name, qwen3 = ("Qwen3", True) if model_type == "qwen3" else ("Llama", False)
+    blockers = []
+    if config.pos != "rope":
+        blockers.append(f"model.pos={config.pos} ({name} turns queries and keys by rotary positions; it learns no position table)")
+    if config.norm != "rmsnorm":
+        blockers.append(f"model.norm={config.norm} ({name} uses RMSNorm)")
+    if config.mlp != "swiglu":
+        blockers.append(f"model.mlp={config.mlp} ({name}'s MLP is SwiGLU)")
+    if config.qk_norm and not qwen3:
+        blockers.append("model.qk_norm=true (Llama does not normalise queries and keys; Qwen3 does)")
+    if qwen3 and not config.qk_norm:
+        blockers.append("model.qk_norm=false (Qwen3 normalises queries and keys; Llama does not)")
+    if config.smear:
+        blockers.append(f"model.smear=true ({name} has no smear)")
+    if config.bias:
+        blockers.append(f"model.bias=true ({name} is written here without biases)")
+    if config.window is not None:
+        blockers.append(f"model.window={config.window} ({name} is written here with full attention in every layer)")
+    if not qwen3 and config.head_dim is not None and config.n_embd % config.n_head:
+        blockers.append(f"model.head_dim={config.head_dim} with n_embd={config.n_embd} not a multiple of "
+                        f"n_head={config.n_head} (LlamaConfig needs one)")
+    return blockers
+
+
+def hf_config(config: GPTConfig, model_type: str) -> dict[str, Any]:
+    """config.json's Llama or Qwen3 settings for config (hf_models.py adds the ids and the architecture)."""
+    # norm_eps None is RMSNorm's "the dtype's eps": for the float32 weights written, float32's.
+    eps = torch.finfo(torch.float32).eps if config.norm_eps is None else config.norm_eps
+    theta = float(config.rope_theta)
+    scaling = {"rope_type": "llama3", "rope_theta": theta, **config.rope_scaling} if config.rope_scaling else None
+    settings = {
+        "vocab_size": config.vocab_size, "hidden_size": config.n_embd, "intermediate_size": config.hidden_size,
+        "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.kv_heads, "head_dim": config.head_size, "hidden_act": "silu",
+        "max_position_embeddings": config.block_size, "rms_norm_eps": eps,
+        "tie_word_embeddings": config.tie_head, "attention_bias": False, "attention_dropout": config.dropout,
+        # transformers 5 reads rope_parameters; earlier versions (and other readers) rope_theta and rope_scaling.
+        "rope_parameters": scaling or {"rope_type": "default", "rope_theta": theta},
+        "rope_theta": theta, "rope_scaling": scaling,
+    }
+    if model_type == "qwen3":
+        settings["use_sliding_window"] = False
+    else:
+        settings["mlp_bias"] = False
+    return settings

@@ -1,0 +1,305 @@
+"""Llama and Qwen3 folders in and out (model_io/hf_llama.py, read and written by model_io/hf_models.py), with
+transformers' LlamaForCausalLM and Qwen3ForCausalLM as the reference: tiny random models and a tiny byte-level
+BPE, written by save_pretrained in the test, never the Hub."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from tokenizers import ByteLevelBPETokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+import cli.schema  # noqa: F401  (stores the schemas that configs/train.yaml extends)
+from data.stories import generate_stories
+from data.tokenizer import EOT, CharTokenizer
+from inspection.logit_attribution import logit_attribution
+from inspection.logit_lens import logit_lens
+from inspection.patching import logit_difference, patch_heads
+from model.generation import generate_tokens
+from model.gpt import GPT, eval_mode
+from model_io.checkpoint import BEST, Checkpoint, build_model
+from model_io.hf_models import gpt_config_from_hf, gpt_from_hf, load_hf_weights
+from tests.helpers import ROOT, run_cli
+from user_error import UserError
+
+VOCAB = 300  # the tiny BPE's tokens, <|endoftext|> included, and the models' vocabulary
+TOLERANCE = 1e-5  # fp32: the same math in another order is ~1e-6 apart here
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}  # with head_dim 8: one pair kept, one blended, two slowed
+SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=64)
+SHAPES = {  # grouped-query (2:1) and multi-query, tied and untied, rope scaling, Qwen3's own head size
+    "llama,gqa,untied,llama3_rope": LlamaConfig(**SMALL, num_key_value_heads=2, tie_word_embeddings=False,
+                                                rope_parameters={"rope_theta": 500000.0, **LLAMA3_SCALING}),
+    "llama,mqa,tied": LlamaConfig(**SMALL, num_key_value_heads=1, tie_word_embeddings=True),
+    "qwen3,gqa,head_dim=16": Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+}
+
+
+def lively(model: torch.nn.Module) -> torch.nn.Module:
+    """model with every parameter redrawn from N(0, 0.3): at the init's 0.02 every logit is near 0 and
+    greedy tokens hardly depend on the context; here they do, so a wrong row or head shows."""
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A byte-level BPE of VOCAB tokens with <|endoftext|> as bos and eos, as transformers saves one."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(generate_stories(seed=3, n_chars=20_000), vocab_size=VOCAB, special_tokens=[EOT],
+                            show_progress=False)
+    assert bpe.get_vocab_size() == VOCAB
+    PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=EOT, eos_token=EOT).save_pretrained(folder)
+
+
+def hf_folder(folder: Path, config: PreTrainedConfig, **save_options) -> Path:
+    """A complete Hugging Face folder: a random model of config's shape and the tiny tokenizer."""
+    lively(AutoModelForCausalLM.from_config(config)).save_pretrained(folder, **save_options)
+    save_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def shape(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PreTrainedModel]:
+    """A folder of each shape, and transformers' model read from it."""
+    folder = hf_folder(tmp_path_factory.mktemp("hf"), SHAPES[request.param])
+    return folder, AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hf_folder(tmp_path_factory.mktemp("llama"), SHAPES["llama,gqa,untied,llama3_rope"])
+
+
+def tokens(length: int = 40, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))  # (2, length)
+
+
+def max_logit_gap(ours: GPT, theirs: PreTrainedModel, idx: torch.Tensor) -> float:
+    with torch.no_grad(), eval_mode(ours):
+        return (ours(idx)[0] - theirs(idx).logits).abs().max().item()
+
+
+def one_line_error(call, *args, **kwargs) -> str:
+    with pytest.raises(UserError) as raised:
+        call(*args, **kwargs)
+    assert "\n" not in str(raised.value)
+    return str(raised.value)
+
+
+def test_each_shape_gives_transformers_logits_with_its_heads_sizes_and_norms(shape) -> None:
+    folder, theirs = shape
+    ours, notes = gpt_from_hf(folder)
+    hf = theirs.config
+    config = ours.config
+    assert (config.pos, config.norm, config.mlp, config.bias, config.smear) == ("rope", "rmsnorm", "swiglu", False, False)
+    assert (config.n_head, config.kv_heads, config.head_size, config.hidden_size) == (
+        hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.intermediate_size)
+    assert (config.tie_head, config.qk_norm, config.norm_eps) == (hf.tie_word_embeddings, hf.model_type == "qwen3", 1e-6)
+    assert (ours.lm_head.weight is ours.tok_emb.weight) == config.tie_head and notes == []
+    assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_tokens_match_transformers_generate_with_and_without_either_cache(shape, use_cache: bool) -> None:
+    folder, theirs = shape
+    ours, _ = gpt_from_hf(folder)
+    prompt = tokens(length=6)
+    expected = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30, do_sample=False,
+                               use_cache=use_cache, eos_token_id=None, pad_token_id=0)  # (2, 36): no stop at an eos
+    generated = generate_tokens(ours, prompt, max_new_tokens=30, temperature=0.0, use_kv_cache=use_cache)
+    assert expected.shape == (2, 36) and generated.tolist() == expected.tolist()
+
+
+def test_llama3_rope_scaling_is_read_and_is_what_makes_the_logits_agree(llama_folder: Path) -> None:
+    theirs = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    config, _ = gpt_config_from_hf(llama_folder)
+    assert (config.rope_theta, config.rope_scaling) == (500000.0, {name: LLAMA3_SCALING[name] for name in
+                                                                   ("factor", "low_freq_factor", "high_freq_factor",
+                                                                    "original_max_position_embeddings")})
+    config.rope_scaling = None  # plain rotary angles instead
+    unscaled = GPT(config)
+    load_hf_weights(llama_folder, unscaled)  # into real parameters this time
+    assert max_logit_gap(unscaled, theirs, tokens()) > 100 * TOLERANCE
+
+
+def test_a_sharded_folder_loads_as_one_file_does_and_a_missing_shard_is_named(tmp_path: Path) -> None:
+    folder = hf_folder(tmp_path / "sharded", SHAPES["qwen3,gqa,head_dim=16"], max_shard_size="50KB")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and not (folder / "model.safetensors").exists()
+    ours, _ = gpt_from_hf(folder)
+    assert max_logit_gap(ours, AutoModelForCausalLM.from_pretrained(folder).eval(), tokens()) < TOLERANCE
+    (folder / shards[-1]).unlink()
+    assert f"has no {shards[-1]}, a shard that model.safetensors.index.json lists" in one_line_error(gpt_from_hf, folder)
+
+
+def test_vocabulary_rows_past_the_tokenizers_last_id_are_left_out(llama_folder: Path) -> None:
+    # Qwen3 pads its 151,669 tokens to 151,936 rows; the model is built from the tokenizer's size.
+    config, _ = gpt_config_from_hf(llama_folder)
+    config.vocab_size = VOCAB - 44
+    with torch.device("meta"):
+        ours = GPT(config)
+    load_hf_weights(llama_folder, ours)
+    theirs = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    idx = tokens() % config.vocab_size
+    with torch.no_grad(), eval_mode(ours):
+        gap = (ours(idx)[0] - theirs(idx).logits[..., : config.vocab_size]).abs().max().item()
+    assert gap < TOLERANCE
+
+
+@pytest.mark.parametrize(("model_type", "change", "words"), [
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+     'rope_parameters.rope_type="dynamic": this project\'s rotary positions take no scaling ("default") or Llama 3.1\'s'),
+    ("llama", {"rope_parameters": None, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 'rope_scaling.rope_type="yarn"'),
+    ("llama", {"attention_bias": True}, "attention_bias=true: this project reads Llama and Qwen3 without biases"),
+    ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu": this project\'s SwiGLU MLP gates with SiLU (silu)'),
+    ("qwen3", {"use_sliding_window": True, "max_window_layers": 1, "layer_types": None},
+     "use_sliding_window=true: sliding-window layers do not map to this project's model"),
+    ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]},
+     'layer_types=["full_attention", "sliding_attention"]: sliding-window layers do not map'),
+    ("qwen3", {"model_type": "qwen2"}, 'model_type="qwen2": this project reads GPT2LMHeadModel (gpt2), LlamaForCausalLM'),
+], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding window",
+        "sliding layer", "qwen2"])
+def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
+    config = SHAPES["qwen3,gqa,head_dim=16" if model_type == "qwen3" else "llama,mqa,tied"]
+    config.save_pretrained(tmp_path)  # config.json is all gpt_config_from_hf reads
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | change))
+    assert f"{path} has {words}" in one_line_error(gpt_config_from_hf, tmp_path)
+
+
+def test_logit_lens_attribution_and_head_patching_work_on_an_imported_gqa_llama(llama_folder: Path) -> None:
+    ours, _ = gpt_from_hf(llama_folder)
+    theirs = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    clean = tokens(length=12)
+    corrupted = clean.clone()
+    corrupted[:, 4] = (corrupted[:, 4] + 1) % VOCAB
+    with torch.no_grad():
+        out = theirs(clean, output_hidden_states=True)
+        # hidden_states[1] leaves the first layer; the last one has passed the final norm already.
+        first_layer = theirs.lm_head(theirs.model.norm(out.hidden_states[1])).log_softmax(dim=-1)  # (B, T, V)
+    lens = logit_lens(ours, clean)  # (L, B, T, V)
+    torch.testing.assert_close(lens[0], first_layer, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(lens[-1], out.logits.log_softmax(dim=-1), atol=TOLERANCE, rtol=0)
+
+    answer, other = out.logits[:, -1].argmax(dim=-1), out.logits[:, -1].argmin(dim=-1)  # (B,) each
+    attribution = logit_attribution(ours, clean, -1, answer, other)
+    real = out.logits[[0, 1], -1, answer] - out.logits[[0, 1], -1, other]  # (B,)
+    torch.testing.assert_close(attribution.total(), real, atol=1e-4, rtol=0)
+    assert attribution.heads().shape == (2, 4, 2)  # (L, H, B): every query head, though 2 share each key head
+
+    # Patching one head: in transformers, that head's D columns of o_proj's input taken from the clean run.
+    metric = logit_difference(-1, answer, other)
+    restored = patch_heads(ours, clean, corrupted, metric)
+    D = theirs.config.head_dim
+    clean_inputs = {}
+    hooks = [layer.self_attn.o_proj.register_forward_pre_hook(lambda module, args, i=i: clean_inputs.update({i: args[0]}))
+             for i, layer in enumerate(theirs.model.layers)]
+    with torch.no_grad():
+        theirs(clean)
+    for hook in hooks:
+        hook.remove()
+    for layer, head in [(0, 1), (1, 2), (1, 3)]:
+        def patch(module, args, layer=layer, head=head):
+            patched = args[0].clone()  # (B, T, H * D)
+            patched[..., head * D : (head + 1) * D] = clean_inputs[layer][..., head * D : (head + 1) * D]
+            return (patched,)
+
+        hook = theirs.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(patch)
+        with torch.no_grad():
+            expected = metric(theirs(corrupted).logits).item()
+        hook.remove()
+        assert restored.patched[layer, head].item() == pytest.approx(expected, abs=1e-4)
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+TINY_SHAPE = ["model.n_layer=2", "model.n_embd=32", "model.block_size=32"]  # 4 heads (the default), 2 key/value heads
+
+
+# Llama 3's rotary base and scaling, set here: `model.rope_scaling={...}` on the command line is not read yet.
+LLAMA3_ROPE = {"rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 16}}
+
+
+@pytest.mark.parametrize(("preset", "options", "hf_class"), [("llama_shape", LLAMA3_ROPE, LlamaForCausalLM),
+                                                             ("qwen3_shape", {}, Qwen3ForCausalLM)],
+                         ids=["llama_shape,llama3_rope", "qwen3_shape"])
+def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
+    preset: str, options: dict, hf_class: type, tmp_path: Path
+) -> None:
+    cfg = composed(f"experiment={preset}", *TINY_SHAPE)
+    assert OmegaConf.missing_keys(cfg) == set()
+    tokenizer = CharTokenizer(sorted(set("".join(generate_stories(seed=1, n_chars=20_000)))))
+    model = lively(build_model(OmegaConf.to_container(cfg.model) | options, tokenizer.vocab_size))
+    assert (model.config.kv_heads, model.config.qk_norm) == (2, preset == "qwen3_shape")
+    run = tmp_path / "run"
+    run.mkdir()
+    model_cfg = {key: value for key, value in asdict(model.config).items() if key != "vocab_size"}
+    Checkpoint(model=model.state_dict(), config={"model": model_cfg}, tokenizer=tokenizer.state()).save(run / BEST)
+    result = run_cli("export.py", f"run={run}", f"out={tmp_path / 'exported'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"as a {hf_class.__name__}:" in result.stdout
+
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    assert type(theirs) is hf_class
+    hf = json.loads((tmp_path / "exported" / "config.json").read_text())
+    # model.norm_eps=null is RMSNorm's "the dtype's eps": float32's, written as a number.
+    assert hf["rms_norm_eps"] == torch.finfo(torch.float32).eps and theirs.config.rms_norm_eps == hf["rms_norm_eps"]
+    assert (hf["num_key_value_heads"], hf["head_dim"], hf["max_position_embeddings"]) == (2, 8, 32)
+    assert (theirs.config.bos_token_id, theirs.config.eos_token_id) == (tokenizer.bos_id, tokenizer.eot_id)
+    idx = torch.tensor([[tokenizer.bos_id, *tokenizer.encode("Once upon a time")]])  # (1, T)
+    assert max_logit_gap(model, theirs, idx) < TOLERANCE
+    expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=12, do_sample=False,
+                               eos_token_id=None, pad_token_id=tokenizer.eot_id)
+    assert generate_tokens(model, idx, max_new_tokens=12, temperature=0.0).tolist() == expected.tolist()
+
+    back, notes = gpt_from_hf(tmp_path / "exported")  # what init_from=<exported folder> reads
+    assert notes == [] and back.config.kv_heads == 2
+    with torch.no_grad(), eval_mode(model), eval_mode(back):
+        assert torch.equal(back(idx)[0], model(idx)[0])
+
+
+def test_the_smollm2_preset_fine_tunes_a_llama_folder_and_keeps_its_shape(llama_folder: Path, tmp_path: Path) -> None:
+    preset = composed("experiment=finetune_smollm2")
+    assert OmegaConf.missing_keys(preset) == set() and preset.init_from == "HuggingFaceTB/SmolLM2-135M"
+    assert (preset.optim.name, preset.optim.lr, preset.optim.schedule, preset.model.block_size) == ("adamw", 1e-3, "cosine", 256)
+    result = run_cli("train.py", "experiment=finetune_smollm2", f"init_from={llama_folder}", "model.block_size=32",
+                     "data.n_chars=20000", "train.max_steps=2", "train.eval_interval=2", "train.eval_iters=1",
+                     "train.batch_size=2", "train.grad_accum_steps=1", "optim.warmup_steps=1", "train.attn_log_interval=0",
+                     "train.sample_interval=0", "train.probe_tokens=24", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "model.block_size=32 crops Llama's 64 positions to 32" in result.stdout
+    checkpoint = Checkpoint.load(tmp_path / "run" / "ckpt_last.pt")
+    shape = checkpoint.config["model"]
+    assert checkpoint.step == 2 and (shape["n_kv_head"], shape["mlp_hidden"], shape["rope_theta"]) == (2, 48, 500000.0)
+    assert shape["rope_scaling"]["factor"] == 8.0 and shape["norm_eps"] == 1e-6 and not shape["tie_head"]
+    trained, _ = checkpoint.build_model()
+    assert not torch.equal(trained.blocks[0].attn.qkv.weight, gpt_from_hf(llama_folder)[0].blocks[0].attn.qkv.weight)
+
+
+def test_a_shape_value_that_contradicts_a_llamas_weights_is_one_line(llama_folder: Path, tmp_path: Path) -> None:
+    result = run_cli("train.py", f"init_from={llama_folder}", "model.n_kv_head=4", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert f"model.n_kv_head=4 contradicts the weights of init_from={llama_folder}, which have model.n_kv_head=2" in result.stderr
+    assert not (tmp_path / "run").exists()
