@@ -26,6 +26,10 @@ Sections (each figure is the median of --repeats runs):
                compiled decode step (compile=true; also its compile time), for nanoGPT's
                shakespeare-char model (6 layers, 6 heads, 384 dims) and this project's default
                model (configs/model/gpt.yaml, vocabulary 1,274)
+    kv_cache   the KV cache's bytes and decoding tokens/s (32 greedy tokens, eager, the prompt's
+               forward not counted) at 1k, 4k and 16k tokens of context, for the default model
+               with 8 heads: a key/value head each (MHA), one per 4 (GQA 4:1), one (MQA), and a
+               window of 256 (a ring cache); about 40 s
     attention  forward + backward of the sdpa and manual paths against the same projections
                around a bare scaled_dot_product_attention call
     data       (not by default) tokenising a corpus of --data-mb megabytes (the .py files of this
@@ -50,14 +54,18 @@ Sections (each figure is the median of --repeats runs):
                CPU; intact, and with one head knocked out (two forwards)
     loading    (not by default; writes 1.4 GB) peak memory of a fresh process loading GPT-2 medium's shape of
                random weights from a Hugging Face folder (model_io/hf_models.py), against their file's size
-    gpt2_sampling  (not by default; 8 to 14 minutes on a shared 2-core machine) greedy sampling at GPT-2 small's
-               shape (124M, random weights written by transformers and read by model_io/hf_models.py):
-               tokens/s of 128 new tokens after a 32-token prompt, sample.py's path (the KV cache,
-               eager and compiled) against transformers' generate(do_sample=False), and whether
-               all three chose the same tokens
+    gpt2_sampling  (not by default; about 2 minutes on a shared 2-core machine) greedy sampling at GPT-2
+               small's shape (124M, random weights written by transformers and read by
+               model_io/hf_models.py) at fp32 and bf16: tokens/s of 48 new tokens after a 32-token
+               prompt, sample.py's path (the KV cache, eager and compiled) against transformers'
+               generate(do_sample=False), each beside the limit the memory's read rate sets (x.sum()
+               over 1 GiB), and whether they chose the same tokens
     gpt2_finetune  (not by default; needs --nanogpt <a checkout of karpathy/nanoGPT>; about 8 minutes there)
                training steps (forward, backward, clipping, AdamW) at GPT-2 small's shape, 1 x 256
                tokens, fp32: this project's TrainStep against nanoGPT's model.py, in turns
+
+kv_cache and gpt2_sampling run at one torch thread unless --threads says otherwise: on a machine
+other jobs share, a second thread makes a token's time move tenfold (docs/speed.md).
 
 Results go to bench_results/bench-<date>_<time>.json (git-ignored) unless --out says otherwise;
 the training section's run dirs go beside it.

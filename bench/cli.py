@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import platform
 import sys
 from datetime import datetime
@@ -11,10 +12,11 @@ import torch
 
 import bench
 from bench.attention import bench_attention
-from bench.common import ROOT
+from bench.common import ROOT, STEADY_THREADS, torch_threads
 from bench.corpora import bench_data
 from bench.gpt2_finetune import bench_gpt2_finetune
 from bench.gpt2_sampling import bench_gpt2_sampling
+from bench.kv_cache import bench_kv_cache
 from bench.loading import bench_loading
 from bench.nanogpt import bench_nanogpt
 from bench.sampling import bench_sampling
@@ -24,18 +26,20 @@ from bench.table import print_table
 from bench.text import bench_gpt2_text, bench_text
 from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
-SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "attention", "startup", "data", "nanogpt", "tab",
-            "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune")
-DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "attention", "startup", "text")
+SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "kv_cache", "attention", "startup", "data", "nanogpt",
+            "tab", "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune")
+DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "kv_cache", "attention", "startup", "text")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}; by default {', '.join(DEFAULT_SECTIONS)} "
-                        "(each other one takes minutes or needs more, e.g. gpt2_sampling 8 to 14 minutes on 2 busy cores, "
+                        "(each other one takes minutes or needs more, e.g. gpt2_sampling about 2 minutes on 2 busy cores, "
                         "gpt2_finetune about 8 and --nanogpt: docs/speed.md)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--threads", type=int, help="torch threads for the sections that run in this process (default: "
+                        f"torch's, one per core, and {STEADY_THREADS} for kv_cache and gpt2_sampling, steady on a shared machine)")
     parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
     parser.add_argument("--preset-steps", type=int, help="a quick check: the preset for this many steps, evaluated "
                         "on 10 batches instead of 200 (the quality figure then no longer measures time to quality)")
@@ -51,6 +55,10 @@ def main() -> None:
     if unknown or args.repeats < 1:
         sys.exit(f"error: --only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
                  if unknown else f"error: --repeats {args.repeats} must be at least 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            sys.exit(f"error: --threads {args.threads} must be at least 1")
+        torch.set_num_threads(args.threads)
 
     stamp = datetime.now()
     out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
@@ -70,6 +78,9 @@ def main() -> None:
         results["compile"] = bench_compile(args.repeats, args.steps, args.corpus.resolve(), peak, work)
     if "sampling" in sections:
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
+    if "kv_cache" in sections:
+        with torch_threads(args.threads or STEADY_THREADS):
+            results["kv_cache"] = bench_kv_cache(args.repeats)
     if "attention" in sections:
         results["attention"] = bench_attention(args.repeats)
     if "startup" in sections:
@@ -87,14 +98,15 @@ def main() -> None:
     if "loading" in sections:
         results["loading"] = bench_loading(work)
     if "gpt2_sampling" in sections:
-        results["gpt2_sampling"] = bench_gpt2_sampling(args.repeats, work)
+        with torch_threads(args.threads or STEADY_THREADS):
+            results["gpt2_sampling"] = bench_gpt2_sampling(args.repeats, work)
     if "gpt2_finetune" in sections:
         results["gpt2_finetune"] = bench_gpt2_finetune(args.repeats, args.nanogpt)
 
     print_table(results)
     record = {
         "date": stamp.isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "python": platform.python_version()},
         "repeats": args.repeats,
         "results": results,

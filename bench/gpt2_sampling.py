@@ -1,9 +1,12 @@
-"""The gpt2_sampling section: greedy tokens/s at GPT-2 small's shape, sample.py's path against
-transformers' generate, with the same random weights and a check that both choose the same tokens."""
+"""The gpt2_sampling section: greedy tokens/s at GPT-2 small's shape against the limit memory sets,
+sample.py's path (eager and compiled) beside transformers' generate at fp32 and bf16, with the same
+random weights and a check that all of them choose the same tokens."""
 
+import copy
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,15 +17,25 @@ from model_io.hf_models import gpt_from_hf
 
 # GPT-2 small (124M): GPT2Config's defaults, spelled out.
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
-PROMPT_TOKENS, NEW_TOKENS = 32, 128
+PROMPT_TOKENS, NEW_TOKENS = 32, 48
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PATHS = ("compiled", "eager", "transformers")  # the order of each turn's runs, per precision
+READ_BYTES = 1 << 30  # the bandwidth probe's array: far more than the CPU's caches hold
+READS_PER_TURN = 3
 
 
 def gpt2_folder(shape: dict, folder: Path) -> Path:
-    """A Hugging Face folder of GPT2LMHeadModel(GPT2Config(**shape)) with random weights (seed 0)."""
+    """A Hugging Face folder of GPT2LMHeadModel(GPT2Config(**shape)) with random weights (seed 0),
+    its biases too: GPT-2's initialisation zeroes them, and a path that dropped one would pass."""
     from transformers import GPT2Config, GPT2LMHeadModel  # a dev requirement, like the nanogpt section's checkout
 
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(**shape)).save_pretrained(folder)
+    model = GPT2LMHeadModel(GPT2Config(**shape))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(std=model.config.initializer_range)
+    model.save_pretrained(folder)
     return folder
 
 
@@ -41,44 +54,94 @@ def first_difference(ours: torch.Tensor, theirs: torch.Tensor) -> int | None:
     return int(different[0, 1]) if len(different) else None
 
 
-def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
-    """Paired runs, one after another in each repeat: our generate_tokens at temperature 0 with
-    the KV cache, eager and with the compiled decode step, and transformers' generate, from the
-    same prompt, each for NEW_TOKENS tokens."""
-    from transformers import GPT2LMHeadModel
+def read_bandwidth(array: torch.Tensor) -> float:
+    """GB/s of one array.sum(): a read of every byte once, with this process's torch threads,
+    the way a decoding step reads the weights."""
+    started = time.perf_counter()
+    array.sum()
+    return array.nbytes / (time.perf_counter() - started) / 1e9
 
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def at_precision(model: GPT, dtype: torch.dtype) -> GPT:
+    """A copy of model with its weights in dtype, as sample.py would compute in it."""
+    return copy.deepcopy(model).to(dtype).eval()
+
+
+def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
+    """In each of `repeats` turns: the read bandwidth, then two runs of each path at each precision
+    (our generate_tokens at temperature 0 with the KV cache, with the compiled decode step and
+    eager, and transformers' generate) from the same prompt: NEW_TOKENS tokens, and 1 (the
+    prompt's forward and the first choice). Their difference is the decoding alone, the part the
+    limit bounds: the bandwidth over the bytes of weights one token reads (all of them, once)."""
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its bars for writing and reading the folder: noise here
     folder = gpt2_folder(GPT2_SMALL, work / "gpt2-small")
-    hf_model = GPT2LMHeadModel.from_pretrained(folder).eval()
-    ours: GPT = gpt_from_hf(folder)[0].eval()
+    ours_fp32: GPT = gpt_from_hf(folder)[0].eval()
+    models = {name: (at_precision(ours_fp32, dtype), GPT2LMHeadModel.from_pretrained(folder, dtype=dtype).eval())
+              for name, dtype in PRECISIONS.items()}
+    del ours_fp32
     shutil.rmtree(folder)
     prompt = torch.randint(0, GPT2_SMALL["vocab_size"], (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
 
-    started = time.perf_counter()
-    decode_step = CompiledDecodeStep(ours, batch_size=1, temperature=0.0, top_k=None, top_p=None)
-    compile_seconds = time.perf_counter() - started
-    runs = {
-        "eager": lambda: generate_tokens(ours, prompt, NEW_TOKENS, temperature=0.0),
-        "compiled": lambda: generate_tokens(ours, prompt, NEW_TOKENS, temperature=0.0, decode_step=decode_step),
-        "transformers": lambda: hf_greedy(hf_model, prompt, NEW_TOKENS),
-    }
-    tokens = {name: run() for name, run in runs.items()}  # the warm-up runs, whose tokens are compared
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    runs: dict[tuple[str, str], Callable[[int], torch.Tensor]] = {}  # each takes the number of new tokens
+    compile_seconds = {}
+    for name, (ours, theirs) in models.items():
+        started = time.perf_counter()
+        step = CompiledDecodeStep(ours, batch_size=1, temperature=0.0, top_k=None, top_p=None)
+        compile_seconds[name] = time.perf_counter() - started
+        paths = {"compiled": lambda new, ours=ours, step=step: generate_tokens(ours, prompt, new, temperature=0.0,
+                                                                               decode_step=step),
+                 "eager": lambda new, ours=ours: generate_tokens(ours, prompt, new, temperature=0.0),
+                 "transformers": lambda new, theirs=theirs: hf_greedy(theirs, prompt, new)}
+        runs.update({(name, path): paths[path] for path in PATHS})
+
+    tokens = {key: run(NEW_TOKENS) for key, run in runs.items()}  # the warm-up runs, whose tokens are compared
+    array = torch.ones(READ_BYTES // 4)  # float32; summed once untimed below, so its pages are there
+    array.sum()
+    bandwidth: list[float] = []
+    seconds: dict[tuple[str, str], list[float]] = {key: [] for key in runs}  # NEW_TOKENS tokens
+    prompt_seconds: dict[tuple[str, str], list[float]] = {key: [] for key in runs}  # 1 token
     for _ in range(repeats):
-        for name, run in runs.items():
-            started = time.perf_counter()
-            run()
-            seconds[name].append(time.perf_counter() - started)
-    rates = {name: NEW_TOKENS / statistics.median(times) for name, times in seconds.items()}
-    hf = rates["transformers"]
-    return {
-        "params": ours.num_parameters(), "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
-        "threads": torch.get_num_threads(),
-        "eager_tokens_per_sec": rates["eager"], "compiled_tokens_per_sec": rates["compiled"],
-        "transformers_tokens_per_sec": hf, "eager_vs_transformers": rates["eager"] / hf,
-        "compiled_vs_transformers": rates["compiled"] / hf, "compile_seconds": compile_seconds,
-        "seconds": seconds,  # each run's, in the order they ran
-        "eager_first_difference": first_difference(tokens["eager"], tokens["transformers"]),
-        "compiled_first_difference": first_difference(tokens["compiled"], tokens["transformers"]),
-        "same_greedy_tokens": all(first_difference(tokens[name], tokens["transformers"]) is None
-                                  for name in ("eager", "compiled")),
-    }
+        bandwidth += [read_bandwidth(array) for _ in range(READS_PER_TURN)]
+        for key, run in runs.items():
+            for new_tokens, times in ((1, prompt_seconds[key]), (NEW_TOKENS, seconds[key])):
+                started = time.perf_counter()
+                run(new_tokens)
+                times.append(time.perf_counter() - started)
+    del array
+    gb_per_s = statistics.median(bandwidth)
+
+    result = {"params": models["fp32"][0].num_parameters(), "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+              "threads": torch.get_num_threads(), "native_bf16": native_bf16(), "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
+              "read_gb_per_s_each": bandwidth, "precisions": {}}
+    for name, (ours, _) in models.items():
+        weight_bytes = sum(p.nbytes for p in ours.parameters())
+        limit = gb_per_s * 1e9 / weight_bytes
+        rates = {path: NEW_TOKENS / statistics.median(seconds[name, path]) for path in PATHS}
+        decoding = {path: [whole - first for whole, first in zip(seconds[name, path], prompt_seconds[name, path], strict=True)]
+                    for path in PATHS}  # each turn's NEW_TOKENS - 1 tokens after the first
+        decode_rates = {path: (NEW_TOKENS - 1) / statistics.median(decoding[path]) for path in PATHS}
+        differences = {path: first_difference(tokens[name, path], tokens[name, "transformers"]) for path in ("compiled", "eager")}
+        result["precisions"][name] = {
+            "weight_bytes": weight_bytes, "limit_tokens_per_sec": limit, "compile_seconds": compile_seconds[name],
+            **{f"{path}_tokens_per_sec": rates[path] for path in PATHS},
+            **{f"{path}_decode_tokens_per_sec": decode_rates[path] for path in PATHS},
+            **{f"{path}_share_of_limit": decode_rates[path] / limit for path in PATHS},
+            **{f"{path}_vs_transformers": rates[path] / rates["transformers"] for path in ("compiled", "eager")},
+            **{f"{path}_first_difference": differences[path] for path in ("compiled", "eager")},
+            "same_greedy_tokens": all(difference is None for difference in differences.values()),
+            "seconds": {path: seconds[name, path] for path in PATHS},  # each run's, in the order they ran
+            "prompt_seconds": {path: prompt_seconds[name, path] for path in PATHS},
+        }
+    return result

@@ -75,18 +75,10 @@ def print_table(results: dict) -> None:
         rows.append(("loading GPT-2 medium's shape (Hugging Face folder)",
                      f"peak memory {m['peak_gb']:.2f} GB for {m['weights_gb']:.2f} GB of weights ({m['peak_vs_weights']:.2f}x; "
                      f"{m['imports_gb']:.2f} GB of it the imports)"))
+    if "kv_cache" in results:
+        rows += kv_cache_rows(results["kv_cache"])
     if "gpt2_sampling" in results:
-        g = results["gpt2_sampling"]
-        same = "yes" if g["same_greedy_tokens"] else (f"NO (eager first differs at {g['eager_first_difference']}, "
-                                                      f"compiled at {g['compiled_first_difference']})")
-        rows += [
-            (f"greedy sampling, GPT-2 small's shape, {g['new_tokens']} tokens",
-             f"{g['eager_tokens_per_sec']:.1f} tokens/s with KV cache ({g['eager_vs_transformers']:.2f}x transformers' "
-             f"{g['transformers_tokens_per_sec']:.1f})"),
-            ("  compiled decode step (compile=true)", f"{g['compiled_tokens_per_sec']:.1f} tokens/s "
-                                                     f"({g['compiled_vs_transformers']:.2f}x), after {g['compile_seconds']:.1f} s compiling"),
-            ("  the same greedy tokens as transformers", same),
-        ]
+        rows += gpt2_sampling_rows(results["gpt2_sampling"])
     if "gpt2_finetune" in results:
         f = results["gpt2_finetune"]
         rows.append((f"fine-tuning steps, GPT-2 small's shape, {f['batch_size']} x {f['sequence_length']} tokens",
@@ -95,6 +87,49 @@ def print_table(results: dict) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+
+
+def kv_cache_rows(k: dict) -> list[tuple[str, str]]:
+    """One row per variant: its cache's size and its decoding rate at each context."""
+    contexts = " / ".join(f"{context // 1024}k" if context % 1024 == 0 else str(context) for context in k["contexts"])
+    threads = f"{k['threads']} thread{'s' if k['threads'] > 1 else ''}"
+    rows = [(f"KV cache and decoding at {contexts} tokens of context",
+             f"the default model ({k['n_embd']} wide, {k['n_layer']} layers) with n_head {k['n_head']}, not 4, so that GQA 4:1 "
+             f"has 2 key/value heads and MQA 1; fp32; {k['new_tokens']} greedy tokens, eager, {threads}, after a prompt "
+             "that fills the context (its prefill not in the rate); full attention with block_size = the context")]
+    for name, v in k["variants"].items():
+        heads = f"{v['kv_heads']} key/value head{'s' if v['kv_heads'] > 1 else ''}"
+        shape = f"{heads}, a ring of {v['window']} slots, block_size {v['block_size'][0]}" if v["window"] else heads
+        sizes = " / ".join(f"{size / 2**20:g}" for size in v["cache_bytes"])
+        rates = " / ".join(f"{rate:,.0f}" for rate in v["decode_tokens_per_sec"])
+        check = ("" if v["cache_bytes"] == v["expected_cache_bytes"] else
+                 f" (NOT 2 x n_layer x K x S x D x 4 bytes: {' / '.join(str(b) for b in v['expected_cache_bytes'])})")
+        rows.append((f"  {name} ({shape})", f"cache {sizes} MiB{check}; {rates} tokens/s"))
+    return rows
+
+
+GPT2_PATHS = {"compiled": "compiled decode step (compile=true)", "eager": "KV cache, eager", "transformers": "transformers' generate"}
+
+
+def gpt2_sampling_rows(g: dict) -> list[tuple[str, str]]:
+    """Each precision's limit, then each path's tokens/s, its share of that limit and its ratio to transformers."""
+    threads = f"{g['threads']} thread{'s' if g['threads'] > 1 else ''}"
+    limits = ", ".join(f"{p['limit_tokens_per_sec']:.1f} tokens/s at {name} ({p['weight_bytes'] / 1e6:.0f} MB a token)"
+                       for name, p in g["precisions"].items())
+    rows = [(f"greedy sampling, GPT-2 small's shape, {g['new_tokens']} tokens after {g['prompt_tokens']}",
+             f"memory reads {g['read_gb_per_s']:.1f} GB/s (x.sum() over {g['read_bytes'] >> 20:,} MiB, {threads}), so the limit is {limits}; "
+             f"native bf16: {'yes' if g['native_bf16'] else 'no'}")]
+    for name, p in g["precisions"].items():
+        for path, label in GPT2_PATHS.items():
+            versus = f", {p[f'{path}_vs_transformers']:.2f}x transformers" if path != "transformers" else ""
+            built = f", after {p['compile_seconds']:.1f} s compiling" if path == "compiled" else ""
+            rows.append((f"  {name}, {label}", f"{p[f'{path}_tokens_per_sec']:.1f} tokens/s (decoding alone "
+                                              f"{p[f'{path}_decode_tokens_per_sec']:.1f}, {p[f'{path}_share_of_limit']:.0%} "
+                                              f"of the limit){versus}{built}"))
+        same = "yes" if p["same_greedy_tokens"] else (f"NO (compiled first differs at {p['compiled_first_difference']}, "
+                                                      f"eager at {p['eager_first_difference']})")
+        rows.append((f"  {name}, the same greedy tokens as transformers", same))
+    return rows
 
 
 def data_rows(d: dict) -> list[tuple[str, str]]:

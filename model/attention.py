@@ -87,8 +87,8 @@ class KVCache:
         ring itself, whose slots are not in order; every key in it is within the window)."""
         B, K, T, D = k.shape
         if self.k is None:
-            # Zeros, not uninitialised memory: the compiled decode step (model/decode_step.py)
-            # multiplies the slots not written yet by zero weights, and 0 * NaN would be NaN.
+            # Zeros, not uninitialised memory: a slot not written yet holds nothing that could
+            # turn into a NaN if some path ever read it (the compiled decode step reads filled slots only).
             self.k = k.new_zeros(B, K, self.slots, D)  # (B, K, slots, D)
             self.v = v.new_zeros(B, K, self.slots, D)  # (B, K, slots, D)
         if self.is_ring:

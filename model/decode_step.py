@@ -1,16 +1,19 @@
-"""One decoding step at shapes that never change, captured and compiled into fused kernels:
-what generation runs for each new token with compile=True (model/generation.py).
+"""One decoding step captured once and compiled into fused kernels: what generation runs for
+each new token with compile=True (model/generation.py).
 
 Eager, a cached step is about 200 small operations per token, and with a model this small the
 fixed cost of each operation is most of the time. Compiled, the step becomes a few fused C++
-loops. Compiling needs the same shapes at every token, so the new key and value are written
-into slot `position` of each KVCache's block_size slots (slot position % W of a window's ring of
-W), and the query looks at all slots through a mask that hides the ones not written yet. The math is GPT.forward's with caches,
-then sampling.choose_next_token; tests/test_decode_step.py checks both against the eager path.
+loops. The step takes each KVCache's whole buffer of block_size slots (a window's ring of W),
+writes the new key and value into slot `position` (position % W in a ring), and attends over
+the slots filled so far: their count, read from `position` when the step runs, sizes the
+attention's loops, so an early token of a long window does not read the empty slots. The math
+is GPT.forward's with caches, then sampling.choose_next_token; tests/test_decode_step.py checks
+both against the eager path.
 """
 
 import logging
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -20,9 +23,10 @@ from model.gpt import GPT, Caches, eval_mode
 from model.sampling import DIVERGED, choose_next_token
 
 # For CPU: C++ rather than Python glue between the kernels, one block of memory planned for all
-# the step's buffers instead of an allocation each, and the one-row matmuls written as fused
-# multiply-and-sum loops, since at this size a BLAS call's set-up costs more than its arithmetic.
-INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "post_grad_fusion_options": {"decompose_mm_pass": {}}}
+# the step's buffers instead of an allocation each, and every intermediate of more than a few
+# operations (a norm's output, an activation) stored once rather than recomputed inside each loop
+# that reads it: a one-row matmul (one_row_linear) reads its input once per row of its weight.
+INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "realize_opcount_threshold": 4}
 
 
 def one_token_logits(
@@ -48,11 +52,14 @@ def one_token_logits(
         x = x + model.pos_emb(position)  # (B, 1, C) + (1, C)
     slot_count = keys[0].shape[2]  # N
     slot = position % slot_count  # (1,): where this token's key and value go
-    slot_positions = torch.arange(slot_count, device=token.device)  # (N,)
-    # The filled slots and this one: every slot once a ring has gone round, all within the window.
-    visible = (slot_positions <= position).view(1, 1, 1, -1)  # (1, 1, 1, N)
+    # The slots filled so far, this token's included: slots 0 .. position, or all N once a ring
+    # has gone round (a ring holds the window only, so every key in it is visible). A number read
+    # when the step runs, not a shape fixed when it was compiled.
+    filled = torch.clamp(position + 1, max=slot_count).item()
+    torch._check(filled >= 1)  # what the compiled loops may assume of it
+    torch._check(filled <= slot_count)
     for block, k_slots, v_slots in zip(model.blocks, keys, values, strict=True):
-        x = x + attend_one(block.attn, block.ln_1(x), k_slots, v_slots, position, slot, visible)  # (B, 1, C)
+        x = x + attend_one(block.attn, block.ln_1(x), k_slots, v_slots, position, slot, filled)  # (B, 1, C)
         x = x + block.mlp(block.ln_2(x))  # (B, 1, C)
     logits = model.lm_head(model.ln_f(x))  # (B, 1, vocab_size)
     return logits[:, -1], embedding  # (B, vocab_size), (B, 1, C)
@@ -65,13 +72,14 @@ def attend_one(
     v_slots: torch.Tensor,
     position: torch.Tensor,
     slot: torch.Tensor,
-    visible: torch.Tensor,
+    filled: int,
 ) -> torch.Tensor:
     """CausalSelfAttention.forward for one token x (B, 1, C) at `position` whose key and value go
-    into `slot` of k_slots and v_slots (B, K, N, D). Returns (B, 1, C).
+    into `slot` of k_slots and v_slots (B, K, N, D), attending over their first `filled` slots.
+    Returns (B, 1, C).
 
     The scores are attend_manual's, but each group of G = H // K query heads reads its shared
-    key/value head in place, as one (G, D) @ (D, N) product, instead of a copy of the cache
+    key/value head in place, as one (G, D) @ (D, S) product, instead of a copy of the cache
     repeated G times per token."""
     B, _, C = x.shape
     H, K, D = attn.n_head, attn.n_kv_head, attn.head_dim
@@ -82,10 +90,26 @@ def attend_one(
     k, v = k.transpose(1, 2), v.view(B, 1, K, D).transpose(1, 2)  # (B, K, 1, D) each
     k_slots.index_copy_(2, slot, k)  # (B, K, N, D) with this token's key in its slot
     v_slots.index_copy_(2, slot, v)  # (B, K, N, D)
-    scores = q @ k_slots.transpose(-2, -1) / math.sqrt(D)  # (B, K, G, D) @ (B, K, D, N) -> (B, K, G, N)
-    weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)  # (B, K, G, N)
-    out = weights @ v_slots  # (B, K, G, N) @ (B, K, N, D) -> (B, K, G, D)
+    keys, values = k_slots[:, :, :filled], v_slots[:, :, :filled]  # (B, K, S, D) each, S = filled
+    # q scaled first, not the scores (the same up to rounding): Inductor then keeps the attention
+    # in its own loops; q @ k / sqrt(D) matches its pattern for a fused attention kernel, whose
+    # call costs more than the work for one query row.
+    scores = (q / math.sqrt(D)) @ keys.transpose(-2, -1)  # (B, K, G, D) @ (B, K, D, S) -> (B, K, G, S)
+    weights = torch.softmax(scores, dim=-1)  # (B, K, G, S): every filled slot is visible, no mask
+    out = weights @ values  # (B, K, G, S) @ (B, K, S, D) -> (B, K, G, D)
     return attn.proj(out.reshape(B, 1, H * D))  # (B, K, G, D) -> (B, 1, H*D) -> (B, 1, C)
+
+
+def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for one row x (1, 1, in) as a multiply and a sum, accumulated in float32 as BLAS
+    does. One token's matmul reads each weight once for one multiply-add: the speed is memory's,
+    and Inductor makes this one loop over the weight that streams it near that speed, in float32
+    or bfloat16 alike (BLAS's one-row calls reach a third to a half of it on a 2-core AMD EPYC,
+    docs/speed.md). Returns (1, 1, out)."""
+    out = (x.unsqueeze(-2).float() * weight.float()).sum(-1)  # (1, 1, 1, in) * (out, in), summed over in -> (1, 1, out)
+    if bias is not None:
+        out = out + bias.float()  # (1, 1, out), rounded once below, as addmm does
+    return out.to(x.dtype)
 
 
 class NextTokenStep(nn.Module):
@@ -135,6 +159,10 @@ class CompiledDecodeStep:
         self._stand_ins = example[2], example[3]  # the last_embedding and uniform of a call without them
         with eval_mode(model):
             program = torch.export.export(NextTokenStep(model, temperature, top_k, top_p), example)
+        if batch_size == 1:  # with more rows, one BLAS call reads the weight once for all of them
+            with warnings.catch_warnings():  # torch's own deprecation (LeafSpec) inside run_decompositions
+                warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+                program = program.run_decompositions({torch.ops.aten.linear.default: one_row_linear})
         from torch._inductor import compile as inductor_compile  # here, not at the top: it takes a second to import
 
         graph = program.module()

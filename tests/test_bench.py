@@ -15,6 +15,7 @@ import torch
 import bench.attention
 import bench.gpt2_finetune
 import bench.gpt2_sampling
+import bench.kv_cache
 import bench.loading
 import bench.sampling
 import bench.text
@@ -41,8 +42,14 @@ def test_an_unknown_section_is_one_clear_line():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, kv_cache, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune)\n"
     )
+
+
+def test_threads_below_one_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as refused:
+        run_bench("--only", "kv_cache", "--threads", "0", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert refused.value.code == "error: --threads 0 must be at least 1"
 
 
 def test_the_training_section_measures_train_py_on_nanogpts_cpu_shape_against_the_peak(tmp_path, monkeypatch, capsys):
@@ -92,6 +99,34 @@ def test_the_sampling_section_times_each_model_cached_recomputed_and_compiled(tm
     assert all(s["kv_cache_tokens_per_sec"] > 0 and s["recompute_tokens_per_sec"] > 0 for s in sampling.values())
     assert all(s["compiled_tokens_per_sec"] > 0 and s["compile_seconds"] > 0 for s in sampling.values())
     assert "tokens/s with KV cache" in printed and "compiled decode step" in printed
+
+
+def test_the_kv_cache_section_measures_each_caches_bytes_as_2_layers_kv_heads_slots_dims_4_and_times_decoding(
+        tmp_path, monkeypatch, capsys):
+    # Contexts of 48 and 96 tokens, a window of 8 in block_size 32 (so the ring goes round and the
+    # 96-token prompt takes three pieces), 4 new tokens: the section's logic, in a second.
+    monkeypatch.setattr(bench.kv_cache, "CONTEXTS", (48, 96))
+    monkeypatch.setattr(bench.kv_cache, "NEW_TOKENS", 4)
+    monkeypatch.setattr(bench.kv_cache, "WINDOW_BLOCK_SIZE", 32)
+    variants = {name: variant for name, variant in bench.kv_cache.VARIANTS.items() if "window" not in variant}
+    monkeypatch.setattr(bench.kv_cache, "VARIANTS", {**variants, "window 8": {"window": 8}})
+    record, printed = run_bench("--only", "kv_cache", "--repeats", "1", out=tmp_path / "bench.json", monkeypatch=monkeypatch,
+                                capsys=capsys)
+    kv = record["results"]["kv_cache"]
+    assert kv["threads"] == 1  # steadier on a shared machine, without --threads
+    assert kv["contexts"] == [48, 96] and (kv["n_layer"], kv["n_head"], kv["head_dim"]) == (4, 8, 16)
+    variants = kv["variants"]
+    assert [variants[name]["kv_heads"] for name in variants] == [8, 2, 1, 8]
+    # 2 (keys and values) x 4 layers x K heads x S slots x 16 dims x 4 bytes, S the context (block_size) or the ring's 8:
+    assert variants["MHA"]["cache_bytes"] == [2 * 4 * 8 * 48 * 16 * 4, 2 * 4 * 8 * 96 * 16 * 4]
+    assert variants["GQA 4:1"]["cache_bytes"] == [2 * 4 * 2 * 48 * 16 * 4, 2 * 4 * 2 * 96 * 16 * 4]
+    assert variants["MQA"]["cache_bytes"] == [2 * 4 * 1 * 48 * 16 * 4, 2 * 4 * 1 * 96 * 16 * 4]
+    assert variants["window 8"]["cache_bytes"] == [2 * 4 * 8 * 8 * 16 * 4] * 2 and variants["window 8"]["block_size"] == [32, 32]
+    assert all(v["cache_bytes"] == v["expected_cache_bytes"] for v in variants.values())
+    assert all(rate > 0 for v in variants.values() for rate in v["decode_tokens_per_sec"])
+    assert "KV cache and decoding at 48 / 96 tokens of context" in printed
+    assert re.search(r"  GQA 4:1 \(2 key/value heads\) +cache 0\.046875 / 0\.09375 MiB; [\d,]+ / [\d,]+ tokens/s", printed)
+    assert re.search(r"  window 8 \(8 key/value heads, a ring of 8 slots, block_size 32\) +cache 0\.03125 / 0\.03125 MiB;", printed)
 
 
 def test_the_attention_section_times_three_paths_at_its_two_shapes(tmp_path, monkeypatch, capsys):
@@ -175,39 +210,53 @@ TINY_GPT2 = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 64, "vocab_
              "bos_token_id": 96, "eos_token_id": 96}  # GPT-2's <|endoftext|> is its last token
 
 
-def test_the_gpt2_sampling_section_times_our_greedy_paths_against_transformers_and_compares_their_tokens(
+def test_the_gpt2_sampling_section_puts_each_path_beside_the_bandwidth_limit_and_compares_tokens_at_each_precision(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.gpt2_sampling, "GPT2_SMALL", TINY_GPT2)
     monkeypatch.setattr(bench.gpt2_sampling, "PROMPT_TOKENS", 4)
     monkeypatch.setattr(bench.gpt2_sampling, "NEW_TOKENS", 24)
+    monkeypatch.setattr(bench.gpt2_sampling, "READ_BYTES", 1 << 20)
+    # Our bf16 model off transformers' (its last layer's MLP writing with the opposite sign): the
+    # section must see other tokens there, and the same ones at fp32.
+    at_precision = bench.gpt2_sampling.at_precision
+
+    def nudged_at_bf16(model, dtype):
+        copy = at_precision(model, dtype)
+        if dtype == torch.bfloat16:
+            with torch.no_grad():
+                copy.blocks[1].mlp.proj.weight.neg_()
+        return copy
+
+    monkeypatch.setattr(bench.gpt2_sampling, "at_precision", nudged_at_bf16)
     record, printed = run_bench("--only", "gpt2_sampling", "--repeats", "1", out=tmp_path / "results" / "bench.json",
                                 monkeypatch=monkeypatch, capsys=capsys)
     sampling = record["results"]["gpt2_sampling"]
-    assert sampling["same_greedy_tokens"] is True
-    assert sampling["eager_first_difference"] is None and sampling["compiled_first_difference"] is None
-    assert sampling["new_tokens"] == 24 and sampling["params"] == 2 * 12 * 32 * 32 + 97 * 32 + 64 * 32 + 2 * 13 * 32 + 2 * 32
-    assert sampling["transformers_tokens_per_sec"] > 0 and sampling["compile_seconds"] > 0
-    assert all(len(times) == 1 for times in sampling["seconds"].values())  # one run of each per repeat
-    assert sampling["eager_vs_transformers"] == pytest.approx(sampling["eager_tokens_per_sec"] / sampling["transformers_tokens_per_sec"])
-    assert "greedy sampling, GPT-2 small's shape, 24 tokens" in printed and re.search(r"the same greedy tokens as transformers +yes", printed)
+    assert sampling["threads"] == 1 and "1 thread)" in printed  # steadier on a shared machine, without --threads
+    params = 2 * 12 * 32 * 32 + 97 * 32 + 64 * 32 + 2 * 13 * 32 + 2 * 32
+    assert sampling["params"] == params and sampling["new_tokens"] == 24 and sampling["read_bytes"] == 1 << 20
+    assert len(sampling["read_gb_per_s_each"]) == 3 and sampling["read_gb_per_s"] > 0  # 3 reads in the one turn
+    assert set(sampling["precisions"]) == {"fp32", "bf16"}
+    for name, element_bytes in (("fp32", 4), ("bf16", 2)):
+        p = sampling["precisions"][name]
+        assert p["weight_bytes"] == params * element_bytes  # a token reads every weight once
+        assert p["limit_tokens_per_sec"] == pytest.approx(sampling["read_gb_per_s"] * 1e9 / p["weight_bytes"])
+        assert all(len(times) == 1 for times in (*p["seconds"].values(), *p["prompt_seconds"].values()))  # a pair of runs per turn
+        # The share of the limit is the decoding's alone: the 23 tokens after the first, the prompt's run taken away.
+        decoding = p["seconds"]["compiled"][0] - p["prompt_seconds"]["compiled"][0]
+        assert p["compiled_decode_tokens_per_sec"] == pytest.approx(23 / decoding)
+        assert p["compiled_share_of_limit"] == pytest.approx(p["compiled_decode_tokens_per_sec"] / p["limit_tokens_per_sec"])
+        assert p["eager_vs_transformers"] == pytest.approx(p["eager_tokens_per_sec"] / p["transformers_tokens_per_sec"])
+        figures = (f"{p['compiled_tokens_per_sec']:.1f} tokens/s (decoding alone {p['compiled_decode_tokens_per_sec']:.1f}, "
+                   f"{p['compiled_share_of_limit']:.0%} of the limit), {p['compiled_vs_transformers']:.2f}x transformers")
+        assert re.search(rf"  {name}, compiled decode step \(compile=true\) +{re.escape(figures)}", printed)
+    fp32, bf16 = sampling["precisions"]["fp32"], sampling["precisions"]["bf16"]
+    assert fp32["same_greedy_tokens"] is True and fp32["compiled_first_difference"] is None is fp32["eager_first_difference"]
+    assert re.search(r"  fp32, the same greedy tokens as transformers +yes", printed)
+    assert bf16["same_greedy_tokens"] is False
+    assert 4 <= bf16["compiled_first_difference"] == bf16["eager_first_difference"] < 4 + 24  # a new token, not the prompt
+    assert re.search(r"  bf16, the same greedy tokens as transformers +NO \(compiled first differs at \d+, eager at \d+", printed)
+    assert "greedy sampling, GPT-2 small's shape, 24 tokens after 4" in printed and "(x.sum() over 1 MiB, " in printed
     assert not any((tmp_path / "results").rglob("*.safetensors"))  # the weights' folder is removed
-
-    # Our model off transformers' (the last layer's MLP writing with the opposite sign): the section must see other tokens.
-    load = bench.gpt2_sampling.gpt_from_hf
-
-    def nudged(folder):
-        model, notes = load(folder)
-        with torch.no_grad():
-            model.blocks[1].mlp.proj.weight.neg_()
-        return model, notes
-
-    monkeypatch.setattr(bench.gpt2_sampling, "gpt_from_hf", nudged)
-    record, printed = run_bench("--only", "gpt2_sampling", "--repeats", "1", out=tmp_path / "nudged.json",
-                                monkeypatch=monkeypatch, capsys=capsys)
-    nudged_sampling = record["results"]["gpt2_sampling"]
-    assert nudged_sampling["same_greedy_tokens"] is False
-    assert 4 <= nudged_sampling["eager_first_difference"] < 4 + 24  # a new token, not the prompt
-    assert re.search(r"the same greedy tokens as transformers +NO \(eager first differs at \d+", printed)
 
 
 # nanoGPT's model.py is not shipped with this project (see the README), so the wiring test reads a
