@@ -12,6 +12,7 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -439,18 +440,26 @@ def draw_sums(weights: list[list[float]], title: str, causal: bool = True, cell:
     return image
 
 
-def draw_scores(scores: list[list[float]], title: str, cell: int = 33) -> Image.Image:
-    """A score grid on a blue (negative) to red (positive) scale, each cell with its number."""
+def labelled_grid(n: int, title: str, cell: int, left: int, top: int, key_prefix: str) -> tuple[Image.Image, ImageDraw.ImageDraw, Any]:
+    """A white canvas for an n x n grid of cells: the title, queries t0, t1, ... down the left and
+    keys (key_prefix + i) across the top. Returns the image, its drawing context and the font."""
     face = font()
-    s = np.array(scores)
-    n, most = len(s), float(np.abs(s).max())
-    left, top = 30, 44
     image = Image.new("RGB", (max(left + n * cell + 8, face.getbbox(title)[2] + 12), top + n * cell + 8), "white")
     draw = ImageDraw.Draw(image)
     draw.text((6, 6), title, font=face, fill=INK)
     for i in range(n):
         draw.text((left - 4, top + i * cell + cell // 2), f"t{i}", font=face, fill=INK, anchor="rm")
-        draw.text((left + i * cell + cell // 2, top - 4), f"t{i}", font=face, fill=INK, anchor="mb")
+        draw.text((left + i * cell + cell // 2, top - 4), f"{key_prefix}{i}", font=face, fill=INK, anchor="mb")
+    return image, draw, face
+
+
+def draw_scores(scores: list[list[float]], title: str, cell: int = 33) -> Image.Image:
+    """A score grid on a blue (negative) to red (positive) scale, each cell with its number."""
+    s = np.array(scores)
+    n, most = len(s), float(np.abs(s).max())
+    left, top = 30, 44
+    image, draw, face = labelled_grid(n, title, cell, left, top, key_prefix="t")
+    for i in range(n):
         for j in range(n):
             strength = abs(s[i, j]) / most  # 0 white, 1 full colour
             full = RED if s[i, j] > 0 else BLUE
@@ -468,15 +477,10 @@ MAY_SEE, TOO_OLD = (158, 202, 234), (250, 215, 210)
 def draw_visible(visible: list[list[bool]], causal: list[list[bool]], title: str, cell: int = 22) -> Image.Image:
     """Queries down (t0, t1, ...), keys across (0, 1, ...): blue where a query may look, grey the
     future, red what is visible causally but W or more back."""
-    face = font()
     n = len(visible)
     left, top = 34, 44
-    image = Image.new("RGB", (max(left + n * cell + 8, face.getbbox(title)[2] + 12), top + n * cell + 8), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((6, 6), title, font=face, fill=INK)
+    image, draw, face = labelled_grid(n, title, cell, left, top, key_prefix="")  # key i is token t_i
     for i in range(n):
-        draw.text((left - 4, top + i * cell + cell // 2), f"t{i}", font=face, fill=INK, anchor="rm")
-        draw.text((left + i * cell + cell // 2, top - 4), f"{i}", font=face, fill=INK, anchor="mb")  # key i is token t_i
         for j in range(n):
             fill = MAY_SEE if visible[i][j] else TOO_OLD if causal[i][j] else FUTURE
             draw.rectangle([left + j * cell, top + i * cell, left + (j + 1) * cell, top + (i + 1) * cell], fill=fill,
