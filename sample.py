@@ -3,6 +3,7 @@ model's config, its weights and its tokenizer.
 
     python sample.py run=outputs/2026-11-22/10-00-00 prompt="Once upon a time"
     python sample.py run=latest max_new_tokens=200 temperature=0.8 top_k=50 num_samples=3 seed=1
+    python sample.py run=latest dtype=bf16 compile=true   # half the bytes a token reads
 
 Every option is in configs/sample.yaml. Nothing is written anywhere.
 """
@@ -20,6 +21,7 @@ from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, generate_text
 from model_io.checkpoint import Checkpoint, resolve_checkpoint
 from training.devices import Machine, check_compiler, pick_device
+from training.precision import weights_dtype
 from user_error import UserError
 
 
@@ -36,8 +38,11 @@ def sample(cfg: DictConfig) -> None:
         check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     path = resolve_checkpoint(str(cfg.run))
     model, tokenizer = Checkpoint.load(path).build_model()
-    model.to(device)
+    dtype, warning = weights_dtype(str(cfg.dtype), device, machine)
+    model.to(device, dtype)
     validate_sample_config(cfg, tokenizer.vocab_size)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
         print("compile=true: compiling the decode step first (about 20 s the first time, 6 s once "
               "Inductor has cached its kernels)", file=sys.stderr, flush=True)
@@ -50,6 +55,9 @@ def sample(cfg: DictConfig) -> None:
             eot_text=EOT_SHOWN,
         )
     except FloatingPointError as error:
+        if dtype == torch.float16:  # the likelier cause: float16 ends at 65,504
+            raise UserError(f"{path}: the model's next-token logits are NaN or inf at dtype={cfg.dtype} (float16, "
+                            "whose largest number is 65,504); sample with dtype=bf16 or fp32") from None
         raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None
     except torch._dynamo.exc.BackendCompilerFailed as error:  # only compile=true gets here
         reason = str(error).strip().splitlines()[0]

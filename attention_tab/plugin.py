@@ -36,7 +36,7 @@ data/plugin/tinyattn_attention/:
 The routes that run a model run the run's ckpt_best.pt (else ckpt_last.pt), or with step the
 checkpoint it kept at that step. A bad run, tag, step, text, n, seed, head, position or token gets a 400
 or 404 with one line saying what is wrong, quoting at most the start of what was sent. The runs' models run on --attention_tab_device
-(cpu); they stay cached up to --attention_tab_cache_mb.
+(cpu) in --attention_tab_dtype (fp32); they stay cached up to --attention_tab_cache_mb.
 """
 
 import json
@@ -67,6 +67,7 @@ HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall)_heads|(?P
                          r"/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
 HEAD_PAIR = re.compile(r"(\d{1,9}):(\d{1,9})")  # knocked_out=1:0,2:3
 DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
+DTYPES = ("fp32", "bf16", "fp16")  # training.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
 
 
 class AttentionLoader(base_plugin.TBLoader):
@@ -78,6 +79,10 @@ class AttentionLoader(base_plugin.TBLoader):
         group = parser.add_argument_group(PLUGIN_NAME)
         group.add_argument("--attention_tab_device", default="cpu", help="where the Attention tab's text box runs "
                            "a run's model: cpu (the default), cuda, cuda:1, mps")
+        group.add_argument("--attention_tab_dtype", default="fp32", choices=DTYPES, help="the "
+                           "precision of the Attention tab's models: fp32 (the default: the tools' sums are exact "
+                           "to 1e-4 there), or bf16 and fp16, half the bytes and, on a GPU or a CPU with native "
+                           "bf16, about twice the speed, with numbers to two or three digits")
         group.add_argument("--attention_tab_cache_mb", type=int, default=512, help="megabytes of models the "
                            "Attention tab keeps loaded for its text box, least recently used out first")
 

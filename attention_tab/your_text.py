@@ -21,6 +21,7 @@ from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
 from model_io.checkpoint import BEST, LAST, Checkpoint
 from model_io.run_files import kept_checkpoints
+from training.precision import WEIGHT_DTYPES
 from user_error import UserError, quoted
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside
@@ -91,8 +92,8 @@ class ModelCache:
     is loaded again when the file changes. One reads at a time: knocking heads out attaches
     functions to the shared model."""
 
-    def __init__(self, max_bytes: int, device: str = "cpu") -> None:
-        self.max_bytes, self.device = max_bytes, device
+    def __init__(self, max_bytes: int, device: str = "cpu", dtype: str = "fp32") -> None:
+        self.max_bytes, self.device, self.dtype = max_bytes, device, WEIGHT_DTYPES[dtype]
         self.models: OrderedDict[Path, LoadedModel] = OrderedDict()
         self.lock = threading.Lock()
 
@@ -100,7 +101,7 @@ class ModelCache:
     def in_tensorboard(cls, flags) -> "ModelCache":
         """The plugin's cache, as TensorBoard's flags set it; torch in that process then runs on THREADS threads."""
         torch.set_num_threads(THREADS)
-        return cls(flags.attention_tab_cache_mb * 2**20, flags.attention_tab_device)
+        return cls(flags.attention_tab_cache_mb * 2**20, flags.attention_tab_device, flags.attention_tab_dtype)
 
     def get(self, folder: Path, run: str, step: int | None = None) -> LoadedModel:
         """The model of the run's checkpoint (checkpoint_in: step None, its best else last)."""
@@ -119,7 +120,7 @@ class ModelCache:
         checkpoint = Checkpoint.load(path)  # weights_only
         model, tokenizer = checkpoint.build_model()
         try:
-            model.to(self.device).eval().requires_grad_(False)
+            model.to(self.device, self.dtype).eval().requires_grad_(False)
         except (RuntimeError, AssertionError) as err:  # no such device here, or torch built without it
             raise UserError(f"cannot run the model on --attention_tab_device={self.device} ({err}); "
                             "leave it at cpu") from None

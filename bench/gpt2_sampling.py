@@ -14,6 +14,7 @@ import torch
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
 from model_io.hf_models import gpt_from_hf
+from training.devices import cpu_multiplies_bf16
 
 # GPT-2 small (124M): GPT2Config's defaults, spelled out.
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
@@ -60,15 +61,6 @@ def read_bandwidth(array: torch.Tensor) -> float:
     started = time.perf_counter()
     array.sum()
     return array.nbytes / (time.perf_counter() - started) / 1e9
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def at_precision(model: GPT, dtype: torch.dtype) -> GPT:
@@ -123,7 +115,7 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
     gb_per_s = statistics.median(bandwidth)
 
     result = {"params": models["fp32"][0].num_parameters(), "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
-              "threads": torch.get_num_threads(), "native_bf16": native_bf16(), "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
+              "threads": torch.get_num_threads(), "native_bf16": cpu_multiplies_bf16(), "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
               "read_gb_per_s_each": bandwidth, "precisions": {}}
     for name, (ours, _) in models.items():
         weight_bytes = sum(p.nbytes for p in ours.parameters())

@@ -229,6 +229,7 @@ class SampleSchema:
     use_kv_cache: bool = MISSING
     compile: bool = MISSING
     device: str = MISSING
+    dtype: str = MISSING
 
 
 @dataclass

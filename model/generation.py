@@ -76,14 +76,15 @@ def generate_tokens(
             if decode_step is not None and caches is not None:
                 tokens[:, end : end + 1] = decode_step(tokens[:, end - 1 : end], caches, uniform)  # (B, 1), compiled
                 continue
+            # Only the last position predicts: the head runs there alone (last_only).
             if not use_kv_cache:
-                logits, _ = model(tokens[:, start:end])  # (B, T, vocab_size): the whole window, again
+                logits, _ = model(tokens[:, start:end], last_only=True)  # (B, 1, vocab_size): the whole window, again
             elif caches is None:
                 caches = model.new_caches()
-                logits, _ = model(tokens[:, start:end], caches=caches)  # (B, T, vocab_size), filling the caches
+                logits, _ = model(tokens[:, start:end], caches=caches, last_only=True)  # (B, 1, vocab_size), filling the caches
             else:
                 logits, _ = model(tokens[:, end - 1 : end], caches=caches)  # (B, 1, vocab_size): the newest token alone
-            next_logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts
+            next_logits = logits[:, -1, :]  # (B, vocab_size)
             if not torch.isfinite(next_logits).all():
                 raise FloatingPointError(DIVERGED)
             tokens[:, end : end + 1] = choose_next_token(next_logits, temperature, top_k, top_p, uniform)  # (B, 1)

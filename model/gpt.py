@@ -321,12 +321,18 @@ class GPT(HookedModel):
         return self.ln_f(x)  # (B, T, C)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, caches: Caches | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, caches: Caches | None = None,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids; targets: (B, T) next-token ids or None; caches: what the
-        tokens before idx left (generation, from new_caches()), or None.
-        Returns logits (B, T, vocab_size) and the mean cross-entropy loss (or None)."""
+        tokens before idx left (generation, from new_caches()), or None; last_only: the logits
+        of the last position alone, all that generation reads (the head's matmul is the
+        largest at a big vocabulary: GPT-2's reads 50,257 x 768 weights per position).
+        Returns logits (B, T, vocab_size) (last_only: (B, 1, vocab_size)) and the mean
+        cross-entropy loss (or None)."""
         x = self.hidden_states(idx, caches)  # (B, T, C)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None

@@ -353,7 +353,8 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
     # values that do what the run did), and train.dtype=auto as it resolves on the CPU it ran on:
     # a run of today's defaults there computes exactly what that run computed.
     record["config"] = upgrade(Checkpoint(model={}, config=record["config"], tokenizer={})).config
-    defaults["train"]["dtype"] = choose_dtype(defaults["train"]["dtype"], torch.device("cpu"), Machine())[0]
+    for config in (defaults, record["config"]):
+        config["train"]["dtype"] = choose_dtype(config["train"]["dtype"], torch.device("cpu"), Machine())[0]
     for group in ("model", "data", "tokenizer", "optim", "train"):
         assert record["config"][group] == defaults[group], (
             f"docs/attention_maps.png comes from a run whose {group} config is not today's default: "

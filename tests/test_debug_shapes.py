@@ -29,7 +29,7 @@ def trace_steps(stdout: str) -> dict[str, str]:
             "out = self.attn_dropout(weights) @ v": "(2, 4, 16, 16) -> (2, 4, 16, 8)",
             "z = self.hook_z(out.transpose(1, 2))": "(2, 16, 4, 8)",
             "out = z.contiguous().view(B, T, H * D)": "(2, 16, 4, 8) -> (2, 16, 32)",  # the copy, then the view
-            "pre = self.hook_pre(self.fc(x))": "(2, 16, 128)",
+            "pre = self.hook_pre(self.fc(x))": "(2, 16, 96)",  # the default SwiGLU: 8/3 of 32, rounded up to 32
             "logits = self.lm_head(x)": "(2, 16, 50)",  # 49 characters and <|endoftext|>
         }),
         (["model.n_layer=3", "model.n_head=2", "model.n_embd=48", "model.block_size=12", "model.pos=rope",
@@ -38,7 +38,7 @@ def trace_steps(stdout: str) -> dict[str, str]:
             "q, k = self.q_norm(q), self.k_norm(k)": "(2, 12, 2, 24)",
             "x1, x2 = x.chunk(2, dim=-1)": "2 x (2, 12, 2, 12)",
             "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)": "(2, 2, 24, 12) -> (2, 2, 12, 12)",
-            "pre = self.hook_pre(self.fc(x))": "(2, 12, 192)",
+            "pre = self.hook_pre(self.fc(x))": "(2, 12, 128)",  # 8/3 of 48
             "logits = self.lm_head(x)": "(2, 12, 1103)",  # the BPE vocabulary of the first 20,000 characters
         }),
         (["model.n_layer=2", "model.n_head=4", "model.n_kv_head=2", "model.n_embd=32", "model.block_size=16",

@@ -16,7 +16,7 @@ import torch
 
 from tests.helpers import ROOT, TINY_RUN, run_cli, spawn_cli
 from training.devices import Machine, check_compiler, find_compiler, pick_device
-from training.precision import choose_dtype
+from training.precision import choose_dtype, weights_dtype
 from user_error import UserError
 
 CPU_ONLY = Machine(cxx="/usr/bin/g++", cc="/usr/bin/gcc")
@@ -84,6 +84,34 @@ def test_train_dtype_auto_picks_bf16_fp16_or_fp32_by_the_machine_and_says_why(ma
     else:
         chosen, reason = choose_dtype(requested, torch.device(device), machine)
         assert chosen == name and reason.startswith(why)
+
+
+AVX512_BF16 = Machine(cpu_bf16=True, cxx="/usr/bin/g++")
+SAMPLING_DTYPES = [  # machine, device, sample.py's dtype -> the weights' dtype (None: refused), the start of the warning or refusal
+    (A100, "cuda", "auto", torch.bfloat16, None),
+    (T4, "cuda", "auto", torch.float16, None),
+    (CPU_ONLY, "cpu", "auto", torch.float32, None),
+    (AVX512_BF16, "cpu", "auto", torch.float32, None),  # fp32 unless asked: bf16 changes the tokens
+    (AVX512_BF16, "cpu", "bf16", torch.bfloat16, None),
+    (CPU_ONLY, "cpu", "bf16", torch.bfloat16, "dtype=bf16 on a CPU without native bf16"),
+    (CPU_ONLY, "cpu", "fp16", torch.float16, "dtype=fp16 on a CPU"),
+    (MAC_14, "mps", "auto", torch.float32, None),
+    (MAC_14, "mps", "bf16", torch.bfloat16, None),
+    (MAC_13, "mps", "bf16", None, "dtype=bf16 on Apple's MPS needs macOS 14 or later, and this is macOS 13.6"),
+    (A100, "cuda", "float32", None, "dtype=float32 is not a precision; use auto, fp32, bf16 or fp16"),
+]
+
+
+@pytest.mark.parametrize(("machine", "device", "requested", "dtype", "says"), SAMPLING_DTYPES)
+def test_sampling_dtype_is_bf16_on_a_recent_gpu_fp32_on_a_cpu_unless_asked_and_warns_where_slow(
+        machine, device, requested, dtype, says):
+    if dtype is None:
+        with pytest.raises(UserError, match="^" + re.escape(says)):
+            weights_dtype(requested, torch.device(device), machine)
+        return
+    chosen, warning = weights_dtype(requested, torch.device(device), machine)
+    assert chosen == dtype
+    assert (warning is None) if says is None else warning.startswith(says)
 
 
 COMPILERS = [  # machine, device, C++ wrapper -> the start of the refusal of compile=true, or None

@@ -1,5 +1,6 @@
-"""export.py, through its real command line: a GPT-2-shaped run's folder loads in transformers with
-our logits, our greedy text and our token ids (transformers is the independent reference); a run
+"""export.py, through its real command line: a GPT-2-shaped run's folder, and the default run's (in
+Qwen3's shape), load in transformers with our logits, our greedy text and our token ids (transformers
+is the independent reference), sample.py's dtype=bf16 too; a run
 that no architecture holds, and an out folder already in use, are refused in one line. Llama- and
 Qwen3-shaped runs: tests/test_hf_llama.py."""
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import ByteLevelBPETokenizer
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, Qwen3ForCausalLM
 
 from data.hf_tokenizer import encoding_from_hf_folder
 from data.stories import generate_stories
@@ -80,17 +81,19 @@ def refusal(run: Path, out: Path, *args: str) -> str:
     return result.stderr
 
 
-@pytest.mark.parametrize("run_name", ["char_run", "bpe_run", "pretrained_run"])
+@pytest.mark.parametrize(("run_name", "hf_class"), [("char_run", GPT2LMHeadModel), ("bpe_run", GPT2LMHeadModel),
+                                                   ("pretrained_run", GPT2LMHeadModel), ("trained_run", Qwen3ForCausalLM)],
+                         ids=["char_run", "bpe_run", "pretrained_run", "the default run"])
 def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transformers(
-    run_name: str, request: pytest.FixtureRequest, tmp_path: Path
+    run_name: str, hf_class: type, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    run = request.getfixturevalue(run_name)
+    run = request.getfixturevalue(run_name)  # trained_run: train.py's defaults at a tiny size, in Qwen3's shape
     out = tmp_path / "exported"
     printed = export(run, out)
     assert f"AutoModelForCausalLM.from_pretrained('{out}')" in printed
     theirs = AutoModelForCausalLM.from_pretrained(out).eval()
     their_tokenizer = AutoTokenizer.from_pretrained(out)
-    assert type(theirs) is GPT2LMHeadModel
+    assert type(theirs) is hf_class
     ours, tokenizer = Checkpoint.load(run / BEST).build_model()
 
     text = PROMPT if run_name == "char_run" else HARD_TEXT  # a char model knows only its corpus' characters
@@ -111,6 +114,38 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
         assert (ours(generated)[0] - theirs(generated).logits).abs().max().item() < TOLERANCE
 
 
+def test_sample_py_at_bf16_writes_transformers_greedy_text_at_bf16(pretrained_run: Path, tmp_path: Path) -> None:
+    # Both sides' weights in bfloat16, so both compute every matmul in it: the same tokens.
+    out = tmp_path / "exported"
+    export(pretrained_run, out)
+    tokenizer = Checkpoint.load(pretrained_run / BEST).build_model()[1]
+    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(PROMPT)]])  # (1, T)
+    theirs = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).eval()
+    generated = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=NEW_TOKENS,
+                                do_sample=False, eos_token_id=None)  # (1, T + NEW_TOKENS)
+    sample = [f"run={pretrained_run}", f"prompt={PROMPT}", f"max_new_tokens={NEW_TOKENS}"]
+    greedy = run_cli("sample.py", *sample, "temperature=0", "dtype=bf16", cwd=tmp_path)
+    assert greedy.returncode == 0, greedy.stderr
+    assert greedy.stdout == tokenizer.decode(generated[0, 1:].tolist()) + "\n"
+
+
+def test_sample_py_computes_in_the_dtype_it_is_given_where_float16_overflows_and_fp32_does_not(
+        pretrained_run: Path, tmp_path: Path) -> None:
+    # The tiny models write the same text at every precision; logits past float16's 65,504 do not:
+    # the final norm's gain times 1e6 makes them about 1e5 to 1e6, finite in fp32 and bf16.
+    checkpoint = Checkpoint.load(pretrained_run / BEST)
+    checkpoint.model["ln_f.weight"] = checkpoint.model["ln_f.weight"] * 1e6
+    checkpoint.save(tmp_path / "loud.pt")
+    sample = ["run=loud.pt", "max_new_tokens=3", "temperature=0"]
+    for dtype in ("fp32", "bf16", "auto"):  # auto: fp32 on a CPU
+        assert run_cli("sample.py", *sample, f"dtype={dtype}", cwd=tmp_path).returncode == 0
+    result = run_cli("sample.py", *sample, "dtype=fp16", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr == ("warning: dtype=fp16 on a CPU: slower than fp32 on most CPUs; dtype=fp32 (or bf16 where the "
+                             "CPU has it)\nerror: loud.pt: the model's next-token logits are NaN or inf at dtype=fp16 "
+                             "(float16, whose largest number is 65,504); sample with dtype=bf16 or fp32\n")
+
+
 @pytest.mark.parametrize("run_name", ["bpe_run", "pretrained_run"])
 def test_an_exported_byte_level_run_reads_back_as_the_same_model_and_tokenizer(
     run_name: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -129,7 +164,14 @@ def test_an_exported_byte_level_run_reads_back_as_the_same_model_and_tokenizer(
 
 
 def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_the_presets(trained_run: Path, tmp_path: Path) -> None:
-    message = refusal(trained_run, tmp_path / "exported")  # the default run: rope, LayerNorm, relu2, QK-norm, smear
+    # The default before it took Qwen3's shape: rope, LayerNorm, relu2, QK-norm, smear.
+    saved = Checkpoint.load(trained_run / BEST)
+    config = {**saved.config["model"], "norm": "layernorm", "mlp": "relu2", "smear": True}
+    model = build_model(config, saved.build_tokenizer().vocab_size)
+    run = tmp_path / "run"
+    run.mkdir()
+    Checkpoint(model=model.state_dict(), config={**saved.config, "model": config}, tokenizer=saved.tokenizer).save(run / BEST)
+    message = refusal(run, tmp_path / "exported")
     for shape in ("As GPT-2 (GPT2LMHeadModel): model.pos=rope (GPT-2 learns position embeddings); model.qk_norm=true",
                   "As Llama (LlamaForCausalLM): model.norm=layernorm (Llama uses RMSNorm); model.mlp=relu2",
                   "As Qwen3 (Qwen3ForCausalLM): model.norm=layernorm (Qwen3 uses RMSNorm); model.mlp=relu2 (Qwen3's MLP "
@@ -137,7 +179,7 @@ def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_t
         assert shape in message
     assert message.count("model.smear=true") == 3 and "model.qk_norm=true (Llama does not normalise" in message
     assert "`python train.py experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape)" in message
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [run]
 
 
 def test_a_folder_in_use_is_refused_and_left_intact_unless_forced(pretrained_run: Path, tmp_path: Path) -> None:

@@ -68,12 +68,20 @@ def test_generate_never_feeds_more_than_block_size_tokens():
 
 def test_with_a_kv_cache_each_step_feeds_only_the_new_token_and_refills_when_full():
     model = tiny_gpt(block_size=8)
-    seen_lengths = []
+    seen_lengths, head_rows = [], []
     model.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
+    model.lm_head.register_forward_pre_hook(lambda module, args: head_rows.append(args[0].shape[1]))
     out = generate_tokens(model, torch.zeros(2, 3, dtype=torch.long), max_new_tokens=12, temperature=1.0)
     assert out.shape == (2, 15)
     # The prompt, then one token at a time until the cache holds 8; then 6 (3/4 of 8) again.
     assert seen_lengths == [3, 1, 1, 1, 1, 1, 6, 1, 1, 6, 1, 1]
+    assert head_rows == [1] * 12  # the LM head runs at the last position only, the prompt's too
+
+
+def test_last_only_gives_the_last_positions_logits_of_the_whole_forward():
+    model, idx = tiny_gpt(), torch.randint(0, 64, (2, 10))
+    with torch.no_grad(), eval_mode(model):
+        torch.testing.assert_close(model(idx, last_only=True)[0], model(idx)[0][:, -1:], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])

@@ -173,8 +173,9 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_pa
 
 @pytest.fixture
 def ten_step_run(tmp_path) -> Path:
-    """A finished 10-step run, with both checkpoints saved at step 10."""
-    result = run_cli("train.py", *SHORT_RUN, "hydra.run.dir=run", cwd=tmp_path)
+    """A finished 10-step run, with both checkpoints saved at step 10. LayerNorm and ReLU², not the
+    default's RMSNorm and SwiGLU: with those, optim.lr=1000 leaves the weights huge but finite."""
+    result = run_cli("train.py", *SHORT_RUN, "model.norm=layernorm", "model.mlp=relu2", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     return tmp_path / "run"
 

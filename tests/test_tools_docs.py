@@ -40,10 +40,26 @@ def at_most(values: list[float]) -> str:
 
 
 def named_heads(grid: list[list[float]], shown: int) -> str:
-    """The `shown` largest heads with their values, then the rest in one clause (when there is a rest)."""
-    order = ranked(grid)
+    """The `shown` largest heads with their values; then the heads of negative value that outrank every
+    other in size, as "(gained)"; then the rest in one clause (when there is a rest)."""
+    order, gained = ranked(grid), gained_heads(grid, shown)
     named = "; ".join(f"{head(layer, h)}: {value}" for value, layer, h in order[:shown])
-    return named + (f"; every other head {at_most([v for v, _, _ in order[shown:]])}" if order[shown:] else "")
+    if gained:
+        named += "; " + " and ".join(f"{head(layer, h)}: {value}" for value, layer, h in gained) + " (gained)"
+    rest = [item for item in order[shown:] if item not in gained]
+    return named + (f"; every other head {at_most([v for v, _, _ in rest])}" if rest else "")
+
+
+def gained_heads(grid: list[list[float]], shown: int) -> list[tuple[float, int, int]]:
+    """The "(gained)" heads of named_heads(grid, shown), largest gain first."""
+    rest = sorted(ranked(grid)[shown:], key=lambda item: -abs(item[0]))
+    return rest[: next((i for i, (v, _, _) in enumerate(rest) if v >= 0), len(rest))]
+
+
+def listed(values: list) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    values = [str(value) for value in values]
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
 
 
 def table_rows(part: dict, knocked_out_shown: int, patched_shown: int) -> list[str]:
@@ -52,7 +68,9 @@ def table_rows(part: dict, knocked_out_shown: int, patched_shown: int) -> list[s
     shares = sorted(part["shares"].items(), key=lambda item: -abs(item[1]))
     stream, best = part["patch_residual"], part["best_patch"]
     position = int(np.argmax(stream[0]))
-    assert all(layer[position] == stream[0][position] for layer in stream)  # "entering every layer"
+    at_position = [layer[position] for layer in stream]
+    entering = (f"{at_position[0]} entering every layer" if len(set(at_position)) == 1
+                else f"{listed(at_position)} entering layers 0 to {len(stream) - 1}")
     elsewhere = [value for layer in stream for p, value in enumerate(layer) if p != position]
     largest = ", ".join(f'`"{label}"` {signed(value)}' for label, value in shares[:3])  # a part's label, quoted as a string
     return [
@@ -65,25 +83,35 @@ def table_rows(part: dict, knocked_out_shown: int, patched_shown: int) -> list[s
         f"| lost when a head is knocked out | {named_heads(part['knock_out'], knocked_out_shown)} |",
         f"| restored by one head's output (`patch_heads`) | {named_heads(part['patch_heads'], patched_shown)} |",
         f'| restored by the stream at one position (`patch_residual`) | at "{part["tokens"][position]}" (position '
-        f"{position}): {stream[0][position]} entering every layer; at every other position {at_most(elsewhere)} |",
+        f"{position}): {entering}; at every other position {at_most(elsewhere)} |",
         f"| where the patched head looks | {head(best['layer'], best['head'])} puts {best['weight']} of the last token's "
         f'weight on "{part["tokens"][best["looks_at"]]}" (position {best["looks_at"]}) |',
     ]
 
 
+def share_of_whole(cost: float, whole: float) -> str:
+    """How a knock-out's cost compares with the whole logit difference, in the tour's words."""
+    return "more than the whole difference" if cost > whole else "nearly the whole difference" if cost > 0.8 * whole else (
+        "part of the difference")
+
+
 def default_quotes(part: dict) -> tuple[list[str], list[str]]:
     """What docs/tools.md and the tour's section 18 quote of the default run, word for word."""
     answer, other, lens, classic = part["answer"], part["other"], part["lens"], part["classic"]
-    best = part["best_patch"]
+    best, clean = part["best_patch"], part["metric"]["clean"]
     own_share = part["direct"][best["layer"]][best["head"]]
+    mlp_share = part["shares"][f"{len(lens) - 1}_mlp_out"]
     knocked = ranked(part["knock_out"])
-    cost, layer_0 = knocked[0][0], knocked[1:3]  # the patched head's knock-out; the next two heads'
+    cost, costly = knocked[0][0], knocked[1:3]  # the patched head's knock-out; the next two heads'
     assert knocked[0][1:] == (best["layer"], best["head"])  # the head whose patch restores most costs most knocked out
-    assert cost > part["metric"]["clean"]  # "more than the whole difference": without the head the answer flips
-    assert layer_0[0][1] == layer_0[1][1] == 0 and part["direct"][0][layer_0[0][2]] == part["direct"][0][layer_0[1][2]]
-    assert ranked(part["patch_heads"])[1][1:] in [(0, layer_0[0][2]), (0, layer_0[1][2])]  # "the patch of one of them"
+    second_patch = ranked(part["patch_heads"])[1]  # (restored, layer, head)
+    gained = gained_heads(part["knock_out"], 3)
+    assert len(gained) == 2 and gained[0][1] == gained[1][1]  # "without layer 1 head 3 or head 1"
+    four = [(layer, h) for _, layer, h in costly + gained]
+    assert second_patch[1:] not in four  # the head patched second is another one
     top = [f'"{piece}" ({p})' for piece, p in classic["top"]]
     stream, name_at = part["patch_residual"], best["looks_at"]  # the first name's position
+    at_name = [layer[name_at] for layer in stream]
     elsewhere = [value for layer in stream for p, value in enumerate(layer) if p != name_at]
     shares = sorted(part["shares"].items(), key=lambda item: -abs(item[1]))
     page = [
@@ -93,10 +121,17 @@ def default_quotes(part: dict) -> tuple[list[str], list[str]]:
         f'| the clean prompt | "{part["prompt"]}": "{answer}", p {part["probability"]["answer_on_clean"]} |',
         f'| the corrupted prompt, the names swapped | "{other}", p {part["probability"]["other_on_corrupted"]} |',
         *table_rows(part, knocked_out_shown=3, patched_shown=2),
-        f"putting back its output alone restores {best['restored']} of the answer",
-        f"it writes only {signed(own_share)} of the {part['logit_difference']} itself",
-        f"(knock-outs of {layer_0[0][0]} and {layer_0[1][0]}); the patch of one of them restores "
-        f"{ranked(part['patch_heads'])[1][0]}",
+        f"putting back its output alone restores {best['restored']} of the answer, and without it the difference falls "
+        f"from {clean} to {clean - cost:.2f}",
+        f"It writes {signed(own_share)} of the {part['logit_difference']} itself; the last layer's MLP, which reads what "
+        f"the head wrote, writes {signed(mlp_share)}",
+        f"{head(*second_patch[1:])} writes nothing to speak of ({part['direct'][second_patch[1]][second_patch[2]]}), yet "
+        f"its patch restores {second_patch[0]}",
+        f"without {head(*costly[0][1:])} or {head(*costly[1][1:])} the difference falls by {costly[0][0]} and "
+        f"{costly[1][0]}, without {head(*gained[0][1:])} or head {gained[1][2]} it grows by {-gained[0][0]} and "
+        f"{-gained[1][0]}, and no patch of these four heads restores more than "
+        f"{max(abs(part['patch_heads'][layer][h]) for layer, h in four)} either way",
+        f"put back at any of them, {at_most(elsewhere)}",
     ]
     tour = [
         f"the answer's probability is near 0 after layers 0 to {len(lens) - 2} and {lens[-1]['probability']} after layer "
@@ -110,13 +145,15 @@ def default_quotes(part: dict) -> tuple[list[str], list[str]]:
         f"finds the answer at rank {lens[0]['rank']}, {lens[1]['rank']} and {lens[2]['rank']} after layers 0, 1 and 2, and at "
         f"rank {lens[3]['rank']} after layer 3",
         f"Layer {best['layer']} head {best['head']} writes {signed(own_share)} of it directly, yet knocking it out costs "
-        f"{cost}, more than the whole difference, and putting back its output alone restores {best['restored']} of it",
-        f"Layer 0 heads {layer_0[0][2]} and {layer_0[1][2]} write nothing to speak of directly "
-        f"({part['direct'][0][layer_0[0][2]]} each), and knocking out either costs {layer_0[0][0]} and {layer_0[1][0]}",
-        f'restores all of the answer ({part["patch_residual"][0][best["looks_at"]]}) at the first name, "{answer}",',
-        f"at the entrance of every layer, and {at_most(elsewhere)} anywhere else",
+        f"{cost}, {share_of_whole(cost, clean)}, and putting back its output alone restores {best['restored']} of it",
+        f"Layer {second_patch[1]} head {second_patch[2]} writes nothing to speak of directly "
+        f"({part['direct'][second_patch[1]][second_patch[2]]}), yet its patch restores {second_patch[0]}",
+        f"knocking out {head(*costly[0][1:])} or {head(*costly[1][1:])} costs {costly[0][0]} and {costly[1][0]}, though "
+        f"neither writes more than {max(abs(part['direct'][layer][h]) for _, layer, h in costly)} either way",
+        f'restores all of the answer ({min(at_name)} to {max(at_name)}) at the first name, "{answer}", at the entrance of '
+        f"every layer, and {at_most(elsewhere)} anywhere else",
         f"puts {best['weight']} of the last token's weight on it",
-        f"here a share of {own_share} for the head the answer needs",
+        f"here a share of {own_share} for the head the answer needs, whose knock-out costs {cost}",
     ]
     return page, tour
 
@@ -168,7 +205,7 @@ def test_the_tools_page_and_the_tour_quote_the_record_make_docs_wrote():
     for part in (record["default"], record["induction"]):  # "What the two have in common"
         L, best = len(part["lens"]), part["best_patch"]
         assert max(part["shares"], key=part["shares"].get) == f"{L - 1}_mlp_out"  # the last MLP writes most of it
-        assert part["direct"][best["layer"]][best["head"]] < part["logit_difference"] / 4  # the head, little of it
+        assert part["direct"][best["layer"]][best["head"]] < part["shares"][f"{L - 1}_mlp_out"]  # the head, less of it
     tools, attention = flat((ROOT / "docs" / "tools.md").read_text()), flat((ROOT / "docs" / "attention.md").read_text())
     for sentence in page:
         assert flat(sentence) in tools, sentence

@@ -127,15 +127,29 @@ def tensorboard_flags(*args: str) -> argparse.Namespace:
     return flags
 
 
-def test_the_text_box_runs_on_the_cpu_with_512_mb_of_models_unless_told_otherwise():
+def test_the_text_box_runs_on_the_cpu_in_fp32_with_512_mb_of_models_unless_told_otherwise():
     flags = tensorboard_flags()
-    assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cpu", 512)
+    assert (flags.attention_tab_device, flags.attention_tab_dtype, flags.attention_tab_cache_mb) == ("cpu", "fp32", 512)
+    assert tensorboard_flags("--attention_tab_dtype", "bf16").attention_tab_dtype == "bf16"
     flags = tensorboard_flags("--attention_tab_device", "cuda:1", "--attention_tab_cache_mb", "0")
     assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cuda:1", 0)
     with pytest.raises(FlagsError, match="--attention_tab_device=gpu is not a device; give cpu, cuda, cuda:<index> or mps"):
         tensorboard_flags("--attention_tab_device", "gpu")
     with pytest.raises(FlagsError, match="--attention_tab_cache_mb=-1 must be at least 0"):
         tensorboard_flags("--attention_tab_cache_mb", "-1")
+
+
+def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits(trained_run):
+    text = "Once upon a time, there was a boy named Leo. One day, Leo"
+    read = {}
+    for dtype in ("fp32", "bf16"):
+        loaded = ModelCache(2**30, dtype=dtype).get(trained_run, "run")
+        assert {p.dtype for p in loaded.model.parameters()} == {getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])}
+        assert loaded.n_bytes == model_bytes(loaded.model)  # half the bytes against the cache's bound
+        read[dtype] = loaded.read(text, [(1, 0)])
+    fp32, bf16 = read["fp32"], read["bf16"]
+    assert not torch.equal(bf16.predictions.log_probs.float(), fp32.predictions.log_probs)
+    torch.testing.assert_close(bf16.predictions.log_probs.float(), fp32.predictions.log_probs, atol=0.15, rtol=0.03)
 
 
 def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_numbers(trained_run):

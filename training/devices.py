@@ -9,6 +9,7 @@ import platform
 import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -22,6 +23,7 @@ class Machine:
     cuda_count: int = 0  # CUDA GPUs PyTorch sees
     cuda_name: str = ""  # the first one's name
     cuda_bf16: bool = False  # the first one computes in bf16 natively (compute capability 8.0 or more)
+    cpu_bf16: bool = False  # the CPU multiplies bf16 in hardware (x86's AVX-512 BF16 or AMX)
     mps: bool = False  # Apple's GPU, through the MPS backend
     macos: tuple[int, ...] | None = None  # (14, 2) on macOS 14.2; None elsewhere
     cxx: str | None = None  # the C++ compiler Inductor builds CPU kernels and C++ wrappers with, if found
@@ -35,9 +37,19 @@ class Machine:
             cuda = {"cuda_count": torch.cuda.device_count(), "cuda_name": torch.cuda.get_device_name(0),
                     "cuda_bf16": torch.cuda.is_bf16_supported(including_emulation=False)}
         mac = platform.mac_ver()[0]
-        return cls(**cuda, mps=torch.backends.mps.is_available(),
+        return cls(**cuda, cpu_bf16=cpu_multiplies_bf16(), mps=torch.backends.mps.is_available(),
                    macos=tuple(int(part) for part in mac.split(".")) if mac else None,
                    cxx=find_compiler("CXX", (INDUCTOR_CXX,)), cc=find_compiler("CC", ("gcc", "clang")))
+
+
+def cpu_multiplies_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), from Linux's
+    /proc/cpuinfo; False where there is none (macOS, Windows)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 # Where torch 2.13 looks for compilers: Inductor runs $CXX, else this one (torch/_inductor/config.py,

@@ -78,3 +78,31 @@ class Precision:
     def loss_scale(self) -> float | None:
         """fp16's loss scale now; None for fp32 and bf16, which need none."""
         return self.scaler.get_scale() if self.scaler.is_enabled() else None
+
+
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # sampling's dtype choices
+
+
+def weights_dtype(requested: str, device: torch.device, machine: Machine, key: str = "dtype") -> tuple[torch.dtype, str | None]:
+    """The dtype a model's weights take for sampling (key=requested: sample.py's dtype, or the tab's
+    flag): its matmuls then run in it, and reading half the bytes per token is what makes bf16 and
+    fp16 about twice as fast where the hardware multiplies them. auto is bf16 on a GPU that computes
+    in it natively, fp16 on an older GPU, and fp32 on a CPU and on Apple's MPS. Returns the dtype and
+    a warning to print (a precision this device runs slowly), or None; UserError where it cannot run."""
+    if requested not in ("auto", *WEIGHT_DTYPES):
+        raise UserError(f"{key}={requested} is not a precision; use auto, fp32, bf16 or fp16")
+    if requested == "auto":
+        if device.type == "cuda":
+            return (torch.bfloat16 if machine.cuda_bf16 else torch.float16), None
+        return torch.float32, None
+    if requested == "bf16" and device.type == "mps" and machine.macos and machine.macos < (14,):
+        version = ".".join(map(str, machine.macos))
+        raise UserError(f"{key}=bf16 on Apple's MPS needs macOS 14 or later, and this is macOS {version}; "
+                        f"use {key}=fp16 or fp32")
+    warning = None
+    if device.type == "cpu" and requested == "bf16" and not machine.cpu_bf16:
+        warning = (f"{key}=bf16 on a CPU without native bf16 (AVX-512 BF16 or AMX): slower than fp32 here; "
+                   f"{key}=fp32 is faster")
+    elif device.type == "cpu" and requested == "fp16":
+        warning = f"{key}=fp16 on a CPU: slower than fp32 on most CPUs; {key}=fp32 (or bf16 where the CPU has it)"
+    return WEIGHT_DTYPES[requested], warning
