@@ -1,6 +1,8 @@
 # The commands people use. Each one sets up .venv first if it is missing or stale.
 #   make train            train the default model, then print a sample
 #   make test             run the test suite
+#   make test-fast        the tests not marked slow, browser, distributed or compile (pyproject.toml): a
+#                         minute or less; every module of the project is still run (tests/test_fast_tier.py)
 #   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
 #   make tensorboard      open TensorBoard on every run, with the Attention tab (attention_tab/)
 #   make bench            speed figures for this machine (python -m bench: bench/), as a table and JSON
@@ -21,12 +23,14 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 # Where pip looks for torch; e.g. TORCH_PIP_ARGS="--index-url <a CPU-only wheel index>".
 TORCH_PIP_ARGS ?=
+# The tests make test-fast runs: pytest -m of the markers pyproject.toml registers.
+FAST_TESTS := not slow and not browser and not distributed and not compile
 RUN ?= latest
 INDUCTION_RUNS ?=
 NOTEBOOK ?= look_inside
 ARGS ?=
 
-.PHONY: setup browser train test sample tensorboard bench docs notebook lint clean
+.PHONY: setup browser train test test-fast sample tensorboard bench docs notebook lint clean
 
 setup: $(VENV)/.installed
 
@@ -61,6 +65,9 @@ train: setup
 
 test: setup browser
 	$(PY) -m pytest -n auto $(ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -n auto -m "$(FAST_TESTS)" $(ARGS)
 
 sample: setup
 	$(PY) sample.py run=latest $(ARGS)

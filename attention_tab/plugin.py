@@ -126,7 +126,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def serve_static(self, request):
         name = request.path.rsplit("/static/", 1)[-1]
         path = STATIC / name
-        if "/" in name or path.suffix not in STATIC_TYPES or not path.is_file():
+        if "/" in name or path.suffix not in STATIC_TYPES or not is_file(path):
             raise errors.NotFoundError(f"no file {quoted(name)} in the Attention tab's static files")
         return http_util.Respond(request, path.read_bytes(), STATIC_TYPES[path.suffix])
 
@@ -322,6 +322,14 @@ def head_metric_table(heads: dict[str, re.Match], series: dict[str, list[provide
             [[by_step[step].get((layer, head)) for head in range(n_head)] for layer in range(n_layer)] for step in steps
         ]}
     return result
+
+
+def is_file(path: Path) -> bool:
+    """path.is_file(), False too for a name the file system refuses (a 10,000-character one: ENAMETOOLONG)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def request_context(request) -> tuple:

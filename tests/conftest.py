@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# Hydra's schemas (train_schema, data_stories_schema, ...) are stored in its ConfigStore when
+# cli.schema is imported, and configs/*.yaml extend them: a test that composes a config in-process
+# (hydra's compose) needs them whether or not another test module imported cli.schema first.
+import cli.schema  # noqa: F401
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.recall_probe import RecallProbe

@@ -12,7 +12,9 @@ import signal
 import string
 import subprocess
 import sys
+import time
 import traceback
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler
@@ -133,6 +135,20 @@ def signal_after_line(process: subprocess.Popen, marker: str, signum: int, whole
     seen.append(process.stdout.read())
     process.wait(timeout=120)
     return "".join(seen)
+
+
+def stop_while(process: subprocess.Popen, holds: Callable[[], bool]) -> bool:
+    """Stops process (SIGSTOP; waits until the kernel shows it stopped) and says whether holds() is
+    true then. If so it stays stopped, and what holds stays true until the test kills it: no race
+    between a look and a kill. If not, the process goes on (SIGCONT)."""
+    process.send_signal(signal.SIGSTOP)
+    stat = Path(f"/proc/{process.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t", "Z", "X"):  # the state, after (its name)
+        time.sleep(0.001)
+    if holds():
+        return True
+    process.send_signal(signal.SIGCONT)
+    return False
 
 
 def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str) -> str:

@@ -44,6 +44,8 @@ from tests.helpers import (
 )
 from training.tensorboard_log import RunLogger
 
+pytestmark = pytest.mark.slow  # every test asks a TensorBoard server started on the shared trained run
+
 PLUGIN = f"/data/plugin/{PLUGIN_NAME}"
 
 
@@ -520,3 +522,50 @@ def test_a_bad_tool_request_gets_a_400_with_one_line(served, route, form, says):
     text = body.decode()
     assert code == 400 and says.format(**names) in text
     assert "Traceback" not in text and len(text.strip().splitlines()) == 1 and len(text) < 300
+
+
+# Every parameter of every route, as a request that succeeds with a good value: the circuit
+# (a char model reading letters) and the tiny run, at their kept steps.
+GOOD_REQUESTS = {
+    "weights": ("GET", {"run": "{run}", "step": "0", "tag": WEIGHTS_TAG}),
+    "metrics": ("GET", {"run": "{run}"}),
+    "text": ("POST", {"run": "{circuit}", "text": "abcab", "knocked_out": "0:1", "step": "100"}),
+    "repeated": ("GET", {"run": "{circuit}", "n": "4", "seed": "1", "knocked_out": "0:1", "step": "100"}),
+    "lens": ("POST", {"run": "{circuit}", "source": "text", "text": "abcab", "knocked_out": "0:1", "step": "100"}),
+    "attribution": ("POST", {"run": "{circuit}", "source": "text", "text": "abcab", "position": "2", "token": "a",
+                             "other": "b", "knocked_out": "0:1", "step": "100"}),
+    "patch": ("POST", {"run": "{circuit}", **PATCH, "step": "100"}),
+    "patch_example": ("POST", {"run": "{run}", "step": "10"}),
+}
+REPEATED_SOURCE = {"source": "repeated", "n": "4", "seed": "1"}  # for n and seed of the tools, which read text unless told
+LONG_BAD_VALUES = ["x" * 10_000, "9" * 10_000, "9:9," * 2_500, "1:0," * 2_499 + "1-0,"]  # letters, digits, head pairs
+
+
+def long_bad_requests(names: dict[str, str]):
+    """(route, method, params, what was spoilt) for each parameter of each route, that parameter
+    given each of LONG_BAD_VALUES in a request otherwise good; and the static file route's name."""
+    for route, (method, good) in GOOD_REQUESTS.items():
+        for key in good:
+            base = {**good, **REPEATED_SOURCE} if route in ("lens", "attribution") and key in ("n", "seed") else good
+            base = {k: v for k, v in base.items() if not (k == "text" and base.get("source") == "repeated")}
+            for bad in LONG_BAD_VALUES:
+                params = {k: v.format(**names) for k, v in base.items()}
+                yield route, method, {**params, key: bad}, f"{route} {key}={bad[:8]}..."
+    for bad in LONG_BAD_VALUES:
+        yield f"static/{bad}.js", "GET", {}, f"static/{bad[:8]}....js"
+
+
+def test_every_error_of_every_route_quotes_at_most_the_start_of_a_10000_character_value(served):
+    base, name = served
+    names = {"run": name, "circuit": sibling(name, "circuit")}
+    for route, (method, good) in GOOD_REQUESTS.items():  # each request is good as it stands
+        params = {k: v.format(**names) for k, v in good.items()}
+        query = "" if method == "POST" else "?" + urllib.parse.urlencode(params)
+        status, _, body = get(f"{base}{PLUGIN}/{route}{query}", params if method == "POST" else None)
+        assert status == 200, (route, body[:300])
+    for route, method, params, spoilt in long_bad_requests(names):
+        query = "" if method == "POST" or not params else "?" + urllib.parse.urlencode(params)
+        status, _, body = get(f"{base}{PLUGIN}/{route}{query}", params if method == "POST" else None)
+        text = body.decode()
+        assert status in (400, 404), (spoilt, status, text[:300])
+        assert len(text) < 300 and len(text.strip().splitlines()) == 1 and "Traceback" not in text, (spoilt, text[:600])

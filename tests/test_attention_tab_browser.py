@@ -44,6 +44,8 @@ from tests.helpers import (
 )
 from training.tensorboard_log import RunLogger
 
+pytestmark = pytest.mark.browser  # every test drives the tab's page in headless Chromium
+
 MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)
 
 

@@ -86,6 +86,7 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
         assert not list(tmp_path.glob(".cache/tokens/*"))
 
 
+@pytest.mark.slow  # the shared trained run
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -36,6 +36,7 @@ def run_bench(*args: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     return json.loads(out.read_text()), capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_an_unknown_section_is_one_clear_line():
     # A real `python -m bench`, as make bench runs it: the package's entry point, and the line on stderr.
     result = subprocess.run([sys.executable, "-m", "bench", "--only", "speed"], cwd=ROOT, capture_output=True, text=True,
@@ -52,6 +53,7 @@ def test_threads_below_one_is_one_clear_line(tmp_path, monkeypatch, capsys):
     assert refused.value.code == "error: --threads 0 must be at least 1"
 
 
+@pytest.mark.slow
 def test_the_training_section_measures_train_py_on_nanogpts_cpu_shape_against_the_peak(tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(SHAKESPEARE * 400)
@@ -69,6 +71,7 @@ def test_the_training_section_measures_train_py_on_nanogpts_cpu_shape_against_th
     assert len(runs) == 1 and (runs[0] / "throughput-0" / "ckpt_last.pt").is_file()
 
 
+@pytest.mark.slow
 def test_the_quality_section_reports_the_presets_val_loss_against_nanogpts(tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(SHAKESPEARE * 400)
@@ -88,6 +91,7 @@ def test_the_sampled_models_are_nanogpts_shakespeare_char_model_and_the_default(
     assert all(model.config.block_size == 256 for model in models.values())
 
 
+@pytest.mark.compile
 def test_the_sampling_section_times_each_model_cached_recomputed_and_compiled(tmp_path, monkeypatch, capsys):
     # A tiny model in place of the two above: compiling its decode step is the same work, in a fraction of the time.
     tiny = GPT(GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_embd=16))
@@ -142,6 +146,7 @@ def test_the_attention_section_times_three_paths_at_its_two_shapes(tmp_path, mon
     assert "attention fwd+bwd B8_T256_C384_H6" in printed
 
 
+@pytest.mark.slow
 def test_the_startup_section_times_processes_that_import_torch_first(tmp_path, monkeypatch, capsys):
     record, printed = run_bench("--only", "startup", "--repeats", "1",
                                 out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
@@ -152,6 +157,7 @@ def test_the_startup_section_times_processes_that_import_torch_first(tmp_path, m
     assert "start-up, seconds from the process's start" in printed
 
 
+@pytest.mark.slow
 def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_ids(tmp_path, monkeypatch, capsys):
     record, printed = run_bench("--only", "data", "--repeats", "1", "--data-mb", "1",
                                 out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
@@ -178,6 +184,7 @@ def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_pa
     assert not_nanogpt.value.code.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
 
 
+@pytest.mark.slow
 def test_the_text_section_times_the_tabs_answer_to_128_tokens_and_to_repeated_tokens_for_the_default_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.text, "TOOL_ANSWERS_PER_RUN", 1)  # the tools take 30 to 100 ms an answer
     record, printed = run_bench("--only", "text", "--repeats", "1", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
@@ -193,6 +200,7 @@ def test_the_text_section_times_the_tabs_answer_to_128_tokens_and_to_repeated_to
     assert "tools: lens, attribution (128 tokens)" in printed and "tools: patching" in printed
 
 
+@pytest.mark.slow
 def test_the_loading_section_measures_a_fresh_process_loading_a_hugging_face_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.loading, "GPT2_MEDIUM", {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 64, "vocab_size": 5000})
     record, printed = run_bench("--only", "loading", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
@@ -210,6 +218,7 @@ TINY_GPT2 = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 64, "vocab_
              "bos_token_id": 96, "eos_token_id": 96}  # GPT-2's <|endoftext|> is its last token
 
 
+@pytest.mark.compile
 def test_the_gpt2_sampling_section_puts_each_path_beside_the_bandwidth_limit_and_compares_tokens_at_each_precision(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.gpt2_sampling, "GPT2_SMALL", TINY_GPT2)

@@ -4,7 +4,11 @@ an export needs the weights, the shape and the tokenizer, never the loop or the 
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow  # the shared trained run, and a fresh Python process
 
 LOAD_AND_LIST_MODULES = """
 import sys

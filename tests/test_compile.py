@@ -8,6 +8,8 @@ import torch
 
 from tests.helpers import TINY_RUN, assert_one_error_line, logged_losses, run_cli, spawn_cli
 
+pytestmark = pytest.mark.compile  # torch.compile of a training run and of the decode step
+
 
 def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
     quick = [*TINY_RUN, "train.attn_log_interval=0", "train.sample_interval=0"]

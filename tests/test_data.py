@@ -1,15 +1,18 @@
 """Corpora, the story generator, the tokenizer, the token cache and batching."""
 
+import hashlib
 import re
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from data.corpus import Piece, load_documents
 from data.dataset import get_batch, prepare_tokens, probe_ids
 from data.stories import ITEMS, generate_stories
 from data.token_stream import split_pieces
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
+from tests.helpers import ROOT
 from tests.test_hf_tokenizer import save_family
 from user_error import UserError
 
@@ -30,6 +33,21 @@ def test_the_story_generator_is_deterministic():
     first = generate_stories(seed=5, n_chars=50_000)
     assert first == generate_stories(seed=5, n_chars=50_000)
     assert first != generate_stories(seed=6, n_chars=50_000)
+
+
+# The default corpus (configs/data/stories.yaml) pinned by its content, written here: comparing two
+# calls of the same generator cannot see a change that alters every story (an extra random draw).
+DEFAULT_STORIES_SHA256 = "14c594dbec030147e611fc085f6a507765d030046de739600121fefe7035d8ab"  # the stories joined by NUL
+DEFAULT_STORIES_COUNT, DEFAULT_STORIES_CHARS = 808, 1_000_539
+
+
+def test_the_default_corpus_is_the_same_text_byte_for_byte():
+    yaml = OmegaConf.load(ROOT / "configs" / "data" / "stories.yaml")
+    cfg = {key: value for key, value in OmegaConf.to_container(yaml).items() if key != "defaults"}
+    assert (cfg["seed"], cfg["n_chars"], cfg["names"], cfg["word_games"]) == (1337, 1_000_000, "common", 0)
+    documents = load_documents(cfg)  # what a default run reads, through data/corpus.py
+    assert (len(documents), sum(map(len, documents))) == (DEFAULT_STORIES_COUNT, DEFAULT_STORIES_CHARS)
+    assert hashlib.sha256("\0".join(documents).encode()).hexdigest() == DEFAULT_STORIES_SHA256
 
 
 def test_the_default_corpus_is_about_one_megabyte_of_plain_english():

@@ -59,6 +59,7 @@ def test_choosing_at_temperature_zero_takes_the_likeliest_and_ignores_the_noise(
     assert choose_next_token(logits, 0.0, None, None, None).tolist() == [[1], [0]]
 
 
+@pytest.mark.compile
 def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings():
     # Learned positions and smear (the CLI test covers rope), top_p, a prompt longer than
     # block_size and 25 new tokens: the window slides and the caches are refilled several times.

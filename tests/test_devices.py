@@ -172,6 +172,7 @@ def test_this_machine_finds_a_cxx_compiler_where_inductor_finds_one(no_compiler_
     assert Machine.this_one().cxx is None and find_compiler("CXX", ("g++",)) is None
 
 
+@pytest.mark.slow
 def test_train_py_compile_true_without_a_compiler_is_refused_in_one_line_before_any_work(tmp_path, no_compiler_path):
     result = spawn_cli("train.py", *TINY_RUN, "train.compile=true", "hydra.run.dir=run", cwd=tmp_path,
                        env={"PATH": str(no_compiler_path)})
@@ -258,6 +259,7 @@ def project_sources() -> list[Path]:
     return [path for path in ROOT.rglob("*.py") if not skipped & set(path.relative_to(ROOT).parts)]
 
 
+@pytest.mark.slow
 def test_no_cuda_or_mps_call_runs_outside_a_branch_that_checked_for_its_backend():
     sources = project_sources()
     assert ROOT / "training" / "run_state.py" in sources and len(sources) > 50

@@ -28,6 +28,8 @@ from tests.helpers import (
     weights,
 )
 
+pytestmark = pytest.mark.distributed  # torchrun: several processes of train.py
+
 # 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
 EXACT = [*QUICK, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
 

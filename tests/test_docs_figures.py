@@ -1,8 +1,11 @@
 """The pictures `make docs` draws from a run (docs/figures.py)."""
 
+import pytest
 from PIL import Image
 
 from tests.helpers import assert_one_error_line, read_events, spawn_cli
+
+pytestmark = pytest.mark.slow  # the shared trained run, and docs/figures.py in a fresh process
 
 
 def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run, tmp_path):

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from tokenizers import ByteLevelBPETokenizer
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, Qwen3ForCausalLM
 
 from data.hf_tokenizer import encoding_from_hf_folder
 from data.stories import generate_stories
@@ -20,6 +21,8 @@ from model.gpt import eval_mode
 from model_io.checkpoint import BEST, Checkpoint, build_model
 from model_io.hf_models import gpt_from_hf
 from tests.helpers import TINY_GPT2_VOCAB, TINY_RUN, run_cli, tiny_gpt2
+
+pytestmark = pytest.mark.slow  # every test exports runs trained (or built) by the module's fixtures
 
 TOLERANCE = 1e-5  # fp32: the same math in another order
 PROMPT = "Once upon a time"
@@ -112,6 +115,32 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
 
     with torch.no_grad(), eval_mode(ours):
         assert (ours(generated)[0] - theirs(generated).logits).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize(("run_name", "hf_class"), [("char_run", GPT2LMHeadModel), ("trained_run", Qwen3ForCausalLM)],
+                         ids=["gpt2-shaped run", "the default run"])
+def test_the_exported_safetensors_holds_exactly_the_tensors_transformers_expects(
+    run_name: str, hf_class: type, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # Loading is no check of this: transformers ignores a tensor too many (a tied model's lm_head.weight
+    # written as a separate copy) and fills a tied one in. The names must be those of the model
+    # transformers builds from the exported config.json, less the tied ones, which a file leaves out.
+    run = request.getfixturevalue(run_name)
+    out = tmp_path / "exported"
+    export(run, out)
+    with safe_open(out / "model.safetensors", framework="pt") as file:
+        written = set(file.keys())
+    config = AutoConfig.from_pretrained(out)
+    assert config.tie_word_embeddings  # both shapes tie the LM head to the token embedding
+    theirs = AutoModelForCausalLM.from_config(config)
+    assert type(theirs) is hf_class
+    seen, tied = set(), set()
+    for name, tensor in theirs.state_dict(keep_vars=True).items():  # a tied weight: the same Parameter twice
+        if id(tensor) in seen:
+            tied.add(name)
+        seen.add(id(tensor))
+    assert tied == {"lm_head.weight"}
+    assert written == set(theirs.state_dict()) - tied
 
 
 def test_sample_py_at_bf16_writes_transformers_greedy_text_at_bf16(pretrained_run: Path, tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, read_events, tor
 from training.optimizer import build_optimizer
 from training.parallel import named, numbered
 
+pytestmark = pytest.mark.distributed  # torchrun with FSDP
+
 # 30 steps of the default optimizer (Muon and AdamW) with dropout, the loss logged at each
 # step; 2 micro-steps a step (the gradients are synced in the second's backward alone); 3
 # evaluation batches, so rank 0 runs 2 and rank 1 one (FSDP needs as many forwards on each:

@@ -262,6 +262,7 @@ def test_the_one_token_step_reads_grouped_heads_and_ring_slots_as_the_cached_for
         torch.testing.assert_close(v_slots, cache.v, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.compile
 def test_the_compiled_step_gives_the_eager_tokens_for_gqa_a_window_ring_swiglu_qk_norm_and_smear():
     # One compile for every new shape: K = 2 key/value heads for 4 query heads, a ring of 6
     # slots, SwiGLU's three matrices, QK-norm, smear and rope, generating past block_size 16.

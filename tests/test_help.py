@@ -5,6 +5,8 @@ import pytest
 
 from tests.helpers import run_cli, spawn_cli
 
+pytestmark = pytest.mark.slow  # each --help starts a Python process
+
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py"])
 def test_help_lists_the_options_with_the_projects_own_text(tmp_path, script):

@@ -119,6 +119,7 @@ def test_a_cache_asked_for_a_name_it_did_not_keep_says_what_it_holds_and_how_to_
         cache["patern", 0]
 
 
+@pytest.mark.slow
 def test_the_hooks_pages_example_runs_on_a_trained_run(trained_run, tmp_path, monkeypatch):
     example = re.search(r"^```py\n(.*?)^```", (ROOT / "docs" / "hooks.md").read_text(), flags=re.MULTILINE | re.DOTALL)[1]
     assert 'resolve_checkpoint("latest")' in example

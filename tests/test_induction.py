@@ -103,6 +103,7 @@ def test_a_rotary_score_stands_at_most_2_6_above_its_neighbours_under_qk_norm_an
     assert best_look_back(False, gap_to_both_neighbours, T=8) == pytest.approx(2 * math.sqrt(32), abs=0.02)  # +sqrt(D) against -sqrt(D)
 
 
+@pytest.mark.slow
 def test_in_a_window_of_256_a_rotary_qk_normed_head_gives_the_token_one_back_under_0_3_and_a_learned_one_0_9():
     # The same search for the weight itself: the fastest pair comes round every 2 pi = 6.3 tokens,
     # so holding down the 250 farther positions takes the slower pairs, out of the same budget.
@@ -149,6 +150,7 @@ def test_made_up_names_are_new_letter_strings_and_the_common_stories_are_unchang
     assert not set(names) & set(FEMALE_NAMES + MALE_NAMES)
 
 
+@pytest.mark.slow
 def test_every_run_logs_the_in_context_score_and_the_induction_ablation_beside_the_old_tags(trained_run):
     events = read_events(trained_run)
     tags = set(events.Tags()["scalars"])
@@ -194,6 +196,7 @@ def test_data_word_games_below_0_gets_one_line(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_the_induction_preset_trains_two_layers_with_learned_positions_without_the_smear_on_word_games(tmp_path):
     # The preset's own settings, shortened: what `python train.py experiment=induction` runs.
     result = run_cli("train.py", "experiment=induction", "data.n_chars=30000", "train.max_steps=4", "train.eval_interval=4",

@@ -31,6 +31,7 @@ def weights_as_they_came(gpt2_folder, tmp_path_factory) -> Path:
     return work / "run"
 
 
+@pytest.mark.slow
 def test_a_run_from_weights_gives_transformers_logits_and_token_ids(weights_as_they_came, gpt2_folder):
     checkpoint = Checkpoint.load(weights_as_they_came / "ckpt_last.pt")
     model, tokenizer = checkpoint.build_model()
@@ -46,6 +47,7 @@ def test_a_run_from_weights_gives_transformers_logits_and_token_ids(weights_as_t
     assert gap < TOLERANCE
 
 
+@pytest.mark.slow
 def test_step_zero_logs_the_attention_of_the_weights_as_they_came(weights_as_they_came):
     events = read_events(weights_as_they_came)
     assert [e.step for e in events.Scalars("loss/val")] == [0]
@@ -53,6 +55,7 @@ def test_step_zero_logs_the_attention_of_the_weights_as_they_came(weights_as_the
     assert any(tag.startswith("head_induction/") for tag in events.Tags()["scalars"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_kv_cache", ["true", "false"])
 def test_sample_py_continues_greedily_as_transformers_generate(weights_as_they_came, gpt2_folder, use_kv_cache):
     prompt, new_tokens = "Once upon a time Alice", 24
@@ -106,6 +109,7 @@ def test_without_the_hub_init_from_gpt2_fails_at_once_saying_how_to_get_the_fold
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_run_exported_to_hugging_face_is_a_folder_init_from_starts_from(weights_as_they_came, tmp_path):
     exported = run_cli("export.py", f"run={weights_as_they_came}", f"out={tmp_path / 'exported'}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr

@@ -55,6 +55,7 @@ def test_a_list_longer_than_the_cap_is_refused_saying_its_count_and_the_cap():
         check_keep_checkpoints(OmegaConf.create(list(range(MAX_KEPT_CHECKPOINTS + 1))))
 
 
+@pytest.mark.slow
 def test_a_run_keeps_a_model_only_checkpoint_at_exactly_the_listed_steps_it_reaches(runs):
     assert list(kept_checkpoints(runs.dir)) == [0, 3, 4, 6, 8]  # 9 is past train.max_steps=8
     assert sorted(path.name for path in (runs.dir / KEPT).iterdir()) == [f"step_00000{k}.pt" for k in (0, 3, 4, 6, 8)]
@@ -65,6 +66,7 @@ def test_a_run_keeps_a_model_only_checkpoint_at_exactly_the_listed_steps_it_reac
         assert tokenizer.kind == "char" and model.config.n_layer == 2
 
 
+@pytest.mark.slow
 def test_the_weights_kept_at_a_step_are_bitwise_the_weights_the_run_had_there(runs):
     kept = {step: Checkpoint.load(path) for step, path in kept_checkpoints(runs.dir).items()}
 
@@ -81,6 +83,7 @@ def test_the_weights_kept_at_a_step_are_bitwise_the_weights_the_run_had_there(ru
     assert not same(kept[3].model, kept[4].model) and not same(kept[6].model, kept[8].model)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_leaves_the_files_kept_and_keeps_the_steps_still_ahead(runs):
     assert list(runs.kept_first) == [0, 3, 4]
     for step, (content, mtime) in runs.kept_first.items():
@@ -88,6 +91,7 @@ def test_a_resumed_run_leaves_the_files_kept_and_keeps_the_steps_still_ahead(run
         assert (path.read_bytes(), path.stat().st_mtime_ns) == (content, mtime), step  # not written again
 
 
+@pytest.mark.slow
 def test_the_log_says_the_steps_the_folder_the_disk_and_the_steps_not_reached(runs):
     line = re.search(r"keeping model-only checkpoints at 3 steps \(0, 3, 4\) in kept/checkpoints: "
                      r"about 3 x (\d+) kB = \d+ kB; 6, 8, 9 are past train.max_steps=4, not reached\n", runs.first.stdout)
@@ -98,6 +102,7 @@ def test_the_log_says_the_steps_the_folder_the_disk_and_the_steps_not_reached(ru
                      r" = \d+ kB; 9 is past train.max_steps=8, not reached\n", runs.resumed.stdout), runs.resumed.stdout
 
 
+@pytest.mark.slow
 def test_resuming_from_a_kept_checkpoint_says_it_holds_the_model_alone(runs):
     result = run_cli("train.py", f"resume={kept_checkpoints(runs.dir)[4]}", cwd=runs.dir.parent)
     assert result.returncode == 2 and "holds the model alone" in result.stderr and len(result.stderr.splitlines()) == 1

@@ -134,6 +134,7 @@ def fitted(tmp_path_factory):
     return workdir, fit(run, TrainState())
 
 
+@pytest.mark.slow
 def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fitted, tmp_path):
     cfg = tiny_config(f"data.cache_dir={fitted[0] / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
                       "train.log_interval=1", "train.eval_train=false")
@@ -145,6 +146,7 @@ def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fit
     assert "loss/val" in events.Tags()["scalars"] and "loss/train" not in events.Tags()["scalars"]
 
 
+@pytest.mark.slow
 def test_fit_returns_every_evaluation_and_the_best_val_loss_it_saved(fitted):
     run_dir, figures = fitted
     assert [e["step"] for e in figures.evaluations] == [0, 5, 10, 12]  # every 5 steps, and the last
@@ -155,6 +157,7 @@ def test_fit_returns_every_evaluation_and_the_best_val_loss_it_saved(fitted):
     assert torch.load(run_dir / "ckpt_last.pt", weights_only=True)["step"] == 12
 
 
+@pytest.mark.slow
 def test_fit_logs_each_steps_lr_loss_and_speed_as_it_returns_them(fitted):
     run_dir, figures = fitted
     events = read_events(run_dir)

@@ -25,6 +25,7 @@ def test_there_is_a_notebook_and_each_is_stored_without_outputs():
         assert all(not cell.outputs and cell.execution_count is None for cell in code), f"{path.name}: clear its outputs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
 def test_each_notebook_runs_top_to_bottom_on_a_trained_run(path: Path, trained_run: Path):
     notebook = nbformat.read(path, as_version=4)

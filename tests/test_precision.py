@@ -122,6 +122,7 @@ def fp16_run(workdir, max_steps: int, scale: float = 2.0**22):
     return run
 
 
+@pytest.mark.slow
 def test_an_fp16_run_counts_its_overflows_logs_its_scale_and_resumes_bitwise(tmp_path):
     alone = fp16_run(tmp_path / "alone", max_steps=16)
     figures = fit(alone, TrainState())
@@ -142,6 +143,7 @@ def test_an_fp16_run_counts_its_overflows_logs_its_scale_and_resumes_bitwise(tmp
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_train_py_runs_fp16_on_a_cpu_and_says_so(tmp_path):
     result = run_cli("train.py", *TINY_RUN, "train.max_steps=4", "train.dtype=fp16", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -10,11 +10,15 @@ import sys
 import termios
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import (
     ROOT,
     TINY_RUN,
     spawn_cli,
 )
+
+pytestmark = pytest.mark.slow  # a real training run under a pseudo-terminal
 
 
 def run_on_a_terminal(args: list[str], cwd: Path) -> tuple[int, str]:

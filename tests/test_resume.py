@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from model_io.checkpoint import Checkpoint
-from tests.helpers import ROOT, TINY_RUN, read_events, run_cli, signal_after_line
+from tests.helpers import ROOT, TINY_RUN, read_events, run_cli, signal_after_line, stop_while
+from training.interrupt import StopSignals
+
+pytestmark = pytest.mark.slow  # each test trains, or starts a Python process that it signals
 
 # TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
 EXACT_RUN = [a for a in TINY_RUN if not a.startswith(("train.max_steps", "train.log_interval"))] + [
@@ -77,18 +80,73 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
 
 
 def start_script(code: str, tmp_path: Path) -> subprocess.Popen:
-    """Runs code (given the project's root as argv[1]) in a new Python process, once it says "ready"."""
+    """Runs code (given the project's root as argv[1], and as argv[2] the log HEARD writes,
+    heard.log in tmp_path) in a new Python process, once it says "ready"."""
     script = tmp_path / "script.py"
     script.write_text(code)
-    process = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, str(script), str(ROOT), str(tmp_path / "heard.log")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "ready"
     return process
 
 
-STUCK_IN_ONE_OPERATION = """
-import sys, time, torch
+# What the scripts below run first: StopSignals' watcher thread ("stop-signals") notes in argv[2]
+# each signal it reads ("read <time> <signal numbers>") and the time it takes of it ("clock <time>":
+# its first_at, or its now), and the scripts note when their handler has taken a request ("handler
+# <time> <signal number>"). time.monotonic() is one clock for every process here, so that the test
+# waits until the watcher and the handler have heard a signal, and then past StopSignals'
+# SAME_REQUEST_SECONDS, instead of sleeping and hoping a busy machine ran them in time.
+HEARD = """
+import os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
+def note(*words):
+    with open(sys.argv[2], "a") as log:
+        log.write(" ".join(map(str, words)) + "\\n")
+clock, read = time.monotonic, os.read
+def watched_read(fd, n):
+    value = read(fd, n)
+    if threading.current_thread().name == "stop-signals":
+        note("read", clock(), *value)
+    return value
+def watched_clock():
+    value = clock()
+    if threading.current_thread().name == "stop-signals":
+        note("clock", value)
+    return value
+os.read, time.monotonic = watched_read, watched_clock
+"""
+
+
+def heard(log: Path, kind: str, signum: int, count: int = 1) -> float:
+    """When the script's process had heard signum for the count-th time, as its log (HEARD) says,
+    once written: kind "read", when the watcher read it; "clock", the time the watcher took after
+    that read (its first_at, for a first request); "handler", when the handler had taken it."""
+    deadline = time.monotonic() + 60
+    while True:
+        text = log.read_text() if log.exists() else ""
+        lines = [line.split() for line in text[: text.rfind("\n") + 1].splitlines()]  # whole lines only
+        times = []
+        for i, (k, at, *signals) in enumerate(lines):
+            if k == kind and (signals == [str(signum)] if k == "handler" else str(signum) in signals):
+                times.append(float(at))
+            elif k == "read" and str(signum) in signals and kind == "clock":
+                after = next((line for line in lines[i + 1 :] if line[0] in ("read", "clock")), None)
+                if after is not None and after[0] == "clock":  # the watcher's next line: a clock, before any read
+                    times.append(float(after[1]))
+        if len(times) >= count:
+            return times[count - 1]
+        assert time.monotonic() < deadline, f"no {kind} of signal {signum} (#{count}) within 60 s: {text}"
+        time.sleep(0.01)
+
+
+def past_the_same_request_window(since: float) -> None:
+    """Waits until a signal sent now arrives more than StopSignals.SAME_REQUEST_SECONDS after `since`
+    (on the same clock): a second request, not torchrun's relay of the first."""
+    time.sleep(max(0.0, since + StopSignals.SAME_REQUEST_SECONDS + 0.05 - time.monotonic()))
+
+
+STUCK_IN_ONE_OPERATION = HEARD + """
+import torch
 from training.interrupt import StopSignals
 matrix = torch.randn(7000, 7000)
 with StopSignals():
@@ -103,9 +161,8 @@ def test_a_second_signal_stops_at_once_even_inside_one_long_operation(tmp_path):
     # Python runs signal handlers only between bytecodes; this process sits inside one
     # operation for about 30 s, so only StopSignals' watcher thread can end it sooner.
     process = start_script(STUCK_IN_ONE_OPERATION, tmp_path)
-    time.sleep(0.5)
     process.send_signal(signal.SIGTERM)  # the first: stop cleanly, when the step is done
-    time.sleep(1.5)  # more than a second later: a second request, not torchrun's relay of the first
+    past_the_same_request_window(heard(tmp_path / "heard.log", "clock", signal.SIGTERM))  # the watcher's first_at
     second_at = time.monotonic()
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
@@ -115,15 +172,18 @@ def test_a_second_signal_stops_at_once_even_inside_one_long_operation(tmp_path):
     assert time.monotonic() - second_at < 10  # the watcher's 2 s of grace, plus start-up slack
 
 
-SLOW_TO_CLEAN_UP = """
-import signal, sys, time
-sys.path.insert(0, sys.argv[1])
+SLOW_TO_CLEAN_UP = HEARD + """
+import signal
 from training.interrupt import StopSignals
 signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # a signal that is no request to stop
 try:
-    with StopSignals():
+    with StopSignals() as stop:
         print("ready", flush=True)
+        noted = False
         while True:
+            if stop.requested and not noted:
+                noted = True
+                note("handler", time.monotonic(), stop.requested)
             time.sleep(0.01)  # Python code: the handler runs at once
 except KeyboardInterrupt:
     time.sleep(3)  # a cleanup longer than the watcher's grace
@@ -134,11 +194,12 @@ except KeyboardInterrupt:
 
 def test_the_watcher_leaves_a_run_alone_that_the_handler_stopped_and_ignores_other_signals(tmp_path):
     process = start_script(SLOW_TO_CLEAN_UP, tmp_path)
-    for _ in range(2):  # two of another signal, 1.5 s apart: nothing happens
+    log = tmp_path / "heard.log"
+    for count in (1, 2):  # two of another signal, further apart than the window: nothing happens
         process.send_signal(signal.SIGUSR1)
-        time.sleep(1.5)
+        past_the_same_request_window(heard(log, "read", signal.SIGUSR1, count))
     process.send_signal(signal.SIGTERM)
-    time.sleep(1.5)
+    past_the_same_request_window(max(heard(log, "clock", signal.SIGTERM), heard(log, "handler", signal.SIGTERM)))
     process.send_signal(signal.SIGINT)  # the second request: the handler raises KeyboardInterrupt
     stdout, stderr = process.communicate(timeout=60)
     assert (process.returncode, stdout, stderr) == (130, "cleaned up\n", "")
@@ -154,8 +215,13 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_pa
     ]
     process = start_training(*args, cwd=tmp_path)
     partial = run / ".ckpt_last.pt.tmp"
+
+    def saving() -> bool:  # a save after the first: the last checkpoint whole, the next one half written
+        return (run / "ckpt_last.pt").exists() and partial.exists()
+
     deadline = time.monotonic() + 120
-    while not ((run / "ckpt_last.pt").exists() and partial.exists()) and time.monotonic() < deadline:
+    # Stopped (SIGSTOP) while a save is under way, it cannot end the save between the look and the kill.
+    while not (saving() and stop_while(process, saving)) and time.monotonic() < deadline:
         time.sleep(0.001)  # a save takes far longer than this; a busy loop would take a core from the run
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from data.tokenizer import EOT, CharTokenizer
@@ -72,6 +73,7 @@ def test_sample_prints_the_end_of_a_text_as_a_line_of_its_own_not_the_raw_token(
     assert set("".join(texts)) <= {"a", "b"}
 
 
+@pytest.mark.slow
 def test_sample_loads_the_checkpoint_and_prints_text_without_writing(trained_run, tmp_path):
     before = sorted(p.name for p in trained_run.iterdir())
     args = [f"run={trained_run}", "prompt=Once upon a time", "max_new_tokens=40", "num_samples=2", "seed=1"]
@@ -86,6 +88,7 @@ def test_sample_loads_the_checkpoint_and_prints_text_without_writing(trained_run
     assert list(tmp_path.iterdir()) == []  # and nothing in the folder it ran from
 
 
+@pytest.mark.slow
 def test_sampling_with_and_without_the_kv_cache_gives_the_same_text(trained_run, tmp_path):
     # <eot> + 4 prompt tokens + 27 new ones fill the tiny run's block_size of 32 exactly.
     args = [f"run={trained_run}", "prompt=Once upon a time", "max_new_tokens=27", "num_samples=3", "temperature=1"]
@@ -95,6 +98,7 @@ def test_sampling_with_and_without_the_kv_cache_gives_the_same_text(trained_run,
     assert cached.stdout == recomputed.stdout and cached.stdout.count("Once upon a time") == 3
 
 
+@pytest.mark.slow
 def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_path):
     greedy = ["max_new_tokens=10", "temperature=0", "prompt=The"]
     by_file = run_cli("sample.py", f"run={trained_run / 'ckpt_best.pt'}", *greedy, cwd=tmp_path)

@@ -6,6 +6,8 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from tests.helpers import TINY_RUN, read_events, run_cli
 
+pytestmark = pytest.mark.slow  # a multirun of training runs
+
 
 def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
     tiny_without_n_head = [arg for arg in TINY_RUN if not arg.startswith("model.n_head=")]

@@ -16,6 +16,8 @@ from inspection.head_metrics import head_metrics
 from inspection.recall_probe import recall_points
 from tests.helpers import last_values, read_events, recomputed_last_step_scalars, text_of
 
+pytestmark = pytest.mark.slow  # every test reads the shared trained run
+
 
 def test_tensorboard_has_the_scalars_samples_and_config(trained_run):
     events = read_events(trained_run)

@@ -124,6 +124,7 @@ def test_bpe_ranks_are_kept_as_a_tiktoken_file_in_the_cache_and_reused(tmp_path)
     assert ranks_file.stat().st_mtime_ns == mtime and again.encode(STORIES[:500]) == tokenizer.encode(STORIES[:500])
 
 
+@pytest.mark.slow
 def test_the_default_run_uses_a_bpe_vocabulary_learned_once_and_cached(trained_run):
     assert "(bpe)" in (trained_run / "train.log").read_text()
     (cached,) = (trained_run.parent / ".cache" / "bpe").glob("*.tiktoken")

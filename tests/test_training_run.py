@@ -14,6 +14,8 @@ from tests.helpers import (
     text_of,
 )
 
+pytestmark = pytest.mark.slow  # every test reads the shared trained run
+
 
 def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
     for name in ("ckpt_last.pt", "ckpt_best.pt", "train.log", ".hydra/config.yaml"):

@@ -62,6 +62,7 @@ def copy_run(trained_run, folder, *names: str):
     return folder
 
 
+@pytest.mark.slow
 def test_the_cache_reads_ckpt_best_else_ckpt_last_and_reloads_a_checkpoint_written_again(trained_run, tmp_path):
     cache = ModelCache(max_bytes=2**30)
     run = copy_run(trained_run, tmp_path / "run", "ckpt_last.pt")
@@ -76,6 +77,7 @@ def test_the_cache_reads_ckpt_best_else_ckpt_last_and_reloads_a_checkpoint_writt
     assert list(cache.models) == [run / "ckpt_last.pt", run / "ckpt_best.pt"]  # by file: a checkpoint of each
 
 
+@pytest.mark.slow
 def test_the_cache_keeps_the_models_used_last_within_its_bound_in_bytes(trained_run, tmp_path):
     runs = [copy_run(trained_run, tmp_path / name, "ckpt_best.pt") for name in "abc"]
     model = ModelCache(2**30).get(runs[0], "a").model
@@ -91,6 +93,7 @@ def test_the_cache_keeps_the_models_used_last_within_its_bound_in_bytes(trained_
     assert tiny.get(runs[0], "a").step == 20 and not tiny.models
 
 
+@pytest.mark.slow
 def test_a_step_loads_the_checkpoint_the_run_kept_there_beside_its_best_within_the_same_bound(trained_run, tmp_path):
     run = copy_run(trained_run, tmp_path / "run", "ckpt_best.pt")
     kept = Checkpoint.load(run / "ckpt_best.pt")
@@ -109,6 +112,7 @@ def test_a_step_loads_the_checkpoint_the_run_kept_there_beside_its_best_within_t
         cache.get(run, "run", step=10)
 
 
+@pytest.mark.slow
 def test_a_run_with_no_checkpoint_yet_is_refused_saying_when_it_will_have_one(trained_run, tmp_path):
     (tmp_path / "young").mkdir()
     (tmp_path / "young" / "ckpt_best.pt").symlink_to(trained_run / "ckpt_best.pt")  # a link out of the run is no checkpoint
@@ -139,6 +143,7 @@ def test_the_text_box_runs_on_the_cpu_in_fp32_with_512_mb_of_models_unless_told_
         tensorboard_flags("--attention_tab_cache_mb", "-1")
 
 
+@pytest.mark.slow
 def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits(trained_run):
     text = "Once upon a time, there was a boy named Leo. One day, Leo"
     read = {}
@@ -152,6 +157,7 @@ def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits
     torch.testing.assert_close(bf16.predictions.log_probs.float(), fp32.predictions.log_probs, atol=0.15, rtol=0.03)
 
 
+@pytest.mark.slow
 def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_numbers(trained_run):
     model, tokenizer = Checkpoint.load(trained_run / "ckpt_best.pt").build_model()
     loaded = LoadedModel(model, tokenizer, trained_run / "ckpt_best.pt", 0, (0, 0), model_bytes(model))
@@ -170,6 +176,7 @@ def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_
     assert len(forwards) == before + 2
 
 
+@pytest.mark.slow
 def test_knocking_heads_out_on_the_repeated_tokens_also_runs_one_forward_with_the_same_numbers(trained_run):
     model, tokenizer = Checkpoint.load(trained_run / "ckpt_best.pt").build_model()
     loaded = LoadedModel(model, tokenizer, trained_run / "ckpt_best.pt", 0, (0, 0), model_bytes(model))
