@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-import cli.schema  # noqa: F401  (stores export_schema, which configs/export.yaml extends)
+import cli.checkpoint_commands  # noqa: F401  (stores export_schema, which configs/export.yaml extends)
 from cli.errors import exit_on_user_error, run_cli
 from data.hf_tokenizer import write_hf_tokenizer
 from data.tokenizer import Tokenizer

@@ -5,7 +5,7 @@
     python train.py data=text data.path=book.txt      your own text
     python train.py -m model.n_head=1,2,4             a sweep: one run dir per value
     torchrun --standalone --nproc_per_node=4 train.py one run on 4 processes (GPUs), see
-                                                      training/distributed.py
+                                                      runtime/ranks.py
     python train.py resume=outputs/<date>/<time>      go on where a run stopped; resume=auto with a
                                                       fixed hydra.run.dir, and torchrun's restarts:
                                                       docs/resume.md
@@ -36,7 +36,7 @@ from data.dataset import TokenData, get_batch
 from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import AUTO, LAST, Checkpoint, checkpoint_to_resume
-from training.distributed import (
+from runtime.ranks import (
     Ranks,
     env_rank,
     env_world_size,

@@ -67,7 +67,7 @@ HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall)_heads|(?P
                          r"/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
 HEAD_PAIR = re.compile(r"(\d{1,9}):(\d{1,9})")  # knocked_out=1:0,2:3
 DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
-DTYPES = ("fp32", "bf16", "fp16")  # training.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
+DTYPES = ("fp32", "bf16", "fp16")  # runtime.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
 
 
 class AttentionLoader(base_plugin.TBLoader):

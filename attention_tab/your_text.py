@@ -21,7 +21,7 @@ from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
 from model_io.checkpoint import BEST, LAST, Checkpoint
 from model_io.run_files import kept_checkpoints
-from training.precision import WEIGHT_DTYPES
+from runtime.precision import WEIGHT_DTYPES
 from user_error import UserError, quoted
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside

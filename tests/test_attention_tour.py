@@ -342,8 +342,8 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
 
     import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
     from model_io.checkpoint import Checkpoint, upgrade
-    from training.devices import Machine
-    from training.precision import choose_dtype
+    from runtime.devices import Machine
+    from runtime.precision import choose_dtype
     from training.run import plain_config
 
     record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())

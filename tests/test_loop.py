@@ -12,13 +12,13 @@ from hydra import compose, initialize_config_dir
 from data.dataset import get_batch
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
+from runtime.precision import Precision
+from runtime.ranks import Ranks
 from tests.helpers import ROOT, TINY_RUN, read_events
-from training.distributed import Ranks
 from training.fit import fit
 from training.jobs import Checkpoints, Every
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
-from training.precision import Precision
 from training.run import build_data_and_model, build_run
 from training.state import TrainState
 from training.step import TrainStep

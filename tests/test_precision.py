@@ -11,11 +11,11 @@ from hydra import compose, initialize_config_dir
 
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
+from runtime.precision import Precision
+from runtime.ranks import Ranks
 from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
-from training.distributed import Ranks
 from training.fit import fit
 from training.optimizer import build_optimizer
-from training.precision import Precision
 from training.run import build_data_and_model, build_run, restore
 from training.state import TrainState
 from training.step import TrainStep

@@ -15,11 +15,11 @@ from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import load_hf_weights
-from training.devices import Machine, check_compiler
-from training.distributed import Ranks, dist_backend, said_once_per_machine
+from runtime.devices import Machine, check_compiler
+from runtime.precision import Precision
+from runtime.ranks import Ranks, dist_backend, said_once_per_machine
 from training.optimizer import Optimizers, build_optimizer
 from training.parallel import Replicated, wrap
-from training.precision import Precision
 from training.run_state import restore_rng_states
 from training.state import TrainState
 
