@@ -22,8 +22,9 @@ from cli.errors import exit_on_user_error, run_cli
 from data.hf_tokenizer import write_hf_tokenizer
 from data.tokenizer import Tokenizer
 from model import GPT
-from model_io.checkpoint import Checkpoint, resolve_checkpoint
+from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
+from model_io.run_files import resolve_checkpoint
 from user_error import UserError
 
 

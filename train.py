@@ -35,7 +35,8 @@ from cli.run_dir import RunRecord
 from data.dataset import TokenData, get_batch
 from inspection.shape_trace import trace_shapes
 from model import GPT
-from model_io.checkpoint import AUTO, LAST, Checkpoint, checkpoint_to_resume
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import AUTO, LAST, checkpoint_to_resume
 from runtime.ranks import (
     Ranks,
     env_rank,

@@ -4,7 +4,7 @@ data/plugin/tinyattn_attention/:
 
     static/<file>                   the page: index.js (the ES module the tab loads) and its parts
     runs                            JSON: each run with attention data, its steps, shape and labels,
-                                    whether it counts as trained (model_io/latest_run.py: the tab opens
+                                    whether it counts as trained (model_io/run_files.py: the tab opens
                                     the newest such run first), and kept: the steps of the checkpoints
                                     it kept along the way (train.keep_checkpoints)
     weights?run=R&step=S[&tag=T]    one step's weights: float16 little-endian (n_layer, n_head, T, T)
@@ -56,7 +56,7 @@ from werkzeug import wrappers
 
 from attention_tab.run_folders import init_from, kept_checkpoint_steps, logdir_roots, run_folder
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
-from model_io.latest_run import is_trained
+from model_io.run_files import is_trained
 from user_error import UserError, quoted
 
 STATIC = Path(__file__).parent / "static"

@@ -25,7 +25,8 @@ from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, one_
 from docs.figures import draw_maps  # noqa: E402
 from inspection.head_metrics import induction_probe  # noqa: E402
 from inspection.heatmap import INK as INK_LINE  # noqa: E402
-from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
+from model_io.checkpoint import Checkpoint  # noqa: E402
+from model_io.run_files import resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent

@@ -260,7 +260,7 @@ def project_sources() -> list[Path]:
 
 def test_no_cuda_or_mps_call_runs_outside_a_branch_that_checked_for_its_backend():
     sources = project_sources()
-    assert ROOT / "training" / "run_state.py" in sources and len(sources) > 50
+    assert ROOT / "training" / "state.py" in sources and len(sources) > 50
     found = [line for path in sources for line in unguarded_backend_calls(path.read_text(), str(path.relative_to(ROOT)))]
     assert found == []
 

@@ -12,7 +12,8 @@ from inspection.ablation import RecallAblation
 from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from inspection.recall_probe import RecallScores
 from model import GPT, GPTConfig
-from model_io.checkpoint import Checkpoint, resolve_checkpoint
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import resolve_checkpoint
 from tests.helpers import TINY_RUN, read_events, run_cli, text_of
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.run_state import capture_rng_states, restore_rng_states

@@ -9,7 +9,7 @@ from functools import partial
 
 from omegaconf import OmegaConf
 
-from model_io.checkpoint import LAST
+from model_io.run_files import LAST
 from training.interrupt import StopSignals
 from training.jobs import AttentionMaps, Checkpoints, Evaluation, KeptCheckpoints, Samples, Saver
 from training.lr_schedule import lr_at

@@ -20,8 +20,7 @@ from runtime.precision import Precision
 from runtime.ranks import Ranks, dist_backend, said_once_per_machine
 from training.optimizer import Optimizers, build_optimizer
 from training.parallel import Replicated, wrap
-from training.run_state import restore_rng_states
-from training.state import TrainState
+from training.state import RunState, TrainState, restore_rng_states
 
 log = logging.getLogger("train")
 
@@ -127,15 +126,14 @@ def describe(run: Run) -> None:
 def restore(run: Run, checkpoint: Checkpoint) -> TrainState:
     """Put a saved run back exactly where it stopped: weights, optimizer, RNGs, loop state."""
     run.parallel.load(checkpoint.model, run.optimizer, checkpoint.optimizer)
-    run_state = checkpoint.run_state
-    rng_states = run_state["rng"]  # one per rank
-    restore_rng_states(rng_states[run.ranks.rank % len(rng_states)], run.batch_rng)
-    if run_state["grad_scaler"]:
-        run.precision.scaler.load_state_dict(run_state["grad_scaler"])
-    if run_state["world_size"] != run.ranks.world_size:
-        log.info(f"note: the run was saved by {run_state['world_size']} process(es) and goes on with "
+    saved = RunState.from_dict(checkpoint.run_state)
+    restore_rng_states(saved.rng[run.ranks.rank % len(saved.rng)], run.batch_rng)  # one per rank
+    if saved.grad_scaler:
+        run.precision.scaler.load_state_dict(saved.grad_scaler)
+    if saved.world_size != run.ranks.world_size:
+        log.info(f"note: the run was saved by {saved.world_size} process(es) and goes on with "
                  f"{run.ranks.world_size}, so its batches differ from here on")
-    return TrainState.from_checkpoint(checkpoint)
+    return saved.train_state(checkpoint.step, checkpoint.best_val_loss)
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:
