@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from cli.config import pretrained_config, resumed_config, validate_train_config
+from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
 from cli.errors import exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from data.dataset import TokenData, get_batch
@@ -93,7 +93,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
             return math.nan
         if ranks.is_main:
             record.write(cfg, hydra_cfg, resumed=checkpoint is not None)
-        run = build_run(run_cfg, run_dir, ranks, precision, data, model)
+        run = build_run(run_cfg, plain_config(run_cfg), run_dir, ranks, precision, data, model)
         describe(run)
         state = restore(run, checkpoint) if checkpoint else TrainState()
         figures = fit(run, state)

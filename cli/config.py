@@ -14,7 +14,6 @@ from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, divisors
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
-from training.run import plain_config
 from user_error import UserError, require
 
 
@@ -199,3 +198,8 @@ def plain(value: Any) -> Any:
         return value.value
     return plain_config(value) if OmegaConf.is_config(value) else value
 
+
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain dicts, lists, strings and numbers (a choice as its word), resolved:
+    what a checkpoint, whose loading admits nothing else, and TensorBoard keep."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

@@ -33,7 +33,7 @@ from training.optimizer import NS_DTYPES, OPTIMIZERS
 class Choice(str, Enum):
     """A value picked from a fixed list. It is a str, so cfg.model.pos == "rope" holds, and it
     prints as its value; name and value are the same word, so the YAML Hydra writes and
-    plain_config() (training/run.py) hold that word."""
+    plain_config() (cli/config.py) hold that word."""
 
     def __str__(self) -> str:  # f-strings use it too
         return self.value

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from cli.config import plain_config
 from data.dataset import get_batch
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
@@ -135,7 +136,7 @@ def fitted(tmp_path_factory):
     cfg = tiny_config(f"data.cache_dir={workdir / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
                       "train.log_interval=1")
     ranks, precision, data, model = build_data_and_model(cfg)
-    run = build_run(cfg, workdir, ranks, precision, data, model)
+    run = build_run(cfg, plain_config(cfg), workdir, ranks, precision, data, model)
     return workdir, fit(run, TrainState())
 
 
@@ -143,7 +144,7 @@ def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fit
     cfg = tiny_config(f"data.cache_dir={fitted[0] / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
                       "train.log_interval=1", "train.eval_train=false")
     ranks, precision, data, model = build_data_and_model(cfg)
-    figures = fit(build_run(cfg, tmp_path, ranks, precision, data, model), TrainState())
+    figures = fit(build_run(cfg, plain_config(cfg), tmp_path, ranks, precision, data, model), TrainState())
     assert [sorted(e) for e in figures.evaluations] == [["step", "val"]] * 4
     assert [e["val"] for e in figures.evaluations] == [e["val"] for e in fitted[1].evaluations]  # the same batches
     events = read_events(tmp_path)

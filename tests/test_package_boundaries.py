@@ -2,6 +2,7 @@
 done its work: sampling, exporting and the Attention tab share runtime/ (devices, precision, ranks)
 with training, and import nothing of the training loop's package."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -55,3 +56,34 @@ def test_sampling_exporting_and_the_tab_import_runtime_and_nothing_of_the_traini
         assert [m for m in modules if m.startswith("training")] == [], command
     # What they share with training comes from runtime/: the device and precision choices.
     assert {"runtime.devices", "runtime.precision"} <= set(seen["sample.py"]) and "runtime.precision" in seen["the tab"]
+
+
+CONFIG_LIBRARIES = ("hydra", "omegaconf")
+# The command line's layer and the three scripts read the config; everything below them takes
+# plain values (a checkpoint's config, a run's settings), so it runs without Hydra.
+MAY_READ_THE_COMMAND_LINE = {"cli", "train.py", "sample.py", "export.py"}
+
+
+def imports_of(source: str) -> set[str]:
+    """The top-level packages a Python file imports, anywhere in it (a function's lazy import too)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_no_module_outside_cli_and_the_three_scripts_imports_hydra_or_omegaconf():
+    skipped = {".venv", ".git", "tests", "outputs", "multirun", ".cache", "notebooks"}
+    sources = [path for path in ROOT.rglob("*.py") if not skipped & set(path.relative_to(ROOT).parts)]
+    assert ROOT / "training" / "fit.py" in sources and ROOT / "bench" / "text.py" in sources  # the walk sees them
+    readers = {str(path.relative_to(ROOT)) for path in sources if imports_of(path.read_text()) & set(CONFIG_LIBRARIES)}
+    assert {reader for reader in readers if reader.split("/")[0] not in MAY_READ_THE_COMMAND_LINE} == set()
+    assert {"cli/schema.py", "train.py"} <= readers
+
+
+def test_the_import_walk_sees_a_lazy_import_inside_a_function():
+    assert imports_of("def f():\n    from omegaconf import OmegaConf\n") == {"omegaconf"}
+    assert imports_of("import hydra.utils as h\nfrom . import x\n") == {"hydra"}

@@ -50,7 +50,7 @@ class Saver:
     rank 0 writes the file."""
 
     def __init__(self, run: Run) -> None:
-        self.run, self.config = run, run.config_dict()
+        self.run, self.config = run, run.config
 
     def save(self, name: str, state: TrainState, evaluated: bool) -> None:
         run = self.run
