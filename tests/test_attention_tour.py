@@ -212,6 +212,129 @@ def test_tour_the_at_operator_batches_over_leading_dims_where_bmm_needs_exactly_
         torch.testing.assert_close(weights[1, 2], attention_by_hand(module, x[1:2])[1][0, 2], atol=ATOL, rtol=RTOL)
 
 
+def test_tour_torch_dot_takes_two_1d_vectors_where_the_at_operator_dispatches_by_rank():
+    # A fact about torch: torch.dot is the dot product of two 1-D vectors and nothing else, while @
+    # (torch.matmul) reads the ranks: 1-D @ 1-D is that dot product, 2-D @ 1-D one per row, 2-D @ 2-D
+    # every pair, and more dims a batch of those.
+    q, k = torch.randn(4), torch.randn(4)
+    Q, K = torch.randn(3, 4), torch.randn(5, 4)
+    with pytest.raises(RuntimeError, match="1D tensors expected"):
+        torch.dot(Q, K)
+    assert (q @ k).shape == () and torch.equal(q @ k, torch.dot(q, k))
+    assert (Q @ k).shape == (3,) and (Q @ K.T).shape == (3, 5)
+    torch.testing.assert_close(Q @ K.T, torch.stack([torch.stack([torch.dot(a, b) for b in K]) for a in Q]))
+    torch.testing.assert_close(Q @ k, torch.mv(Q, k))  # one function per kind of product; @ picks among them
+    torch.testing.assert_close(Q @ K.T, torch.mm(Q, K.T))
+    with pytest.raises(RuntimeError):
+        torch.mm(Q, k)  # mm takes two matrices only
+    np.testing.assert_allclose(np.dot(Q.numpy(), K.T.numpy()), (Q @ K.T).numpy(), rtol=1e-5)  # NumPy's dot reads ranks
+    # The module's step 4: each score is one such dot product, of a query row and a key row, over sqrt(D).
+    module = CausalSelfAttention(12, 3, attention="manual")
+    made = {}
+    for point in (module.hook_q, module.hook_k, module.hook_attn_scores):
+        point.add_hook(lambda activation, hook: made.setdefault(hook.name, activation))
+    with torch.no_grad():
+        module(torch.randn(2, 5, 12))
+    q, k, scores = made["hook_q"], made["hook_k"], made["hook_attn_scores"]  # (B, T, H, D), (B, S, K, D), (B, H, T, S)
+    for b, h, t, s in ((0, 0, 4, 1), (1, 2, 3, 3), (1, 1, 0, 4)):
+        expected = torch.dot(q[b, t, h], k[b, s, h]) / math.sqrt(module.head_dim)
+        torch.testing.assert_close(scores[b, h, t, s], expected, atol=ATOL, rtol=RTOL)
+
+
+def test_tour_q_dot_k_has_variance_d_only_when_the_channels_have_mean_0():
+    # Guards section 2's premise: channels of mean 0 and variance 1 give q . k a variance of D, so the
+    # module's scaled scores have variance 1; channels of mean 1 give each product variance 3 and mean 1.
+    torch.manual_seed(0)
+    B, T, D = 64, 32, 64
+    module = CausalSelfAttention(D, 1, bias=False, attention="manual")
+    with torch.no_grad():
+        module.qkv.weight[: 2 * D] = torch.cat([torch.eye(D), torch.eye(D)])  # queries and keys: the tokens themselves
+    earlier = torch.ones(T, T, dtype=torch.bool).tril(diagonal=-1)  # pairs of different tokens: independent q and k
+    made = {}
+    module.hook_attn_scores.add_hook(lambda scores, hook: made.update(scores=scores[:, 0][:, earlier]))  # (B, pairs)
+    for mean, variance in ((0.0, 1.0), (1.0, 3.0)):
+        with torch.no_grad():
+            module(torch.randn(B, T, D) + mean)
+        scores = made["scores"]  # q . k / sqrt(D)
+        assert scores.var().item() == pytest.approx(variance, rel=0.1), mean
+        assert scores.mean().item() == pytest.approx(mean * math.sqrt(D), abs=0.1), mean  # q . k has mean D * mean^2
+
+
+def test_tour_b_k_adds_the_same_to_every_score_in_a_row_so_softmax_cancels_it_and_b_q_does_not():
+    # q . (k_s + b_k) = q . k_s + q . b_k: the second term is the same for every key s of query q's row, and
+    # softmax ignores what a whole row gains. (q + b_q) . k_s = q . k_s + b_q . k_s changes with s.
+    torch.manual_seed(0)
+    C, H = 12, 3
+    x = torch.randn(2, 6, C)
+    shift = torch.randn(C) * 3
+
+    def with_bias_moved(module: CausalSelfAttention, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        moved = CausalSelfAttention(C, H, attention="manual", rope=module.rope, qk_norm=module.q_norm is not None)
+        moved.load_state_dict(module.state_dict())
+        with torch.no_grad():
+            moved.qkv.bias[rows] += shift
+            return moved(x, need_weights=True)
+
+    module = CausalSelfAttention(C, H, attention="manual")  # biases on (the GPT's are off: model.bias=false)
+    b_q, b_k, b_v = slice(0, C), slice(C, 2 * C), slice(2 * C, 3 * C)  # their rows of qkv.bias
+    with torch.no_grad():
+        out, weights = module(x, need_weights=True)
+    k_out, k_weights = with_bias_moved(module, b_k)
+    torch.testing.assert_close(k_weights, weights, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(k_out, out, atol=ATOL, rtol=RTOL)
+    q_out, q_weights = with_bias_moved(module, b_q)
+    assert not torch.allclose(q_weights, weights, atol=1e-3) and not torch.allclose(q_out, out, atol=1e-3)
+    # b_v: each row of weights sums to 1, so every output moves by the same W_o b_v, whatever the weights.
+    v_out, v_weights = with_bias_moved(module, b_v)
+    torch.testing.assert_close(v_weights, weights, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(v_out - out, (module.proj.weight @ shift).expand_as(out), atol=ATOL, rtol=RTOL)
+    # Rotary positions turn b_k by each key's position, and QK-norm rescales it with the key: no longer the same.
+    for options in ({"rope": True}, {"qk_norm": True}):
+        turned = CausalSelfAttention(C, H, attention="manual", **options)
+        with torch.no_grad():
+            _, turned_weights = turned(x, need_weights=True)
+        assert not torch.allclose(with_bias_moved(turned, b_k)[1], turned_weights, atol=1e-3), options
+
+
+def test_tour_the_letters_table_has_the_modules_letters_and_a_notebooks_n_by_t_is_the_modules_t_by_c():
+    import model.attention
+
+    tour = (ROOT / "docs" / "attention.md").read_text()
+    table = re.findall(r"^\| `([A-Z])` \|", tour, flags=re.MULTILINE)  # the letters table's first column
+    defined = re.findall(r"(?m)(?:^    |\s{3,})([A-Z])  \S", model.attention.__doc__)  # the module's docstring
+    assert table == defined == ["B", "T", "C", "H", "D", "K", "S"]
+    # A notebook's x of N tokens, each T numbers wide, is the module's (T, C): one sequence, B = 1.
+    N, T = 5, 12  # the notebook's letters
+    module = CausalSelfAttention(T, 3)
+    made = {}
+    module.hook_q.add_hook(lambda q, hook: made.update(q=q))
+    x = torch.randn(N, T)
+    with torch.no_grad():
+        out, _ = module(x.unsqueeze(0))  # (B, T, C) = (1, N, the notebook's T)
+    assert out.shape == (1, N, T) and made["q"].shape == (1, N, 3, T // 3)  # (B, T, H, D) in the module's letters
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        module(x.T.unsqueeze(0))  # read the other way round: 12 tokens 5 wide, where the module takes 12 wide
+
+
+def test_tour_a_function_on_hook_z_runs_in_every_forward_it_is_attached_to_not_only_for_knock_outs():
+    # Step 7 hands z to hook_z on every forward, on both paths: a function there runs each time, whether it
+    # only reads (a cache, a probe), replaces z (a knock-out, a patch) or hands back None.
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 12)
+    for attention in ("sdpa", "manual"):
+        module = CausalSelfAttention(12, 3, attention=attention)
+        seen = []
+        with torch.no_grad():
+            intact, _ = module(x)
+            detach = module.hook_z.add_hook(lambda z, hook, seen=seen: seen.append(tuple(z.shape)))
+            read, _ = module(x)
+            module(x[:, :3])
+            detach()
+            module(x)
+        assert seen == [(2, 5, 3, 4), (2, 3, 3, 4)], attention  # (B, T, H, D), once a forward while attached
+        assert torch.equal(read, intact), attention  # reading changes no bit
+
+
 def test_tour_heatmap_colours_are_on_a_square_root_scale():
     from inspection.heatmap import COLORMAP, FUTURE, colour_level, render_attention_map
 

@@ -144,7 +144,13 @@ def test_q2_a_hide_mask_given_to_sdpa_is_silently_wrong_and_inverting_it_is_the_
             manual_wrong, _ = module(x, key_padding_mask=nothing_padded)
     torch.testing.assert_close(right, expected, atol=ATOL, rtol=RTOL)
     assert torch.isfinite(wrong).all()  # no error, no NaN...
-    assert (wrong[:, -1] == 0).all()  # the last query, left with no key, gets zeros
+    assert (wrong[:, -1] == 0).all()  # the last query, left with no key, gets zeros...
+    # ...from SDPA itself, a fact about torch: the module's zeroing of such rows (no_key_visible) had nothing
+    # to do, since its own mask leaves every query a key. Called alone, SDPA gives a row that sees nothing zeros.
+    alone = torch.randn(1, 1, 3, 4)
+    no_key_for_the_last = torch.ones(3, 3, dtype=torch.bool).tril()
+    no_key_for_the_last[2] = False
+    assert (F.scaled_dot_product_attention(alone, alone, alone, attn_mask=no_key_for_the_last)[0, 0, 2] == 0).all()
     assert not torch.allclose(wrong[:, :-1], expected[:, :-1], atol=1e-3)  # ...and wrong: each query saw only its future
     assert manual_wrong[:, -1].isnan().all() and manual_wrong[:, :-1].isfinite().all()  # -inf everywhere: 0 / 0
     # The module's own `visible` is SDPA's convention; its padding mask is nn.MultiheadAttention's.
@@ -293,6 +299,12 @@ def test_q7_the_mask_is_built_per_call_equal_to_a_slice_of_a_block_size_buffer_a
     with_buffer = nn.Module()
     with_buffer.register_buffer("mask", buffer)
     assert with_buffer.state_dict()["mask"].numel() == block_size**2
+    # A fact about torch: persistent=False keeps a buffer out of the state dict, so a checkpoint is no reason
+    # to build the mask per call. The module keeps none, persistent or not: no block_size^2 table in memory.
+    not_saved = nn.Module()
+    not_saved.register_buffer("mask", buffer, persistent=False)
+    assert "mask" not in not_saved.state_dict() and torch.equal(not_saved.mask, buffer)
+    assert list(CausalSelfAttention(8, 2).buffers()) == [] and list(model.buffers()) == []
 
 
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])
@@ -659,6 +671,21 @@ def test_q23_the_output_projection_lets_every_head_write_to_every_channel_and_fo
         identity_projection(folded)
         torch.testing.assert_close(folded(x)[0], one(x)[0], atol=ATOL, rtol=RTOL)
     # With H heads W_v gives each head D rows, so no fold can let a head write outside its D channels.
+    # Exact only without dropout: in training, dropout scales a query's kept weights by 1 / (1 - p), its row no
+    # longer sums to 1, and b_o, folded into every value, comes out times that sum. The same random draws:
+    def in_training(module: CausalSelfAttention, dropout: float) -> torch.Tensor:
+        copy = CausalSelfAttention(C, 1, dropout=dropout, attention="manual")
+        copy.load_state_dict(module.state_dict())
+        torch.manual_seed(1)
+        with torch.no_grad():
+            return copy.train()(x)[0]
+
+    assert not torch.allclose(in_training(folded, 0.5), in_training(one, 0.5), atol=1e-3)
+    torch.testing.assert_close(in_training(folded, 0.0), in_training(one, 0.0), atol=ATOL, rtol=RTOL)
+    with torch.no_grad():  # without b_o the fold holds under dropout too: the bias is what a row's sum moves
+        one.proj.bias.zero_()
+        folded.qkv.bias[2 * C :] = W_o @ b_v
+    torch.testing.assert_close(in_training(folded, 0.5), in_training(one, 0.5), atol=ATOL, rtol=RTOL)
 
 
 def test_q24_the_gpt2_init_keeps_the_residual_streams_spread_flat_through_depth():
@@ -672,6 +699,23 @@ def test_q24_the_gpt2_init_keeps_the_residual_streams_spread_flat_through_depth(
             assert parameter.std().item() == pytest.approx(residual_std, rel=0.05), name
         elif name.endswith(("qkv.weight", "fc.weight", "tok_emb.weight")):
             assert parameter.std().item() == pytest.approx(0.02, rel=0.05), name
+    # N(0, 0.02) is for the weights of Linear and Embedding layers only: every bias starts at 0 and every
+    # norm's gain (LayerNorm's, QK-norm's) at 1, with every option that adds one on.
+    full = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, bias=True, qk_norm=True,
+                         smear=True, norm="layernorm"))
+    drawn = {f"{name}.weight" for name, layer in full.named_modules() if isinstance(layer, (nn.Linear, nn.Embedding))}
+    kinds = set()
+    for name, parameter in full.named_parameters():
+        if name in drawn:
+            kinds.add("drawn")
+            assert parameter.abs().max() > 0 and parameter.abs().mean() < 0.03, name  # about 0.016 for std 0.02
+        elif name.endswith(".bias"):
+            kinds.add("bias")
+            assert (parameter == 0).all(), name
+        else:
+            kinds.add("gain")
+            assert (parameter == 1).all(), name
+    assert kinds == {"drawn", "bias", "gain"}
     # Every logit starts near 0, so the first loss is that of a uniform guess, log(vocab_size);
     # with std 1 the model starts out sure of random answers.
     idx, targets = torch.randint(0, 64, (8, 32)), torch.randint(0, 64, (8, 32))
