@@ -17,13 +17,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-import cli.schema  # noqa: F401  (stores export_schema, which configs/export.yaml extends)
+import cli.checkpoint_commands  # noqa: F401  (stores export_schema, which configs/export.yaml extends)
 from cli.errors import exit_on_user_error, run_cli
 from data.hf_tokenizer import write_hf_tokenizer
 from data.tokenizer import Tokenizer
 from model import GPT
-from model_io.checkpoint import Checkpoint, resolve_checkpoint
+from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
+from model_io.run_files import resolve_checkpoint
 from user_error import UserError
 
 

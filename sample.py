@@ -15,13 +15,14 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from cli.config import validate_sample_config
+from cli.checkpoint_commands import validate_sample_config
 from cli.errors import exit_on_user_error, run_cli
 from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, generate_text
-from model_io.checkpoint import Checkpoint, resolve_checkpoint
-from training.devices import Machine, check_compiler, pick_device
-from training.precision import weights_dtype
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import resolve_checkpoint
+from runtime.devices import Machine, check_compiler, pick_device
+from runtime.precision import weights_dtype
 from user_error import UserError
 
 

@@ -5,7 +5,7 @@
     python train.py data=text data.path=book.txt      your own text
     python train.py -m model.n_head=1,2,4             a sweep: one run dir per value
     torchrun --standalone --nproc_per_node=4 train.py one run on 4 processes (GPUs), see
-                                                      training/distributed.py
+                                                      runtime/ranks.py
     python train.py resume=outputs/<date>/<time>      go on where a run stopped; resume=auto with a
                                                       fixed hydra.run.dir, and torchrun's restarts:
                                                       docs/resume.md
@@ -29,14 +29,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from cli.config import pretrained_config, resumed_config, validate_train_config
+from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
 from cli.errors import exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from data.dataset import TokenData, get_batch
 from inspection.shape_trace import trace_shapes
 from model import GPT
-from model_io.checkpoint import AUTO, LAST, Checkpoint, checkpoint_to_resume
-from training.distributed import (
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import AUTO, LAST, checkpoint_to_resume
+from runtime.ranks import (
     Ranks,
     env_rank,
     env_world_size,
@@ -92,7 +93,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
             return math.nan
         if ranks.is_main:
             record.write(cfg, hydra_cfg, resumed=checkpoint is not None)
-        run = build_run(run_cfg, run_dir, ranks, precision, data, model)
+        run = build_run(run_cfg, plain_config(run_cfg), run_dir, ranks, precision, data, model)
         describe(run)
         state = restore(run, checkpoint) if checkpoint else TrainState()
         figures = fit(run, state)

@@ -16,3 +16,9 @@ def quoted(value: str, limit: int = 80) -> str:
     if len(value) <= limit:
         return repr(value)
     return f"{value[:limit]!r}... ({len(value):,} characters)"
+
+
+def require(ok: bool, message: str) -> None:
+    """A check of what a user asked for: UserError(message) unless ok."""
+    if not ok:
+        raise UserError(message)

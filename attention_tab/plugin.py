@@ -4,7 +4,7 @@ data/plugin/tinyattn_attention/:
 
     static/<file>                   the page: index.js (the ES module the tab loads) and its parts
     runs                            JSON: each run with attention data, its steps, shape and labels,
-                                    whether it counts as trained (model_io/latest_run.py: the tab opens
+                                    whether it counts as trained (model_io/run_files.py: the tab opens
                                     the newest such run first), and kept: the steps of the checkpoints
                                     it kept along the way (train.keep_checkpoints)
     weights?run=R&step=S[&tag=T]    one step's weights: float16 little-endian (n_layer, n_head, T, T)
@@ -56,7 +56,7 @@ from werkzeug import wrappers
 
 from attention_tab.run_folders import init_from, kept_checkpoint_steps, logdir_roots, run_folder
 from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
-from model_io.latest_run import is_trained
+from model_io.run_files import is_trained
 from user_error import UserError, quoted
 
 STATIC = Path(__file__).parent / "static"
@@ -67,7 +67,7 @@ HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall)_heads|(?P
                          r"/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
 HEAD_PAIR = re.compile(r"(\d{1,9}):(\d{1,9})")  # knocked_out=1:0,2:3
 DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
-DTYPES = ("fp32", "bf16", "fp16")  # training.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
+DTYPES = ("fp32", "bf16", "fp16")  # runtime.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
 
 
 class AttentionLoader(base_plugin.TBLoader):

@@ -19,9 +19,9 @@ from inspection.heatmap import readable_token
 from inspection.repeated_tokens import RepeatedForward, copy_losses, default_n, forward_repeated
 from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
-from model_io.checkpoint import BEST, LAST, Checkpoint
-from model_io.run_files import kept_checkpoints
-from training.precision import WEIGHT_DTYPES
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import BEST, LAST, kept_checkpoints, model_checkpoint
+from runtime.precision import WEIGHT_DTYPES
 from user_error import UserError, quoted
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside
@@ -40,10 +40,9 @@ def checkpoint_in(folder: Path, run: str, step: int | None = None) -> Path:
             steps = f"its kept steps are {sorted(kept)}" if kept else "it kept none (train.keep_checkpoints keeps them)"
             raise UserError(f"run {quoted(run)} kept no checkpoint at step {step}; {steps}")
         return path
-    for name in (BEST, LAST):
-        path = folder / name
-        if path.is_file() and is_inside(str(path), str(folder)):
-            return path
+    path = model_checkpoint(folder)
+    if path is not None and is_inside(str(path), str(folder)):
+        return path
     raise UserError(f"run {quoted(run)} has no checkpoint yet ({BEST} or {LAST}); a run saves one at its first "
                     "evaluation (train.eval_interval)")
 

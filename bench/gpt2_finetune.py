@@ -17,9 +17,9 @@ import torch
 from bench.gpt2_sampling import GPT2_SMALL
 from data.dataset import get_batch
 from model import GPT, GPTConfig
-from training.distributed import Ranks
+from runtime.precision import Precision
+from runtime.ranks import Ranks
 from training.optimizer import build_optimizer
-from training.precision import Precision
 from training.step import TrainStep
 
 BATCH_SIZE, SEQUENCE_LENGTH = 1, 256  # tokens per step: a fine-tune's batch on a CPU

@@ -14,7 +14,7 @@ import torch
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
 from model_io.hf_models import gpt_from_hf
-from training.devices import cpu_multiplies_bf16
+from runtime.devices import cpu_multiplies_bf16
 
 # GPT-2 small (124M): GPT2Config's defaults, spelled out.
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}

@@ -7,7 +7,7 @@ import statistics
 import time
 
 import torch
-from omegaconf import OmegaConf
+import yaml
 
 from bench.common import ROOT
 from bench.sampling import DEFAULT_RUN_VOCAB
@@ -29,10 +29,8 @@ VARIANTS = {"MHA": {}, "GQA 4:1": {"n_kv_head": 2}, "MQA": {"n_kv_head": 1}, "wi
 def kv_model(variant: dict, context: int) -> GPT:
     """The default model with N_HEAD heads and the variant's settings, sized for `context` tokens;
     random weights, the same for every context (seed 0)."""
-    config = OmegaConf.load(ROOT / "configs/model/gpt.yaml")
-    config.n_head = N_HEAD
-    config.merge_with(variant)
-    config.block_size = WINDOW_BLOCK_SIZE if config.window else context
+    config = {**yaml.safe_load((ROOT / "configs/model/gpt.yaml").read_text()), "n_head": N_HEAD, **variant}
+    config["block_size"] = WINDOW_BLOCK_SIZE if config["window"] else context
     torch.manual_seed(0)
     return build_model(config, DEFAULT_RUN_VOCAB).eval()
 

@@ -3,7 +3,7 @@
 import time
 
 import torch
-from omegaconf import OmegaConf
+import yaml
 
 from bench.common import ROOT, median_time
 from model import GPT, GPTConfig, generate_tokens
@@ -19,8 +19,7 @@ DEFAULT_RUN_VOCAB = 1274
 
 
 def sampling_models() -> dict[str, GPT]:
-    default = OmegaConf.load(ROOT / "configs/model/gpt.yaml")
-    default.block_size = 256
+    default = {**yaml.safe_load((ROOT / "configs/model/gpt.yaml").read_text()), "block_size": 256}
     return {"L6_H6_C384": GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)),
             "default": build_model(default, DEFAULT_RUN_VOCAB)}
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+import yaml
 
 from attention_tab.tools import attribution_answer, lens_answer, patch_answer, patch_example
 from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes, repeated_answer
@@ -26,7 +26,7 @@ TOOL_ANSWERS_PER_RUN = 3  # each takes 30 to 100 ms: three are enough to time, a
 
 def default_run_data(cache_dir: Path):
     """The default run's corpus and tokenizer (stories, BPE: 1,274 tokens), built as train.py builds them."""
-    data_cfg, tokenizer_cfg = (OmegaConf.to_container(OmegaConf.load(ROOT / f"configs/{name}.yaml"))
+    data_cfg, tokenizer_cfg = (yaml.safe_load((ROOT / f"configs/{name}.yaml").read_text())
                                for name in ("data/stories", "tokenizer/bpe"))
     data_cfg.pop("defaults"), tokenizer_cfg.pop("defaults")  # the schemas Hydra checks them against
     return prepare_tokens({**data_cfg, "cache_dir": str(cache_dir)}, tokenizer_cfg)
@@ -38,10 +38,10 @@ def bench_text(repeats: int, work: Path) -> dict:
     random tokens it reads (<|endoftext|> and 63 tokens twice); and the tools' answers: the lens
     and attribution on that text, patching on the tab's example (the name swap)."""
     data = default_run_data(work / "cache")
-    config = OmegaConf.load(ROOT / "configs/model/gpt.yaml")
+    config = yaml.safe_load((ROOT / "configs/model/gpt.yaml").read_text())
     torch.manual_seed(0)
     model = build_model(config, data.tokenizer.vocab_size).eval()
-    text = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, config.block_size - 1))
+    text = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, model.config.block_size - 1))
     return {**time_answers(model, data.tokenizer, text, repeats, ANSWERS_PER_RUN),
             **time_repeated_answers(model, data.tokenizer, repeats, ANSWERS_PER_RUN),
             **time_tools(model, data.tokenizer, text, repeats, TOOL_ANSWERS_PER_RUN)}

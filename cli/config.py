@@ -14,8 +14,7 @@ from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, divisors
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
-from training.run import plain_config
-from user_error import UserError
+from user_error import UserError, require
 
 
 def validate_train_config(cfg: Any) -> None:
@@ -98,18 +97,6 @@ def check_keep_checkpoints(keep: Any) -> None:
     require(count <= MAX_KEPT_CHECKPOINTS,
             f"train.keep_checkpoints lists {count} steps, more than the {MAX_KEPT_CHECKPOINTS} a run keeps (each is a "
             f"whole copy of the weights); list fewer, or train.keep_checkpoints={LOG_SPACED}")
-
-
-def validate_sample_config(cfg: Any, vocab_size: int) -> None:
-    """sample.py's counterpart of validate_train_config; top_k's range is the checkpoint's vocabulary."""
-    require(cfg.max_new_tokens >= 0, f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
-    require(cfg.temperature >= 0, f"temperature={cfg.temperature} must be 0 (greedy) or more")
-    require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
-    require(not cfg.top_k or 0 < cfg.top_k <= vocab_size,
-            f"top_k={cfg.top_k} must be between 1 and the vocabulary size {vocab_size} (or 0: off)")
-    require(cfg.top_p is None or 0 < cfg.top_p <= 1, f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
-    require(cfg.use_kv_cache or not cfg.compile,
-            "compile=true compiles the cached one-token step: drop use_kv_cache=false, or compile=true")
 
 
 # What a resumed run may not change: the network, its tokens, the text it learns from, and
@@ -212,7 +199,7 @@ def plain(value: Any) -> Any:
     return plain_config(value) if OmegaConf.is_config(value) else value
 
 
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        raise UserError(message)
-
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain dicts, lists, strings and numbers (a choice as its word), resolved:
+    what a checkpoint, whose loading admits nothing else, and TensorBoard keep."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

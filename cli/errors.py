@@ -10,7 +10,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from training.distributed import leave_it_to_local_rank_zero, said_once_per_machine
+from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
 from user_error import UserError
 
 

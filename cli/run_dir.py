@@ -12,8 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from model_io.checkpoint import AUTO, resolve_resume
-from training.distributed import rank_zero_choice
+from model_io.run_files import AUTO, resolve_resume
+from runtime.ranks import rank_zero_choice
 from user_error import UserError
 
 

@@ -7,8 +7,8 @@ values, and what each key means, live in configs/ alone. The ranges (at least 1,
 ...) are checked in cli/config.py.
 
 Each schema is stored in Hydra's ConfigStore when this module is imported (cli/config.py
-imports it). configs/train.yaml and configs/sample.yaml extend theirs through their defaults
-list; so does each option of the groups whose options have different keys (data, tokenizer),
+imports it). configs/train.yaml extends it through its defaults list (sample.py's and export.py's
+schemas: cli/checkpoint_commands.py); so does each option of the groups whose options have different keys (data, tokenizer),
 e.g. configs/data/stories.yaml starts with `- /data_stories_schema@_here_`. The schemas are
 stored outside any group so that `--help` does not list them as options.
 """
@@ -24,16 +24,16 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from data.stories import NAME_KINDS
 from model.attention import ATTENTION_PATHS
 from model.gpt import MLPS, NORMS, POSITIONS
-from training.distributed import PARALLELS
+from runtime.precision import DTYPES
+from runtime.ranks import PARALLELS
 from training.lr_schedule import SCHEDULES
 from training.optimizer import NS_DTYPES, OPTIMIZERS
-from training.precision import DTYPES
 
 
 class Choice(str, Enum):
     """A value picked from a fixed list. It is a str, so cfg.model.pos == "rope" holds, and it
     prints as its value; name and value are the same word, so the YAML Hydra writes and
-    plain_config() (training/run.py) hold that word."""
+    plain_config() (cli/config.py) hold that word."""
 
     def __str__(self) -> str:  # f-strings use it too
         return self.value
@@ -216,29 +216,6 @@ class TrainSchema:
     debug: DebugMode | None = MISSING
 
 
-@dataclass
-class SampleSchema:
-    run: str = MISSING
-    prompt: str = MISSING
-    max_new_tokens: int = MISSING
-    temperature: Number = MISSING
-    top_k: int | None = MISSING
-    top_p: Number | None = MISSING
-    num_samples: int = MISSING
-    seed: int = MISSING
-    use_kv_cache: bool = MISSING
-    compile: bool = MISSING
-    device: str = MISSING
-    dtype: str = MISSING
-
-
-@dataclass
-class ExportSchema:
-    run: str = MISSING
-    out: str | None = MISSING
-    force: bool = MISSING
-
-
 def typed_train_config(config: dict[str, Any]) -> DictConfig:
     """A saved run's plain config, checked against the schemas of its own data and tokenizer
     options as Hydra checks a new one; a key it lacks is left missing (???)."""
@@ -248,8 +225,6 @@ def typed_train_config(config: dict[str, Any]) -> DictConfig:
 
 store = ConfigStore.instance()
 store.store(name="train_schema", node=TrainSchema)
-store.store(name="sample_schema", node=SampleSchema)
-store.store(name="export_schema", node=ExportSchema)
 for group, options in (("data", DATA_SCHEMAS), ("tokenizer", TOKENIZER_SCHEMAS)):
     for option, node in options.items():
         store.store(name=f"{group}_{option}_schema", node=node)

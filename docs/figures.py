@@ -35,7 +35,8 @@ from inspection.heatmap import (  # noqa: E402
 )
 from inspection.recall_probe import RecallProbe, recall_points  # noqa: E402
 from inspection.text_forward import forward_text  # noqa: E402
-from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
+from model_io.checkpoint import Checkpoint  # noqa: E402
+from model_io.run_files import resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 ATTENTION_MAPS = Path(__file__).resolve().parent / "attention_maps.png"

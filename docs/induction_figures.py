@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -25,14 +25,15 @@ from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, one_
 from docs.figures import draw_maps  # noqa: E402
 from inspection.head_metrics import induction_probe  # noqa: E402
 from inspection.heatmap import INK as INK_LINE  # noqa: E402
-from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
+from model_io.checkpoint import Checkpoint  # noqa: E402
+from model_io.run_files import resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent
 SCORES, MAP, RECORD = "induction_scores.png", "induction_map.png", "induction.json"  # written in docs/ or --out
 SHOWN_TOKENS = 12  # random tokens in each copy of the drawn sequence: 24 rows, 12 px each
 BEFORE, AFTER, CROSSING = 0.05, 0.5, 0.3  # the issue's marks: below, above, and the seeds' crossing
-PRESET_STEPS = OmegaConf.load(DOCS.parent / "configs" / "experiment" / "induction.yaml").train.max_steps
+PRESET_STEPS = yaml.safe_load((DOCS.parent / "configs" / "experiment" / "induction.yaml").read_text())["train"]["max_steps"]
 JUMP = 0.2  # the steep part of the rise starts where the score leaves this
 
 

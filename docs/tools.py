@@ -31,8 +31,8 @@ from inspection.logit_lens import logit_lens  # noqa: E402
 from inspection.name_swap import CLASSIC, NAMES, STORY, name_swap  # noqa: E402
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual  # noqa: E402
 from model import GPT, eval_mode  # noqa: E402
-from model_io.checkpoint import Checkpoint, resolve_checkpoint  # noqa: E402
-from model_io.run_files import kept_checkpoints
+from model_io.checkpoint import Checkpoint  # noqa: E402
+from model_io.run_files import kept_checkpoints, resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent

@@ -1,6 +1,7 @@
 """The checkpoint: the one module that owns its format. It saves and loads one, upgrades an old
-one, finds one from what a user typed, and builds the model and tokenizer it holds. Loading a
-model needs nothing else: neither the training loop nor the config schema (no hydra, no omegaconf).
+one, and builds the model and tokenizer it holds (which file a run dir, `run=latest` or
+`resume=` means: model_io/run_files.py). Loading a model needs nothing else: neither the
+training loop nor the config schema (no hydra, no omegaconf).
 
 A checkpoint file is a plain dict that torch.load(weights_only=True) can read, so loading one
 never runs code from the file; Checkpoint is that dict with names:
@@ -12,7 +13,7 @@ never runs code from the file; Checkpoint is that dict with names:
     best_val_loss  the lowest val loss seen so far
     optimizer      its state_dict; None where there is none (a run's start from weights)
     run_state      what an exact resume needs besides: RNG states, where in the step the loop
-                   stopped, the open log window (training/state.py, training/run_state.py)
+                   stopped, the open log window (training/state.py's RunState)
 
 A save goes to a temporary file, is fsynced, then renamed into place: a crash mid-save
 leaves the previous file intact.
@@ -31,12 +32,8 @@ import torch
 
 from data.tokenizer import Tokenizer, tokenizer_from_state
 from model import GPT, GPTConfig
-from model_io.latest_run import newest_trained
-from model_io.run_files import BEST, LAST
 from user_error import UserError
 
-AUTO = "auto"  # resume=auto: the run in hydra.run.dir if it saved one, else a new run there
-RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
 # Config keys added after runs were saved without them, with the value that does what the
@@ -169,58 +166,3 @@ def read_file(path: Path, map_location: str | torch.device, mmap: bool = False) 
             first_line = first_line[:120].rsplit(" ", 1)[0] + " ..."
         detail = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
         raise UserError(f"{path} is not a readable checkpoint ({detail}); it may be truncated or not a checkpoint") from None
-
-
-def resolve_checkpoint(run: str) -> Path:
-    """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt); "latest":
-    of the run dirs under outputs/ and multirun/, newest checkpoint first, the first that trained
-    at least 100 steps or started from pretrained weights (model_io/latest_run.py), else the newest."""
-    if run == "latest":
-        found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
-        if not found:
-            raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
-        written = {}  # run dir -> when its newest checkpoint was written
-        for path in found:
-            written[path.parent] = max(written.get(path.parent, 0), path.stat().st_mtime)
-        newest_first = sorted(written, key=written.get, reverse=True)
-        return resolve_checkpoint(str(newest_trained(newest_first, run_facts)))
-    path = Path(run).expanduser()
-    if path.is_dir():
-        for name in (BEST, LAST):
-            if (path / name).is_file():
-                return path / name
-        raise UserError(f"run={run} has no {BEST} or {LAST}; point run= at a training run dir or a .pt file")
-    if not path.is_file():
-        raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
-    return path
-
-
-def run_facts(run_dir: Path) -> tuple[int, str | None]:
-    """(steps trained, init_from) of a run dir, from its latest checkpoint, without reading its
-    weights (torch maps them from the file only when touched)."""
-    path = run_dir / LAST if (run_dir / LAST).is_file() else run_dir / BEST
-    saved = read_file(path, "cpu", mmap=True)
-    if not isinstance(saved, dict):
-        return 0, None  # not a checkpoint: Checkpoint.load says so should this run be the one
-    return int(saved.get("step", 0)), saved.get("config", {}).get("init_from")
-
-
-def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:
-    """The checkpoint a run goes on from; None: a new run. With resume=auto, and in processes
-    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one."""
-    if (resume == AUTO or restarted) and (run_dir / LAST).is_file():
-        return run_dir / LAST
-    if resume in (None, AUTO):
-        return None
-    return resolve_resume(resume)
-
-
-def resolve_resume(resume: str) -> Path:
-    path = Path(resume).expanduser()
-    if path.is_dir():
-        if not (path / LAST).is_file():
-            raise UserError(f"resume={resume} has no {LAST}; give the run dir of a run that saved one, or a .pt file")
-        return path / LAST
-    if not path.is_file():
-        raise UserError(f"resume={resume} does not exist; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
-    return path

@@ -1,13 +1,39 @@
-"""The checkpoint files a run dir holds, by name, found without loading torch (the Attention tab
-lists runs at TensorBoard's start): ckpt_last.pt, ckpt_best.pt, and the model-only checkpoints
-train.keep_checkpoints kept along the way, checkpoints/step_000250.pt. What is inside a file is
+"""Which file a run's name means, in one place: a run dir's checkpoints by name, `run=` of
+sample.py, export.py and make docs (a run dir, a file, or "latest": the newest run that trained),
+`resume=` (a run dir, a file, or "auto"), and the model-only checkpoints train.keep_checkpoints
+kept, checkpoints/step_000250.pt. Found without loading torch (the Attention tab lists runs at
+TensorBoard's start); only "latest" reads a checkpoint's step, and what is inside a file is
 model_io/checkpoint.py's business."""
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
+
+from user_error import UserError
 
 LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
 KEPT = "checkpoints"  # the run dir's folder of model-only checkpoints, one per step of train.keep_checkpoints
 LOG_SPACED = "log"  # train.keep_checkpoints=log: step 0, every power of two, and the last step
+AUTO = "auto"  # resume=auto: the run in hydra.run.dir if it saved one, else a new run there
+RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder
+# "The newest run" is the newest that trained at least MIN_STEPS steps or started from pretrained
+# weights (init_from, even at step 0: GPT-2 as it came), so that a 1-step test run started after
+# a real one does not win. When no run is such, the newest run.
+MIN_STEPS = 100
+
+Run = TypeVar("Run")
+
+
+def model_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a run's model is read from: its ckpt_best.pt, else its ckpt_last.pt; None
+    before its first save."""
+    return next((Path(run_dir) / name for name in (BEST, LAST) if (Path(run_dir) / name).is_file()), None)
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """Where a run is now: its ckpt_last.pt, else its ckpt_best.pt (every save writes the last;
+    the best only when val improves, so the last is never older)."""
+    return next((Path(run_dir) / name for name in (LAST, BEST) if (Path(run_dir) / name).is_file()), None)
 
 
 def kept_checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -24,3 +50,74 @@ def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
         if digits.isdigit() and path.is_file():
             found[int(digits)] = path
     return dict(sorted(found.items()))
+
+
+def is_trained(steps: int, init_from: str | None) -> bool:
+    """Whether a run counts as trained: at least MIN_STEPS steps, or weights from elsewhere."""
+    return steps >= MIN_STEPS or bool(init_from)
+
+
+def newest_trained(newest_first: Iterable[Run], facts: Callable[[Run], tuple[int, str | None]]) -> Run | None:
+    """The first run of newest_first that is_trained by facts(run) = (steps, init_from), else the
+    first run; None for no runs. facts is asked only as far as needed (it may read a checkpoint)."""
+    first = None
+    for run in newest_first:
+        first = run if first is None else first
+        if is_trained(*facts(run)):
+            return run
+    return first
+
+
+def resolve_checkpoint(run: str) -> Path:
+    """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt); "latest":
+    of the run dirs under outputs/ and multirun/, newest checkpoint first, the first that trained
+    at least MIN_STEPS steps or started from pretrained weights, else the newest."""
+    if run == "latest":
+        found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
+        if not found:
+            raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
+        written = {}  # run dir -> when its newest checkpoint was written
+        for path in found:
+            written[path.parent] = max(written.get(path.parent, 0), path.stat().st_mtime)
+        newest_first = sorted(written, key=written.get, reverse=True)
+        return resolve_checkpoint(str(newest_trained(newest_first, run_facts)))
+    path = Path(run).expanduser()
+    if path.is_dir():
+        if found := model_checkpoint(path):
+            return found
+        raise UserError(f"run={run} has no {BEST} or {LAST}; point run= at a training run dir or a .pt file")
+    if not path.is_file():
+        raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
+    return path
+
+
+def run_facts(run_dir: Path) -> tuple[int, str | None]:
+    """(steps trained, init_from) of a run dir, from its newest checkpoint, without reading its
+    weights (torch maps them from the file only when touched)."""
+    from model_io.checkpoint import read_file  # torch, for "latest" alone
+
+    saved = read_file(newest_checkpoint(run_dir), "cpu", mmap=True)
+    if not isinstance(saved, dict):
+        return 0, None  # not a checkpoint: Checkpoint.load says so should this run be the one
+    return int(saved.get("step", 0)), saved.get("config", {}).get("init_from")
+
+
+def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:
+    """The checkpoint a run goes on from; None: a new run. With resume=auto, and in processes
+    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one."""
+    if (resume == AUTO or restarted) and (run_dir / LAST).is_file():
+        return run_dir / LAST
+    if resume in (None, AUTO):
+        return None
+    return resolve_resume(resume)
+
+
+def resolve_resume(resume: str) -> Path:
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        if not (path / LAST).is_file():
+            raise UserError(f"resume={resume} has no {LAST}; give the run dir of a run that saved one, or a .pt file")
+        return path / LAST
+    if not path.is_file():
+        raise UserError(f"resume={resume} does not exist; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
+    return path

@@ -33,8 +33,8 @@ from data.tokenizer import EOT, CharTokenizer
 from inspection.head_metrics import induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model import GPT, CausalSelfAttention, GPTConfig
-from model_io.checkpoint import BEST, Checkpoint
-from model_io.run_files import kept_checkpoint_path
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import BEST, kept_checkpoint_path
 from training.tensorboard_log import RunLogger
 
 ROOT = Path(__file__).resolve().parent.parent

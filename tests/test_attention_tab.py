@@ -29,8 +29,8 @@ from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
 from inspection.name_swap import name_swap, one_token_names
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
-from model_io.checkpoint import BEST, Checkpoint
-from model_io.run_files import kept_checkpoint_path
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import BEST, kept_checkpoint_path
 from tests.helpers import (
     CIRCUIT_N,
     CIRCUIT_SEED,
@@ -114,7 +114,7 @@ def test_runs_lists_the_logged_steps_shape_probe_labels_and_kept_checkpoints(ser
     (run,) = attention_runs(base)
     labels = json.loads(events.SummaryMetadata(WEIGHTS_TAG).plugin_data.content)["labels"]
     assert run == {"run": name, "tag": WEIGHTS_TAG, "steps": [0, 10, 20], "shape": [2, 2, 24, 24], "labels": labels,
-                   "trained": False, "kept": [10]}  # 20 steps: a test run (model_io/latest_run.py); the fixture kept step 10
+                   "trained": False, "kept": [10]}  # 20 steps: a test run (model_io/run_files.py, MIN_STEPS); the fixture kept step 10
 
 
 def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):

@@ -464,10 +464,10 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
     from hydra import compose, initialize_config_dir
 
     import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
+    from cli.config import plain_config
     from model_io.checkpoint import Checkpoint, upgrade
-    from training.devices import Machine
-    from training.precision import choose_dtype
-    from training.run import plain_config
+    from runtime.devices import Machine
+    from runtime.precision import choose_dtype
 
     record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

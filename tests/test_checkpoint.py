@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow  # the shared trained run, and a fresh Python proc
 LOAD_AND_LIST_MODULES = """
 import sys
 from pathlib import Path
-from model_io.checkpoint import Checkpoint, resolve_checkpoint
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import resolve_checkpoint
 model, tokenizer = Checkpoint.load(resolve_checkpoint(sys.argv[1])).build_model()
 assert model.num_parameters() > 0 and tokenizer.decode(tokenizer.encode("Once")) == "Once"
 print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))

@@ -11,12 +11,12 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from cli.config import resumed_config
+import cli.checkpoint_commands  # noqa: F401  (stores the schemas of configs/sample.yaml and export.yaml)
+from cli.config import plain_config, resumed_config
 from cli.errors import config_error_line
 from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
 from model_io.checkpoint import Checkpoint, upgrade
 from tests.helpers import ROOT, run_cli
-from training.run import plain_config
 from user_error import UserError
 
 

@@ -1,4 +1,4 @@
-"""The device, precision and compiler decisions (training/devices.py, training/precision.py),
+"""The device, precision and compiler decisions (runtime/devices.py, runtime/precision.py),
 machine by machine: the machines these tests run on have no GPU, no Mac and a compiler, so each
 decision is checked as the function of a Machine it is, and what this machine can show (no
 compiler on PATH) is shown for real. Plus a walk of the source for torch.cuda and torch.mps calls
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.devices import Machine, check_compiler, find_compiler, pick_device
+from runtime.precision import choose_dtype, weights_dtype
 from tests.helpers import ROOT, TINY_RUN, run_cli, spawn_cli
-from training.devices import Machine, check_compiler, find_compiler, pick_device
-from training.precision import choose_dtype, weights_dtype
 from user_error import UserError
 
 CPU_ONLY = Machine(cxx="/usr/bin/g++", cc="/usr/bin/gcc")
@@ -262,7 +262,7 @@ def project_sources() -> list[Path]:
 @pytest.mark.slow
 def test_no_cuda_or_mps_call_runs_outside_a_branch_that_checked_for_its_backend():
     sources = project_sources()
-    assert ROOT / "training" / "run_state.py" in sources and len(sources) > 50
+    assert ROOT / "training" / "state.py" in sources and len(sources) > 50
     found = [line for path in sources for line in unguarded_backend_calls(path.read_text(), str(path.relative_to(ROOT)))]
     assert found == []
 

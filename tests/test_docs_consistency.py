@@ -137,9 +137,9 @@ def test_the_readme_names_no_logdir_that_make_tensorboard_already_reads():
 
 
 def test_what_the_pages_say_auto_picks_is_what_the_code_picks():
-    from training.devices import Machine
+    from runtime.devices import Machine
+    from runtime.precision import choose_dtype
     from training.optimizer import ns_dtype_for
-    from training.precision import choose_dtype
 
     cpu, mps, cuda = torch.device("cpu"), torch.device("mps"), torch.device("cuda")
     assert choose_dtype("auto", cpu, Machine())[0] == choose_dtype("auto", mps, Machine())[0] == "fp32"
@@ -151,6 +151,8 @@ def test_what_the_pages_say_auto_picks_is_what_the_code_picks():
     devices = " ".join((ROOT / "docs" / "devices.md").read_text().split())
     assert "`fp32` on a CPU and on MPS" in devices
     # Muon's ns_dtype=auto: float32 on a CPU; bfloat16 only where a GPU computes in bf16 natively.
-    assert ns_dtype_for("auto", cpu) == torch.float32
+    a100, t4 = Machine(cuda_count=1, cuda_bf16=True), Machine(cuda_count=1, cuda_bf16=False)
+    assert ns_dtype_for("auto", cpu, a100) == ns_dtype_for("auto", cuda, t4) == torch.float32
+    assert ns_dtype_for("auto", cuda, a100) == torch.bfloat16
     said = "bfloat16 on a GPU with native bf16"
     assert said in readme and said in " ".join(SPEED.read_text().split())

@@ -18,8 +18,9 @@ from data.hf_tokenizer import encoding_from_hf_folder
 from data.stories import generate_stories
 from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
 from model.gpt import eval_mode
-from model_io.checkpoint import BEST, Checkpoint, build_model
+from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_from_hf
+from model_io.run_files import BEST
 from tests.helpers import TINY_GPT2_VOCAB, TINY_RUN, run_cli, tiny_gpt2
 
 pytestmark = pytest.mark.slow  # every test exports runs trained (or built) by the module's fixtures

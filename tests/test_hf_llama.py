@@ -30,8 +30,9 @@ from inspection.logit_lens import logit_lens
 from inspection.patching import logit_difference, patch_heads
 from model.generation import generate_tokens
 from model.gpt import GPT, eval_mode
-from model_io.checkpoint import BEST, Checkpoint, build_model
+from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_config_from_hf, gpt_from_hf, load_hf_weights
+from model_io.run_files import BEST
 from tests.helpers import ROOT, run_cli
 from user_error import UserError
 

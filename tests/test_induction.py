@@ -23,10 +23,10 @@ from inspection.ablation import induction_loss_without_each_head, second_copy_lo
 from inspection.head_metrics import induction_score
 from model.attention import CausalSelfAttention
 from model_io.checkpoint import Checkpoint, upgrade
+from runtime.precision import Precision
+from runtime.ranks import Ranks
 from tests.helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, ROOT, read_events, run_cli, shift_then_copy_model
-from training.distributed import Ranks
 from training.evaluation import evaluate, in_context_positions
-from training.precision import Precision
 
 V, N = 64, 16  # vocabulary, and the length of the sequence that comes back
 CPU = torch.device("cpu")

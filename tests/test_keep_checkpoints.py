@@ -10,8 +10,8 @@ import torch
 from omegaconf import OmegaConf
 
 from cli.config import MAX_KEPT_CHECKPOINTS, check_keep_checkpoints
-from model_io.checkpoint import LAST, Checkpoint, build_model
-from model_io.run_files import KEPT, kept_checkpoints
+from model_io.checkpoint import Checkpoint, build_model
+from model_io.run_files import KEPT, LAST, kept_checkpoints
 from tests.helpers import QUICK, run_cli
 from training.jobs import kept_steps
 from training.run import seed_everything

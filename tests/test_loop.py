@@ -9,18 +9,19 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from cli.config import plain_config
 from data.dataset import get_batch
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
+from runtime.precision import Precision
+from runtime.ranks import Ranks
 from tests.helpers import ROOT, TINY_RUN, read_events
-from training.distributed import Ranks
 from training.fit import fit
 from training.jobs import Checkpoints, Every
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
-from training.precision import Precision
 from training.run import build_data_and_model, build_run
-from training.state import TrainState
+from training.state import RunState, TrainState
 from training.step import TrainStep
 from user_error import UserError
 
@@ -50,13 +51,18 @@ def test_the_last_model_is_saved_at_each_evaluation_and_every_save_interval_step
     assert saves(4) == [4, 8, 10, 12, 16, 20, 22]
 
 
-def test_the_state_comes_back_from_a_checkpoint_as_it_was_saved():
+def test_the_state_comes_back_from_a_checkpoint_file_as_it_was_saved(tmp_path):
     state = TrainState(step=30, best_val_loss=2.5, skipped=2, window_loss=7.5, window_steps=3)
-    def saved(evaluated: bool) -> Checkpoint:
-        return Checkpoint(model={}, config={}, tokenizer={}, step=state.step, best_val_loss=state.best_val_loss,
-                          run_state=state.run_state(evaluated))
-    assert TrainState.from_checkpoint(saved(True)) == TrainState(30, 2.5, 2, 7.5, 3, evaluated=True)
-    assert TrainState.from_checkpoint(saved(False)).evaluated is False
+    rng = [{"torch": torch.get_rng_state()}, {"torch": torch.get_rng_state() + 1}]  # two ranks'
+    for evaluated in (True, False):
+        run_state = RunState.of(state, rng, world_size=2, grad_scaler={"scale": 1024.0}, evaluated=evaluated)
+        Checkpoint(model={}, config={}, tokenizer={}, step=state.step, best_val_loss=state.best_val_loss,
+                   run_state=run_state.to_dict()).save(tmp_path / "ckpt.pt")
+        loaded = Checkpoint.load(tmp_path / "ckpt.pt")  # weights_only, and upgrade()
+        back = RunState.from_dict(loaded.run_state)
+        assert back.train_state(loaded.step, loaded.best_val_loss) == TrainState(30, 2.5, 2, 7.5, 3, evaluated=evaluated)
+        assert (back.world_size, back.grad_scaler, len(back.rng)) == (2, {"scale": 1024.0}, 2)
+        assert torch.equal(back.rng[1]["torch"], rng[1]["torch"])
 
 
 def test_the_log_window_gives_its_mean_once_and_starts_again():
@@ -130,7 +136,7 @@ def fitted(tmp_path_factory):
     cfg = tiny_config(f"data.cache_dir={workdir / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
                       "train.log_interval=1")
     ranks, precision, data, model = build_data_and_model(cfg)
-    run = build_run(cfg, workdir, ranks, precision, data, model)
+    run = build_run(cfg, plain_config(cfg), workdir, ranks, precision, data, model)
     return workdir, fit(run, TrainState())
 
 
@@ -139,7 +145,7 @@ def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fit
     cfg = tiny_config(f"data.cache_dir={fitted[0] / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
                       "train.log_interval=1", "train.eval_train=false")
     ranks, precision, data, model = build_data_and_model(cfg)
-    figures = fit(build_run(cfg, tmp_path, ranks, precision, data, model), TrainState())
+    figures = fit(build_run(cfg, plain_config(cfg), tmp_path, ranks, precision, data, model), TrainState())
     assert [sorted(e) for e in figures.evaluations] == [["step", "val"]] * 4
     assert [e["val"] for e in figures.evaluations] == [e["val"] for e in fitted[1].evaluations]  # the same batches
     events = read_events(tmp_path)

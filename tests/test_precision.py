@@ -9,13 +9,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from cli.config import plain_config
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
+from runtime.precision import Precision
+from runtime.ranks import Ranks
 from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
-from training.distributed import Ranks
 from training.fit import fit
 from training.optimizer import build_optimizer
-from training.precision import Precision
 from training.run import build_data_and_model, build_run, restore
 from training.state import TrainState
 from training.step import TrainStep
@@ -117,7 +118,7 @@ def fp16_run(workdir, max_steps: int, scale: float = 2.0**22):
     regrows after 3 updates, so that it moves during the run."""
     cfg = config(f"data.cache_dir={workdir.parent / 'cache'}", "train.dtype=fp16", f"train.max_steps={max_steps}",
                  "train.eval_interval=8", "train.log_interval=1", "optim.warmup_steps=0", "optim.min_lr=1e-2")
-    run = build_run(cfg, workdir, *build_data_and_model(cfg))
+    run = build_run(cfg, plain_config(cfg), workdir, *build_data_and_model(cfg))
     run.precision.scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=3)
     return run
 

@@ -14,10 +14,10 @@ import torch
 
 from data.tokenizer import EOT, CharTokenizer
 from model.generation import EOT_SHOWN
-from model_io.checkpoint import BEST, LAST, Checkpoint, build_model, resolve_checkpoint
-from model_io.latest_run import MIN_STEPS
+from model_io.checkpoint import Checkpoint, build_model
+from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
+from runtime.ranks import Ranks
 from tests.helpers import read_events, run_cli, text_of
-from training.distributed import Ranks
 from training.jobs import Samples
 from training.parallel import Replicated
 from training.tensorboard_log import RunLogger

@@ -6,16 +6,18 @@ import random
 import numpy as np
 import pytest
 import torch
+from training.run_state import capture_rng_states, restore_rng_states
 
 from data.tokenizer import CharTokenizer
 from inspection.ablation import RecallAblation
 from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
 from inspection.recall_probe import RecallScores
 from model import GPT, GPTConfig
-from model_io.checkpoint import Checkpoint, resolve_checkpoint
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import resolve_checkpoint
+from runtime.devices import Machine
 from tests.helpers import TINY_RUN, read_events, run_cli, text_of
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
-from training.run_state import capture_rng_states, restore_rng_states
 from training.tensorboard_log import RunLogger
 from user_error import UserError
 
@@ -79,10 +81,12 @@ def test_orthogonalise_treats_each_matrix_of_a_batch_as_if_alone():
     assert in_bfloat16.dtype == torch.float32 and not torch.equal(in_bfloat16, together[1])  # computed in bf16
 
 
-def test_ns_dtype_auto_is_float32_on_a_cpu_and_bfloat16_on_a_gpu_and_the_config_reaches_muon():
-    assert ns_dtype_for("auto", torch.device("cpu")) == torch.float32
-    assert ns_dtype_for("auto", torch.device("cuda")) == torch.bfloat16
-    assert ns_dtype_for("bfloat16", torch.device("cpu")) == torch.bfloat16
+def test_ns_dtype_auto_is_bfloat16_on_a_gpu_with_native_bf16_else_float32_and_the_config_reaches_muon():
+    a100, t4 = Machine(cuda_count=1, cuda_bf16=True), Machine(cuda_count=1, cuda_bf16=False)
+    assert ns_dtype_for("auto", torch.device("cpu"), a100) == torch.float32  # train.device=cpu on a GPU machine
+    assert ns_dtype_for("auto", torch.device("cuda"), a100) == torch.bfloat16
+    assert ns_dtype_for("auto", torch.device("cuda"), t4) == torch.float32  # no native bf16: emulated, slow
+    assert ns_dtype_for("bfloat16", torch.device("cuda"), t4) == torch.bfloat16  # asked for: given
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8))
     cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], "ns_dtype": "bfloat16",
            "muon_momentum": 0.85}

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from data.dataset import TokenData, get_batch
 from model import eval_mode
-from training.distributed import Ranks
-from training.precision import Precision
+from runtime.precision import Precision
+from runtime.ranks import Ranks
 
 
 @dataclass

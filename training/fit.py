@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
-from omegaconf import OmegaConf
+import yaml
 
-from model_io.checkpoint import LAST
+from model_io.run_files import LAST
 from training.interrupt import StopSignals
 from training.jobs import AttentionMaps, Checkpoints, Evaluation, KeptCheckpoints, Samples, Saver
 from training.lr_schedule import lr_at
@@ -95,7 +95,7 @@ def open_tensorboard(run: Run, step: int) -> RunLogger:
     run hides all of it), so that no step appears twice."""
     tb = RunLogger(run.dir if run.ranks.is_main else None, purge_step=step + 1 if step else 0)
     if not step:
-        tb.text("config", OmegaConf.to_yaml(run.cfg), 0)
+        tb.text("config", yaml.safe_dump(run.config, sort_keys=False), 0)
     return tb
 
 

@@ -13,12 +13,11 @@ from inspection.ablation import induction_loss_without_each_head, recall_without
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model.generation import EOT_SHOWN, generate_text
-from model_io.checkpoint import BEST, LAST, Checkpoint
-from model_io.run_files import KEPT, LOG_SPACED, kept_checkpoint_path, kept_checkpoints
+from model_io.checkpoint import Checkpoint
+from model_io.run_files import BEST, KEPT, LAST, LOG_SPACED, kept_checkpoint_path, kept_checkpoints
 from training.evaluation import evaluate
 from training.run import Run
-from training.run_state import capture_rng_states
-from training.state import TrainState
+from training.state import RunState, TrainState, capture_rng_states
 from training.tensorboard_log import RunLogger
 
 log = logging.getLogger("train")
@@ -51,7 +50,7 @@ class Saver:
     rank 0 writes the file."""
 
     def __init__(self, run: Run) -> None:
-        self.run, self.config = run, run.config_dict()
+        self.run, self.config = run, run.config
 
     def save(self, name: str, state: TrainState, evaluated: bool) -> None:
         run = self.run
@@ -59,9 +58,8 @@ class Saver:
         weights, optimizer = run.parallel.model_state(), run.parallel.optimizer_state(run.optimizer)  # FSDP: gathered to rank 0
         if not run.ranks.is_main:
             return  # one copy of the model is enough
-        run_state = {"rng": rng_states, "world_size": run.ranks.world_size,
-                     "grad_scaler": run.precision.scaler.state_dict(), **state.run_state(evaluated)}
-        self.write(run.dir / name, weights, state.step, state.best_val_loss, optimizer, run_state)
+        run_state = RunState.of(state, rng_states, run.ranks.world_size, run.precision.scaler.state_dict(), evaluated)
+        self.write(run.dir / name, weights, state.step, state.best_val_loss, optimizer, run_state.to_dict())
 
     def save_model(self, path: Path, step: int, best_val_loss: float) -> None:
         """The weights, config and tokenizer alone (no optimizer, no RNG states): a model to load, not a run to resume."""

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from runtime.devices import Machine
+
 OPTIMIZERS = ("adamw", "muon")
 NS_DTYPES = ("auto", "float32", "bfloat16")
 
@@ -97,10 +99,11 @@ def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     return 1.0
 
 
-def ns_dtype_for(name: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on a GPU (as torch.optim.Muon), float32 elsewhere."""
+def ns_dtype_for(name: str, device: torch.device, machine: Machine) -> torch.dtype:
+    """auto: bfloat16 on a GPU that computes in it natively (as torch.optim.Muon does), float32
+    elsewhere: on a CPU, and on an older GPU (a T4, a V100), where bfloat16 matmuls are emulated."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" and machine.cuda_bf16 else torch.float32
     return getattr(torch, name)
 
 
@@ -146,7 +149,10 @@ def is_hidden_matrix(name: str, param: nn.Parameter) -> bool:
     return param.dim() == 2 and name.startswith("blocks.")
 
 
-def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], device: torch.device) -> Optimizers:
+def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], device: torch.device,
+                    machine: Machine | None = None) -> Optimizers:
+    """AdamW, and with cfg's name muon, Muon for the blocks' matrices; machine (this one unless
+    given) decides ns_dtype=auto."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     use_muon = cfg.get("name", "adamw") == "muon"
     for_muon = [p for name, p in named if use_muon and is_hidden_matrix(name, p)]
@@ -161,6 +167,6 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], device: torch.devi
         optimizers.append(Muon(
             for_muon, lr=cfg["lr"], weight_decay=cfg["weight_decay"], momentum=cfg.get("muon_momentum", 0.95),
             adjust_lr_fn="match_rms_adamw",
-            ns_dtype=ns_dtype_for(str(cfg.get("ns_dtype", "auto")), device),
+            ns_dtype=ns_dtype_for(str(cfg.get("ns_dtype", "auto")), device, machine or Machine.this_one()),
         ))
     return Optimizers(*optimizers)

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model import GPT
 from model_io.checkpoint import load_weights
-from training.distributed import Ranks
+from runtime.ranks import Ranks
 from training.optimizer import Optimizers
 
 # The whole tensors, on rank 0 alone, in CPU memory: the checkpoint's form.

@@ -9,26 +9,25 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from data.dataset import TokenData, check_splits_fit, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import load_hf_weights
-from training.devices import Machine, check_compiler
-from training.distributed import Ranks, dist_backend, said_once_per_machine
+from runtime.devices import Machine, check_compiler
+from runtime.precision import Precision
+from runtime.ranks import Ranks, dist_backend, said_once_per_machine
 from training.optimizer import Optimizers, build_optimizer
 from training.parallel import Replicated, wrap
-from training.precision import Precision
-from training.run_state import restore_rng_states
-from training.state import TrainState
+from training.state import RunState, TrainState, restore_rng_states
 
 log = logging.getLogger("train")
 
 
 @dataclass
 class Run:
-    cfg: Any  # the run's config (DictConfig)
+    cfg: Any  # the run's config, as cli/ composed and checked it
+    config: dict[str, Any]  # the same as plain dicts and values (cli/config.py plain_config): what checkpoints and TensorBoard keep
     dir: Path
     ranks: Ranks
     precision: Precision
@@ -44,8 +43,6 @@ class Run:
     def shown_dir(self) -> str:
         return os.path.relpath(self.dir)  # as the user would type it
 
-    def config_dict(self) -> dict[str, Any]:
-        return plain_config(self.cfg)
 
 
 def build_data_and_model(cfg: Any, from_weights: bool = True) -> tuple[Ranks, Precision, TokenData, GPT]:
@@ -82,7 +79,9 @@ def build_data_and_model(cfg: Any, from_weights: bool = True) -> tuple[Ranks, Pr
     return ranks, precision, data, model
 
 
-def build_run(cfg: Any, run_dir: Path, ranks: Ranks, precision: Precision, data: TokenData, model: GPT) -> Run:
+def build_run(cfg: Any, config: dict[str, Any], run_dir: Path, ranks: Ranks, precision: Precision, data: TokenData,
+              model: GPT) -> Run:
+    """The run: cfg and config, the config as composed and as plain values (cli/config.py)."""
     # Under torchrun, DDP averages the gradients over all ranks during backward(), so that every
     # rank takes the same step; FSDP does too, each rank stepping its own shard.
     parallel = wrap(model, cfg.train.parallel, ranks)
@@ -92,7 +91,7 @@ def build_run(cfg: Any, run_dir: Path, ranks: Ranks, precision: Precision, data:
     if cfg.train.compile:
         step_model, eval_model = torch.compile(step_model), torch.compile(model)
     batch_rng = np.random.default_rng(cfg.train.seed)
-    return Run(cfg, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
+    return Run(cfg, config, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
 
 
 def describe(run: Run) -> None:
@@ -127,21 +126,14 @@ def describe(run: Run) -> None:
 def restore(run: Run, checkpoint: Checkpoint) -> TrainState:
     """Put a saved run back exactly where it stopped: weights, optimizer, RNGs, loop state."""
     run.parallel.load(checkpoint.model, run.optimizer, checkpoint.optimizer)
-    run_state = checkpoint.run_state
-    rng_states = run_state["rng"]  # one per rank
-    restore_rng_states(rng_states[run.ranks.rank % len(rng_states)], run.batch_rng)
-    if run_state["grad_scaler"]:
-        run.precision.scaler.load_state_dict(run_state["grad_scaler"])
-    if run_state["world_size"] != run.ranks.world_size:
-        log.info(f"note: the run was saved by {run_state['world_size']} process(es) and goes on with "
+    saved = RunState.from_dict(checkpoint.run_state)
+    restore_rng_states(saved.rng[run.ranks.rank % len(saved.rng)], run.batch_rng)  # one per rank
+    if saved.grad_scaler:
+        run.precision.scaler.load_state_dict(saved.grad_scaler)
+    if saved.world_size != run.ranks.world_size:
+        log.info(f"note: the run was saved by {saved.world_size} process(es) and goes on with "
                  f"{run.ranks.world_size}, so its batches differ from here on")
-    return TrainState.from_checkpoint(checkpoint)
-
-
-def plain_config(cfg: DictConfig) -> dict[str, Any]:
-    """The config as plain dicts, lists, strings and numbers (a choice as its word), resolved:
-    what a checkpoint, whose loading admits nothing else, and TensorBoard keep."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return saved.train_state(checkpoint.step, checkpoint.best_val_loss)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,10 +1,20 @@
-"""Where the training loop is: saved with every checkpoint and restored from it as one object."""
+"""A run's state beyond its weights and optimizer: where the loop is (TrainState, live), and
+what a checkpoint keeps of it for an exact resume (RunState, saved as the checkpoint's run_state).
+
+A run resumed from a checkpoint must draw the same batches, the same dropout masks and the same
+everything else as the run left alone, so RunState also holds every random number generator's
+state, each rank's: python, numpy (global, and the batch sampler's), torch (the CPU's, and
+CUDA's or MPS's when present). Only ints, floats, lists, strings and tensors go in, so
+torch.load(weights_only=True) reads it.
+"""
 
 import math
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, fields
 from typing import Any
 
-from model_io.checkpoint import Checkpoint
+import numpy as np
+import torch
 
 
 @dataclass
@@ -26,18 +36,67 @@ class TrainState:
         self.window_loss, self.window_steps = 0.0, 0
         return mean
 
-    def run_state(self, evaluated: bool) -> dict[str, Any]:
-        """The loop's part of a checkpoint's run_state (its step and best_val_loss are the
-        checkpoint's own); evaluated: this step's jobs (its evaluation, if due) are done and saved with it."""
-        return {"evaluated": evaluated, "skipped": self.skipped,
-                "window_loss": self.window_loss, "window_steps": self.window_steps}
+
+@dataclass
+class RunState:
+    """A checkpoint's run_state: what an exact resume needs besides the weights, the optimizer,
+    the step and the best val loss (the checkpoint's own fields)."""
+
+    rng: list[dict[str, Any]]  # each rank's RNG states (capture_rng_states), by rank
+    world_size: int  # the processes that saved it
+    grad_scaler: dict[str, Any] | None  # fp16's loss scale; None for fp32 and bf16
+    evaluated: bool  # this step's jobs (its evaluation, if due) ran and were saved with it
+    skipped: int
+    window_loss: float
+    window_steps: int
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> "TrainState":
-        run_state = checkpoint.run_state
-        return cls(
-            step=checkpoint.step, best_val_loss=checkpoint.best_val_loss, skipped=run_state["skipped"],
-            window_loss=run_state["window_loss"], window_steps=run_state["window_steps"],
-            evaluated=run_state["evaluated"],
-        )
+    def of(cls, state: TrainState, rng: list[dict[str, Any]], world_size: int, grad_scaler: dict[str, Any] | None,
+           evaluated: bool) -> "RunState":
+        return cls(rng, world_size, grad_scaler or None, evaluated, state.skipped, state.window_loss, state.window_steps)
 
+    def to_dict(self) -> dict[str, Any]:
+        """As a checkpoint saves it (asdict would copy every tensor of the RNG states)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> "RunState":
+        """A checkpoint's run_state, as upgrade() leaves an old one (model_io/checkpoint.py)."""
+        return cls(**{f.name: saved[f.name] for f in fields(cls)})
+
+    def train_state(self, step: int, best_val_loss: float) -> TrainState:
+        """Where the loop was, with the checkpoint's step and best val loss."""
+        return TrainState(step=step, best_val_loss=best_val_loss, skipped=self.skipped, window_loss=self.window_loss,
+                          window_steps=self.window_steps, evaluated=self.evaluated)
+
+
+def capture_rng_states(batch_rng: np.random.Generator) -> dict[str, Any]:
+    """This process's RNG states: python, numpy (global and the batch sampler), torch (CPU, and
+    CUDA or MPS when present)."""
+    version, internal, gauss = random.getstate()
+    legacy = np.random.get_state(legacy=False)
+    states = {
+        "python": [version, list(internal), gauss],
+        "numpy": {**legacy, "state": {"key": legacy["state"]["key"].tolist(), "pos": int(legacy["state"]["pos"])}},
+        "batches": batch_rng.bit_generator.state,  # plain ints and strings (PCG64)
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.backends.mps.is_available():
+        states["mps"] = torch.mps.get_rng_state()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any], batch_rng: np.random.Generator) -> None:
+    """Puts back what capture_rng_states took."""
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    legacy = states["numpy"]
+    np.random.set_state({**legacy, "state": {"key": np.array(legacy["state"]["key"], dtype=np.uint32), "pos": legacy["state"]["pos"]}})
+    batch_rng.bit_generator.state = states["batches"]
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "mps" in states and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(states["mps"])

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from data.dataset import get_batch
-from training.distributed import Ranks
+from runtime.precision import MIN_LOSS_SCALE, Precision
+from runtime.ranks import Ranks
 from training.parallel import Replicated, whole
-from training.precision import MIN_LOSS_SCALE, Precision
 from user_error import UserError
 
 

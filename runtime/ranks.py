@@ -25,7 +25,7 @@ import torch.distributed as dist
 # aborts ("terminate called without an active exception").
 import torch.distributed.nn  # noqa: F401
 
-from training.devices import Machine, pick_device
+from runtime.devices import Machine, pick_device
 from user_error import UserError
 
 PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training (training/parallel.py)

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from training.devices import Machine
+from runtime.devices import Machine
 from user_error import UserError
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")  # train.dtype's choices

@@ -1,0 +1,54 @@
+"""The config of the commands that read a checkpoint, sample.py and export.py: the type of every
+key (stored in Hydra's ConfigStore when this module is imported, as cli/schema.py does for
+train.py's) and sample.py's ranges. Apart from train.py's schema, so that sampling and exporting
+import nothing of the training loop's (its schema names the optimizers and schedules it knows)."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from user_error import require
+
+Number = int | float  # as in cli/schema.py: a number stays as given
+
+
+@dataclass
+class SampleSchema:
+    run: str = MISSING
+    prompt: str = MISSING
+    max_new_tokens: int = MISSING
+    temperature: Number = MISSING
+    top_k: int | None = MISSING
+    top_p: Number | None = MISSING
+    num_samples: int = MISSING
+    seed: int = MISSING
+    use_kv_cache: bool = MISSING
+    compile: bool = MISSING
+    device: str = MISSING
+    dtype: str = MISSING
+
+
+@dataclass
+class ExportSchema:
+    run: str = MISSING
+    out: str | None = MISSING
+    force: bool = MISSING
+
+
+def validate_sample_config(cfg: Any, vocab_size: int) -> None:
+    """sample.py's counterpart of validate_train_config; top_k's range is the checkpoint's vocabulary."""
+    require(cfg.max_new_tokens >= 0, f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
+    require(cfg.temperature >= 0, f"temperature={cfg.temperature} must be 0 (greedy) or more")
+    require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
+    require(not cfg.top_k or 0 < cfg.top_k <= vocab_size,
+            f"top_k={cfg.top_k} must be between 1 and the vocabulary size {vocab_size} (or 0: off)")
+    require(cfg.top_p is None or 0 < cfg.top_p <= 1, f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
+    require(cfg.use_kv_cache or not cfg.compile,
+            "compile=true compiles the cached one-token step: drop use_kv_cache=false, or compile=true")
+
+
+store = ConfigStore.instance()
+store.store(name="sample_schema", node=SampleSchema)
+store.store(name="export_schema", node=ExportSchema)
