@@ -6,7 +6,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from training.run_state import capture_rng_states, restore_rng_states
 
 from data.tokenizer import CharTokenizer
 from inspection.ablation import RecallAblation
@@ -18,6 +17,7 @@ from model_io.run_files import resolve_checkpoint
 from runtime.devices import Machine
 from tests.helpers import TINY_RUN, read_events, run_cli, text_of
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
+from training.state import capture_rng_states, restore_rng_states
 from training.tensorboard_log import RunLogger
 from user_error import UserError
 
