@@ -180,7 +180,7 @@ def command_problems(span: str) -> list[str]:
     words = span.split()
     problems = []
     if words[0] == "make" and len(words) > 1 and "=" not in words[1]:
-        targets = set(re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+        targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.MULTILINE))
         if words[1] not in targets:
             problems.append(f"make {words[1]}: no such target in the Makefile")
     for word in words[1:]:
