@@ -11,7 +11,9 @@ from omegaconf import MISSING
 
 from user_error import require
 
-Number = int | float  # as in cli/schema.py: a number stays as given
+# OmegaConf's float turns 2 into 2.0 and accepts "3"; a Union keeps a number as given
+# (temperature=1 stays 1, model.dropout=1.5 says 1.5) and refuses a string or true.
+Number = int | float
 
 
 @dataclass

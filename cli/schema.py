@@ -21,6 +21,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from cli.checkpoint_commands import Number  # one definition, beside sample.py's schema
 from data.stories import NAME_KINDS
 from model.attention import ATTENTION_PATHS
 from model.gpt import MLPS, NORMS, POSITIONS
@@ -67,11 +68,6 @@ class DebugMode(Choice):
     @classmethod
     def refusal(cls, key: str, value: Any) -> str:
         return f"{key}={value} is not a debug mode; the one there is: debug=shapes"
-
-
-# OmegaConf's float turns 2 into 2.0 and accepts "3"; a Union keeps a number as given
-# (model.dropout=1.5 says 1.5, optim.lr=1 stays 1) and refuses a string or true.
-Number = int | float
 
 
 @dataclass

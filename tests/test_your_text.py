@@ -9,13 +9,14 @@ import pytest
 import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
-from attention_tab.plugin import AttentionLoader
+from attention_tab.plugin import DTYPES, AttentionLoader
 from attention_tab.run_folders import logdir_roots, run_folder
 from attention_tab.your_text import LoadedModel, ModelCache, model_bytes
 from inspection.repeated_tokens import forward_repeated
 from inspection.text_forward import forward_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import kept_checkpoint_path
+from runtime.precision import WEIGHT_DTYPES
 from tests.helpers import save_circuit
 from user_error import UserError
 
@@ -135,6 +136,7 @@ def test_the_text_box_runs_on_the_cpu_in_fp32_with_512_mb_of_models_unless_told_
     flags = tensorboard_flags()
     assert (flags.attention_tab_device, flags.attention_tab_dtype, flags.attention_tab_cache_mb) == ("cpu", "fp32", 512)
     assert tensorboard_flags("--attention_tab_dtype", "bf16").attention_tab_dtype == "bf16"
+    assert tuple(WEIGHT_DTYPES) == DTYPES  # the flag's choices, written without torch, are the precisions runtime/ knows
     flags = tensorboard_flags("--attention_tab_device", "cuda:1", "--attention_tab_cache_mb", "0")
     assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cuda:1", 0)
     with pytest.raises(FlagsError, match="--attention_tab_device=gpu is not a device; give cpu, cuda, cuda:<index> or mps"):
