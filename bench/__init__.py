@@ -4,6 +4,7 @@
     python -m bench --only sampling,attention    some sections
     python -m bench --only recipe                nanoGPT's full recipe in this trainer (slow)
     python -m bench --only compile               train.compile=true against eager (slow)
+    python -m bench --only gpu,gpu_sampling      on a CUDA GPU (with --repeats 1, about 4 minutes on an H200)
     make bench                                   the same as python -m bench
 
 Run it from the project's folder, where python -m finds the bench/ package (make bench does).
@@ -63,6 +64,28 @@ Sections (each figure is the median of --repeats runs):
     gpt2_finetune  (not by default; needs --nanogpt <a checkout of karpathy/nanoGPT>; about 8 minutes there)
                training steps (forward, backward, clipping, AdamW) at GPT-2 small's shape, 1 x 256
                tokens, fp32: this project's TrainStep against nanoGPT's model.py, in turns
+    gpu        (not by default; needs a CUDA GPU) the GPU's bf16 matmul rate (8192^3 products) beside
+               NVIDIA's stated dense rate for its name (H100/H200 SXM 989 TFLOP/s, A100 312); then
+               training steps (TrainStep, built by training/run.py's build_run as train.py builds it, bf16
+               autocast, random token ids) eager and with train.compile=true, for the default model (batch 16
+               x 128, Muon), nanoGPT's shakespeare-char size with the default model's options (6 x 6 x 384,
+               64 x 256, Muon) and GPT-2 small (12 x 12 x 768, GPT-2's blocks, 16 x 1024, AdamW): tokens/s,
+               ms/step and MFU (6 x matmul weights + 12 x layers x T x C FLOPs a token) against both rates,
+               peak GPU memory, warm-up (compiling) seconds; where GPT-2 small's compiled MFU misses the
+               goal of 45% (every shape's with --gpu-profile), its top 15 kernels by GPU time over 3 steps
+    gpu_sampling  (not by default; needs a CUDA GPU) ms per greedy token (200 after a 32-token prompt), at
+               fp32 and bf16, with the KV cache and recomputing, and at bf16 (sample.py's dtype=auto there)
+               with the compiled decode step (compile=true), for the default model (block 128) and GPT-2
+               small's shape (block 1024), random weights
+    nanogpt_gpu  (not by default; needs a CUDA GPU and --nanogpt <a checkout of karpathy/nanoGPT>)
+               nanoGPT's GPU recipe (its config/train_shakespeare_char.py, unchanged) against
+               experiment=shakespeare_char_gpu, one after the other: seconds from each command's
+               start to its first val loss at or under 1.47, where it is stopped; --gpu-recipe-steps
+               600,1000 runs the preset at those train.max_steps (each evaluating every 100 steps then)
+
+--gpu-device cpu --gpu-quick runs every path of the gpu sections at tiny shapes on a CPU (a minute or two).
+A failure in one of their figures (out of memory, a compile) is reported in its place, and each
+figure goes to stderr as it is measured.
 
 kv_cache and gpt2_sampling run at one torch thread unless --threads says otherwise: on a machine
 other jobs share, a second thread makes a token's time move tenfold (docs/speed.md).

@@ -16,6 +16,8 @@ from bench.common import ROOT, STEADY_THREADS, torch_threads
 from bench.corpora import bench_data
 from bench.gpt2_finetune import bench_gpt2_finetune
 from bench.gpt2_sampling import bench_gpt2_sampling
+from bench.gpu import QUICK, Sizes, bench_gpu, bench_gpu_sampling
+from bench.gpu_recipe import bench_nanogpt_gpu
 from bench.kv_cache import bench_kv_cache
 from bench.loading import bench_loading
 from bench.nanogpt import bench_nanogpt
@@ -27,7 +29,9 @@ from bench.text import bench_gpt2_text, bench_text
 from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "kv_cache", "attention", "startup", "data", "nanogpt",
-            "tab", "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune")
+            "tab", "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune", "gpu", "gpu_sampling",
+            "nanogpt_gpu")
+GPU_SECTIONS = ("gpu", "gpu_sampling")
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "kv_cache", "attention", "startup", "text")
 
 
@@ -48,6 +52,14 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
                         help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
     parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt and gpt2_finetune sections")
+    parser.add_argument("--gpu-device", default="cuda", help="the device of the gpu and gpu_sampling sections (default cuda; "
+                        "cpu with --gpu-quick checks their code on a machine without a GPU)")
+    parser.add_argument("--gpu-quick", action="store_true", help="the gpu sections at tiny shapes and a few steps: "
+                        "every path in a minute or two on a CPU, no figure worth keeping")
+    parser.add_argument("--gpu-profile", action="store_true", help="the gpu section profiles every shape's compiled "
+                        "steps (by default GPT-2 small's alone, where its MFU misses the goal of 45%%)")
+    parser.add_argument("--gpu-recipe-steps", default="", help="nanogpt_gpu: comma-separated train.max_steps of "
+                        "experiment=shakespeare_char_gpu to run, one run each (default: the preset's own)")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
     args = parser.parse_args()
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -59,6 +71,8 @@ def main() -> None:
         if args.threads < 1:
             sys.exit(f"error: --threads {args.threads} must be at least 1")
         torch.set_num_threads(args.threads)
+    gpu_device = gpu_section_device(args.gpu_device, [s for s in sections if s in GPU_SECTIONS])
+    gpu_sizes = QUICK if args.gpu_quick else Sizes()
 
     stamp = datetime.now()
     out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
@@ -102,11 +116,19 @@ def main() -> None:
             results["gpt2_sampling"] = bench_gpt2_sampling(args.repeats, work)
     if "gpt2_finetune" in sections:
         results["gpt2_finetune"] = bench_gpt2_finetune(args.repeats, args.nanogpt)
+    if "gpu" in sections:
+        results["gpu"] = bench_gpu(args.repeats, gpu_device, gpu_sizes, args.gpu_profile)
+    if "gpu_sampling" in sections:
+        results["gpu_sampling"] = bench_gpu_sampling(args.repeats, gpu_device, gpu_sizes)
+    if "nanogpt_gpu" in sections:
+        steps = [int(n) for n in args.gpu_recipe_steps.split(",") if n.strip()]
+        results["nanogpt_gpu"] = bench_nanogpt_gpu(args.corpus.resolve(), args.nanogpt, work, steps)
 
     print_table(results)
     record = {
         "date": stamp.isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                     "python": platform.python_version()},
         "repeats": args.repeats,
         "results": results,
@@ -114,6 +136,22 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"written: {out}")
+
+
+def gpu_section_device(name: str, gpu_sections: list[str]) -> torch.device | None:
+    """The device of the gpu sections asked for (None without any), or one line saying why it cannot be."""
+    if not gpu_sections:
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        sys.exit(f"error: --gpu-device {name} is not a device; use cuda, cuda:<index> or cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"error: --only {','.join(gpu_sections)} needs a CUDA GPU; PyTorch {torch.__version__} sees none here. "
+                 "Run it on a machine with one, or check its code here with --gpu-device cpu --gpu-quick")
+    if device.type not in ("cuda", "cpu"):
+        sys.exit(f"error: --gpu-device {name} is neither a CUDA GPU nor the CPU; use cuda, cuda:<index> or cpu")
+    return device
 
 
 def cpu_name() -> str:

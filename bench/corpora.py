@@ -70,8 +70,9 @@ def python_sources_corpus(path: Path, megabytes: int) -> int:
 
 
 def run_json(script: str, *args: str) -> dict:
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # where the packages may be too
     result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": pythonpath})
     if result.returncode != 0:
         sys.exit(f"error: the data benchmark's run failed:\n{result.stderr}")
     return json.loads(result.stdout.splitlines()[-1])

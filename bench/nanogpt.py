@@ -18,10 +18,23 @@ NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config", "data/shak
 
 
 def bench_nanogpt(repeats: int, steps: int, corpus: Path, checkout: Path | None, work: Path) -> dict:
-    """nanoGPT's own train.py in a copy of its files, on the same corpus (its prepare.py reads
+    """nanoGPT's own train.py in a copy of its files, on the same corpus."""
+    copy = prepared_copy(corpus, checkout, work)
+    ms = []
+    for _ in range(repeats):
+        iterations = nanogpt_run(copy, [f"--max_iters={steps}", "--eval_interval=100000"])[0]
+        ms.append(statistics.mean(iterations[len(iterations) // 6:]))  # the first sixth: warming up
+    recipes = [nanogpt_run(copy, []) for _ in range(repeats)]
+    return {"ms_per_iter": statistics.median(ms), "tokens_per_sec": TOKENS_PER_STEP / statistics.median(ms) * 1e3,
+            "recipe_seconds": statistics.median(seconds for _, _, seconds in recipes),
+            "recipe_val_loss": statistics.median(val for _, val, _ in recipes)}
+
+
+def prepared_copy(corpus: Path, checkout: Path | None, work: Path, section: str = "nanogpt") -> Path:
+    """A copy of nanoGPT's files in work, its char data prepared from corpus (its prepare.py reads
     input.txt when present, so nothing is downloaded)."""
     if checkout is None:
-        sys.exit("error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
+        sys.exit(f"error: --only {section} needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
     if not all((checkout / name).exists() for name in NANOGPT_FILES):
         sys.exit(f"error: --nanogpt {checkout} is not a nanoGPT checkout (it needs {', '.join(NANOGPT_FILES)}); "
                  "clone karpathy/nanoGPT and give its folder")
@@ -38,14 +51,7 @@ def bench_nanogpt(repeats: int, steps: int, corpus: Path, checkout: Path | None,
     prepared = subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=copy, capture_output=True, text=True)
     if prepared.returncode != 0:
         sys.exit(f"error: nanoGPT's data/shakespeare_char/prepare.py failed:\n{prepared.stderr[-2000:]}")
-    ms = []
-    for _ in range(repeats):
-        iterations = nanogpt_run(copy, [f"--max_iters={steps}", "--eval_interval=100000"])[0]
-        ms.append(statistics.mean(iterations[len(iterations) // 6:]))  # the first sixth: warming up
-    recipes = [nanogpt_run(copy, []) for _ in range(repeats)]
-    return {"ms_per_iter": statistics.median(ms), "tokens_per_sec": TOKENS_PER_STEP / statistics.median(ms) * 1e3,
-            "recipe_seconds": statistics.median(seconds for _, _, seconds in recipes),
-            "recipe_val_loss": statistics.median(val for _, val, _ in recipes)}
+    return copy
 
 
 def nanogpt_run(copy: Path, flags: list[str]) -> tuple[list[float], float, float]:

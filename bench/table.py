@@ -84,6 +84,12 @@ def print_table(results: dict) -> None:
         rows.append((f"fine-tuning steps, GPT-2 small's shape, {f['batch_size']} x {f['sequence_length']} tokens",
                      f"{f['tokens_per_sec']:.1f} tokens/s, nanoGPT's model.py {f['nanogpt_tokens_per_sec']:.1f} "
                      f"({f['vs_nanogpt']:.2f}x its speed)"))
+    if "gpu" in results:
+        rows += gpu_rows(results["gpu"])
+    if "gpu_sampling" in results:
+        rows += gpu_sampling_rows(results["gpu_sampling"])
+    if "nanogpt_gpu" in results:
+        rows += nanogpt_gpu_rows(results["nanogpt_gpu"])
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -159,3 +165,80 @@ def nanogpt_rows(results: dict) -> list[tuple[str, str]]:
          + (f"; the preset takes {quality / n['recipe_seconds']:.2f}x its time" if quality else "")),
     ]
 
+
+def share(value: float | None) -> str:
+    return f"{value:.1%}" if value is not None else "n/a"
+
+
+def gpu_rows(g: dict) -> list[tuple[str, str]]:
+    """The matmul peak, then per shape a heading and a row per mode: tokens/s, MFU against both
+    peaks, memory, warm-up; a profile's top kernels under the mode it profiled."""
+    measured = g["measured_bf16_tflops"]
+    stated = f"; stated dense {g['stated_bf16_tflops']} TFLOP/s" if g["stated_bf16_tflops"] else "; no stated peak for it"
+    rows = [(f"GPU bf16 matmul ({g['matmul_n']}^3), {g['device']}",
+             (f"{measured:,.1f} TFLOP/s measured" if measured else "not measured") + stated
+             + (f" ({measured / g['stated_bf16_tflops']:.0%} of it)" if measured and g["stated_bf16_tflops"] else ""))]
+    for name, s in g["shapes"].items():
+        rows.append((f"training on the GPU, {name}", f"{s['n_layer']} layers x {s['n_head']} heads x {s['n_embd']}, "
+                     f"{s['batch_size']} x {s['block_size']} tokens a step, vocabulary {s['vocab_size']:,}, {s['optimizer']}, bf16 autocast"))
+        for mode in ("eager", "compiled"):
+            if mode not in s:
+                continue
+            m = s[mode]
+            if "error" in m:
+                rows.append((f"  {mode}", f"failed: {m['error']}"))
+                continue
+            memory = f", peak {m['peak_memory_gib']:.1f} GiB" if m["peak_memory_gib"] is not None else ""
+            rows.append((f"  {mode} ({m['params'] / 1e6:.1f}M parameters)",
+                         f"{m['tokens_per_sec']:,.0f} tokens/s ({m['ms_per_step']:.1f} ms/step), MFU {share(m['mfu_stated'])} "
+                         f"of stated, {share(m['mfu_measured'])} of measured{memory}; {m['warmup_seconds']:.1f} s for "
+                         f"{m['warmup_steps']} warm-up steps"))
+            if "profile" in m:
+                rows += profile_rows(m["profile"])
+    return rows
+
+
+def profile_rows(p: dict) -> list[tuple[str, str]]:
+    if "error" in p:
+        return [("    profile", f"failed: {p['error']}")]
+    busy = (f"the GPU busy {p['busy_ms']:.1f} ms of {p['wall_ms']:.1f} ms wall ({p['busy_ms'] / p['wall_ms']:.0%})"
+            if p["by"] == "GPU time" else f"{p['busy_ms']:.1f} ms of CPU time in {p['wall_ms']:.1f} ms wall")
+    rows = [(f"    profile of {p['steps']} steps", f"{busy}; the top {len(p['top'])} by {p['by']}:")]
+    for op in p["top"]:
+        name = op["name"] if len(op["name"]) <= 60 else op["name"][:57] + "..."
+        rows.append((f"      {name}", f"{op['ms']:.2f} ms ({share(op['share'])}), {op['calls']} calls"))
+    return rows
+
+
+def gpu_sampling_rows(g: dict) -> list[tuple[str, str]]:
+    """Per shape and dtype: ms per token with the KV cache, recomputing, and compiled."""
+    rows = []
+    for name, s in g["shapes"].items():
+        rows.append((f"greedy sampling on the GPU, {name}", f"{s['params'] / 1e6:.1f}M parameters, block {s['block_size']}, "
+                     f"{g['new_tokens']} new tokens after {g['prompt_tokens']}, ms per new token ({g['device']})"))
+        for dtype, p in s["precisions"].items():
+            parts = []
+            for path, label in (("kv_cache", "KV cache"), ("recompute", "recomputing"), ("compiled", "compiled decode step")):
+                figures = p.get(path, {})
+                if "error" in figures:
+                    parts.append(f"{label} failed ({figures['error']})")
+                elif figures:
+                    built = f" after {figures['compile_seconds']:.1f} s compiling" if "compile_seconds" in figures else ""
+                    differs = figures.get("first_difference_from_kv_cache")
+                    other = f", other tokens from {differs}" if differs is not None else ""
+                    parts.append(f"{label} {figures['ms_per_token']:.2f}{built}{other}")
+            rows.append((f"  {dtype} weights", "; ".join(parts)))
+    return rows
+
+
+def nanogpt_gpu_rows(r: dict) -> list[tuple[str, str]]:
+    """Each side's wall time from its start to val loss r['target'], or its best val loss."""
+    def reached(run: dict) -> str:
+        if run["seconds_to_target"] is None:
+            return f"misses it: best val loss {run['best_val_loss']} in {run['seconds']:.1f} s"
+        return f"{run['seconds_to_target']:.1f} s (val {run['curve'][-1][2]:.4f} at step {run['curve'][-1][1]})"
+    rows = [(f"to val loss {r['target']} on the GPU: nanoGPT", reached(r["nanogpt"]))]
+    rows += [(f"  shakespeare_char_gpu, {steps} steps", reached(run)) for steps, run in r["ours"].items()]
+    if r["ratio"]:
+        rows.append(("  ratio (ours fastest / nanoGPT)", f"{r['ratio']:.2f}x"))
+    return rows

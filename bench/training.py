@@ -22,6 +22,7 @@ NANOGPT_CPU_SHAPE = [
     "tokenizer=char", "model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64", "model.dropout=0.0",
     "model.pos=learned", "model.norm=layernorm", "model.mlp=gelu", "model.qk_norm=false", "model.smear=false",
     "train.batch_size=12", "optim.name=adamw", "optim.lr=1e-3", "optim.min_lr=1e-4", "optim.schedule=cosine",
+    "train.device=cpu",  # as nanoGPT's --device=cpu: on a GPU machine auto would take the GPU
 ]
 TOKENS_PER_STEP = 12 * 64  # batch x block
 
@@ -117,7 +118,8 @@ def timed_training_runs(name: str, args: list[str], repeats: int, corpus: Path, 
 
 def bench_quality(repeats: int, corpus: Path, work: Path, steps: int | None) -> dict:
     # data=text reads the file as it is (data=shakespeare would insist on the exact bytes).
-    args = ["experiment=shakespeare_char_cpu", "data=text", f"data.path={corpus}", "train.attn_log_interval=0"]
+    args = ["experiment=shakespeare_char_cpu", "data=text", f"data.path={corpus}", "train.attn_log_interval=0",
+            "train.device=cpu"]  # a CPU figure, also on a machine with a GPU
     if steps:
         args += [f"train.max_steps={steps}", f"train.eval_interval={steps}", "train.eval_iters=10"]
     return timed_training_runs("quality", args, repeats, corpus, work)

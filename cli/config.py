@@ -193,6 +193,15 @@ def checked_saved_config(saved: dict[str, Any], resume: str) -> DictConfig:
     return resumed
 
 
+def composed_train_config(overrides: list[str]) -> DictConfig:
+    """The config train.py composes from configs/ and these overrides, for code that builds a run
+    without its command line (the benchmark's GPU section)."""
+    from hydra import compose, initialize_config_dir  # only here: train.py gets Hydra's from @hydra.main
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
 def plain(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value

@@ -93,6 +93,12 @@ def spawn_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict 
     )
 
 
+def pythonpath_with_root() -> str:
+    """PYTHONPATH for a new Python that imports the project from ROOT and still finds the packages
+    this one finds through PYTHONPATH (a machine may keep them there rather than in a venv)."""
+    return os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 class QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:  # keep the test output clean
         pass

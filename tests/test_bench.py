@@ -15,11 +15,13 @@ import torch
 import bench.attention
 import bench.gpt2_finetune
 import bench.gpt2_sampling
+import bench.gpu
 import bench.kv_cache
 import bench.loading
 import bench.sampling
 import bench.text
 from bench.cli import main
+from bench.training import training_flops_per_token
 from model import GPT, GPTConfig
 from tests.helpers import ROOT
 
@@ -43,7 +45,7 @@ def test_an_unknown_section_is_one_clear_line():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
     assert result.returncode == 1
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, kv_cache, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, kv_cache, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune, gpu, gpu_sampling, nanogpt_gpu)\n"
     )
 
 
@@ -322,3 +324,69 @@ def test_the_gpt2_finetune_section_times_train_steps_of_both_models_at_gpt2s_sha
     # Both sides start from GPT-2's initialisation (std 0.02): near-uniform guesses, a loss near ln(97) = 4.57.
     assert abs(finetune["first_loss"] - 4.57) < 0.1 and abs(finetune["nanogpt_first_loss"] - 4.57) < 0.1
     assert "fine-tuning steps, GPT-2 small's shape, 1 x 16 tokens" in printed and "nanoGPT's model.py" in printed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
+def test_the_gpu_sections_without_a_cuda_gpu_are_one_clear_line(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as refused:
+        run_bench("--only", "gpu,gpu_sampling", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert refused.value.code == (f"error: --only gpu,gpu_sampling needs a CUDA GPU; PyTorch {torch.__version__} sees none "
+                                  "here. Run it on a machine with one, or check its code here with --gpu-device cpu --gpu-quick")
+
+
+def test_the_stated_bf16_peak_is_nvidias_dense_rate_for_the_cards_name():
+    assert bench.gpu.stated_bf16_tflops("NVIDIA H100 80GB HBM3") == 989  # the SXM card
+    assert bench.gpu.stated_bf16_tflops("NVIDIA H100 PCIe") == 756  # not the SXM card's rate, though its name holds "H100"
+    assert bench.gpu.stated_bf16_tflops("NVIDIA H200") == 989
+    assert bench.gpu.stated_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312
+    assert bench.gpu.stated_bf16_tflops("NVIDIA GeForce RTX 4090") is None
+
+
+def test_gpt2_small_at_45_percent_mfu_of_an_h100_trains_520k_tokens_a_second():
+    with torch.device("meta"):  # the shape alone: no memory for its weights
+        gpt2_small = GPT(GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True))
+    flops_per_token = training_flops_per_token(gpt2_small)
+    # 6 FLOPs per matmul weight (the 12 blocks' 84.9M and the tied head's 38.6M) plus the attention's 12 L T C:
+    assert flops_per_token == 6 * (12 * 7_077_888 + 50304 * 768) + 12 * 12 * 1024 * 768 == 854_654_976
+    assert bench.gpu.mfu(520_736, flops_per_token, 989) == pytest.approx(0.45, abs=1e-6)
+    assert bench.gpu.mfu(520_736, flops_per_token, None) is None  # no peak known: no MFU claimed
+
+
+@pytest.mark.slow
+def test_the_gpu_sections_run_every_eager_path_at_quick_sizes_on_the_cpu(tmp_path, monkeypatch, capsys):
+    # Eager alone (compiling three training steps and two decode steps takes minutes on a CPU), each
+    # shape profiled, and the matmul peak failing as an out-of-memory would: reported in its place.
+    monkeypatch.setattr(bench.gpu, "MODES", ("eager",))
+    monkeypatch.setattr(bench.gpu, "PROFILED_MODE", "eager")
+    monkeypatch.setattr(bench.gpu, "SAMPLING_PATHS", ("kv_cache", "recompute"))
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
+
+    monkeypatch.setattr(bench.gpu, "matmul_tflops", out_of_memory)
+    record, printed = run_bench("--only", "gpu,gpu_sampling", "--gpu-device", "cpu", "--gpu-quick", "--gpu-profile",
+                                "--repeats", "1", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    gpu = record["results"]["gpu"]
+    assert gpu["device"] == "cpu" and gpu["stated_bf16_tflops"] is None and gpu["measured_bf16_tflops"] is None
+    assert list(gpu["shapes"]) == ["default", "shakespeare_char", "gpt2_small"]
+    assert [gpu["shapes"][name]["optimizer"] for name in gpu["shapes"]] == ["muon", "muon", "adamw"]
+    assert [gpu["shapes"][name]["vocab_size"] for name in gpu["shapes"]] == [1274, 65, 50304]
+    for shape in gpu["shapes"].values():
+        eager = shape["eager"]
+        assert eager["tokens_per_step"] == 2 * 32 and eager["timed_steps"] == 2  # --gpu-quick's batch, block and steps
+        assert eager["tokens_per_sec"] == pytest.approx(eager["tokens_per_step"] / eager["ms_per_step"] * 1e3)
+        assert eager["mfu_stated"] is None is eager["mfu_measured"] and eager["peak_memory_gib"] is None
+        profile = eager["profile"]
+        assert profile["steps"] == 1 and 1 <= len(profile["top"]) <= 15 and "Self CPU" in profile["table"]
+    assert "GPU bf16 matmul (256^3), cpu" in printed and "not measured; no stated peak for it" in printed
+    assert re.search(r"  eager \(1\.6M parameters\) +[\d,]+ tokens/s \([\d.]+ ms/step\), MFU n/a of stated", printed)
+    assert "    profile of 1 steps" in printed
+    sampling = record["results"]["gpu_sampling"]
+    assert list(sampling["shapes"]) == ["default", "gpt2_small"] and sampling["new_tokens"] == 8
+    for shape in sampling["shapes"].values():
+        for name, element_bytes in (("bf16", 2), ("fp32", 4)):
+            figures = shape["precisions"][name]
+            assert figures["weight_bytes"] == shape["params"] * element_bytes
+            assert figures["kv_cache"]["ms_per_token"] > 0 and figures["recompute"]["ms_per_token"] > 0
+            assert "first_difference_from_kv_cache" in figures["recompute"] and "compiled" not in figures
+    assert re.search(r"  fp32 weights +KV cache [\d.]+; recomputing [\d.]+", printed)

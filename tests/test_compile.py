@@ -41,7 +41,8 @@ def test_sampling_with_the_compiled_decode_step_gives_the_eager_text(trained_run
 def broken_compiler(folder: Path) -> dict[str, str]:
     """The environment of a C++ compiler that is there but fails (no compiler at all is refused
     before any work: tests/test_devices.py), with an empty kernel cache so that nothing compiled
-    earlier is reused."""
+    earlier is reused. Its tests run on the CPU, where that compiler builds the kernels themselves
+    (on a GPU, Triton builds them)."""
     compiler = folder / "broken-g++"
     compiler.write_text("#!/bin/sh\nexit 1\n")
     compiler.chmod(0o755)
@@ -50,7 +51,8 @@ def broken_compiler(folder: Path) -> dict[str, str]:
 
 def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path):
     env = broken_compiler(tmp_path)  # a real failure, inside Inductor
-    result = spawn_cli("train.py", *TINY_RUN, "train.compile=true", "hydra.run.dir=run", cwd=tmp_path, env=env)
+    result = spawn_cli("train.py", *TINY_RUN, "train.device=cpu", "train.compile=true", "hydra.run.dir=run", cwd=tmp_path,
+                       env=env)
     assert_one_error_line(result, "error: train.compile=true: torch.compile could not build the model (")
     assert "run with train.compile=false" in result.stderr
     assert not (tmp_path / "run" / "ckpt_last.pt").exists()
@@ -58,7 +60,8 @@ def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path
 
 def test_a_decode_step_that_cannot_compile_is_one_line_that_names_the_way_out(trained_run, tmp_path):
     env = broken_compiler(tmp_path)
-    result = spawn_cli("sample.py", f"run={trained_run}", "max_new_tokens=5", "compile=true", cwd=tmp_path, env=env)
+    result = spawn_cli("sample.py", f"run={trained_run}", "device=cpu", "max_new_tokens=5", "compile=true", cwd=tmp_path,
+                       env=env)
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout, result.stderr
     note, error = result.stderr.strip().splitlines()  # what it was doing, then why it stopped
     assert note.startswith("compile=true: compiling the decode step first")

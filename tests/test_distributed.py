@@ -30,8 +30,13 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.distributed  # torchrun: several processes of train.py
 
+# Every run here is on the CPU, as gloo's processes on one machine are: on a GPU machine train.device=auto
+# would give each torchrun process a GPU of its own (a one-GPU machine has none for rank 1), and the
+# one-process runs compared with them would train in bf16 there.
+QUICK_ON_CPU = [*QUICK, "train.device=cpu"]
+
 # 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
-EXACT = [*QUICK, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
+EXACT = [*QUICK_ON_CPU, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
 
 
 # train.py as Python runs a script, then the names of the Gloo threads its process still has.
@@ -96,7 +101,7 @@ def test_a_finished_run_ends_its_gloo_threads_before_its_process_exits(run_left_
 # default Muon: orthogonalising the update magnifies those float differences in the
 # gradient's weakest directions to about 3e-5.)
 # 5 evaluation batches: on 2 ranks, rank 0 takes 3 of them and rank 1 takes 2.
-ONE_STEP = [*QUICK, "train.max_steps=1", "train.eval_iters=5", "optim.name=adamw", "optim.warmup_steps=0", "optim.lr=1e-2"]
+ONE_STEP = [*QUICK_ON_CPU, "train.max_steps=1", "train.eval_iters=5", "optim.name=adamw", "optim.warmup_steps=0", "optim.lr=1e-2"]
 TOLERANCE = 1e-6
 
 
@@ -170,7 +175,7 @@ def limit_file_size(max_bytes: int):
 def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     # Rank 0 alone writes checkpoints, so a file size limit fails rank 0 alone, at its first
     # save (step 10); rank 1 is left waiting for it. The run must end, not hang, and say why.
-    result = torchrun(2, *QUICK, "hydra.run.dir=run", cwd=tmp_path, timeout=180, preexec_fn=limit_file_size(150_000))
+    result = torchrun(2, *QUICK_ON_CPU, "hydra.run.dir=run", cwd=tmp_path, timeout=180, preexec_fn=limit_file_size(150_000))
     assert result.returncode != 0
     assert "error: could not save run/ckpt_best.pt (File too large)" in result.stderr
     assert "rank 1 lost contact with the other processes: one of them stopped" in result.stderr
@@ -188,7 +193,7 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     ],
 )
 def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, message):
-    result = torchrun(2, *QUICK, bad, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
+    result = torchrun(2, *QUICK_ON_CPU, bad, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
     assert result.returncode != 0
     our_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(our_lines) == 1 and message in our_lines[0], result.stderr
@@ -204,14 +209,14 @@ def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_pat
     ],
 )
 def test_bad_precision_and_accumulation_values_get_one_line(tmp_path, args, message):
-    result = run_cli("train.py", *QUICK, *args, cwd=tmp_path)
+    result = run_cli("train.py", *QUICK_ON_CPU, *args, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
-    result = run_cli("train.py", *QUICK, "train.max_steps=10", "train.dtype=bf16", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *QUICK_ON_CPU, "train.max_steps=10", "train.dtype=bf16", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "warning: train.dtype=bf16 on a CPU: bf16 matmuls are much slower than fp32" in result.stdout
     losses = logged_losses(result.stdout)
@@ -309,7 +314,7 @@ def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path
         folder = tmp_path / f"machine{node_rank}"
         folder.mkdir()
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
-                   "--nproc_per_node=1", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"), *QUICK,
+                   "--nproc_per_node=1", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"), *QUICK_ON_CPU,
                    "hydra.run.dir=run"]
         nodes.append(subprocess.Popen(command, cwd=folder, env={**os.environ, "TMPDIR": str(folder)},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -319,7 +324,7 @@ def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path
     assert (tmp_path / "machine0" / "run" / "ckpt_last.pt").is_file()
     assert not (tmp_path / "machine1" / "run").exists()  # the folder Hydra made there, empty, was taken back
     # Guards nodes that train apart (gradients not averaged): node 0 logs what 1 process of 2 micro-steps x 4 does.
-    together = run_cli("train.py", *QUICK, "train.grad_accum_steps=2", "hydra.run.dir=together", cwd=tmp_path)
+    together = run_cli("train.py", *QUICK_ON_CPU, "train.grad_accum_steps=2", "hydra.run.dir=together", cwd=tmp_path)
     assert together.returncode == 0, together.stderr
     assert len(logged_losses(outputs[0][0])) == 6  # train and val at steps 0, 10, 20
     assert logged_losses(outputs[0][0]) == pytest.approx(logged_losses(together.stdout), abs=2e-4)  # 4 decimals

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.distributed  # torchrun with FSDP
 # step; 2 micro-steps a step (the gradients are synced in the second's backward alone); 3
 # evaluation batches, so rank 0 runs 2 and rank 1 one (FSDP needs as many forwards on each:
 # rank 1 runs an extra one); attention maps and samples (rank 0 alone, on the whole model)
-# at steps 0, 10, 20 and 30.
-RUN = [*QUICK, "train.max_steps=30", "train.log_interval=1", "train.eval_iters=3",
+# at steps 0, 10, 20 and 30. On the CPU, as gloo's processes are: on a GPU machine train.device=auto
+# would give each process a GPU of its own (a one-GPU machine has none for rank 1).
+RUN = [*QUICK, "train.device=cpu", "train.max_steps=30", "train.log_interval=1", "train.eval_iters=3",
        "train.batch_size=2", "train.grad_accum_steps=2", "model.dropout=0.1",
        "train.attn_log_interval=10", "train.sample_interval=10"]
 # Float sums in another order: the gradients' reduce-scatter against DDP's all-reduce, and

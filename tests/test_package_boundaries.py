@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, pythonpath_with_root
 
 # In one fresh interpreter (each its own would cost seconds of start-up): sample.py, then
 # export.py, as `python <script> <args>` runs them, then the tab's routes that run a model, as
@@ -47,7 +47,7 @@ print("IMPORTED", json.dumps(seen), file=sys.stderr)
 
 def test_sampling_exporting_and_the_tab_import_runtime_and_nothing_of_the_training_loop(trained_run: Path, tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", THREE_COMMANDS, str(trained_run), str(ROOT)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            text=True, timeout=300, env={"PYTHONPATH": pythonpath_with_root(), "PATH": "/usr/bin:/bin"})
     line = next((line for line in result.stderr.splitlines() if line.startswith("IMPORTED ")), None)
     assert line is not None, result.stdout + result.stderr
     seen = json.loads(line.removeprefix("IMPORTED "))

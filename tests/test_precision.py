@@ -146,7 +146,8 @@ def test_an_fp16_run_counts_its_overflows_logs_its_scale_and_resumes_bitwise(tmp
 
 @pytest.mark.slow
 def test_train_py_runs_fp16_on_a_cpu_and_says_so(tmp_path):
-    result = run_cli("train.py", *TINY_RUN, "train.max_steps=4", "train.dtype=fp16", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *TINY_RUN, "train.device=cpu", "train.max_steps=4", "train.dtype=fp16",
+                     "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warning: train.dtype=fp16 on a CPU" in result.stdout + result.stderr
     assert "precision: fp16 (train.dtype=fp16)" in result.stdout + result.stderr

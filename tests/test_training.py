@@ -95,8 +95,8 @@ def test_ns_dtype_auto_is_bfloat16_on_a_gpu_with_native_bf16_else_float32_and_th
 
 
 def test_muon_in_bfloat16_on_a_cpu_says_it_is_slow_without_avx512_bf16_and_how_to_use_float32(tmp_path):
-    result = run_cli("train.py", *TINY_RUN, "optim.ns_dtype=bfloat16", "train.max_steps=1", "train.attn_log_interval=0",
-                     "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *TINY_RUN, "train.device=cpu", "optim.ns_dtype=bfloat16", "train.max_steps=1",
+                     "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it)" in result.stdout
     assert "optim.ns_dtype=auto runs them in float32" in result.stdout
