@@ -3,6 +3,7 @@
 from typing import Protocol
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.decode_step import CompiledDecodeStep
 from model.gpt import GPT, eval_mode
@@ -11,6 +12,13 @@ from model.sampling import DIVERGED, choose_next_token, uniform_noise
 # How a printed text shows an <|endoftext|> the model wrote (sample.py, the training log's
 # samples): the text it ended and the next it started, apart and readable.
 EOT_SHOWN = "\n\n--- end of text ---\n\n"
+
+# The attention kernels an eager generation step may use: all but cuDNN's. On recent NVIDIA GPUs
+# PyTorch tries cuDNN's first for bf16 and fp16 with a mask, and cuDNN builds a plan for each new
+# shape; generating, the keys grow by one at every token, so every token would wait for a build
+# (on an H200, eager bf16 sampling ran 7 to 11 times slower than fp32: docs/speed.md). A CPU has
+# no cuDNN kernel, so there nothing changes. The compiled decode step keeps one shape: not wrapped.
+GROWING_SHAPE_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class Tokenizer(Protocol):
@@ -77,13 +85,14 @@ def generate_tokens(
                 tokens[:, end : end + 1] = decode_step(tokens[:, end - 1 : end], caches, uniform)  # (B, 1), compiled
                 continue
             # Only the last position predicts: the head runs there alone (last_only).
-            if not use_kv_cache:
-                logits, _ = model(tokens[:, start:end], last_only=True)  # (B, 1, vocab_size): the whole window, again
-            elif caches is None:
-                caches = model.new_caches()
-                logits, _ = model(tokens[:, start:end], caches=caches, last_only=True)  # (B, 1, vocab_size), filling the caches
-            else:
-                logits, _ = model(tokens[:, end - 1 : end], caches=caches)  # (B, 1, vocab_size): the newest token alone
+            with sdpa_kernel(GROWING_SHAPE_KERNELS):
+                if not use_kv_cache:
+                    logits, _ = model(tokens[:, start:end], last_only=True)  # (B, 1, vocab_size): the whole window, again
+                elif caches is None:
+                    caches = model.new_caches()
+                    logits, _ = model(tokens[:, start:end], caches=caches, last_only=True)  # (B, 1, vocab_size), filling the caches
+                else:
+                    logits, _ = model(tokens[:, end - 1 : end], caches=caches)  # (B, 1, vocab_size): the newest token alone
             next_logits = logits[:, -1, :]  # (B, vocab_size)
             if not torch.isfinite(next_logits).all():
                 raise FloatingPointError(DIVERGED)

@@ -78,6 +78,18 @@ def test_with_a_kv_cache_each_step_feeds_only_the_new_token_and_refills_when_ful
     assert head_rows == [1] * 12  # the LM head runs at the last position only, the prompt's too
 
 
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_every_eager_generation_step_leaves_cudnns_attention_out_and_gives_it_back_after(use_kv_cache):
+    # cuDNN's kernel builds a plan per new shape, and each token is a new shape (model/generation.py).
+    # The flag is process-wide, so it reads the same on a CPU, where that kernel does not exist.
+    model, allowed = tiny_gpt(block_size=8), []
+    model.register_forward_pre_hook(lambda module, args: allowed.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    generate_tokens(model, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=10, temperature=0.0, use_kv_cache=use_kv_cache)
+    assert allowed == [False] * 10
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # training and everything else keep PyTorch's choice
+
+
 def test_last_only_gives_the_last_positions_logits_of_the_whole_forward():
     model, idx = tiny_gpt(), torch.randint(0, 64, (2, 10))
     with torch.no_grad(), eval_mode(model):
