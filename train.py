@@ -46,8 +46,8 @@ from runtime.ranks import (
     restart_count,
     said_once_per_machine,
 )
+from training.build import Run, build_data_and_model, build_run, describe, restore
 from training.fit import Figures, fit
-from training.run import Run, build_data_and_model, build_run, describe, restore
 from training.state import TrainState
 from user_error import UserError
 

@@ -15,8 +15,8 @@ from inspection.recall_probe import RecallProbe
 from model.generation import EOT_SHOWN, generate_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import BEST, KEPT, LAST, LOG_SPACED, kept_checkpoint_path, kept_checkpoints
+from training.build import Run
 from training.evaluation import evaluate
-from training.run import Run
 from training.state import RunState, TrainState, capture_rng_states
 from training.tensorboard_log import RunLogger
 
