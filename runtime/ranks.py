@@ -28,7 +28,7 @@ import torch.distributed.nn  # noqa: F401
 from runtime.devices import Machine, pick_device
 from user_error import UserError
 
-PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training (training/parallel.py)
+PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training (training/data_parallel.py)
 
 
 def env_rank() -> int:

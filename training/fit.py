@@ -11,10 +11,10 @@ import yaml
 
 from model_io.run_files import LAST
 from training.build import Run
+from training.data_parallel import memory_line
 from training.interrupt import StopSignals
 from training.jobs import AttentionMaps, Checkpoints, Evaluation, KeptCheckpoints, Samples, Saver
 from training.lr_schedule import lr_at
-from training.parallel import memory_line
 from training.progress import ProgressBar
 from training.state import TrainState
 from training.step import StepResult, TrainStep

@@ -15,7 +15,7 @@ from torch import nn
 from data.dataset import get_batch
 from runtime.precision import MIN_LOSS_SCALE, Precision
 from runtime.ranks import Ranks
-from training.parallel import Replicated, whole
+from training.data_parallel import Replicated, whole
 from user_error import UserError
 
 
