@@ -32,7 +32,8 @@ from omegaconf import DictConfig
 from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
 from cli.errors import exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
-from data.dataset import TokenData, get_batch
+from data.batches import get_batch
+from data.token_cache import TokenData
 from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import Checkpoint

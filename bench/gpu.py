@@ -24,7 +24,7 @@ from bench.gpt2_sampling import at_precision, first_difference
 from bench.sampling import DEFAULT_RUN_VOCAB
 from bench.training import training_flops_per_token
 from cli.config import composed_train_config, plain_config
-from data.dataset import TokenData
+from data.token_cache import TokenData
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
 from model_io.checkpoint import build_model

@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from cli.config import plain_config
-from data.dataset import get_batch
+from data.batches import get_batch
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
 from runtime.precision import Precision

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.dataset import TokenData, check_splits_fit, prepare_tokens
+from data.batches import check_splits_fit
+from data.token_cache import TokenData, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import load_hf_weights

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from data.dataset import probe_ids
+from data.batches import probe_ids
 from inspection.ablation import induction_loss_without_each_head, recall_without_each_head
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
