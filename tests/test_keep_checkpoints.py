@@ -14,7 +14,7 @@ from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import KEPT, LAST, kept_checkpoints
 from tests.helpers import QUICK, run_cli
 from training.build import seed_everything
-from training.jobs import kept_steps
+from training.saving import kept_steps
 from user_error import UserError
 
 # QUICK with an evaluation every 4 steps, a flat learning rate (optim.min_lr = optim.lr), so that a

@@ -18,9 +18,10 @@ from runtime.ranks import Ranks
 from tests.helpers import ROOT, TINY_RUN, read_events
 from training.build import build_data_and_model, build_run
 from training.fit import fit
-from training.jobs import Checkpoints, Every
+from training.jobs import Every
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
+from training.saving import Checkpoints
 from training.state import RunState, TrainState
 from training.step import TrainStep
 from user_error import UserError

@@ -13,9 +13,10 @@ from model_io.run_files import LAST
 from training.build import Run
 from training.data_parallel import memory_line
 from training.interrupt import StopSignals
-from training.jobs import AttentionMaps, Checkpoints, Evaluation, KeptCheckpoints, Samples, Saver
+from training.jobs import AttentionMaps, Evaluation, Samples
 from training.lr_schedule import lr_at
 from training.progress import ProgressBar
+from training.saving import Checkpoints, KeptCheckpoints, Saver
 from training.state import TrainState
 from training.step import StepResult, TrainStep
 from training.tensorboard_log import RunLogger
