@@ -32,7 +32,8 @@ from omegaconf import DictConfig
 from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
 from cli.errors import exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
-from data.dataset import TokenData, get_batch
+from data.batches import get_batch
+from data.token_cache import TokenData
 from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import Checkpoint
@@ -46,8 +47,8 @@ from runtime.ranks import (
     restart_count,
     said_once_per_machine,
 )
+from training.build import Run, build_data_and_model, build_run, describe, restore
 from training.fit import Figures, fit
-from training.run import Run, build_data_and_model, build_run, describe, restore
 from training.state import TrainState
 from user_error import UserError
 

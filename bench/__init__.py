@@ -66,7 +66,7 @@ Sections (each figure is the median of --repeats runs):
                tokens, fp32: this project's TrainStep against nanoGPT's model.py, in turns
     gpu        (not by default; needs a CUDA GPU) the GPU's bf16 matmul rate (8192^3 products) beside
                NVIDIA's stated dense rate for its name (H100/H200 SXM 989 TFLOP/s, A100 312); then
-               training steps (TrainStep, built by training/run.py's build_run as train.py builds it, bf16
+               training steps (TrainStep, built by training/build.py's build_run as train.py builds it, bf16
                autocast, random token ids) eager and with train.compile=true, for the default model (batch 16
                x 128, Muon), nanoGPT's shakespeare-char size with the default model's options (6 x 6 x 384,
                64 x 256, Muon) and GPT-2 small (12 x 12 x 768, GPT-2's blocks, 16 x 1024, AdamW): tokens/s,

@@ -16,7 +16,7 @@ from data.tokenizer import train_bpe_fast
 # The data section: one tokenisation in a fresh process, whose peak memory is then its own.
 STREAMED_SCRIPT = """
 import json, resource, sys, time
-from data.dataset import write_cache_entry
+from data.token_cache import write_cache_entry
 from data.token_stream import survey_corpus, train_sample
 from data.tokenizer import build_tokenizer
 from pathlib import Path

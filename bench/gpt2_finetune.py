@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from bench.gpt2_sampling import GPT2_SMALL
-from data.dataset import get_batch
+from data.batches import get_batch
 from model import GPT, GPTConfig
 from runtime.precision import Precision
 from runtime.ranks import Ranks

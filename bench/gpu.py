@@ -1,4 +1,4 @@
-"""The gpu and gpu_sampling sections: this project's trainer (TrainStep, built by training/run.py's
+"""The gpu and gpu_sampling sections: this project's trainer (TrainStep, built by training/build.py's
 build_run as train.py builds it) and its sampler (generate_tokens, CompiledDecodeStep) on a CUDA GPU,
 against the GPU's bf16 matmul rate as measured here and as NVIDIA states it."""
 
@@ -24,13 +24,13 @@ from bench.gpt2_sampling import at_precision, first_difference
 from bench.sampling import DEFAULT_RUN_VOCAB
 from bench.training import training_flops_per_token
 from cli.config import composed_train_config, plain_config
-from data.dataset import TokenData
+from data.token_cache import TokenData
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
 from model_io.checkpoint import build_model
 from runtime.precision import Precision
 from runtime.ranks import Ranks
-from training.run import build_run
+from training.build import build_run
 from training.step import TrainStep
 
 # NVIDIA's datasheets (H100, H200, A100 Tensor Core GPU) give bf16 Tensor Core rates "with

@@ -11,9 +11,10 @@ import yaml
 from attention_tab.tools import attribution_answer, lens_answer, patch_answer, patch_example
 from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes, repeated_answer
 from bench.common import ROOT, median_time
+from data.batches import probe_ids
 from data.bpe import GPT2_PATTERN
-from data.dataset import prepare_tokens, probe_ids
 from data.stories import generate_stories
+from data.token_cache import prepare_tokens
 from data.tokenizer import TiktokenTokenizer, Tokenizer, bpe_encoding
 from inspection.repeated_tokens import largest_n
 from inspection.text_forward import text_ids

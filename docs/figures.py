@@ -19,7 +19,8 @@ from PIL import Image, ImageDraw
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli.errors import exit_on_user_error  # noqa: E402
-from data.dataset import prepare_tokens, probe_ids  # noqa: E402
+from data.batches import probe_ids  # noqa: E402
+from data.token_cache import prepare_tokens  # noqa: E402
 from inspection.head_metrics import head_metrics  # noqa: E402
 from inspection.heatmap import (  # noqa: E402
     BACKGROUND,

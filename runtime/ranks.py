@@ -5,7 +5,7 @@ tells each its place through environment variables: RANK (0 .. WORLD_SIZE-1 over
 machines), LOCAL_RANK (its index on this machine) and WORLD_SIZE. Started without torchrun,
 train.py is rank 0 of 1 and none of this costs anything. Rank 0 alone logs, samples and saves.
 
-DistributedDataParallel (training/run.py) averages the gradients over ranks during backward(),
+DistributedDataParallel (training/build.py) averages the gradients over ranks during backward(),
 so every rank takes the same optimizer step, and the ranks stay identical copies of one model.
 """
 
@@ -28,7 +28,7 @@ import torch.distributed.nn  # noqa: F401
 from runtime.devices import Machine, pick_device
 from user_error import UserError
 
-PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training (training/parallel.py)
+PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training (training/data_parallel.py)
 
 
 def env_rank() -> int:

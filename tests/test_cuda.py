@@ -94,7 +94,7 @@ def device_run(tmp_path_factory, data_cache) -> Path:
 @pytest.fixture
 def full_fp32_matmuls() -> Iterator[None]:
     """fp32 matmuls in full precision during the test. train.py turns CUDA's on to TF32 for the
-    rest of its process (training/run.py); run in-process before this test, it would leave them so,
+    rest of its process (training/build.py); run in-process before this test, it would leave them so,
     where a fresh `python sample.py` would not."""
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from data.batches import get_batch, probe_ids
 from data.corpus import Piece, load_documents
-from data.dataset import get_batch, prepare_tokens, probe_ids
 from data.stories import ITEMS, generate_stories
+from data.token_cache import prepare_tokens
 from data.token_stream import split_pieces
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
 from tests.helpers import ROOT

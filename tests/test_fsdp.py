@@ -9,8 +9,8 @@ import torch
 
 from model_io.checkpoint import Checkpoint, build_model
 from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, read_events, torchrun, weights
+from training.data_parallel import named, numbered
 from training.optimizer import build_optimizer
-from training.parallel import named, numbered
 
 pytestmark = pytest.mark.distributed  # torchrun with FSDP
 

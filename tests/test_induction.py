@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from data.corpus import load_documents
-from data.dataset import TokenData
 from data.stories import FEMALE_NAMES, MALE_NAMES, generate_stories
+from data.token_cache import TokenData
 from data.tokenizer import CharTokenizer
 from docs.drawing import SHOWN_WIDTH
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss

@@ -13,8 +13,8 @@ from cli.config import MAX_KEPT_CHECKPOINTS, check_keep_checkpoints
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import KEPT, LAST, kept_checkpoints
 from tests.helpers import QUICK, run_cli
-from training.jobs import kept_steps
-from training.run import seed_everything
+from training.build import seed_everything
+from training.saving import kept_steps
 from user_error import UserError
 
 # QUICK with an evaluation every 4 steps, a flat learning rate (optim.min_lr = optim.lr), so that a

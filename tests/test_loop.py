@@ -10,17 +10,18 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from cli.config import plain_config
-from data.dataset import get_batch
+from data.batches import get_batch
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
 from runtime.precision import Precision
 from runtime.ranks import Ranks
 from tests.helpers import ROOT, TINY_RUN, read_events
+from training.build import build_data_and_model, build_run
 from training.fit import fit
-from training.jobs import Checkpoints, Every
+from training.jobs import Every
 from training.lr_schedule import lr_at
 from training.optimizer import build_optimizer
-from training.run import build_data_and_model, build_run
+from training.saving import Checkpoints
 from training.state import RunState, TrainState
 from training.step import TrainStep
 from user_error import UserError

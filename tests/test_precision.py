@@ -15,9 +15,9 @@ from model_io.checkpoint import Checkpoint
 from runtime.precision import Precision
 from runtime.ranks import Ranks
 from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
+from training.build import build_data_and_model, build_run, restore
 from training.fit import fit
 from training.optimizer import build_optimizer
-from training.run import build_data_and_model, build_run, restore
 from training.state import TrainState
 from training.step import TrainStep
 from user_error import UserError

@@ -18,8 +18,8 @@ from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
 from runtime.ranks import Ranks
 from tests.helpers import read_events, run_cli, text_of
+from training.data_parallel import Replicated
 from training.jobs import Samples
-from training.parallel import Replicated
 from training.tensorboard_log import RunLogger
 
 TOKENIZER = CharTokenizer(list("ab"))  # <|endoftext|> is id 2

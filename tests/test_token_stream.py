@@ -19,7 +19,7 @@ import regex
 from data import corpus, token_stream
 from data.bpe import GPT2_PATTERN
 from data.corpus import load_documents
-from data.dataset import is_complete, prepare_tokens
+from data.token_cache import is_complete, prepare_tokens
 from data.tokenizer import train_bpe_fast
 from tests.helpers import ROOT, encode_documents, pythonpath_with_root, split_documents, stop_while
 from tests.test_hf_tokenizer import save_family
@@ -137,7 +137,7 @@ def test_a_large_train_split_teaches_bpe_from_a_sample_of_its_length_spread_over
 @pytest.mark.slow
 def test_a_run_killed_while_it_writes_the_token_cache_leaves_nothing_a_later_run_trusts(tmp_path):
     cfg = {"source": "stories", "seed": 3, "n_chars": 20_000_000, "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
-    script = f"from data.dataset import prepare_tokens; prepare_tokens({cfg!r}, {{'kind': 'char'}})"
+    script = f"from data.token_cache import prepare_tokens; prepare_tokens({cfg!r}, {{'kind': 'char'}})"
     writer = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     tokens = tmp_path / "cache" / "tokens"
 

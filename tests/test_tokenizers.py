@@ -14,9 +14,9 @@ import torch
 
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
 from data.corpus import load_documents
-from data.dataset import prepare_tokens
 from data.gpt2_files import load_gpt2_encoding
 from data.stories import generate_stories
+from data.token_cache import prepare_tokens
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
 from inspection.heatmap import readable_token
 from tests.helpers import ROOT, TINY_RUN, run_cli, split_documents

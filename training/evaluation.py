@@ -7,7 +7,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data.dataset import TokenData, get_batch
+from data.batches import get_batch
+from data.token_cache import TokenData
 from model import eval_mode
 from runtime.precision import Precision
 from runtime.ranks import Ranks

@@ -10,12 +10,13 @@ from functools import partial
 import yaml
 
 from model_io.run_files import LAST
+from training.build import Run
+from training.data_parallel import memory_line
 from training.interrupt import StopSignals
-from training.jobs import AttentionMaps, Checkpoints, Evaluation, KeptCheckpoints, Samples, Saver
+from training.jobs import AttentionMaps, Evaluation, Samples
 from training.lr_schedule import lr_at
-from training.parallel import memory_line
 from training.progress import ProgressBar
-from training.run import Run
+from training.saving import Checkpoints, KeptCheckpoints, Saver
 from training.state import TrainState
 from training.step import StepResult, TrainStep
 from training.tensorboard_log import RunLogger

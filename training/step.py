@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from data.dataset import get_batch
+from data.batches import get_batch
 from runtime.precision import MIN_LOSS_SCALE, Precision
 from runtime.ranks import Ranks
-from training.parallel import Replicated, whole
+from training.data_parallel import Replicated, whole
 from user_error import UserError
 
 

@@ -10,15 +10,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.dataset import TokenData, check_splits_fit, prepare_tokens
+from data.batches import check_splits_fit
+from data.token_cache import TokenData, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import load_hf_weights
 from runtime.devices import Machine, check_compiler
 from runtime.precision import Precision
 from runtime.ranks import Ranks, dist_backend, said_once_per_machine
+from training.data_parallel import Replicated, wrap
 from training.optimizer import Optimizers, build_optimizer
-from training.parallel import Replicated, wrap
 from training.state import RunState, TrainState, restore_rng_states
 
 log = logging.getLogger("train")
@@ -36,7 +37,7 @@ class Run:
     optimizer: Optimizers
     step_model: torch.nn.Module  # what trains: model, or DDP and/or torch.compile around it
     eval_model: torch.nn.Module  # what evaluates: model, or torch.compile around it
-    parallel: Replicated  # how the ranks share the training: DDP or FSDP (training/parallel.py)
+    parallel: Replicated  # how the ranks share the training: DDP or FSDP (training/data_parallel.py)
     batch_rng: np.random.Generator  # the training batches; every rank draws the same ones
 
     @property

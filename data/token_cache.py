@@ -1,4 +1,4 @@
-"""Token ids on disk, the train/val split, random training windows and the probe text.
+"""Token ids on disk: the corpus split into train and val, tokenised once and cached.
 
 The ids are cached under data.cache_dir in a folder named by a hash of the corpus, the split
 and the tokenizer settings, so a second run starts at once and a changed corpus or tokenizer
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from data.token_stream import Survey, encoded_corpus, survey_corpus, train_sample
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
@@ -97,33 +96,3 @@ def write_cache_entry(entry: Path, data_cfg: Mapping[str, Any], tokenizer: Token
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # a refused or interrupted run keeps nothing
         raise
-
-
-def get_batch(
-    tokens: np.ndarray, batch_size: int, block_size: int, rng: np.random.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x and y, both (batch_size, block_size) int64: y[b, t] is the token after x[b, t]."""
-    starts = rng.integers(0, len(tokens) - block_size, size=batch_size)  # (B,)
-    offsets = starts[:, None] + np.arange(block_size + 1)  # (B, T + 1)
-    windows = torch.from_numpy(tokens[offsets].astype(np.int64))  # (B, T + 1)
-    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T), (B, T)
-
-
-def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
-    """The first n ids of the first document that starts in tokens, after its start token
-    (or of tokens itself, when no document starts near the start)."""
-    head = tokens[:50_000]
-    starts = np.flatnonzero(head == tokenizer.bos_id)
-    start = int(starts[0]) + 1 if len(starts) else 0
-    start = min(start, max(len(tokens) - n, 0))  # keep n ids when the split is short
-    return [int(t) for t in tokens[start : start + n]]
-
-
-def check_splits_fit(data: TokenData, block_size: int) -> None:
-    """Each split must hold at least one training window of block_size + 1 tokens."""
-    for split, tokens in (("train", data.train), ("val", data.val)):
-        if len(tokens) <= block_size:
-            raise UserError(
-                f"model.block_size={block_size} needs more than {block_size} tokens in each split, but the "
-                f"{split} split has {len(tokens)}; use a longer corpus or a smaller model.block_size"
-            )
