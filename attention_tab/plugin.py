@@ -11,7 +11,7 @@ data/plugin/tinyattn_attention/:
     metrics?run=R                   JSON: the head metrics logged as scalars, per head and step
     text  (POST run, text[, knocked_out=L:H,...][, step])
                                     JSON: the model of the run's checkpoint reads the text, with
-                                    those heads knocked out (attention_tab/your_text.py)
+                                    those heads knocked out (attention_tab/live_model.py)
     repeated?run=R[&n=N&seed=S&knocked_out=L:H,...&step=S]
                                     JSON: the same for n random tokens (32, or fewer where the model
                                     reads less), then the same n again, with each head's induction
@@ -55,7 +55,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from attention_tab.run_folders import init_from, kept_checkpoint_steps, logdir_roots, run_folder
-from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
+from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG, read_labels
 from model_io.run_files import is_trained
 from user_error import UserError, quoted
 
@@ -105,7 +105,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self.data = context.data_provider
         self.flags = context.flags
         self.cache: dict[tuple[str, str], tuple[tuple, dict[int, np.ndarray]]] = {}
-        self.models = None  # your_text.ModelCache, made on the first request that runs a model
+        self.models = None  # live_model.ModelCache, made on the first request that runs a model
 
     def get_plugin_apps(self):
         return {"/static/*": self.serve_static, "/runs": self.serve_runs,
@@ -175,25 +175,25 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def serve_text(self, request):
-        """The run's model reads the text: your_text.answer's JSON."""
+        """The run's model reads the text: live_model.answer's JSON."""
         form = post_form(request, "text", "run, text, knocked_out, step")
         run, step, text = form_field(form, "run"), kept_step(form), form_field(form, "text")
         knocked_out = head_pairs(form.get("knocked_out", ""))
 
         def answer(loaded):
-            from attention_tab.your_text import text_answer
+            from attention_tab.live_model import text_answer
             return text_answer(run, loaded, text, knocked_out)
 
         return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
     def serve_repeated(self, request):
-        """The run's model reads n random tokens twice: your_text.repeated_answer's JSON."""
+        """The run's model reads n random tokens twice: live_model.repeated_answer's JSON."""
         run, step, (n, seed) = required(request, "run"), kept_step(request.args), repeated_fields(request.args)
         knocked_out = head_pairs(request.args.get("knocked_out", ""))
 
         def answer(loaded):
-            from attention_tab.your_text import repeated_tokens_answer
+            from attention_tab.live_model import repeated_tokens_answer
             return repeated_tokens_answer(run, loaded, n, seed, knocked_out)
 
         return self.run_model(request, run, step, answer)
@@ -257,10 +257,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
         ctx, experiment = request_context(request)
         if run not in {r.run_name for r in self.data.list_runs(ctx, experiment_id=experiment)}:
             raise errors.InvalidArgumentError(f"no run {quoted(run)}; the runs are those /runs lists")
-        from attention_tab import your_text  # torch: loaded on the first such request, not at TensorBoard's start
+        from attention_tab import live_model  # torch: loaded on the first such request, not at TensorBoard's start
 
         if self.models is None:
-            self.models = your_text.ModelCache.in_tensorboard(self.flags)
+            self.models = live_model.ModelCache.in_tensorboard(self.flags)
         try:
             return json_response(request, self.models.ask(run_folder(run, self.roots()), run, step, answer))
         except UserError as err:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_tab import browser  # noqa: E402
 from cli.errors import exit_on_user_error  # noqa: E402
-from inspection.attention_summary import PLUGIN_NAME  # noqa: E402
+from inspection.tab_format import PLUGIN_NAME  # noqa: E402
 from model_io.run_files import resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 

@@ -24,12 +24,12 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
-from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import COLORMAP
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import kept_checkpoint_path
 from tests.helpers import (

@@ -38,9 +38,9 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
 from inspection.ablation import InductionAblation, RecallAblation
-from inspection.attention_summary import weights_summary
 from inspection.heatmap import readable_token, render_attention_map, render_head_grid
 from inspection.recall_probe import RecallScores
+from inspection.tab_format import weights_summary
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -80,7 +80,7 @@ class RunLogger:
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
 
     def attention_weights(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
-        """weights: (n_layer, n_head, T, T), for the Attention tab (inspection/attention_summary.py)."""
+        """weights: (n_layer, n_head, T, T), for the Attention tab (inspection/tab_format.py)."""
         if self.writer:
             numbers = weights.detach().to(torch.float16).cpu().numpy()
             self.writer.file_writer.add_summary(weights_summary(numbers, [readable_token(s) for s in labels]), step)
