@@ -65,8 +65,8 @@ class AttentionTab {
     }
     this.runs = runs;
     if (!runs.length) this.say("No run has attention data yet. Train one (make train); it shows up here within a minute.");
-    // The newest run that trained (at least 100 steps, or from pretrained weights: the server says
-    // which, model_io/latest_run.py), else the newest; newest by name, for runs named by date and time.
+    // The newest run that trained (the server says which: model_io/run_files.py's is_trained), else
+    // the newest; newest by name, for runs named by date and time.
     else if (!this.run) await this.openRun(runs.findLast((run) => run.trained) ?? runs.at(-1));
     else this.runSelect.value = runs.findIndex((r) => r.run === this.run.run && r.tag === this.run.tag);
   }
