@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from inspection.attention_summary import PLUGIN_NAME
+from inspection.tab_format import PLUGIN_NAME
 
 TAB_URL = "{base}/#" + PLUGIN_NAME
 BROWSER_MISSING = ("the Attention tab's browser tests need Chromium and its driver: run `make browser` "

@@ -3,15 +3,18 @@ point (pyproject.toml; `make setup` installs it) and serves these routes under
 data/plugin/tinyattn_attention/:
 
     static/<file>                   the page: index.js (the ES module the tab loads) and its parts
+    settings                        JSON: what the page is told once, at load: the colour map, the metrics'
+                                    labels, the token view's row height... (attention_tab/page_settings.py)
     runs                            JSON: each run with attention data, its steps, shape and labels,
                                     whether it counts as trained (model_io/run_files.py: the tab opens
                                     the newest such run first), and kept: the steps of the checkpoints
                                     it kept along the way (train.keep_checkpoints)
     weights?run=R&step=S[&tag=T]    one step's weights: float16 little-endian (n_layer, n_head, T, T)
-    metrics?run=R                   JSON: the head metrics logged as scalars, per head and step
+    metrics?run=R                   JSON: the head metrics logged as scalars (inspection/tab_format.py's
+                                    TAB_METRICS), per head and step
     text  (POST run, text[, knocked_out=L:H,...][, step])
                                     JSON: the model of the run's checkpoint reads the text, with
-                                    those heads knocked out (attention_tab/your_text.py)
+                                    those heads knocked out (attention_tab/live_model.py)
     repeated?run=R[&n=N&seed=S&knocked_out=L:H,...&step=S]
                                     JSON: the same for n random tokens (32, or fewer where the model
                                     reads less), then the same n again, with each head's induction
@@ -55,16 +58,12 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from attention_tab.run_folders import init_from, kept_checkpoint_steps, logdir_roots, run_folder
-from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG, read_labels
+from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG, head_scalar_of, read_labels
 from model_io.run_files import is_trained
 from user_error import UserError, quoted
 
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
-# head_{metric}/, recall_heads/ and ablation/recall_name/ + layer_{l}/head_{h} (training/tensorboard_log.py):
-# the metrics {metric}, "recall" and "ablation".
-HEAD_SCALAR = re.compile(r"^(?:head_(?P<metric>\w+)|(?P<recall>recall)_heads|(?P<ablation>ablation)/recall_name)"
-                         r"/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
 HEAD_PAIR = re.compile(r"(\d{1,9}):(\d{1,9})")  # knocked_out=1:0,2:3
 DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 DTYPES = ("fp32", "bf16", "fp16")  # runtime.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
@@ -105,10 +104,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self.data = context.data_provider
         self.flags = context.flags
         self.cache: dict[tuple[str, str], tuple[tuple, dict[int, np.ndarray]]] = {}
-        self.models = None  # your_text.ModelCache, made on the first request that runs a model
+        self.models = None  # live_model.ModelCache, made on the first request that runs a model
 
     def get_plugin_apps(self):
-        return {"/static/*": self.serve_static, "/runs": self.serve_runs,
+        return {"/static/*": self.serve_static, "/settings": self.serve_settings, "/runs": self.serve_runs,
                 "/weights": self.serve_weights, "/metrics": self.serve_metrics, "/text": self.serve_text,
                 "/repeated": self.serve_repeated, "/lens": self.serve_lens, "/attribution": self.serve_attribution,
                 "/patch": self.serve_patch, "/patch_example": self.serve_patch_example}
@@ -129,6 +128,13 @@ class AttentionPlugin(base_plugin.TBPlugin):
         if "/" in name or path.suffix not in STATIC_TYPES or not is_file(path):
             raise errors.NotFoundError(f"no file {quoted(name)} in the Attention tab's static files")
         return http_util.Respond(request, path.read_bytes(), STATIC_TYPES[path.suffix])
+
+    @wrappers.Request.application
+    def serve_settings(self, request):
+        # The heatmaps' module (Pillow, the tokenizers) loads when a page first opens, not at TensorBoard's start.
+        from attention_tab.page_settings import page_settings
+
+        return json_response(request, page_settings())
 
     @wrappers.Request.application
     def serve_runs(self, request):
@@ -168,32 +174,32 @@ class AttentionPlugin(base_plugin.TBPlugin):
             if run not in {r.run_name for r in self.data.list_runs(ctx, experiment_id=experiment)}:
                 raise errors.NotFoundError(f"no run {quoted(run)}; the runs are those /runs lists")
             scalar_tags = {}  # a run that logged no scalars
-        heads = {tag: match for tag in scalar_tags if (match := HEAD_SCALAR.match(tag))}
+        heads = {tag: where for tag in scalar_tags if (where := head_scalar_of(tag))}
         series = self.data.read_scalars(ctx, experiment_id=experiment, plugin_name=scalar_metadata.PLUGIN_NAME,
                                         downsample=100_000, run_tag_filter=provider.RunTagFilter([run], list(heads)))
         return json_response(request, head_metric_table(heads, series.get(run, {})))
 
     @wrappers.Request.application
     def serve_text(self, request):
-        """The run's model reads the text: your_text.answer's JSON."""
+        """The run's model reads the text: live_model.answer's JSON."""
         form = post_form(request, "text", "run, text, knocked_out, step")
         run, step, text = form_field(form, "run"), kept_step(form), form_field(form, "text")
         knocked_out = head_pairs(form.get("knocked_out", ""))
 
         def answer(loaded):
-            from attention_tab.your_text import text_answer
+            from attention_tab.live_model import text_answer
             return text_answer(run, loaded, text, knocked_out)
 
         return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
     def serve_repeated(self, request):
-        """The run's model reads n random tokens twice: your_text.repeated_answer's JSON."""
+        """The run's model reads n random tokens twice: live_model.repeated_answer's JSON."""
         run, step, (n, seed) = required(request, "run"), kept_step(request.args), repeated_fields(request.args)
         knocked_out = head_pairs(request.args.get("knocked_out", ""))
 
         def answer(loaded):
-            from attention_tab.your_text import repeated_tokens_answer
+            from attention_tab.live_model import repeated_tokens_answer
             return repeated_tokens_answer(run, loaded, n, seed, knocked_out)
 
         return self.run_model(request, run, step, answer)
@@ -257,10 +263,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
         ctx, experiment = request_context(request)
         if run not in {r.run_name for r in self.data.list_runs(ctx, experiment_id=experiment)}:
             raise errors.InvalidArgumentError(f"no run {quoted(run)}; the runs are those /runs lists")
-        from attention_tab import your_text  # torch: loaded on the first such request, not at TensorBoard's start
+        from attention_tab import live_model  # torch: loaded on the first such request, not at TensorBoard's start
 
         if self.models is None:
-            self.models = your_text.ModelCache.in_tensorboard(self.flags)
+            self.models = live_model.ModelCache.in_tensorboard(self.flags)
         try:
             return json_response(request, self.models.ask(run_folder(run, self.roots()), run, step, answer))
         except UserError as err:
@@ -304,15 +310,14 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return cached[1]
 
 
-def head_metric_table(heads: dict[str, re.Match], series: dict[str, list[provider.ScalarDatum]]) -> dict:
-    """Per-head scalars (HEAD_SCALAR) -> {metric: {"steps", "values" (step, layer, head)}}."""
+def head_metric_table(heads: dict[str, tuple[str, int, int]], series: dict[str, list[provider.ScalarDatum]]) -> dict:
+    """Per-head scalars, {tag: (metric, layer, head)} (tab_format.head_scalar_of) -> {metric: {"steps", "values"
+    (step, layer, head)}}."""
     table: dict[str, dict[int, dict[tuple[int, int], float]]] = {}
-    for tag, match in heads.items():
-        metric = match["metric"] or match["recall"] or match["ablation"]
-        where = (int(match["layer"]), int(match["head"]))
+    for tag, (metric, layer, head) in heads.items():
         for datum in series.get(tag, []):
             value = datum.value if math.isfinite(datum.value) else None  # a model gone non-finite
-            table.setdefault(metric, {}).setdefault(datum.step, {})[where] = value
+            table.setdefault(metric, {}).setdefault(datum.step, {})[(layer, head)] = value
     result = {}
     for metric, by_step in table.items():
         n_layer = 1 + max(layer for values in by_step.values() for layer, _ in values)

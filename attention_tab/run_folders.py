@@ -1,5 +1,5 @@
 """The folder of a run TensorBoard names, and what the tab reads there without loading a model:
-kept apart from your_text.py (torch), so that listing the runs does not import torch."""
+kept apart from live_model.py (torch), so that listing the runs does not import torch."""
 
 import os
 from pathlib import Path

@@ -8,7 +8,7 @@ from collections.abc import Collection
 
 import torch
 
-from attention_tab.your_text import LoadedModel, checkpoint_fields, finite, token_labels
+from attention_tab.live_model import LoadedModel, checkpoint_fields, finite, token_labels
 from inspection.heatmap import readable_token
 from inspection.logit_attribution import check_position, logit_attribution
 from inspection.logit_lens import lens_summary

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from attention_tab.live_model import THREADS, LoadedModel, answer, model_bytes, repeated_answer
 from attention_tab.tools import attribution_answer, lens_answer, patch_answer, patch_example
-from attention_tab.your_text import THREADS, LoadedModel, answer, model_bytes, repeated_answer
 from bench.common import ROOT, median_time
 from data.batches import probe_ids
 from data.bpe import GPT2_PATTERN

@@ -22,8 +22,9 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_tab import browser  # noqa: E402
+from attention_tab.page_settings import BADGE_METRICS  # noqa: E402
 from cli.errors import exit_on_user_error  # noqa: E402
-from inspection.attention_summary import PLUGIN_NAME  # noqa: E402
+from inspection.tab_format import PLUGIN_NAME  # noqa: E402
 from model_io.run_files import resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
 
@@ -43,7 +44,7 @@ def read(base: str, route: str, form: dict[str, str] | None = None):
 def pick_head(base: str, run: dict) -> tuple[int, int]:
     """(layer, head): the head that looks back at earlier mentions most at the last logged step."""
     metrics, step = json.loads(read(base, f"metrics?run={run['run']}")), run["steps"][-1]
-    metric = next((m for m in ("recall", "induction") if m in metrics), None)
+    metric = next((m for m in BADGE_METRICS if m in metrics), None)  # the model view's number, as the page picks it
     if metric is None:
         raise UserError(f"run {run['run']} logged no recall or induction metrics; train with train.attn_log_interval > 0")
     values = np.array(metrics[metric]["values"][metrics[metric]["steps"].index(step)], dtype=float)  # (L, H)

@@ -35,6 +35,13 @@ from inspection.heatmap import (  # noqa: E402
     text_width,
 )
 from inspection.recall_probe import RecallProbe, recall_points  # noqa: E402
+from inspection.tab_format import (  # noqa: E402
+    RECALL_HEADS,
+    ablation_prefix,
+    head_metric_prefix,
+    head_scalar_of,
+    head_scalar_tag,
+)
 from inspection.text_forward import forward_text  # noqa: E402
 from model_io.checkpoint import Checkpoint  # noqa: E402
 from model_io.run_files import resolve_checkpoint  # noqa: E402
@@ -155,7 +162,7 @@ def run_record(run: str, heads: list[tuple[int, int, str]]) -> dict:
     events = EventAccumulator(str(path.parent), size_guidance={"scalars": 0})
     events.Reload()
     tags = events.Tags()["scalars"]
-    induction = [events.Scalars(tag)[-1].value for tag in tags if tag.startswith("head_induction/")]
+    induction = [events.Scalars(tag)[-1].value for tag in tags if (where := head_scalar_of(tag)) and where[0] == "induction"]
     model, tokenizer = checkpoint.build_model()
     return {"step": checkpoint.step, "config": checkpoint.config,
             "name_recall": {str(e.step): round(e.value, 4) for e in events.Scalars("recall/accuracy_name")},
@@ -181,16 +188,16 @@ def framed_cell(checkpoint: Checkpoint, model, tokenizer, head: tuple[int, int])
 
 
 def last_values(events, prefix: str, n_layer: int, n_head: int) -> dict[tuple[int, int], float]:
-    return {(layer, head): events.Scalars(f"{prefix}/layer_{layer}/head_{head}")[-1].value
+    return {(layer, head): events.Scalars(head_scalar_tag(prefix, layer, head))[-1].value
             for layer in range(n_layer) for head in range(n_head)}
 
 
 def ablation_table(events, n_layer: int, n_head: int) -> dict:
     """Section 15's table: name recall with every head in; the three heads without which it falls
     most, each with its look-back weight and induction score; the ranges of the others."""
-    without = last_values(events, "ablation/recall_name", n_layer, n_head)
-    look_back = last_values(events, "recall_heads", n_layer, n_head)
-    induction = last_values(events, "head_induction", n_layer, n_head)
+    without = last_values(events, ablation_prefix("name"), n_layer, n_head)
+    look_back = last_values(events, RECALL_HEADS, n_layer, n_head)
+    induction = last_values(events, head_metric_prefix("induction"), n_layer, n_head)
     order = sorted(without, key=without.get)
     rows = [[*head, round(without[head], 3), round(look_back[head], 3), round(induction[head], 3)] for head in order[:3]]
     others = order[3:]
@@ -205,7 +212,7 @@ def your_text(model, tokenizer, events) -> dict:
     """Section 15: YOUR_TEXT read by the model, as the Attention tab reads it. The token before the
     second mention of the name: its weight on the first mention in the two heads that look back at
     earlier names most, the name's loss with each of them knocked out, and what leads without the first."""
-    look_back = last_values(events, "recall_heads", model.config.n_layer, model.config.n_head)
+    look_back = last_values(events, RECALL_HEADS, model.config.n_layer, model.config.n_head)
     heads = sorted(look_back, key=look_back.get, reverse=True)[:2]
     intact = forward_text(model, tokenizer, YOUR_TEXT)
     pieces = tokenizer.token_strings(intact.ids)

@@ -25,6 +25,7 @@ from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, one_
 from docs.figures import draw_maps  # noqa: E402
 from inspection.head_metrics import induction_probe  # noqa: E402
 from inspection.heatmap import INK as INK_LINE  # noqa: E402
+from inspection.tab_format import head_metric_prefix, head_scalar_parts  # noqa: E402
 from model_io.checkpoint import Checkpoint  # noqa: E402
 from model_io.run_files import resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
@@ -55,24 +56,20 @@ def read_run(run: str) -> tuple[Checkpoint, dict[str, dict[int, float]], float]:
 
 def heads_of(scalars: dict[str, dict[int, float]], prefix: str) -> dict[tuple[int, int], dict[int, float]]:
     """{(layer, head): {step: value}} of the tags prefix/layer_<l>/head_<h>."""
-    found = {}
-    for tag, series in scalars.items():
-        if tag.startswith(prefix + "/layer_"):
-            layer, head = tag[len(prefix) + 1:].split("/")
-            found[int(layer.split("_")[1]), int(head.split("_")[1])] = series
-    return found
+    return {(parts[1], parts[2]): series for tag, series in scalars.items()
+            if (parts := head_scalar_parts(tag)) and parts[0] == prefix}
 
 
 def circuit(scalars: dict[str, dict[int, float]]) -> tuple[tuple[int, int], tuple[int, int]]:
     """The induction head (the highest score at the last step, above layer 0) and, in a layer
     below it, the head its keys read: of the heads whose knock-out costs the second copy a nat or
     more, the one that looks back one token most (else the knock-out that costs most)."""
-    induction = heads_of(scalars, "head_induction")
+    induction = heads_of(scalars, head_metric_prefix("induction"))
     last = max(next(iter(induction.values())))
     head = max((h for h in induction if h[0] > 0), key=lambda h: induction[h][last])  # it reads a layer below
     without = heads_of(scalars, "ablation/induction_loss")
     intact = scalars["ablation/induction_loss/intact"][last]
-    previous = heads_of(scalars, "head_previous_token")
+    previous = heads_of(scalars, head_metric_prefix("previous_token"))
     below = [h for h in without if h[0] < head[0]]
     needed = [h for h in below if without[h][last] >= intact + 1.0]
     if needed:
@@ -93,26 +90,26 @@ def rise(series: dict[int, float], start: float = BEFORE) -> tuple[int, int] | N
 
 def crossing(scalars: dict[str, dict[int, float]]) -> int | None:
     """The first step at which any head's induction score reached CROSSING."""
-    induction = heads_of(scalars, "head_induction")
+    induction = heads_of(scalars, head_metric_prefix("induction"))
     steps = sorted(next(iter(induction.values())))
     return next((step for step in steps if max(series[step] for series in induction.values()) >= CROSSING), None)
 
 
 def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], seconds: float) -> dict:
     head, previous = circuit(scalars)
-    induction = heads_of(scalars, "head_induction")[head]
+    induction = heads_of(scalars, head_metric_prefix("induction"))[head]
     if max(induction.values()) < AFTER:
         raise UserError(f"no head's induction score reached {AFTER} by step {max(induction)} (the best: layer {head[0]} "
                         f"head {head[1]}, {max(induction.values()):.3f}); draw a run of the preset's whole "
                         f"{PRESET_STEPS:,} steps")
-    previous_score = heads_of(scalars, "head_previous_token")[previous]
+    previous_score = heads_of(scalars, head_metric_prefix("previous_token"))[previous]
     without = heads_of(scalars, "ablation/induction_loss")
     intact = scalars["ablation/induction_loss/intact"]
     last = max(induction)
     before, after = rise(induction)
     jump = rise(induction, start=JUMP)
     in_context = scalars["loss/in_context"]
-    best_previous = max(heads_of(scalars, "head_previous_token").items(), key=lambda kv: kv[1][last])
+    best_previous = max(heads_of(scalars, head_metric_prefix("previous_token")).items(), key=lambda kv: kv[1][last])
     return {
         "step": checkpoint.step, "seconds": round(seconds), "config": checkpoint.config,
         "induction_head": list(head), "previous_token_head": list(previous),
@@ -136,14 +133,14 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
 def scores_figure(record: dict, scalars: dict[str, dict[int, float]], path: Path) -> None:
     """Three panels over the same steps: every head's induction score (the induction head in red)
     with the circuit's layer-0 head's previous-token score; loss/in_context; the training loss."""
-    induction = heads_of(scalars, "head_induction")
+    induction = heads_of(scalars, head_metric_prefix("induction"))
     head, previous = tuple(record["induction_head"]), tuple(record["previous_token_head"])
     steps = sorted(induction[head])
     top = max(steps)
     x_ticks = list(range(0, top + 1, 250 if top <= 2000 else 500))
     lines = [Line("", steps, [induction[h][s] for s in steps], FAINT, width=1) for h in sorted(induction) if h != head]
     lines.append(Line(f"induction score, layer {head[0]} head {head[1]}", steps, [induction[head][s] for s in steps], RED, width=3))
-    prev = heads_of(scalars, "head_previous_token")[previous]
+    prev = heads_of(scalars, head_metric_prefix("previous_token"))[previous]
     lines.append(Line(f"previous-token score, layer {previous[0]} head {previous[1]}", steps, [prev[s] for s in steps], BLUE))
     jump = record["induction_score"]["jump"]
     band = [(jump[0], jump[1], "the jump")]  # from the last step below JUMP to the first at AFTER or more
@@ -199,9 +196,9 @@ def main(runs: list[str], out: Path = DOCS) -> dict:
     for run in runs:
         other, other_scalars, other_seconds = (checkpoint, scalars, seconds) if run == runs[0] else read_run(run)
         head, previous = circuit(other_scalars)
-        looks_back = heads_of(other_scalars, "head_previous_token")[previous]  # {step: score}
+        looks_back = heads_of(other_scalars, head_metric_prefix("previous_token"))[previous]  # {step: score}
         seeds.append({"seed": other.config["train"]["seed"], "crossed_0.3_at": crossing(other_scalars),
-                      "rise": rise(heads_of(other_scalars, "head_induction")[head]),
+                      "rise": rise(heads_of(other_scalars, head_metric_prefix("induction"))[head]),
                       "previous_token_head": list(previous),
                       "previous_token_score": round(looks_back[max(looks_back)], 3),
                       "steps": other.step, "seconds": round(other_seconds)})

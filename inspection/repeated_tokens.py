@@ -10,12 +10,12 @@ import torch
 
 from data.tokenizer import Tokenizer
 from inspection.head_metrics import induction_probe, induction_score
+from inspection.tab_format import REPEATED_N
 from inspection.text_forward import Predictions, TextForward, forward_ids
 from model import GPT
 from user_error import UserError
 
 MAX_N = 128  # GPT-2 small's 144 maps of 257 x 257 weights are 19 MB of float16: the tab's answer stays small
-DEFAULT_N = 32
 MAX_SEED = 2**31 - 1
 
 
@@ -33,8 +33,8 @@ def largest_n(block_size: int) -> int:
 
 
 def default_n(block_size: int) -> int:
-    """DEFAULT_N, or the largest n the model reads if that is fewer."""
-    return min(DEFAULT_N, largest_n(block_size))
+    """REPEATED_N, or the largest n the model reads if that is fewer."""
+    return min(REPEATED_N, largest_n(block_size))
 
 
 def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> list[int]:

@@ -22,13 +22,14 @@ import torch.nn.functional as F
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
-from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
+from attention_tab.page_settings import page_settings
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import readable_token
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
 from inspection.name_swap import name_swap, one_token_names
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from inspection.tab_format import PLUGIN_NAME, TAB_METRICS, WEIGHTS_TAG, head_scalar_tag
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import BEST, kept_checkpoint_path
 from tests.helpers import (
@@ -108,6 +109,13 @@ def test_tensorboard_lists_the_attention_tab_and_serves_its_modules(served):
             assert imported in modules, f"{name} imports {imported}, which is not served"
 
 
+def test_the_settings_route_hands_the_page_the_constants_python_holds(served):
+    base, _ = served
+    status, kind, body = get(f"{base}{PLUGIN}/settings")
+    assert (status, kind) == (200, "application/json")
+    assert json.loads(body) == page_settings()  # what it holds: tests/test_tab_format.py
+
+
 def test_runs_lists_the_logged_steps_shape_probe_labels_and_kept_checkpoints(served, trained_run, logdir):
     base, name = served
     events = read_events(trained_run)
@@ -130,18 +138,12 @@ def test_metrics_are_the_logged_head_scalars_per_step_layer_and_head(served, tra
     base, name = served
     events = read_events(trained_run)
     metrics = json.loads(get(f"{base}{PLUGIN}/metrics?run={name}")[2])
-    prefixes = {"entropy": "head_entropy", "distance": "head_distance", "previous_token": "head_previous_token",
-                "induction": "head_induction", "recall": "recall_heads", "ablation": "ablation/recall_name"}
-    assert set(metrics) == set(prefixes)
-    heads_js = (Path(__file__).parent.parent / "attention_tab" / "static" / "heads.js").read_text()
-    shown = re.findall(r"^  (\w+): \[", heads_js.split("export const METRICS = {")[1].split("};")[0], flags=re.M)
-    assert set(shown) == set(prefixes)  # each one a column of the head table and a number for the model view
+    assert set(metrics) == set(TAB_METRICS)  # the run logged each metric the tab shows
     for metric, table in metrics.items():
-        prefix = prefixes[metric]
         assert table["steps"] == [0, 10, 20]
         for i, step in enumerate(table["steps"]):
             for layer, head in np.ndindex(2, 2):
-                scalar = events.Scalars(f"{prefix}/layer_{layer}/head_{head}")[i]
+                scalar = events.Scalars(head_scalar_tag(TAB_METRICS[metric].prefix, layer, head))[i]
                 assert scalar.step == step and table["values"][i][layer][head] == pytest.approx(scalar.value, rel=1e-6)
 
 

@@ -24,12 +24,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
-from inspection.attention_summary import PLUGIN_NAME, WEIGHTS_TAG
+from attention_tab.page_settings import MIN_LINE_WEIGHT
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import COLORMAP
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import kept_checkpoint_path
 from tests.helpers import (
@@ -46,7 +47,6 @@ from training.tensorboard_log import RunLogger
 
 pytestmark = pytest.mark.browser  # every test drives the tab's page in headless Chromium
 
-MIN_WEIGHT = 0.01  # the token view leaves out lighter lines (attention_tab/static/token_view.js)
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def drawn_lines(driver) -> set[tuple[int, int, int, float]]:
 
 def expected_lines(weights: np.ndarray, layer: int, heads, query: int) -> set[tuple[int, int, int, float]]:
     return {(h, query, k, float(weights[layer, h, query, k]))
-            for h in heads for k in range(query + 1) if weights[layer, h, query, k] >= MIN_WEIGHT}
+            for h in heads for k in range(query + 1) if weights[layer, h, query, k] >= MIN_LINE_WEIGHT}
 
 
 def test_the_page_is_as_large_as_headless_chromium_was_asked(browser):

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from attention_tab.browser import BROWSER_MISSING, attention_runs, chromium_paths, wait_for_url
-from inspection.attention_summary import PLUGIN_NAME
+from inspection.tab_format import PLUGIN_NAME
 
 
 def printing(*lines: str) -> subprocess.Popen:

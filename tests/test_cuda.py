@@ -33,9 +33,9 @@ from tensorboard import program
 from tensorboard.plugins.core import core_plugin
 
 from attention_tab.browser import attention_runs
+from attention_tab.live_model import ModelCache, text_answer
 from attention_tab.plugin import AttentionLoader
-from attention_tab.your_text import ModelCache, text_answer
-from inspection.attention_summary import PLUGIN_NAME
+from inspection.tab_format import PLUGIN_NAME
 from model.decode_step import INDUCTOR_OPTIONS, CompiledDecodeStep
 from model.generation import generate_tokens
 from model_io.checkpoint import Checkpoint

@@ -3,6 +3,7 @@
 import pytest
 from PIL import Image
 
+from inspection.tab_format import RECALL_HEADS, head_scalar_tag
 from tests.helpers import assert_one_error_line, read_events, spawn_cli
 
 pytestmark = pytest.mark.slow  # the shared trained run, and docs/figures.py in a fresh process
@@ -17,7 +18,7 @@ def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run
                                docs.figures.attention_maps_figure(str(trained_run / "ckpt_last.pt"), out=out)]
     # The run logged each head's weight on the earlier mention at step 20, from the same weights.
     events = read_events(trained_run)
-    logged = {(layer, head): events.Scalars(f"recall_heads/layer_{layer}/head_{head}")[-1].value
+    logged = {(layer, head): events.Scalars(head_scalar_tag(RECALL_HEADS, layer, head))[-1].value
               for layer in range(2) for head in range(2)}
     assert copier == max(logged, key=logged.get) and other != copier
     width, height = Image.open(out).size

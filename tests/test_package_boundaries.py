@@ -30,7 +30,7 @@ for script, *args in (("sample.py", "max_new_tokens=5"), ("export.py", "out=expo
         assert not exit_.code, (script, exit_.code)
     imported(script)
 
-from attention_tab.your_text import ModelCache, text_answer
+from attention_tab.live_model import ModelCache, text_answer
 from attention_tab.tools import attribution_answer, lens_answer, patch_answer, patch_example
 import attention_tab.plugin
 loaded = ModelCache(2**30, "cpu", "fp32").get(Path(run), "run")

@@ -1,4 +1,4 @@
-"""The Attention tab's text box, less the HTTP (attention_tab/your_text.py): a run's name leads
+"""The Attention tab's text box, less the HTTP (attention_tab/live_model.py): a run's name leads
 only to a folder under TensorBoard's logdir, and its model is cached within a bound."""
 
 import argparse
@@ -9,9 +9,9 @@ import pytest
 import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
+from attention_tab.live_model import LoadedModel, ModelCache, model_bytes
 from attention_tab.plugin import DTYPES, AttentionLoader
 from attention_tab.run_folders import logdir_roots, run_folder
-from attention_tab.your_text import LoadedModel, ModelCache, model_bytes
 from inspection.repeated_tokens import forward_repeated
 from inspection.text_forward import forward_text
 from model_io.checkpoint import Checkpoint

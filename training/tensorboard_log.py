@@ -38,9 +38,9 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
 from inspection.ablation import InductionAblation, RecallAblation
-from inspection.attention_summary import weights_summary
 from inspection.heatmap import readable_token, render_attention_map, render_head_grid
 from inspection.recall_probe import RecallScores
+from inspection.tab_format import RECALL_HEADS, ablation_prefix, head_metric_prefix, head_scalar_tag, weights_summary
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -80,7 +80,7 @@ class RunLogger:
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
 
     def attention_weights(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
-        """weights: (n_layer, n_head, T, T), for the Attention tab (inspection/attention_summary.py)."""
+        """weights: (n_layer, n_head, T, T), for the Attention tab (inspection/tab_format.py)."""
         if self.writer:
             numbers = weights.detach().to(torch.float16).cpu().numpy()
             self.writer.file_writer.add_summary(weights_summary(numbers, [readable_token(s) for s in labels]), step)
@@ -94,12 +94,12 @@ class RunLogger:
     def head_metrics(self, step: int, metrics: dict[str, torch.Tensor]) -> None:
         """metrics: {name: (n_layer, n_head)}, one scalar per head under head_{name}/."""
         for name, values in metrics.items():
-            self.per_head(step, f"head_{name}", values)
+            self.per_head(step, head_metric_prefix(name), values)
 
     def per_head(self, step: int, prefix: str, values: torch.Tensor) -> None:
         """values: (n_layer, n_head), one scalar per head: {prefix}/layer_{l}/head_{h}."""
         L, H = values.shape
-        self.scalars(step, {f"{prefix}/layer_{layer}/head_{head}": values[layer, head].item()
+        self.scalars(step, {head_scalar_tag(prefix, layer, head): values[layer, head].item()
                             for layer in range(L) for head in range(H)})
 
     def hparams(self, params: dict[str, int | float | str | bool], metrics: dict[str, float]) -> None:
@@ -114,12 +114,12 @@ class RunLogger:
     def recall(self, step: int, scores: RecallScores) -> None:
         self.scalars(step, {"recall/accuracy": scores.accuracy,
                             **{f"recall/accuracy_{kind}": value for kind, value in scores.accuracy_by_kind.items()}})
-        self.per_head(step, "recall_heads", scores.head_weight)
+        self.per_head(step, RECALL_HEADS, scores.head_weight)
         top = three_heads(scores.head_weight, highest=True)
         self.text("recall/top_heads", f"weight on the earlier mention: {top}", step)
 
     def ablation(self, step: int, ablation: RecallAblation) -> None:
-        self.per_head(step, f"ablation/recall_{ablation.kind}", ablation.without)
+        self.per_head(step, ablation_prefix(ablation.kind), ablation.without)
         worst = three_heads(ablation.without, highest=False)
         self.text("ablation/top_heads", f"{ablation.kind} recall {ablation.intact:.2f} with every head; without {worst}", step)
 

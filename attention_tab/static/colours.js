@@ -2,20 +2,16 @@
 // the square root of the weight, 256 levels; future cells grey), one colour per head, and a
 // diverging scale (blue, white, red) for signed numbers: shares of a logit, what a patch restores.
 
-const VIRIDIS_ANCHORS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
-const FUTURE = [236, 236, 236];
+let LEVELS = null;  // [256][3]: level i is viridis at i / 255, as the settings route sends the heatmaps' table
+let PACKED = null;  // the same levels as RGBA packed in one 32-bit word each (ImageData's byte order, little-endian)
+let PACKED_FUTURE = null;
 
-// The 256-level table of inspection/heatmap.py: level i is viridis at i / 255.
-const LEVELS = Array.from({length: 256}, (_, i) => {
-  const x = (i / 255) * (VIRIDIS_ANCHORS.length - 1);
-  const low = Math.min(Math.floor(x), VIRIDIS_ANCHORS.length - 2);
-  const t = x - low;
-  return VIRIDIS_ANCHORS[low].map((c, channel) => Math.floor(c + t * (VIRIDIS_ANCHORS[low + 1][channel] - c)));
-});
-
-// The same levels as RGBA packed in one 32-bit word each (ImageData's byte order, little-endian).
-const PACKED = new Uint32Array(new Uint8Array(LEVELS.flatMap((rgb) => [...rgb, 255])).buffer);
-const PACKED_FUTURE = new Uint32Array(new Uint8Array([...FUTURE, 255]).buffer)[0];
+// The heatmaps' colours, from the settings route: colormap [256][3] and future [3]. Called once, before anything is drawn.
+export function useColours({colormap, future}) {
+  LEVELS = colormap;
+  PACKED = new Uint32Array(new Uint8Array(colormap.flatMap((rgb) => [...rgb, 255])).buffer);
+  PACKED_FUTURE = new Uint32Array(new Uint8Array([...future, 255]).buffer)[0];
+}
 
 // A head's T x T map into a canvas, one pixel per cell (CSS scales it up, unsmoothed).
 export function paintMap(canvas, map, T) {

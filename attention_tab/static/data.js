@@ -16,6 +16,12 @@ async function fetchOk(url) {
   return response;
 }
 
+// What the page is told once, at load (attention_tab/page_settings.py): the colour map, the head
+// metrics' labels, the token view's row height and lightest line, the repeated tokens' default n.
+export async function fetchSettings() {
+  return (await fetchOk(route("settings"))).json();
+}
+
 export async function fetchRuns() {
   return (await (await fetchOk(route("runs"))).json()).runs;
 }

@@ -5,15 +5,6 @@
 import {headColour} from "./colours.js";
 import {el, formatValue} from "./dom.js";
 
-export const METRICS = {
-  entropy: ["entropy", "how spread out a query's weights are, in nats (0: all on one key)"],
-  distance: ["distance", "how many tokens back the weight lies, on average"],
-  previous_token: ["prev-token", "weight on the token just before"],
-  induction: ["induction", "on a random sequence seen twice: weight on the token after the earlier copy"],
-  recall: ["recall", "weight on the earlier mention of a name or item that comes back (stories)"],
-  ablation: ["without it: name recall", "the recall probe's name recall with this head knocked out alone (with every head: recall/accuracy_name)"],
-};
-
 const swatch = (head, nHead) => el("i", {class: "swatch", style: `background:${headColour(head, nHead)}`});
 
 export class HeadToggles {
@@ -40,20 +31,22 @@ export class HeadToggles {
   }
 }
 
+// The metrics: the settings route's {name: [label, meaning]} (inspection/tab_format.py's TAB_METRICS).
 export class HeadMetrics {
   constructor(app) {
     this.app = app;
+    this.metrics = app.settings.metrics;
     this.title = el("h3", {});
     this.body = el("tbody");
     this.root = el("div", {class: "head-metrics"}, this.title, el("table", {},
       el("thead", {}, el("tr", {}, el("th", {}, "head"),
-        ...Object.values(METRICS).map(([label, meaning]) => el("th", {title: meaning}, label)))), this.body));
+        ...Object.values(this.metrics).map(([label, meaning]) => el("th", {title: meaning}, label)))), this.body));
   }
 
   setRun(run) {
     const H = run.shape[1];
     this.rows = Array.from({length: H}, (_, head) => {
-      const values = Object.keys(METRICS).map(() => el("td", {class: "number"}));
+      const values = Object.keys(this.metrics).map(() => el("td", {class: "number"}));
       const name = el("button", {class: "head-name", title: "open in the matrix view", onclick: () => this.app.set({head})},
         swatch(head, H), `head ${head}`);
       return {row: el("tr", {}, el("td", {}, name), ...values), values};
@@ -65,7 +58,7 @@ export class HeadMetrics {
     this.title.textContent = `Heads of layer ${layer} at step ${step}`;
     this.rows.forEach(({row, values}, h) => {
       row.classList.toggle("selected", h === head);
-      Object.keys(METRICS).forEach((metric, i) => { values[i].textContent = formatValue(metricAt(metric, layer, h)); });
+      Object.keys(this.metrics).forEach((metric, i) => { values[i].textContent = formatValue(metricAt(metric, layer, h)); });
     });
   }
 }

@@ -5,9 +5,10 @@
 // token view with its head toggles and next tokens, the matrix view with the head metrics, and a
 // column of the model view (with the repeated tokens' loss and scores) or one of the three tools.
 import {Attribution} from "./attribution.js";
-import {fetchMetrics, fetchRuns, readRepeated, readText, RunWeights} from "./data.js";
+import {useColours} from "./colours.js";
+import {fetchMetrics, fetchRuns, fetchSettings, readRepeated, readText, RunWeights} from "./data.js";
 import {el, formatValue} from "./dom.js";
-import {HeadMetrics, HeadToggles, METRICS} from "./heads.js";
+import {HeadMetrics, HeadToggles} from "./heads.js";
 import {Lens} from "./lens.js";
 import {MatrixView} from "./matrix_view.js";
 import {ModelView} from "./model_view.js";
@@ -21,7 +22,9 @@ import {SidePanel} from "./tools.js";
 const RELOAD_SECONDS = 30;  // a run still training: new steps appear without reloading the page
 
 class AttentionTab {
-  constructor() {
+  // settings: the settings route's answer (attention_tab/page_settings.py), which every part reads.
+  constructor(settings) {
+    this.settings = settings;
     this.state = {layer: 0, head: 0, shown: new Set(), token: {side: "query", index: 0}, pinned: false,
                   mode: "probe", readings: {text: null, repeated: null}, checkpoint: null, tool: "model"};
     this.reads = 0;  // readings asked for so far: an answer to an older one is dropped
@@ -37,7 +40,7 @@ class AttentionTab {
     this.textBox = new TextBox(this);
     this.tokens = new TokenView(this, this.toggles, new NextTokens());
     this.matrix = new MatrixView(this, this.headMetrics);
-    this.model = new ModelView(this, Object.fromEntries(Object.entries(METRICS).map(([name, [label]]) => [name, label])),
+    this.model = new ModelView(this, Object.fromEntries(Object.entries(settings.metrics).map(([name, [label]]) => [name, label])),
                                new RepeatedTokens(this));
     this.side = new SidePanel(this, {model: ["model view", this.model], lens: ["logit lens", new Lens(this)],
                                      attribution: ["attribution", new Attribution(this)], patching: ["patching", new Patching(this)]});
@@ -62,8 +65,8 @@ class AttentionTab {
     }
     this.runs = runs;
     if (!runs.length) this.say("No run has attention data yet. Train one (make train); it shows up here within a minute.");
-    // The newest run that trained (at least 100 steps, or from pretrained weights: the server says
-    // which, model_io/latest_run.py), else the newest; newest by name, for runs named by date and time.
+    // The newest run that trained (the server says which: model_io/run_files.py's is_trained), else
+    // the newest; newest by name, for runs named by date and time.
     else if (!this.run) await this.openRun(runs.findLast((run) => run.trained) ?? runs.at(-1));
     else this.runSelect.value = runs.findIndex((r) => r.run === this.run.run && r.tag === this.run.tag);
   }
@@ -271,7 +274,7 @@ class AttentionTab {
       const i = series ? series.steps.indexOf(step) : -1;
       return i < 0 ? null : series.values[i][layer]?.[head] ?? null;
     };
-    at.describe = (layer, head) => Object.entries(METRICS)
+    at.describe = (layer, head) => Object.entries(this.settings.metrics)
       .map(([metric, [label]]) => `${label} ${formatValue(at(metric, layer, head))}`).join(" · ");
     return at;
   }
@@ -284,5 +287,8 @@ class AttentionTab {
 export async function render() {
   document.head.append(el("link", {rel: "stylesheet", href: new URL("./style.css", import.meta.url)}));
   document.title = "Attention";
-  await new AttentionTab().start();
+  const settings = await fetchSettings();
+  useColours(settings);
+  document.documentElement.style.setProperty("--row", `${settings.token_row_px}px`);  // style.css's token rows
+  await new AttentionTab(settings).start();
 }

@@ -25,7 +25,7 @@ export class ModelView {
   setRun(run, metrics) {
     const [L, H] = run.shape;
     const size = Math.max(24, Math.min(88, Math.floor(WIDTH / H) - 6));
-    if (!this.metric.value) this.metric.value = ["recall", "induction"].find((name) => name in metrics) ?? "";
+    if (!this.metric.value) this.metric.value = this.app.settings.badge_metrics.find((name) => name in metrics) ?? "";
     this.grid.style.gridTemplateColumns = `auto repeat(${H}, ${size}px)`;
     this.cells = [];
     const heads = Array.from({length: H}, (_, h) => el("span", {class: "axis"}, `h${h}`));

@@ -11,8 +11,9 @@ export class TextBox {
       onkeydown: (event) => { if (event.key === "Enter") this.submit(); }});
     this.button = el("button", {class: "read", onclick: () => this.submit()}, "read");
     const onEnter = (event) => { if (event.key === "Enter") this.submitRepeated(); };
+    const n = app.settings.repeated_n;  // the repeated route's default
     this.n = el("input", {type: "number", min: 2, step: 1, class: "count", "aria-label": "n random tokens",
-      placeholder: "32", title: "how many random tokens come twice (empty: 32, or as many as the model reads)", onkeydown: onEnter});
+      placeholder: `${n}`, title: `how many random tokens come twice (empty: ${n}, or as many as the model reads)`, onkeydown: onEnter});
     this.seed = el("input", {type: "number", min: 0, step: 1, value: 0, class: "count", "aria-label": "seed",
       title: "the same seed draws the same tokens", onkeydown: onEnter});
     this.show = el("button", {class: "read", onclick: () => this.submitRepeated()}, "show");

@@ -7,12 +7,11 @@
 import {headColour} from "./colours.js";
 import {el, formatChange, formatValue} from "./dom.js";
 
-const ROW = 18;  // px per token
-const MIN_WEIGHT = 0.01;  // lighter lines are left out, they only blur the picture
-
 export class TokenView {
   constructor(app, toggles, nextTokens) {
     this.app = app;
+    // px per token, and the lightest weight drawn as a line (attention_tab/page_settings.py)
+    [this.row, this.minWeight] = [app.settings.token_row_px, app.settings.min_line_weight];
     this.title = el("h2", {}, "Token view");
     this.columns = {query: el("div", {class: "tokens queries", role: "listbox", "aria-label": "queries"}),
                     key: el("div", {class: "tokens keys", role: "listbox", "aria-label": "keys"})};
@@ -37,7 +36,7 @@ export class TokenView {
         onkeydown: (event) => this.move(event, side, index, T),
       }, side === "query" ? el("span", {class: "loss"}) : [], el("span", {class: "label"}, label), el("span", {class: "dots"}))));
     }
-    this.lines.setAttribute("height", T * ROW);
+    this.lines.setAttribute("height", T * this.row);
   }
 
   move(event, side, index, T) {
@@ -69,7 +68,7 @@ export class TokenView {
         const [query, key] = token.side === "query" ? [token.index, other] : [other, token.index];
         const weight = weights.at(layer, head, query, key);
         if (weight > topWeight) [top, topWeight] = [other, weight];
-        if (weight >= MIN_WEIGHT) lines.push(line(query, key, weight, headColour(head, nHead), width, head));
+        if (weight >= this.minWeight) lines.push(line(query, key, weight, headColour(head, nHead), width, head, this.row));
       }
       if (top >= 0) tops.set(top, [...(tops.get(top) ?? []), head]);
     }
@@ -122,8 +121,8 @@ export class TokenView {
   }
 }
 
-function line(query, key, weight, colour, width, head) {
-  return el("line", {x1: 0, y1: (query + 0.5) * ROW, x2: width, y2: (key + 0.5) * ROW, stroke: colour,
+function line(query, key, weight, colour, width, head, row) {
+  return el("line", {x1: 0, y1: (query + 0.5) * row, x2: width, y2: (key + 0.5) * row, stroke: colour,
                      "stroke-width": 0.5 + 4 * weight, "stroke-opacity": Math.min(1, 0.15 + weight),
                      "data-query": query, "data-key": key, "data-head": head, "data-weight": weight});
 }

@@ -1,5 +1,5 @@
-"""The Attention tab's routes that run a model ("your text" and "repeated tokens"), less the
-HTTP: a run's checkpoint's model kept in a cache bounded by bytes, and the answer as JSON
+"""A run's model, live in TensorBoard's process: its checkpoint's model kept in a cache bounded by
+bytes, and its answers to the text and repeated routes as JSON, less the HTTP
 (the tools' answers: attention_tab/tools.py). Loads torch, so the plugin imports it on the
 first such request rather than at TensorBoard's start."""
 
