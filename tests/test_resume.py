@@ -18,8 +18,8 @@ from training.interrupt import StopSignals
 
 pytestmark = pytest.mark.slow  # each test trains, or starts a Python process that it signals
 
-# TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
-EXACT_RUN = {"train.max_steps": 40, "train.log_interval": 1, "model.dropout": 0.1}
+# TINY_RUN with dropout on (so the torch RNG matters), 20 steps, and the loss logged every step.
+EXACT_RUN = {"train.max_steps": 20, "train.log_interval": 1, "model.dropout": 0.1}
 SHORT_RUN = {"train.max_steps": 10}
 
 
@@ -44,11 +44,11 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_p
     assert alone.returncode == 0, alone.stderr
 
     stopped = start_training(*tiny_run(EXACT_RUN, **{"hydra.run.dir": "stopped"}), cwd=tmp_path)
-    output = signal_after_line(stopped, "step 15/40", signal.SIGINT)
+    output = signal_after_line(stopped, "step 5/20", signal.SIGINT)
     assert stopped.returncode == 128 + signal.SIGINT, output
     assert "Traceback" not in output
     step = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt").step
-    assert 15 <= step < 40  # stopped between evaluations, after finishing its step
+    assert 5 <= step < 20  # stopped before the end, after finishing its step
     assert f"stopped by SIGINT after step {step}; saved stopped/ckpt_last.pt" in output
     assert "Resume with: .venv/bin/python train.py resume=stopped" in output
 
@@ -58,18 +58,18 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_p
 
     a = Checkpoint.load(tmp_path / "alone" / "ckpt_last.pt")
     b = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt")
-    assert a.step == b.step == 40
+    assert a.step == b.step == 20
     for name, tensor in a.model.items():
         assert torch.equal(tensor, b.model[name]), name
     for tag in ("train/batch_loss", "loss/train", "loss/val"):
         assert scalars(tmp_path / "stopped", tag) == scalars(tmp_path / "alone", tag), tag  # bitwise, every step once
-    assert [s for s, _ in scalars(tmp_path / "stopped", "train/batch_loss")] == list(range(1, 41))
-    assert image_steps(tmp_path / "stopped", "attention/layer_1/head_1") == [0, 10, 20, 30, 40]
+    assert [s for s, _ in scalars(tmp_path / "stopped", "train/batch_loss")] == list(range(1, 21))
+    assert image_steps(tmp_path / "stopped", "attention/layer_1/head_1") == [0, 10, 20]
 
 
 def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
     process = start_training(*tiny_run(EXACT_RUN, **{"hydra.run.dir": "run"}), cwd=tmp_path)
-    output = signal_after_line(process, "step 5/40", signal.SIGTERM)
+    output = signal_after_line(process, "step 5/20", signal.SIGTERM)
     assert process.returncode == 128 + signal.SIGTERM, output
     assert "Traceback" not in output
     assert re.search(r"stopped by SIGTERM after step \d+; saved run/ckpt_last.pt", output), output
