@@ -17,7 +17,7 @@ import cli.schema  # noqa: F401
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.recall_probe import RecallProbe
-from tests.helpers import TINY_RUN, QuietHandler, run_cli
+from tests.helpers import QuietHandler, run_cli, tiny_run
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
 # with two torch threads each on two cores spend their time waiting on each other's threads.
@@ -32,7 +32,7 @@ def trained_run(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("train")
     # On the CPU on every machine: tests recompute the figures it logged on the CPU in fp32, to 1e-5
     # (a GPU's TF32 matmuls miss that), and read auto's fp32 in its log. tests/test_cuda.py trains on a GPU.
-    result = run_cli("train.py", *TINY_RUN, "train.device=cpu", "hydra.run.dir=run", cwd=workdir)
+    result = run_cli("train.py", *tiny_run(**{"train.device": "cpu", "hydra.run.dir": "run"}), cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir / "run"
 

@@ -8,6 +8,8 @@ import logging
 import math
 import os
 import re
+import resource
+import runpy
 import signal
 import string
 import subprocess
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import ByteLevelBPETokenizer
 from torch import nn
@@ -40,13 +44,27 @@ from training.tensorboard_log import RunLogger
 ROOT = Path(__file__).resolve().parent.parent
 
 # A model and run small enough to train in seconds, touching every logging path.
-TINY_RUN = [
-    "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
-    "data.n_chars=20000", "train.max_steps=20", "train.batch_size=4",
-    "train.eval_interval=10", "train.eval_iters=2", "train.log_interval=5",
-    "train.attn_log_interval=10", "train.sample_interval=10", "train.sample_tokens=20",
-    "train.probe_tokens=24", "optim.warmup_steps=2", "optim.lr=1e-2", "optim.min_lr=1e-3",
-]
+TINY_RUN = {
+    "model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+    "data.n_chars": 20000, "train.max_steps": 20, "train.batch_size": 4,
+    "train.eval_interval": 10, "train.eval_iters": 2, "train.log_interval": 5,
+    "train.attn_log_interval": 10, "train.sample_interval": 10, "train.sample_tokens": 20,
+    "train.probe_tokens": 24, "optim.warmup_steps": 2, "optim.lr": "1e-2", "optim.min_lr": "1e-3",
+}
+
+
+def tiny_run(*presets: dict[str, object], **overrides: object) -> list[str]:
+    """TINY_RUN, then each preset, then overrides, as Hydra's key=value overrides: a later value of a
+    key replaces the earlier one (Hydra would take the last anyway; here each key is given once), a
+    new key is added. E.g. tiny_run(QUICK, **{"train.max_steps": 40, "hydra.run.dir": "run"})."""
+    merged = {key: value for preset in (TINY_RUN, *presets, overrides) for key, value in preset.items()}
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in merged.items()]
+
+
+def tiny_config(*presets: dict[str, object], **overrides: object) -> DictConfig:
+    """configs/train.yaml composed in-process with tiny_run(*presets, **overrides)."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=tiny_run(*presets, **overrides))
 
 
 @dataclass
@@ -83,6 +101,28 @@ def run_cli(script: str, *args: str, cwd: Path) -> CliResult:
     return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
 
 
+def run_script(path: Path, *args: str, cwd: Path) -> CliResult:
+    """`python <path> <args>` in this process, as Python runs a script (__name__ == "__main__"), in
+    folder cwd: its exit status and what it printed, without a new interpreter's seconds of start-up."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_argv, saved_path, saved_cwd = sys.argv, sys.path[:], os.getcwd()
+    sys.argv = [str(path), *args]
+    os.chdir(cwd)
+    returncode = 0
+    try:
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit_:
+        returncode = exit_.code if isinstance(exit_.code, int) else 1
+    except Exception:
+        returncode = 1
+        stderr.write(traceback.format_exc())
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
+    return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
+
+
 def spawn_cli(script: str, *args: str, cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python <script> <args>` as a subprocess: for what only a real process shows (signals,
     a terminal, torchrun, environment variables, the script's own start)."""
@@ -109,8 +149,9 @@ class QuietHandler(SimpleHTTPRequestHandler):
 # first AdamW step is far from Adam's eps (with a BPE vocabulary some embedding rows, with QK-norm
 # some attn.proj weights, get gradients near 1e-8, where float sums in another order move the step
 # by 5e-6), and their tolerance of 1e-6 holds.
-GPT2_BLOCKS = ["model.pos=learned", "model.qk_norm=false", "model.mlp=gelu", "model.smear=false"]
-QUICK = [*TINY_RUN, "tokenizer=char", *GPT2_BLOCKS, "train.attn_log_interval=0", "train.sample_interval=0"]
+GPT2_BLOCKS = {"model.pos": "learned", "model.qk_norm": False, "model.mlp": "gelu", "model.smear": False}
+# tiny_run(QUICK): char tokens, GPT-2's blocks, no attention maps or samples.
+QUICK = {"tokenizer": "char", **GPT2_BLOCKS, "train.attn_log_interval": 0, "train.sample_interval": 0}
 
 
 def torchrun_command(n: int, *args: str, script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> list[str]:
@@ -124,6 +165,15 @@ def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
     return subprocess.run(torchrun_command(n, *args, script=script), cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, preexec_fn=preexec_fn)
+
+
+def limit_file_size(max_bytes: int) -> Callable[[], None]:
+    """A preexec_fn for subprocess: in the child and its children files may grow to max_bytes, then
+    writes fail with EFBIG (SIGXFSZ ignored, so the process is not killed), as on a full disk."""
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+    return limit
 
 
 def signal_after_line(process: subprocess.Popen, marker: str, signum: int, whole_group: bool = False) -> str:

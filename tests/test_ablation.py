@@ -7,7 +7,7 @@ import training.jobs
 from data.tokenizer import CharTokenizer
 from inspection.ablation import recall_without_each_head
 from model import GPT, GPTConfig
-from tests.helpers import TINY_RUN, read_events, run_cli
+from tests.helpers import read_events, run_cli, tiny_run
 
 
 def random_name_guesser(tokenizer: CharTokenizer, **options) -> GPT:
@@ -43,8 +43,9 @@ def test_a_model_of_more_heads_than_the_bound_logs_name_recall_but_no_ablation_p
     # The bound is 64 heads (GPT-2 small's 144 heads of 1,024 tokens would cost hours a step on a
     # CPU); lowered here so that the tiny run's 4 heads pass it.
     monkeypatch.setattr(training.jobs, "ABLATION_MAX_HEADS", 3)
-    result = run_cli("train.py", *TINY_RUN, "train.max_steps=2", "train.eval_interval=2", "train.attn_log_interval=2",
-                     "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(**{
+        "train.max_steps": 2, "train.eval_interval": 2, "train.attn_log_interval": 2, "train.sample_interval": 0,
+        "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "no ablation/... scalars: this model has 4 heads" in result.stdout
     tags = read_events(tmp_path / "run").Tags()["scalars"]

@@ -6,15 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import TINY_RUN, assert_one_error_line, logged_losses, run_cli, spawn_cli
+from tests.helpers import assert_one_error_line, logged_losses, run_cli, spawn_cli, tiny_run
 
 pytestmark = pytest.mark.compile  # torch.compile of a training run and of the decode step
 
 
 def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
-    quick = [*TINY_RUN, "train.attn_log_interval=0", "train.sample_interval=0"]
-    eager = run_cli("train.py", *quick, "hydra.run.dir=eager", cwd=tmp_path)
-    compiled = spawn_cli("train.py", *quick, "train.compile=true", "hydra.run.dir=compiled", cwd=tmp_path, timeout=600)
+    quick = {"train.attn_log_interval": 0, "train.sample_interval": 0}
+    eager = run_cli("train.py", *tiny_run(quick, **{"hydra.run.dir": "eager"}), cwd=tmp_path)
+    compiled = spawn_cli("train.py", *tiny_run(quick, **{"train.compile": True, "hydra.run.dir": "compiled"}), cwd=tmp_path,
+                         timeout=600)
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stdout + compiled.stderr
     assert "train.compile=true: the first training step and the first evaluation compile first" in compiled.stdout
     eager_losses, compiled_losses = logged_losses(eager.stdout), logged_losses(compiled.stdout)
@@ -51,8 +52,8 @@ def broken_compiler(folder: Path) -> dict[str, str]:
 
 def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path):
     env = broken_compiler(tmp_path)  # a real failure, inside Inductor
-    result = spawn_cli("train.py", *TINY_RUN, "train.device=cpu", "train.compile=true", "hydra.run.dir=run", cwd=tmp_path,
-                       env=env)
+    result = spawn_cli("train.py", *tiny_run(**{"train.device": "cpu", "train.compile": True, "hydra.run.dir": "run"}),
+                       cwd=tmp_path, env=env)
     assert_one_error_line(result, "error: train.compile=true: torch.compile could not build the model (")
     assert "run with train.compile=false" in result.stderr
     assert not (tmp_path / "run" / "ckpt_last.pt").exists()

@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from tensorboard import program
 from tensorboard.plugins.core import core_plugin
 
@@ -42,7 +41,7 @@ from model_io.checkpoint import Checkpoint
 from runtime.devices import Machine, check_compiler
 from runtime.precision import Precision
 from runtime.ranks import Ranks
-from tests.helpers import ARCHITECTURE_OPTIONS, ROOT, TINY_RUN, curves, read_events, run_cli, tiny_gpt
+from tests.helpers import ARCHITECTURE_OPTIONS, ROOT, curves, read_events, run_cli, tiny_config, tiny_gpt, tiny_run
 from tests.test_grouped_attention import lively
 from tests.test_precision import snapshot
 from training.optimizer import build_optimizer
@@ -61,11 +60,8 @@ OPTION_IDS = [",".join(f"{k}={v}" for k, v in options.items()) or "gpt2" for opt
 
 
 def run_args(*overrides: str) -> list[str]:
-    """TINY_RUN with character tokens on DEVICE; each override replaces TINY_RUN's value of its key
-    (Hydra refuses a key given twice)."""
-    keys = {override.split("=", 1)[0] for override in overrides}
-    base = [*TINY_RUN, "tokenizer=char", f"train.device={DEVICE.type}"]
-    return [arg for arg in base if arg.split("=", 1)[0] not in keys] + list(overrides)
+    """tiny_run with character tokens on DEVICE, then each key=value override."""
+    return tiny_run({"tokenizer": "char", "train.device": DEVICE.type}, dict(override.split("=", 1) for override in overrides))
 
 
 def train(workdir: Path, run: str, *args: str) -> str:
@@ -142,8 +138,7 @@ def fp16_train_step(optimizer: str, growth_interval: int) -> TrainStep:
     random run of 97 tokens, repeated), with optimizer (adamw: fused AdamW on CUDA)."""
     model = tiny_gpt(vocab_size=64, block_size=32).to(DEVICE)
     tokens = np.tile(np.random.default_rng(0).integers(0, 64, size=97), 40).astype(np.uint16)
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        optim = compose("train", overrides=[*TINY_RUN, f"optim.name={optimizer}"]).optim
+    optim = tiny_config(**{"optim.name": optimizer}).optim
     ranks = Ranks(rank=0, local_rank=0, world_size=1, device=DEVICE)
     precision = Precision("fp16", DEVICE, growth_interval=growth_interval)
     return TrainStep(model, model, None, build_optimizer(model, optim, DEVICE), precision, ranks, tokens, batch_size=8,

@@ -3,7 +3,6 @@ real `torchrun` runs of train.py, read back from their checkpoints, logs and eve
 
 import os
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -21,9 +20,11 @@ from tests.helpers import (
     ROOT,
     ctrl_c_under_torchrun,
     curves,
+    limit_file_size,
     logged_losses,
     read_events,
     run_cli,
+    tiny_run,
     torchrun,
     weights,
 )
@@ -33,10 +34,10 @@ pytestmark = pytest.mark.distributed  # torchrun: several processes of train.py
 # Every run here is on the CPU, as gloo's processes on one machine are: on a GPU machine train.device=auto
 # would give each torchrun process a GPU of its own (a one-GPU machine has none for rank 1), and the
 # one-process runs compared with them would train in bf16 there.
-QUICK_ON_CPU = [*QUICK, "train.device=cpu"]
+QUICK_ON_CPU = {**QUICK, "train.device": "cpu"}
 
 # 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
-EXACT = [*QUICK_ON_CPU, "train.max_steps=40", "train.log_interval=1", "train.attn_log_interval=20", "model.dropout=0.1"]
+EXACT = {**QUICK_ON_CPU, "train.max_steps": 40, "train.log_interval": 1, "train.attn_log_interval": 20, "model.dropout": 0.1}
 
 
 # train.py as Python runs a script, then the names of the Gloo threads its process still has.
@@ -65,7 +66,7 @@ def run_left_alone(tmp_path_factory) -> Finished:
     workdir = tmp_path_factory.mktemp("alone")
     wrapper = workdir / "then_name_gloo_threads.py"
     wrapper.write_text(THEN_NAME_GLOO_THREADS)
-    result = torchrun(2, *EXACT, cwd=workdir, script=(str(wrapper), str(ROOT / "train.py")))
+    result = torchrun(2, *tiny_run(EXACT), cwd=workdir, script=(str(wrapper), str(ROOT / "train.py")))
     assert result.returncode == 0, result.stdout + result.stderr
     run_dirs = list((workdir / "outputs").glob("*/*"))
     assert len(run_dirs) == 1  # rank 1 made no run dir of its own
@@ -101,18 +102,19 @@ def test_a_finished_run_ends_its_gloo_threads_before_its_process_exits(run_left_
 # default Muon: orthogonalising the update magnifies those float differences in the
 # gradient's weakest directions to about 3e-5.)
 # 5 evaluation batches: on 2 ranks, rank 0 takes 3 of them and rank 1 takes 2.
-ONE_STEP = [*QUICK_ON_CPU, "train.max_steps=1", "train.eval_iters=5", "optim.name=adamw", "optim.warmup_steps=0", "optim.lr=1e-2"]
+ONE_STEP = {**QUICK_ON_CPU, "train.max_steps": 1, "train.eval_iters": 5, "optim.name": "adamw", "optim.warmup_steps": 0,
+            "optim.lr": "1e-2"}
 TOLERANCE = 1e-6
 
 
 @pytest.fixture(scope="module")
 def one_batch_of_8(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("batch8")
-    result = run_cli("train.py", *ONE_STEP, "train.batch_size=8", "hydra.run.dir=run", cwd=workdir)
+    result = run_cli("train.py", *tiny_run(ONE_STEP, **{"train.batch_size": 8, "hydra.run.dir": "run"}), cwd=workdir)
     assert result.returncode == 0, result.stderr
     # The step did change the weights, so that comparing with them is not comparing two fresh models.
-    fresh = run_cli("train.py", *ONE_STEP, "train.batch_size=8", "optim.lr=1e-9", "optim.min_lr=0",
-                    "hydra.run.dir=fresh", cwd=workdir)
+    fresh = run_cli("train.py", *tiny_run(ONE_STEP, **{"train.batch_size": 8, "optim.lr": "1e-9", "optim.min_lr": 0,
+                                                 "hydra.run.dir": "fresh"}), cwd=workdir)
     assert fresh.returncode == 0, fresh.stderr
     stepped = weights(workdir / "run")
     assert max((weights(workdir / "fresh")[k] - stepped[k]).abs().max().item() for k in stepped) > 1e-3
@@ -123,7 +125,7 @@ def one_batch_of_8(tmp_path_factory):
 def two_ranks_of_4(tmp_path_factory) -> Finished:
     """ONE_STEP on 2 ranks with batches of 4 (DDP): its weights, and the losses it logged."""
     workdir = tmp_path_factory.mktemp("two_ranks_of_4")
-    result = torchrun(2, *ONE_STEP, "train.batch_size=4", "hydra.run.dir=run", cwd=workdir)
+    result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 4, "hydra.run.dir": "run"}), cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     return Finished(workdir / "run", result.stdout)
 
@@ -142,16 +144,16 @@ def test_the_first_step_of_2_ranks_x_4_equals_one_process_with_the_whole_batch(o
 @pytest.mark.parametrize(
     ("processes", "args"),
     [
-        (1, ["train.batch_size=4", "train.grad_accum_steps=2"]),  # accumulation: 2 micro-steps x 4
-        (2, ["train.batch_size=2", "train.grad_accum_steps=2"]),  # both: 2 ranks x 2 micro-steps x 2
+        (1, {"train.batch_size": 4, "train.grad_accum_steps": 2}),  # accumulation: 2 micro-steps x 4
+        (2, {"train.batch_size": 2, "train.grad_accum_steps": 2}),  # both: 2 ranks x 2 micro-steps x 2
     ],
     ids=["1 rank x 2 micro-steps x 4", "2 ranks x 2 micro-steps x 2"],
 )
 def test_the_first_step_equals_one_process_with_the_whole_batch(one_batch_of_8, tmp_path, processes, args):
     if processes == 1:
-        result = run_cli("train.py", *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
+        result = run_cli("train.py", *tiny_run(ONE_STEP, args, **{"hydra.run.dir": "run"}), cwd=tmp_path)
     else:
-        result = torchrun(processes, *ONE_STEP, *args, "hydra.run.dir=run", cwd=tmp_path)
+        result = torchrun(processes, *tiny_run(ONE_STEP, args, **{"hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert_took_the_step(tmp_path / "run", one_batch_of_8)
 
@@ -159,23 +161,18 @@ def test_the_first_step_equals_one_process_with_the_whole_batch(one_batch_of_8, 
 def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(two_ranks_of_4, tmp_path):
     # Rank 0 takes 3 of the 5 evaluation batches, rank 1 takes 2, and the sums are added. The same
     # update both ways (2 micro-steps of 4 = 2 ranks x 4), and the same eval batches of 4.
-    one = run_cli("train.py", *ONE_STEP, "train.batch_size=4", "train.grad_accum_steps=2", "hydra.run.dir=one", cwd=tmp_path)
+    one = run_cli("train.py", *tiny_run(ONE_STEP, **{"train.batch_size": 4, "train.grad_accum_steps": 2, "hydra.run.dir": "one"}),
+                  cwd=tmp_path)
     assert one.returncode == 0, one.stderr
     assert len(logged_losses(one.stdout)) == 4  # train and val, before and after the step
     assert logged_losses(two_ranks_of_4.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
 
 
-def limit_file_size(max_bytes: int):
-    def limit() -> None:  # in the child and its children: files may grow to max_bytes, then writes fail
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
-    return limit
-
-
 def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     # Rank 0 alone writes checkpoints, so a file size limit fails rank 0 alone, at its first
     # save (step 10); rank 1 is left waiting for it. The run must end, not hang, and say why.
-    result = torchrun(2, *QUICK_ON_CPU, "hydra.run.dir=run", cwd=tmp_path, timeout=180, preexec_fn=limit_file_size(150_000))
+    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run"}), cwd=tmp_path, timeout=180,
+                      preexec_fn=limit_file_size(150_000))
     assert result.returncode != 0
     assert "error: could not save run/ckpt_best.pt (File too large)" in result.stderr
     assert "rank 1 lost contact with the other processes: one of them stopped" in result.stderr
@@ -193,7 +190,7 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     ],
 )
 def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, message):
-    result = torchrun(2, *QUICK_ON_CPU, bad, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
+    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run"}), bad, cwd=tmp_path, timeout=120)
     assert result.returncode != 0
     our_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(our_lines) == 1 and message in our_lines[0], result.stderr
@@ -204,19 +201,20 @@ def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_pat
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["train.dtype=fp8"], "error: train.dtype=fp8 must be one of auto, fp32, bf16, fp16"),
-        (["train.grad_accum_steps=0"], "error: train.grad_accum_steps=0 must be at least 1"),
+        ({"train.dtype": "fp8"}, "error: train.dtype=fp8 must be one of auto, fp32, bf16, fp16"),
+        ({"train.grad_accum_steps": 0}, "error: train.grad_accum_steps=0 must be at least 1"),
     ],
 )
 def test_bad_precision_and_accumulation_values_get_one_line(tmp_path, args, message):
-    result = run_cli("train.py", *QUICK_ON_CPU, *args, cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(QUICK_ON_CPU, args), cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
-    result = run_cli("train.py", *QUICK_ON_CPU, "train.max_steps=10", "train.dtype=bf16", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(QUICK_ON_CPU, **{"train.max_steps": 10, "train.dtype": "bf16", "hydra.run.dir": "run"}),
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "warning: train.dtype=bf16 on a CPU: bf16 matmuls are much slower than fp32" in result.stdout
     losses = logged_losses(result.stdout)
@@ -224,7 +222,7 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
 
 
 def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path, run_left_alone):
-    output = ctrl_c_under_torchrun(2, *EXACT, "hydra.run.dir=stopped", cwd=tmp_path, after="step 15/40")
+    output = ctrl_c_under_torchrun(2, *tiny_run(EXACT, **{"hydra.run.dir": "stopped"}), cwd=tmp_path, after="step 15/40")
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
     assert stopped, output
     assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
@@ -263,7 +261,7 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
     # logged step 7, two steps past the first checkpoint; torchrun then stops rank 0 and starts
     # both again.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "--max-restarts=1", str(ROOT / "train.py"), *EXACT, "train.save_interval=5"]
+               "--max-restarts=1", str(ROOT / "train.py"), *tiny_run(EXACT, **{"train.save_interval": 5})]
     output_file = tmp_path / "torchrun.log"
     with open(output_file, "w") as output:
         process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
@@ -314,8 +312,8 @@ def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path
         folder = tmp_path / f"machine{node_rank}"
         folder.mkdir()
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
-                   "--nproc_per_node=1", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"), *QUICK_ON_CPU,
-                   "hydra.run.dir=run"]
+                   "--nproc_per_node=1", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"),
+                   *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run"})]
         nodes.append(subprocess.Popen(command, cwd=folder, env={**os.environ, "TMPDIR": str(folder)},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [node.communicate(timeout=300) for node in nodes]
@@ -324,7 +322,8 @@ def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path
     assert (tmp_path / "machine0" / "run" / "ckpt_last.pt").is_file()
     assert not (tmp_path / "machine1" / "run").exists()  # the folder Hydra made there, empty, was taken back
     # Guards nodes that train apart (gradients not averaged): node 0 logs what 1 process of 2 micro-steps x 4 does.
-    together = run_cli("train.py", *QUICK_ON_CPU, "train.grad_accum_steps=2", "hydra.run.dir=together", cwd=tmp_path)
+    together = run_cli("train.py", *tiny_run(QUICK_ON_CPU, **{"train.grad_accum_steps": 2, "hydra.run.dir": "together"}),
+                       cwd=tmp_path)
     assert together.returncode == 0, together.stderr
     assert len(logged_losses(outputs[0][0])) == 6  # train and val at steps 0, 10, 20
     assert logged_losses(outputs[0][0]) == pytest.approx(logged_losses(together.stdout), abs=2e-4)  # 4 decimals

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model_io.checkpoint import Checkpoint, build_model
-from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, read_events, torchrun, weights
+from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, read_events, tiny_run, torchrun, weights
 from training.data_parallel import named, numbered
 from training.optimizer import build_optimizer
 
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.distributed  # torchrun with FSDP
 # rank 1 runs an extra one); attention maps and samples (rank 0 alone, on the whole model)
 # at steps 0, 10, 20 and 30. On the CPU, as gloo's processes are: on a GPU machine train.device=auto
 # would give each process a GPU of its own (a one-GPU machine has none for rank 1).
-RUN = [*QUICK, "train.device=cpu", "train.max_steps=30", "train.log_interval=1", "train.eval_iters=3",
-       "train.batch_size=2", "train.grad_accum_steps=2", "model.dropout=0.1",
-       "train.attn_log_interval=10", "train.sample_interval=10"]
+RUN = tiny_run(QUICK, **{"train.device": "cpu", "train.max_steps": 30, "train.log_interval": 1, "train.eval_iters": 3,
+                        "train.batch_size": 2, "train.grad_accum_steps": 2, "model.dropout": 0.1,
+                        "train.attn_log_interval": 10, "train.sample_interval": 10})
 # Float sums in another order: the gradients' reduce-scatter against DDP's all-reduce, and
 # Muon's Newton-Schulz matmuls on sharded matrices. Seen: at most 5e-7 over 20 steps.
 TOLERANCE = 1e-5

@@ -30,15 +30,16 @@ TOLERANCE = 1e-5  # fp32: the same math in another order is ~2e-6 apart here, ex
 
 
 @pytest.fixture(scope="module")
-def gpt2_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gpt2_weights_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_gpt2's config.json and model.safetensors, no tokenizer files."""
     folder = tmp_path_factory.mktemp("gpt2")
     tiny_gpt2().save_pretrained(folder)
     return folder
 
 
 @pytest.fixture(scope="module")
-def reference(gpt2_folder: Path) -> GPT2LMHeadModel:
-    return AutoModelForCausalLM.from_pretrained(gpt2_folder).eval()
+def reference(gpt2_weights_folder: Path) -> GPT2LMHeadModel:
+    return AutoModelForCausalLM.from_pretrained(gpt2_weights_folder).eval()
 
 
 def tokens(length: int = 40, seed: int = 1) -> torch.Tensor:
@@ -66,25 +67,25 @@ def one_line_error(call, *args, **kwargs) -> str:
     return message
 
 
-def test_gpt2_folder_gives_transformers_logits(gpt2_folder: Path, reference: GPT2LMHeadModel) -> None:
-    model, notes = gpt_from_hf(gpt2_folder)
+def test_gpt2_folder_gives_transformers_logits(gpt2_weights_folder: Path, reference: GPT2LMHeadModel) -> None:
+    model, notes = gpt_from_hf(gpt2_weights_folder)
     assert (model.config.mlp, model.config.pos, model.config.bias, model.config.tie_head) == ("gelu_tanh", "learned", True, True)
     assert notes == []
     assert model.lm_head.weight is model.tok_emb.weight
     assert max_logit_gap(model, reference, tokens()) < TOLERANCE
 
 
-def test_exact_gelu_in_place_of_gpt2s_tanh_gelu_changes_the_logits(gpt2_folder: Path, reference: GPT2LMHeadModel) -> None:
-    config, _ = gpt_config_from_hf(gpt2_folder)
+def test_exact_gelu_in_place_of_gpt2s_tanh_gelu_changes_the_logits(gpt2_weights_folder: Path, reference: GPT2LMHeadModel) -> None:
+    config, _ = gpt_config_from_hf(gpt2_weights_folder)
     config.mlp = "gelu"
     model = GPT(config)
-    load_hf_weights(gpt2_folder, model)  # into a model with real parameters this time
+    load_hf_weights(gpt2_weights_folder, model)  # into a model with real parameters this time
     assert max_logit_gap(model, reference, tokens()) > 10 * TOLERANCE
 
 
 @pytest.mark.parametrize("use_kv_cache", [True, False])
-def test_greedy_tokens_match_transformers_generate(gpt2_folder: Path, reference: GPT2LMHeadModel, use_kv_cache: bool) -> None:
-    model, _ = gpt_from_hf(gpt2_folder)
+def test_greedy_tokens_match_transformers_generate(gpt2_weights_folder: Path, reference: GPT2LMHeadModel, use_kv_cache: bool) -> None:
+    model, _ = gpt_from_hf(gpt2_weights_folder)
     prompt = tokens(length=6)
     theirs = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30,
                                 do_sample=False, pad_token_id=EOT)
@@ -93,12 +94,12 @@ def test_greedy_tokens_match_transformers_generate(gpt2_folder: Path, reference:
 
 
 def test_the_original_gpt2_files_names_without_prefix_and_with_mask_buffers_load(
-    gpt2_folder: Path, reference: GPT2LMHeadModel, tmp_path: Path
+    gpt2_weights_folder: Path, reference: GPT2LMHeadModel, tmp_path: Path
 ) -> None:
     # The gpt2 repo's model.safetensors holds GPT2Model's names ("wte.weight", "h.0.ln_1.weight")
     # and each layer's causal-mask buffer "h.{i}.attn.bias", which older transformers saved.
-    folder = copy_folder(gpt2_folder, tmp_path / "original", leave_out="model.safetensors")
-    tensors = {name.removeprefix("transformer."): tensor for name, tensor in load_file(gpt2_folder / "model.safetensors").items()}
+    folder = copy_folder(gpt2_weights_folder, tmp_path / "original", leave_out="model.safetensors")
+    tensors = {name.removeprefix("transformer."): tensor for name, tensor in load_file(gpt2_weights_folder / "model.safetensors").items()}
     for layer in range(2):
         tensors[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS))
     save_file(tensors, folder / "model.safetensors")
@@ -113,18 +114,18 @@ def test_half_precision_weights_load_as_float32(tmp_path: Path) -> None:
     assert max_logit_gap(model, tiny_gpt2().half().float(), tokens()) < TOLERANCE
 
 
-def test_a_smaller_block_size_crops_the_positions_and_a_larger_one_is_refused(gpt2_folder: Path, reference: GPT2LMHeadModel) -> None:
-    model, notes = gpt_from_hf(gpt2_folder, block_size=16)
+def test_a_smaller_block_size_crops_the_positions_and_a_larger_one_is_refused(gpt2_weights_folder: Path, reference: GPT2LMHeadModel) -> None:
+    model, notes = gpt_from_hf(gpt2_weights_folder, block_size=16)
     assert notes == [f"model.block_size=16 crops GPT-2's {POSITIONS} positions to 16"]
     assert model.pos_emb.weight.shape == (16, 32)
     assert max_logit_gap(model, reference, tokens(length=16)) < TOLERANCE
-    message = one_line_error(gpt_from_hf, gpt2_folder, block_size=POSITIONS + 1)
+    message = one_line_error(gpt_from_hf, gpt2_weights_folder, block_size=POSITIONS + 1)
     assert f"model.block_size={POSITIONS + 1} is longer than the {POSITIONS} positions" in message
 
 
-def test_a_vocab_size_that_contradicts_the_weights_is_refused(gpt2_folder: Path) -> None:
-    message = one_line_error(gpt_config_from_hf, gpt2_folder, vocab_size=50304)
-    assert f"vocab_size=50304 contradicts {gpt2_folder / 'config.json'}, whose weights have {VOCAB} tokens" in message
+def test_a_vocab_size_that_contradicts_the_weights_is_refused(gpt2_weights_folder: Path) -> None:
+    message = one_line_error(gpt_config_from_hf, gpt2_weights_folder, vocab_size=50304)
+    assert f"vocab_size=50304 contradicts {gpt2_weights_folder / 'config.json'}, whose weights have {VOCAB} tokens" in message
 
 
 def random_gpt(**options) -> GPT:
@@ -176,15 +177,15 @@ def edit_config(folder: Path, **changes) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | changes))
 
 
-def test_missing_files_and_a_pickle_each_get_one_line(gpt2_folder: Path, tmp_path: Path) -> None:
-    no_config = copy_folder(gpt2_folder, tmp_path / "no_config", leave_out="config.json")
+def test_missing_files_and_a_pickle_each_get_one_line(gpt2_weights_folder: Path, tmp_path: Path) -> None:
+    no_config = copy_folder(gpt2_weights_folder, tmp_path / "no_config", leave_out="config.json")
     assert f"{no_config} has no config.json: a Hugging Face model folder holds" in one_line_error(gpt_from_hf, no_config)
-    no_weights = copy_folder(gpt2_folder, tmp_path / "no_weights", leave_out="model.safetensors")
+    no_weights = copy_folder(gpt2_weights_folder, tmp_path / "no_weights", leave_out="model.safetensors")
     assert f"{no_weights} has no model.safetensors:" in one_line_error(resolve_pretrained, no_weights)
     empty = tmp_path / "empty"
     empty.mkdir()
     assert f"{empty} has no config.json and no model.safetensors" in one_line_error(resolve_pretrained, empty)
-    pickle = copy_folder(gpt2_folder, tmp_path / "pickle", leave_out="model.safetensors")
+    pickle = copy_folder(gpt2_weights_folder, tmp_path / "pickle", leave_out="model.safetensors")
     (pickle / "pytorch_model.bin").write_bytes(b"never unpickled")
     message = one_line_error(gpt_from_hf, pickle)
     assert "holds pytorch_model.bin but no model.safetensors: only safetensors are read, never a pickle" in message
@@ -197,10 +198,10 @@ def test_missing_files_and_a_pickle_each_get_one_line(gpt2_folder: Path, tmp_pat
     ({"transformer.ln_f.bias": None}, "lacks tensor transformer.ln_f.bias, which a GPT-2 of its config.json's shape has"),
 ], ids=["wrong shape", "unexpected", "missing"])
 def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
-    gpt2_folder: Path, tmp_path: Path, change: dict, words: str
+    gpt2_weights_folder: Path, tmp_path: Path, change: dict, words: str
 ) -> None:
-    folder = copy_folder(gpt2_folder, tmp_path / "edited", leave_out="model.safetensors")
-    tensors = load_file(gpt2_folder / "model.safetensors") | change
+    folder = copy_folder(gpt2_weights_folder, tmp_path / "edited", leave_out="model.safetensors")
+    tensors = load_file(gpt2_weights_folder / "model.safetensors") | change
     save_file({name: tensor for name, tensor in tensors.items() if tensor is not None}, folder / "model.safetensors")
     assert words in one_line_error(gpt_from_hf, folder)
 
@@ -213,14 +214,14 @@ def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),
     ({"activation_function": "silu"}, 'activation_function="silu": this project\'s MLP has gelu_new, gelu_pytorch_tanh, gelu, relu2'),
 ], ids=lambda value: next(iter(value)) if isinstance(value, dict) else "")
-def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_folder: Path, tmp_path: Path, change: dict, words: str) -> None:
-    folder = copy_folder(gpt2_folder, tmp_path / "edited")
+def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_weights_folder: Path, tmp_path: Path, change: dict, words: str) -> None:
+    folder = copy_folder(gpt2_weights_folder, tmp_path / "edited")
     edit_config(folder, **change)
     assert f"{folder / 'config.json'} has {words}" in one_line_error(gpt_from_hf, folder)
 
 
-def test_a_local_folder_resolves_to_itself_and_a_missing_path_is_named(gpt2_folder: Path, tmp_path: Path) -> None:
-    assert resolve_pretrained(str(gpt2_folder)) == gpt2_folder
+def test_a_local_folder_resolves_to_itself_and_a_missing_path_is_named(gpt2_weights_folder: Path, tmp_path: Path) -> None:
+    assert resolve_pretrained(str(gpt2_weights_folder)) == gpt2_weights_folder
     message = one_line_error(resolve_pretrained, str(tmp_path / "nowhere"))
     assert "is neither a folder here nor a Hugging Face Hub repo id" in message
 

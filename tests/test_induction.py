@@ -4,8 +4,6 @@ to shift, then copy (Olsson et al., 2022) is the reference; a tiny real run logs
 import json
 import math
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -25,7 +23,15 @@ from model.attention import CausalSelfAttention
 from model_io.checkpoint import Checkpoint, upgrade
 from runtime.precision import Precision
 from runtime.ranks import Ranks
-from tests.helpers import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, ROOT, read_events, run_cli, shift_then_copy_model
+from tests.helpers import (
+    INDUCTION_HEAD,
+    PREVIOUS_TOKEN_HEAD,
+    ROOT,
+    read_events,
+    run_cli,
+    run_script,
+    shift_then_copy_model,
+)
 from training.evaluation import evaluate, in_context_positions
 
 V, N = 64, 16  # vocabulary, and the length of the sequence that comes back
@@ -211,21 +217,18 @@ def test_the_induction_preset_trains_two_layers_with_learned_positions_without_t
     assert {"head_induction/layer_1/head_0", "head_previous_token/layer_0/head_3", "loss/in_context",
             "ablation/induction_loss/layer_0/head_3"} <= tags
     # make docs INDUCTION_RUNS=<this run>: 4 steps form no head, and the pictures say so in one line.
-    drawn = subprocess.run([sys.executable, str(ROOT / "docs" / "induction_figures.py"), "run"], cwd=tmp_path,
-                           capture_output=True, text=True)
+    figures = ROOT / "docs" / "induction_figures.py"
+    drawn = run_script(figures, "run", cwd=tmp_path)
     assert drawn.returncode == 2 and drawn.stderr.startswith("error: no head's induction score reached 0.5 by step 4")
     assert len(drawn.stderr.strip().splitlines()) == 1
-    to_a_file = subprocess.run([sys.executable, str(ROOT / "docs" / "induction_figures.py"), "run", "--out", "run/train.log"],
-                               cwd=tmp_path, capture_output=True, text=True)
+    to_a_file = run_script(figures, "run", "--out", "run/train.log", cwd=tmp_path)
     assert to_a_file.returncode == 2 and to_a_file.stderr.startswith("error: --out run/train.log is a file, not a folder")
     assert len(to_a_file.stderr.strip().splitlines()) == 1
-    under_a_file = subprocess.run([sys.executable, str(ROOT / "docs" / "induction_figures.py"), "run", "--out", "run/train.log/x"],
-                                  cwd=tmp_path, capture_output=True, text=True)
+    under_a_file = run_script(figures, "run", "--out", "run/train.log/x", cwd=tmp_path)
     assert under_a_file.returncode == 2 and under_a_file.stderr.startswith("error: --out run/train.log/x lies under run/train.log")
     assert len(under_a_file.stderr.strip().splitlines()) == 1
     # make docs's README pictures (RUN=latest may be this run): refused in one line, nothing drawn.
-    readme = subprocess.run([sys.executable, str(ROOT / "docs" / "figures.py"), "run"], cwd=tmp_path,
-                            capture_output=True, text=True)
+    readme = run_script(ROOT / "docs" / "figures.py", "run", cwd=tmp_path)
     assert readme.returncode == 2 and readme.stderr.startswith("error: run read made-up names or word games")
     assert len(readme.stderr.strip().splitlines()) == 1
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from cli.config import MAX_KEPT_CHECKPOINTS, check_keep_checkpoints
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import KEPT, LAST, kept_checkpoints
-from tests.helpers import QUICK, run_cli
+from tests.helpers import QUICK, run_cli, tiny_run
 from training.build import seed_everything
 from training.saving import kept_steps
 from user_error import UserError
@@ -20,23 +20,21 @@ from user_error import UserError
 # QUICK with an evaluation every 4 steps, a flat learning rate (optim.min_lr = optim.lr), so that a
 # run of 4 steps resumed to 8 follows the schedule of a run of 8 step for step, and dropout on, so
 # that a random number drawn in passing would change the weights after it.
-RUN = [a for a in QUICK if not a.startswith(("train.max_steps", "train.eval_interval", "optim.min_lr"))] + [
-    "train.eval_interval=4", "optim.min_lr=1e-2", "model.dropout=0.1",
-]
-KEEP = "train.keep_checkpoints=[0,3,4,6,8,9]"
+RUN = {**QUICK, "train.eval_interval": 4, "optim.min_lr": "1e-2", "model.dropout": 0.1}
+KEEP = {"train.keep_checkpoints": "[0,3,4,6,8,9]"}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> SimpleNamespace:
     """`kept`: 4 steps keeping [0,3,4,6,8,9], then resumed to 8 steps; `alone`: 8 steps keeping none."""
     cwd = tmp_path_factory.mktemp("keep")
-    first = run_cli("train.py", *RUN, "train.max_steps=4", KEEP, "hydra.run.dir=kept", cwd=cwd)
+    first = run_cli("train.py", *tiny_run(RUN, KEEP, **{"train.max_steps": 4, "hydra.run.dir": "kept"}), cwd=cwd)
     assert first.returncode == 0, first.stdout + first.stderr
     at_4 = Checkpoint.load(cwd / "kept" / LAST)
     kept_first = {step: (path.read_bytes(), path.stat().st_mtime_ns) for step, path in kept_checkpoints(cwd / "kept").items()}
     resumed = run_cli("train.py", "resume=kept", "train.max_steps=8", cwd=cwd)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    alone = run_cli("train.py", *RUN, "train.max_steps=8", "hydra.run.dir=alone", cwd=cwd)
+    alone = run_cli("train.py", *tiny_run(RUN, **{"train.max_steps": 8, "hydra.run.dir": "alone"}), cwd=cwd)
     assert alone.returncode == 0, alone.stdout + alone.stderr
     return SimpleNamespace(dir=cwd / "kept", first=first, resumed=resumed, at_4=at_4, kept_first=kept_first,
                            alone=Checkpoint.load(cwd / "alone" / LAST))

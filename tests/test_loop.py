@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from cli.config import plain_config
 from data.batches import get_batch
@@ -15,7 +14,7 @@ from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, upgrade
 from runtime.precision import Precision
 from runtime.ranks import Ranks
-from tests.helpers import ROOT, TINY_RUN, read_events
+from tests.helpers import read_events, tiny_config
 from training.build import build_data_and_model, build_run
 from training.fit import fit
 from training.jobs import Every
@@ -27,11 +26,6 @@ from training.step import TrainStep
 from user_error import UserError
 
 ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-
-
-def tiny_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=[*TINY_RUN, *overrides])
 
 
 def test_a_job_is_due_every_interval_and_at_the_last_step():
@@ -134,8 +128,8 @@ def test_a_nan_loss_stops_with_the_step_and_what_is_kept_or_is_skipped_without_a
 def fitted(tmp_path_factory):
     """fit() on a tiny run, in-process: (run dir, figures)."""
     workdir = tmp_path_factory.mktemp("fit")
-    cfg = tiny_config(f"data.cache_dir={workdir / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
-                      "train.log_interval=1")
+    cfg = tiny_config(**{"data.cache_dir": workdir / "cache", "train.max_steps": 12, "train.eval_interval": 5,
+                         "train.log_interval": 1})
     ranks, precision, data, model = build_data_and_model(cfg)
     run = build_run(cfg, plain_config(cfg), workdir, ranks, precision, data, model)
     return workdir, fit(run, TrainState())
@@ -143,8 +137,8 @@ def fitted(tmp_path_factory):
 
 @pytest.mark.slow
 def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fitted, tmp_path):
-    cfg = tiny_config(f"data.cache_dir={fitted[0] / 'cache'}", "train.max_steps=12", "train.eval_interval=5",
-                      "train.log_interval=1", "train.eval_train=false")
+    cfg = tiny_config(**{"data.cache_dir": fitted[0] / "cache", "train.max_steps": 12, "train.eval_interval": 5,
+                         "train.log_interval": 1, "train.eval_train": False})
     ranks, precision, data, model = build_data_and_model(cfg)
     figures = fit(build_run(cfg, plain_config(cfg), tmp_path, ranks, precision, data, model), TrainState())
     assert [sorted(e) for e in figures.evaluations] == [["step", "val"]] * 4

@@ -4,7 +4,7 @@ loop's use of it, each update at its own step."""
 import pytest
 import yaml
 
-from tests.helpers import TINY_RUN, read_events, run_cli
+from tests.helpers import read_events, run_cli, tiny_run
 from training.lr_schedule import lr_at
 
 
@@ -31,9 +31,9 @@ def test_wsd_holds_lr_flat_then_decays_in_a_straight_line_over_the_last_fifth():
 
 def test_each_update_uses_and_logs_the_schedules_lr_for_its_own_step(tmp_path):
     # Guards the loop's call of the schedule: the update that ends at step s is update s - 1.
-    result = run_cli("train.py", *TINY_RUN, "train.max_steps=8", "train.log_interval=1", "optim.warmup_steps=3",
-                     "train.eval_interval=8", "train.attn_log_interval=0", "train.sample_interval=0",
-                     "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(**{
+        "train.max_steps": 8, "train.log_interval": 1, "optim.warmup_steps": 3, "train.eval_interval": 8,
+        "train.attn_log_interval": 0, "train.sample_interval": 0, "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     optim = yaml.safe_load((tmp_path / "run" / ".hydra" / "config.yaml").read_text())["optim"]
     logged = read_events(tmp_path / "run").Scalars("train/lr")

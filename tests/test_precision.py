@@ -7,14 +7,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from cli.config import plain_config
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
 from runtime.precision import Precision
 from runtime.ranks import Ranks
-from tests.helpers import ROOT, TINY_RUN, read_events, run_cli
+from tests.helpers import ROOT, read_events, run_cli, tiny_config, tiny_run
 from training.build import build_data_and_model, build_run, restore
 from training.fit import fit
 from training.optimizer import build_optimizer
@@ -27,18 +26,13 @@ ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
 OPTIMIZERS = ("adamw", "muon")
 
 
-def config(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=[*TINY_RUN, *overrides])
-
-
 def train_step(dtype: str, optimizer: str, growth_interval: int = 2000) -> TrainStep:
     """A 2-layer model on a stream it can learn (a random run of 97 tokens, repeated), its step
     in dtype with optimizer."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32))
     tokens = np.tile(np.random.default_rng(0).integers(0, 64, size=97), 40).astype(np.uint16)
-    optimizers = build_optimizer(model, config(f"optim.name={optimizer}").optim, CPU)
+    optimizers = build_optimizer(model, tiny_config(**{"optim.name": optimizer}).optim, CPU)
     precision = Precision(dtype, CPU, growth_interval=growth_interval)
     return TrainStep(model, model, None, optimizers, precision, ONE_PROCESS, tokens, batch_size=8, block_size=32,
                      grad_accum_steps=1, grad_clip=1.0, skip_nonfinite=False, last_checkpoint=ROOT / "no-such.pt")
@@ -116,8 +110,8 @@ def test_fp16_stops_naming_the_step_once_an_overflow_takes_the_loss_scale_below_
 def fp16_run(workdir, max_steps: int, scale: float = 2.0**22):
     """An fp16 run of the tiny config at a constant lr, with a loss scale that starts too high and
     regrows after 3 updates, so that it moves during the run."""
-    cfg = config(f"data.cache_dir={workdir.parent / 'cache'}", "train.dtype=fp16", f"train.max_steps={max_steps}",
-                 "train.eval_interval=8", "train.log_interval=1", "optim.warmup_steps=0", "optim.min_lr=1e-2")
+    cfg = tiny_config(**{"data.cache_dir": workdir.parent / "cache", "train.dtype": "fp16", "train.max_steps": max_steps,
+                         "train.eval_interval": 8, "train.log_interval": 1, "optim.warmup_steps": 0, "optim.min_lr": "1e-2"})
     run = build_run(cfg, plain_config(cfg), workdir, *build_data_and_model(cfg))
     run.precision.scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=3)
     return run
@@ -146,8 +140,8 @@ def test_an_fp16_run_counts_its_overflows_logs_its_scale_and_resumes_bitwise(tmp
 
 @pytest.mark.slow
 def test_train_py_runs_fp16_on_a_cpu_and_says_so(tmp_path):
-    result = run_cli("train.py", *TINY_RUN, "train.device=cpu", "train.max_steps=4", "train.dtype=fp16",
-                     "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(**{"train.device": "cpu", "train.max_steps": 4, "train.dtype": "fp16",
+                                                "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warning: train.dtype=fp16 on a CPU" in result.stdout + result.stderr
     assert "precision: fp16 (train.dtype=fp16)" in result.stdout + result.stderr

@@ -14,8 +14,8 @@ import pytest
 
 from tests.helpers import (
     ROOT,
-    TINY_RUN,
     spawn_cli,
+    tiny_run,
 )
 
 pytestmark = pytest.mark.slow  # a real training run under a pseudo-terminal
@@ -43,7 +43,7 @@ def run_on_a_terminal(args: list[str], cwd: Path) -> tuple[int, str]:
 
 
 def test_a_terminal_gets_a_progress_bar_instead_of_step_lines_and_a_pipe_gets_the_lines(tmp_path):
-    args = [*TINY_RUN, "train.attn_log_interval=0", "train.sample_interval=0"]
+    args = tiny_run(**{"train.attn_log_interval": 0, "train.sample_interval": 0})
     status, shown = run_on_a_terminal([*args, "hydra.run.dir=tty"], tmp_path)
     assert status == 0, shown
     assert re.search(r"step 20/20 \|█{24}\| loss [\d.]+ \| [\d.]+k tok/s \| 00:00 left", shown), shown

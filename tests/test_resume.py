@@ -3,7 +3,6 @@ losses, a full disk, and checkpoints crafted to run code."""
 
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -14,16 +13,14 @@ import pytest
 import torch
 
 from model_io.checkpoint import Checkpoint
-from tests.helpers import ROOT, TINY_RUN, read_events, run_cli, signal_after_line, stop_while
+from tests.helpers import ROOT, limit_file_size, read_events, run_cli, signal_after_line, stop_while, tiny_run
 from training.interrupt import StopSignals
 
 pytestmark = pytest.mark.slow  # each test trains, or starts a Python process that it signals
 
-# TINY_RUN with dropout on (so the torch RNG matters), 40 steps, and the loss logged every step.
-EXACT_RUN = [a for a in TINY_RUN if not a.startswith(("train.max_steps", "train.log_interval"))] + [
-    "train.max_steps=40", "train.log_interval=1", "model.dropout=0.1",
-]
-SHORT_RUN = [a for a in TINY_RUN if not a.startswith("train.max_steps")] + ["train.max_steps=10"]
+# TINY_RUN with dropout on (so the torch RNG matters), 20 steps, and the loss logged every step.
+EXACT_RUN = {"train.max_steps": 20, "train.log_interval": 1, "model.dropout": 0.1}
+SHORT_RUN = {"train.max_steps": 10}
 
 
 def start_training(*args: str, cwd: Path) -> subprocess.Popen:
@@ -43,15 +40,15 @@ def image_steps(run_dir: Path, tag: str) -> list[int]:
 
 
 def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_path):
-    alone = run_cli("train.py", *EXACT_RUN, "hydra.run.dir=alone", cwd=tmp_path)
+    alone = run_cli("train.py", *tiny_run(EXACT_RUN, **{"hydra.run.dir": "alone"}), cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr
 
-    stopped = start_training(*EXACT_RUN, "hydra.run.dir=stopped", cwd=tmp_path)
-    output = signal_after_line(stopped, "step 15/40", signal.SIGINT)
+    stopped = start_training(*tiny_run(EXACT_RUN, **{"hydra.run.dir": "stopped"}), cwd=tmp_path)
+    output = signal_after_line(stopped, "step 5/20", signal.SIGINT)
     assert stopped.returncode == 128 + signal.SIGINT, output
     assert "Traceback" not in output
     step = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt").step
-    assert 15 <= step < 40  # stopped between evaluations, after finishing its step
+    assert 5 <= step < 20  # stopped before the end, after finishing its step
     assert f"stopped by SIGINT after step {step}; saved stopped/ckpt_last.pt" in output
     assert "Resume with: .venv/bin/python train.py resume=stopped" in output
 
@@ -61,18 +58,18 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_p
 
     a = Checkpoint.load(tmp_path / "alone" / "ckpt_last.pt")
     b = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt")
-    assert a.step == b.step == 40
+    assert a.step == b.step == 20
     for name, tensor in a.model.items():
         assert torch.equal(tensor, b.model[name]), name
     for tag in ("train/batch_loss", "loss/train", "loss/val"):
         assert scalars(tmp_path / "stopped", tag) == scalars(tmp_path / "alone", tag), tag  # bitwise, every step once
-    assert [s for s, _ in scalars(tmp_path / "stopped", "train/batch_loss")] == list(range(1, 41))
-    assert image_steps(tmp_path / "stopped", "attention/layer_1/head_1") == [0, 10, 20, 30, 40]
+    assert [s for s, _ in scalars(tmp_path / "stopped", "train/batch_loss")] == list(range(1, 21))
+    assert image_steps(tmp_path / "stopped", "attention/layer_1/head_1") == [0, 10, 20]
 
 
 def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
-    process = start_training(*EXACT_RUN, "hydra.run.dir=run", cwd=tmp_path)
-    output = signal_after_line(process, "step 5/40", signal.SIGTERM)
+    process = start_training(*tiny_run(EXACT_RUN, **{"hydra.run.dir": "run"}), cwd=tmp_path)
+    output = signal_after_line(process, "step 5/20", signal.SIGTERM)
     assert process.returncode == 128 + signal.SIGTERM, output
     assert "Traceback" not in output
     assert re.search(r"stopped by SIGTERM after step \d+; saved run/ckpt_last.pt", output), output
@@ -209,10 +206,10 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_pa
     # A model big enough (3.2M parameters, ~38 MB with AdamW's state) that a save takes a
     # while, saving at every step: kill -9 the moment a new ckpt_last.pt is being written.
     run = tmp_path / "run"
-    args = [
-        *TINY_RUN, "optim.name=adamw", "model.n_embd=256", "model.n_layer=4", "train.max_steps=300", "train.eval_interval=1",
-        "train.eval_iters=1", "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run",
-    ]
+    args = tiny_run(**{
+        "optim.name": "adamw", "model.n_embd": 256, "model.n_layer": 4, "train.max_steps": 300, "train.eval_interval": 1,
+        "train.eval_iters": 1, "train.attn_log_interval": 0, "train.sample_interval": 0, "hydra.run.dir": "run",
+    })
     process = start_training(*args, cwd=tmp_path)
     partial = run / ".ckpt_last.pt.tmp"
 
@@ -241,22 +238,23 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_pa
 def ten_step_run(tmp_path) -> Path:
     """A finished 10-step run, with both checkpoints saved at step 10. LayerNorm and ReLU², not the
     default's RMSNorm and SwiGLU: with those, optim.lr=1000 leaves the weights huge but finite."""
-    result = run_cli("train.py", *SHORT_RUN, "model.norm=layernorm", "model.mlp=relu2", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(SHORT_RUN, **{"model.norm": "layernorm", "model.mlp": "relu2", "hydra.run.dir": "run"}),
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     return tmp_path / "run"
 
 
 def test_resume_auto_goes_on_with_the_run_in_its_dir_or_starts_one_there(ten_step_run):
     # What a cluster job passes each time it is (re)started: the same command, the same run dir.
-    workdir, requeued = ten_step_run.parent, [*SHORT_RUN, "resume=auto", "hydra.run.dir=run"]
-    finished = run_cli("train.py", *requeued, cwd=workdir)
+    workdir, requeued = ten_step_run.parent, {**SHORT_RUN, "resume": "auto", "hydra.run.dir": "run"}
+    finished = run_cli("train.py", *tiny_run(requeued), cwd=workdir)
     assert finished.returncode == 0, finished.stderr
     assert "run finished at step 10 (train.max_steps=10); nothing to train" in finished.stdout
-    longer = run_cli("train.py", *requeued, "train.max_steps=12", cwd=workdir)
+    longer = run_cli("train.py", *tiny_run(requeued, **{"train.max_steps": 12}), cwd=workdir)
     assert longer.returncode == 0, longer.stderr
     assert "resuming run at step 10; train.max_steps 10 -> 12" in longer.stdout
 
-    fresh = [*SHORT_RUN, "train.max_steps=2", "train.eval_interval=2", "resume=auto", "hydra.run.dir=new"]
+    fresh = tiny_run(**{"train.max_steps": 2, "train.eval_interval": 2, "resume": "auto", "hydra.run.dir": "new"})
     assert "no ckpt_last.pt in new yet: a new run there" in run_cli("train.py", *fresh, cwd=workdir).stdout
     for checkpoint in (workdir / "new").glob("*.pt"):  # as if killed before its first save: its events stay
         checkpoint.unlink()
@@ -295,13 +293,6 @@ def test_skip_nonfinite_skips_and_counts_the_bad_batches(ten_step_run):
     assert sampled.returncode == 2 and "Traceback" not in sampled.stderr, sampled.stderr
     assert sampled.stderr == ("error: run/ckpt_last.pt: the model's next-token logits are NaN or inf: its weights have "
                               "diverged; sample from a checkpoint saved before that\n")
-
-
-def limit_file_size(max_bytes: int):
-    def limit() -> None:  # runs in the child: files may grow to max_bytes, then writes fail
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error (EFBIG) instead of a killed process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
-    return limit
 
 
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(ten_step_run):

@@ -4,15 +4,14 @@ import pytest
 import torch
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-from tests.helpers import TINY_RUN, read_events, run_cli
+from tests.helpers import read_events, run_cli, tiny_run
 
 pytestmark = pytest.mark.slow  # a multirun of training runs
 
 
 def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
-    tiny_without_n_head = [arg for arg in TINY_RUN if not arg.startswith("model.n_head=")]
-    result = run_cli("train.py", "-m", "model.n_head=1,2", *tiny_without_n_head, "train.max_steps=4",
-                     "train.eval_interval=4", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    result = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "1,2", "train.max_steps": 4, "train.eval_interval": 4,
+                                                    "hydra.sweep.dir": "sweep"}), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert runs == ["0", "1"]

@@ -9,18 +9,18 @@ import torch.nn.functional as F
 
 from data.tokenizer import CharTokenizer
 from inspection.text_forward import forward_text, single_token
-from model import GPT, GPTConfig
-from tests.helpers import previous_token_copier
+from model import GPT
+from tests.helpers import previous_token_copier, tiny_gpt
 from user_error import UserError
 
 TOKENIZER = CharTokenizer(list(" abcdefghijklmnopqrstuvwxyz."))
 TEXT = "the cat sat. the cat ran."
 
 
-def tiny_gpt(block_size: int = 32, n_layer: int = 2) -> GPT:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=TOKENIZER.vocab_size, block_size=block_size, n_layer=n_layer, n_head=2,
-                          n_embd=16, pos="rope", qk_norm=True, smear=True, mlp="relu2"))
+def text_gpt(block_size: int = 32, n_layer: int = 2) -> GPT:
+    """tests/helpers.py's tiny_gpt with 16 channels and today's blocks, its weights 5x its init."""
+    model = tiny_gpt(TOKENIZER.vocab_size, block_size, n_layer=n_layer, n_embd=16, pos="rope", qk_norm=True, smear=True,
+                     mlp="relu2")
     with torch.no_grad():
         for parameter in model.parameters():  # larger than GPT-2's init, so that the heads differ clearly
             parameter.mul_(5)
@@ -32,13 +32,13 @@ def ids_of(text: str) -> torch.Tensor:
 
 
 def test_the_text_is_read_after_endoftext_and_labelled_as_the_heatmaps_label_tokens():
-    forward = forward_text(tiny_gpt(), TOKENIZER, "a cat.")
+    forward = forward_text(text_gpt(), TOKENIZER, "a cat.")
     assert forward.ids == ids_of("a cat.")[0].tolist()
     assert forward.labels == ["<eot>", "a", "·", "c", "a", "t", "."]
 
 
 def test_the_top_5_are_the_likeliest_next_tokens_of_the_models_own_logits():
-    model = tiny_gpt()
+    model = text_gpt()
     forward = forward_text(model, TOKENIZER, TEXT)
     with torch.no_grad():
         probs = model(ids_of(TEXT))[0][0].softmax(-1)  # (T, vocab_size), through the fused attention path
@@ -52,7 +52,7 @@ def test_the_top_5_are_the_likeliest_next_tokens_of_the_models_own_logits():
 
 
 def test_the_loss_beside_each_token_is_the_cross_entropy_of_the_token_that_came_next():
-    model = tiny_gpt()
+    model = text_gpt()
     idx = ids_of(TEXT)
     with torch.no_grad():
         logits, mean_loss = model(idx[:, :-1], idx[:, 1:])  # (1, T - 1, V): what train.py's loss reads
@@ -63,14 +63,14 @@ def test_the_loss_beside_each_token_is_the_cross_entropy_of_the_token_that_came_
 
 
 def test_the_weights_are_the_ones_attention_weights_gives():
-    model = tiny_gpt()
+    model = text_gpt()
     forward = forward_text(model, TOKENIZER, TEXT)
     assert torch.equal(forward.weights, model.attention_weights(ids_of(TEXT))[:, 0])  # (L, H, T, T)
     assert forward.knocked_out == [] and forward.intact is None and forward.intact_top_probs is None
 
 
 def test_with_a_head_knocked_out_every_number_is_the_knocked_out_models_and_the_intact_ones_come_beside():
-    model, idx = tiny_gpt(), ids_of(TEXT)
+    model, idx = text_gpt(), ids_of(TEXT)
     forward = forward_text(model, TOKENIZER, TEXT, knocked_out=[(0, 1), (0, 1)])
     with torch.no_grad(), model.hooks(model.knock_out({(0, 1)})):
         weights, probs = model.attention_weights(idx)[:, 0], model(idx)[0][0].softmax(-1)
@@ -113,17 +113,17 @@ def test_knocking_out_the_copy_head_takes_the_copied_token_from_the_top_and_its_
 ])
 def test_an_empty_or_too_long_text_is_refused_saying_the_block_size(text, message):
     with pytest.raises(UserError) as refused:
-        forward_text(tiny_gpt(block_size=8), TOKENIZER, text)
+        forward_text(text_gpt(block_size=8), TOKENIZER, text)
     assert str(refused.value).startswith(message)
 
 
 def test_seven_tokens_fit_a_block_size_of_8_with_endoftext_before_them():
-    assert forward_text(tiny_gpt(block_size=8), TOKENIZER, "abcdefg").weights.shape == (2, 2, 8, 8)
+    assert forward_text(text_gpt(block_size=8), TOKENIZER, "abcdefg").weights.shape == (2, 2, 8, 8)
 
 
 def test_knocking_out_a_head_the_model_lacks_is_refused_saying_which_heads_it_has():
     with pytest.raises(UserError, match=r"no head 0 in layer 2: this model has layers 0 to 1 and heads 0 to 1"):
-        forward_text(tiny_gpt(), TOKENIZER, TEXT, knocked_out=[(2, 0)])
+        forward_text(text_gpt(), TOKENIZER, TEXT, knocked_out=[(2, 0)])
 
 
 def test_a_typed_token_is_its_one_id_and_more_than_one_token_is_refused_naming_the_pieces():

@@ -19,7 +19,7 @@ from data.stories import generate_stories
 from data.token_cache import prepare_tokens
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
 from inspection.heatmap import readable_token
-from tests.helpers import ROOT, TINY_RUN, run_cli, split_documents
+from tests.helpers import ROOT, run_cli, split_documents, tiny_run
 from user_error import UserError
 
 HARD_TEXT = "Café naïve, Ærøskøbing! Emoji 🙂👍🏽 and 中文字符 and कि\n\n\ttabs   spaces\r\n 'quotes' don't 1234"
@@ -137,9 +137,9 @@ def test_the_default_run_uses_a_bpe_vocabulary_learned_once_and_cached(trained_r
 
 
 def test_a_bpe_that_runs_out_of_merges_says_how_many_tokens_it_got(tmp_path):
-    result = run_cli("train.py", *TINY_RUN, "data.n_chars=10000", "tokenizer=bpe", "tokenizer.vocab_size=4096",
-                     "train.max_steps=1", "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run",
-                     cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(**{
+        "data.n_chars": 10000, "tokenizer": "bpe", "tokenizer.vocab_size": 4096, "train.max_steps": 1,
+        "train.attn_log_interval": 0, "train.sample_interval": 0, "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     vocab = int(re.search(r"vocab (\d+) \(bpe\)", result.stdout).group(1))
     assert vocab < 4096

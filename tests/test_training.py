@@ -15,7 +15,7 @@ from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import resolve_checkpoint
 from runtime.devices import Machine
-from tests.helpers import TINY_RUN, read_events, run_cli, text_of
+from tests.helpers import read_events, run_cli, text_of, tiny_run
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 from training.state import capture_rng_states, restore_rng_states
 from training.tensorboard_log import RunLogger
@@ -95,8 +95,9 @@ def test_ns_dtype_auto_is_bfloat16_on_a_gpu_with_native_bf16_else_float32_and_th
 
 
 def test_muon_in_bfloat16_on_a_cpu_says_it_is_slow_without_avx512_bf16_and_how_to_use_float32(tmp_path):
-    result = run_cli("train.py", *TINY_RUN, "train.device=cpu", "optim.ns_dtype=bfloat16", "train.max_steps=1",
-                     "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(**{
+        "train.device": "cpu", "optim.ns_dtype": "bfloat16", "train.max_steps": 1, "train.attn_log_interval": 0,
+        "train.sample_interval": 0, "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it)" in result.stdout
     assert "optim.ns_dtype=auto runs them in float32" in result.stdout

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from tests.helpers import (
-    TINY_RUN,
     assert_one_error_line,
     last_values,
     read_events,
     recomputed_last_step_scalars,
     run_cli,
     text_of,
+    tiny_run,
 )
 
 pytestmark = pytest.mark.slow  # every test reads the shared trained run
@@ -42,7 +42,7 @@ def test_the_val_loss_falls_during_the_tiny_run(trained_run):
 
 def test_a_tiny_char_run_trains_logs_labelled_maps_and_samples(tmp_path):
     # On the CPU: its logged figures are recomputed below on the CPU in fp32, to 1e-5.
-    result = run_cli("train.py", *TINY_RUN, "tokenizer=char", "train.device=cpu", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("train.py", *tiny_run(**{"tokenizer": "char", "train.device": "cpu", "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     run_dir = tmp_path / "run"
     assert "(char)" in (run_dir / "train.log").read_text()
