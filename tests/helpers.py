@@ -39,6 +39,7 @@ from inspection.recall_probe import RecallProbe
 from model import GPT, CausalSelfAttention, GPTConfig
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import BEST, kept_checkpoint_path
+from training.state import capture_rng_states
 from training.tensorboard_log import RunLogger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -500,3 +501,15 @@ def keep_circuit_checkpoints(run_dir: Path, steps: tuple[int, int] = (0, 100)) -
         path.parent.mkdir(parents=True, exist_ok=True)
         Checkpoint(model.state_dict(), {"model": shape}, CIRCUIT_TOKENIZER.state(), step=step).save(path)
     return dict(zip(steps, (before, after), strict=True))
+
+
+def small_checkpoint(tmp_path, name="ckpt_last.pt"):
+    tokenizer = CharTokenizer.from_text("abc \n")
+    model_cfg = dict(n_layer=1, n_head=2, n_embd=8, block_size=8, dropout=0.0, bias=False, attention="sdpa")
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **model_cfg))
+    optimizer = torch.optim.AdamW(model.parameters())
+    path = tmp_path / name
+    Checkpoint(model=model.state_dict(), optimizer=optimizer.state_dict(), step=7, best_val_loss=1.5,
+               config={"model": model_cfg}, tokenizer=tokenizer.state(),
+               run_state={"rng": capture_rng_states(np.random.default_rng(0))}).save(path)
+    return path, model

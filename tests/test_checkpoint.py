@@ -1,14 +1,18 @@
-"""The checkpoint's one home, model_io/checkpoint.py: loading a model for sampling, the tab or
-an export needs the weights, the shape and the tokenizer, never the loop or the config schema."""
+"""The checkpoint's one home, model_io/checkpoint.py: a save and a load round trip, replace the old
+file whole, reach the disk first; broken files get clear errors, an older run state is brought up
+to date; and loading a model for sampling, the tab or an export needs the weights, the shape and
+the tokenizer, never the loop or the config schema."""
 
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from tests.helpers import ROOT
-
-pytestmark = pytest.mark.slow  # the shared trained run, and a fresh Python process
+from model_io.checkpoint import Checkpoint, upgrade
+from tests.helpers import ROOT, small_checkpoint
+from user_error import UserError
 
 LOAD_AND_LIST_MODULES = """
 import sys
@@ -21,6 +25,7 @@ print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
 """
 
 
+@pytest.mark.slow  # the shared trained run, and a fresh Python process
 def test_loading_a_model_imports_neither_hydra_nor_omegaconf_nor_the_loop(trained_run):
     # A fresh interpreter: this process has imported Hydra for the other tests.
     loaded = subprocess.run([sys.executable, "-c", LOAD_AND_LIST_MODULES, str(trained_run)], cwd=ROOT,
@@ -29,3 +34,70 @@ def test_loading_a_model_imports_neither_hydra_nor_omegaconf_nor_the_loop(traine
     modules = set(loaded.stdout.split())
     assert {"model", "model_io", "data"} <= modules  # the list is real: what loading needs is in it
     assert not modules & {"hydra", "omegaconf", "training", "cli"}, modules & {"hydra", "omegaconf", "training", "cli"}
+
+
+def test_a_checkpoint_round_trips_the_model_and_tokenizer(tmp_path):
+    path, model = small_checkpoint(tmp_path)
+    checkpoint = Checkpoint.load(path)
+    assert checkpoint.step == 7 and checkpoint.best_val_loss == 1.5
+    loaded, tokenizer = checkpoint.build_model()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert tokenizer.decode(tokenizer.encode("cab")) == "cab"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt_last.pt"]  # no temporary file left behind
+
+
+def test_saving_over_a_checkpoint_replaces_it_whole(tmp_path):
+    # Guards the rename: a reader holding the old file (here a hard link) keeps its bytes, and
+    # the name then points at a new file. Writing over the old file in place fails both.
+    path, _ = small_checkpoint(tmp_path)
+    first = path.read_bytes()
+    os.link(path, tmp_path / "held_by_a_reader.pt")
+    small_checkpoint(tmp_path)  # a new random model: other bytes
+    assert (tmp_path / "held_by_a_reader.pt").read_bytes() == first
+    assert path.stat().st_ino != (tmp_path / "held_by_a_reader.pt").stat().st_ino
+    assert path.read_bytes() != first and Checkpoint.load(path).step == 7
+
+
+def test_a_save_reaches_the_disk_before_it_replaces_the_old_checkpoint(tmp_path, monkeypatch):
+    # Guards the fsync: after a power cut, a renamed file whose bytes were still only in the page
+    # cache can be empty. The real fsync and rename run; the test only records their order.
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        calls.append(("replace", os.path.basename(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    small_checkpoint(tmp_path)
+    assert calls == [("fsync", ".ckpt_last.pt.tmp"), ("replace", ".ckpt_last.pt.tmp")]
+
+
+def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
+    path, _ = small_checkpoint(tmp_path)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(UserError, match="truncated.pt is not a readable checkpoint"):
+        Checkpoint.load(truncated)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    with pytest.raises(UserError, match="notes.pt is not a readable checkpoint"):
+        Checkpoint.load(text)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(UserError, match="not a checkpoint of this project"):
+        Checkpoint.load(foreign)
+
+
+def test_an_older_checkpoints_run_state_is_brought_up_to_date_in_one_place():
+    old = {"rng": {"torch": "state"}, "evaluated": True, "skipped": 0, "window_loss": 0.0, "window_steps": 0}
+    upgraded = upgrade(Checkpoint(model={}, config={}, tokenizer={}, run_state=old)).run_state
+    assert upgraded["rng"] == [{"torch": "state"}]  # one RNG state per rank, as a single process saved it
+    assert upgraded["world_size"] == 1 and upgraded["grad_scaler"] is None
+    assert upgrade(Checkpoint(model={}, config={}, tokenizer={}, run_state=upgraded)).run_state == upgraded  # today's form stays

@@ -1,0 +1,58 @@
+"""training/fit.py: fit() on a tiny run, in-process, and the figures it returns."""
+
+import pytest
+import torch
+
+from cli.config import plain_config
+from tests.helpers import read_events, tiny_config
+from training.build import build_data_and_model, build_run
+from training.fit import fit
+from training.lr_schedule import lr_at
+from training.state import TrainState
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """fit() on a tiny run, in-process: (run dir, figures)."""
+    workdir = tmp_path_factory.mktemp("fit")
+    cfg = tiny_config(**{"data.cache_dir": workdir / "cache", "train.max_steps": 12, "train.eval_interval": 5,
+                         "train.log_interval": 1})
+    ranks, precision, data, model = build_data_and_model(cfg)
+    run = build_run(cfg, plain_config(cfg), workdir, ranks, precision, data, model)
+    return workdir, fit(run, TrainState())
+
+
+@pytest.mark.slow
+def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fitted, tmp_path):
+    cfg = tiny_config(**{"data.cache_dir": fitted[0] / "cache", "train.max_steps": 12, "train.eval_interval": 5,
+                         "train.log_interval": 1, "train.eval_train": False})
+    ranks, precision, data, model = build_data_and_model(cfg)
+    figures = fit(build_run(cfg, plain_config(cfg), tmp_path, ranks, precision, data, model), TrainState())
+    assert [sorted(e) for e in figures.evaluations] == [["step", "val"]] * 4
+    assert [e["val"] for e in figures.evaluations] == [e["val"] for e in fitted[1].evaluations]  # the same batches
+    events = read_events(tmp_path)
+    assert "loss/val" in events.Tags()["scalars"] and "loss/train" not in events.Tags()["scalars"]
+
+
+@pytest.mark.slow
+def test_fit_returns_every_evaluation_and_the_best_val_loss_it_saved(fitted):
+    run_dir, figures = fitted
+    assert [e["step"] for e in figures.evaluations] == [0, 5, 10, 12]  # every 5 steps, and the last
+    assert figures.best_val_loss == min(e["val"] for e in figures.evaluations[1:])  # step 0 is no candidate
+    assert figures.evaluations[-1]["val"] < figures.evaluations[0]["val"]
+    saved = torch.load(run_dir / "ckpt_best.pt", weights_only=True)
+    assert saved["best_val_loss"] == figures.best_val_loss and figures.skipped == 0
+    assert torch.load(run_dir / "ckpt_last.pt", weights_only=True)["step"] == 12
+
+
+@pytest.mark.slow
+def test_fit_logs_each_steps_lr_loss_and_speed_as_it_returns_them(fitted):
+    run_dir, figures = fitted
+    events = read_events(run_dir)
+    assert [e.step for e in events.Scalars("train/batch_loss")] == list(range(1, 13))  # train.log_interval=1
+    assert [e.value for e in events.Scalars("train/tokens_per_sec")] == pytest.approx(figures.tokens_per_sec)
+    # Update number s (logged at step s) uses the schedule's lr for s - 1: warmup, flat, decay.
+    cfg = tiny_config()
+    expected_lr = [lr_at(step - 1, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, 12, cfg.optim.schedule,
+                         cfg.optim.decay_fraction) for step in range(1, 13)]
+    assert [e.value for e in events.Scalars("train/lr")] == pytest.approx(expected_lr, rel=1e-6)
