@@ -39,10 +39,13 @@ from inspection.recall_probe import RecallProbe
 from model import GPT, CausalSelfAttention, GPTConfig
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import BEST, kept_checkpoint_path
+from runtime.ranks import Ranks
 from training.state import capture_rng_states
 from training.tensorboard_log import RunLogger
 
 ROOT = Path(__file__).resolve().parent.parent
+# One process on the CPU, as train.py runs without torchrun: for the in-process pieces (TrainStep, fit).
+ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 # A model and run small enough to train in seconds, touching every logging path.
 TINY_RUN = {

@@ -22,9 +22,9 @@ from inspection.head_metrics import induction_score
 from model.attention import CausalSelfAttention
 from model_io.checkpoint import Checkpoint, upgrade
 from runtime.precision import Precision
-from runtime.ranks import Ranks
 from tests.helpers import (
     INDUCTION_HEAD,
+    ONE_PROCESS,
     PREVIOUS_TOKEN_HEAD,
     ROOT,
     read_events,
@@ -36,7 +36,6 @@ from training.evaluation import evaluate, in_context_positions
 
 V, N = 64, 16  # vocabulary, and the length of the sequence that comes back
 CPU = torch.device("cpu")
-ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
 
 
 def repeated_distinct(n: int = N, rows: int = 4, seed: int = 0) -> torch.Tensor:

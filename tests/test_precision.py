@@ -12,8 +12,7 @@ from cli.config import plain_config
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
 from runtime.precision import Precision
-from runtime.ranks import Ranks
-from tests.helpers import ROOT, read_events, run_cli, tiny_config, tiny_run
+from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, tiny_config, tiny_run
 from training.build import build_data_and_model, build_run, restore
 from training.fit import fit
 from training.optimizer import build_optimizer
@@ -22,7 +21,6 @@ from training.step import TrainStep
 from user_error import UserError
 
 CPU = torch.device("cpu")
-ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=CPU)
 OPTIMIZERS = ("adamw", "muon")
 
 

@@ -16,8 +16,7 @@ from data.tokenizer import EOT, CharTokenizer
 from model.generation import EOT_SHOWN
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
-from runtime.ranks import Ranks
-from tests.helpers import read_events, run_cli, text_of
+from tests.helpers import ONE_PROCESS, read_events, run_cli, text_of
 from training.data_parallel import Replicated
 from training.jobs import Samples
 from training.tensorboard_log import RunLogger
@@ -115,7 +114,6 @@ def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_
     assert latest.stdout == by_file.stdout
 
 
-ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def test_the_training_logs_sample_shows_the_end_of_a_text_as_sample_py_does(tmp_path, caplog):

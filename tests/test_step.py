@@ -10,13 +10,10 @@ import torch
 from data.batches import get_batch
 from model import GPT, GPTConfig
 from runtime.precision import Precision
-from runtime.ranks import Ranks
-from tests.helpers import tiny_config
+from tests.helpers import ONE_PROCESS, tiny_config
 from training.optimizer import build_optimizer
 from training.step import TrainStep
 from user_error import UserError
-
-ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def tiny_step(tmp_path, skip_nonfinite=False, accum=1, batch_size=4) -> TrainStep:
