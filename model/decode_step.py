@@ -94,10 +94,13 @@ def attend_one(
     # q scaled first, not the scores (the same up to rounding): Inductor then keeps the attention
     # in its own loops; q @ k / sqrt(D) matches its pattern for a fused attention kernel, whose
     # call costs more than the work for one query row.
-    scores = (q / math.sqrt(D)) @ keys.transpose(-2, -1)  # (B, K, G, D) @ (B, K, D, S) -> (B, K, G, S)
-    weights = torch.softmax(scores, dim=-1)  # (B, K, G, S): every filled slot is visible, no mask
-    out = weights @ values  # (B, K, G, S) @ (B, K, S, D) -> (B, K, G, D)
-    return attn.proj(out.reshape(B, 1, H * D))  # (B, K, G, D) -> (B, 1, H*D) -> (B, 1, C)
+    # As bmm over the B*K key/value heads: with K = 1, @ on 4-d tensors folds (G, S) into one
+    # dimension of G * S, a size the compiler cannot reason about while S is read at run time.
+    S = keys.shape[2]
+    scores = torch.bmm((q / math.sqrt(D)).reshape(B * K, G, D), keys.reshape(B * K, S, D).transpose(1, 2))  # (B*K, G, D) @ (B*K, D, S) -> (B*K, G, S)
+    weights = torch.softmax(scores, dim=-1)  # (B*K, G, S): every filled slot is visible, no mask
+    out = torch.bmm(weights, values.reshape(B * K, S, D))  # (B*K, G, S) @ (B*K, S, D) -> (B*K, G, D)
+    return attn.proj(out.reshape(B, 1, H * D))  # (B*K, G, D) -> (B, 1, H*D) -> (B, 1, C)
 
 
 def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
