@@ -36,6 +36,40 @@ DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "kv_cache", "atte
 
 
 def main() -> None:
+    args = command_line().parse_args()
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or args.repeats < 1:
+        sys.exit(f"error: --only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
+                 if unknown else f"error: --repeats {args.repeats} must be at least 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            sys.exit(f"error: --threads {args.threads} must be at least 1")
+        torch.set_num_threads(args.threads)
+    gpu_device = gpu_section_device(args.gpu_device, [s for s in sections if s in GPU_SECTIONS])
+    gpu_sizes = QUICK if args.gpu_quick else Sizes()
+    recipe_steps(args.gpu_recipe_steps)  # its bad value stops the run before any section
+
+    stamp = datetime.now()
+    out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
+    work = out.parent / f"runs-{stamp:%Y-%m-%d_%H-%M-%S}"  # the training section's run dirs
+    results = run_sections(sections, args, work, gpu_device, gpu_sizes)
+    print_table(results)
+    record = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                    "python": platform.python_version()},
+        "repeats": args.repeats,
+        "results": results,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written: {out}")
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The benchmark's options."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}; by default {', '.join(DEFAULT_SECTIONS)} "
@@ -61,22 +95,12 @@ def main() -> None:
     parser.add_argument("--gpu-recipe-steps", default="", help="nanogpt_gpu: comma-separated train.max_steps of "
                         "experiment=shakespeare_char_gpu to run, one run each (default: the preset's own)")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
-    args = parser.parse_args()
-    sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = [s for s in sections if s not in SECTIONS]
-    if unknown or args.repeats < 1:
-        sys.exit(f"error: --only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
-                 if unknown else f"error: --repeats {args.repeats} must be at least 1")
-    if args.threads is not None:
-        if args.threads < 1:
-            sys.exit(f"error: --threads {args.threads} must be at least 1")
-        torch.set_num_threads(args.threads)
-    gpu_device = gpu_section_device(args.gpu_device, [s for s in sections if s in GPU_SECTIONS])
-    gpu_sizes = QUICK if args.gpu_quick else Sizes()
+    return parser
 
-    stamp = datetime.now()
-    out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
-    work = out.parent / f"runs-{stamp:%Y-%m-%d_%H-%M-%S}"  # the training section's run dirs
+
+def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_device: torch.device | None,
+                 gpu_sizes: Sizes) -> dict:
+    """Each section asked for, in the order of SECTIONS' table above: its figures by name."""
     results: dict = {}
     if "peak" in sections:
         results["peak"] = bench_peak(args.repeats)
@@ -121,21 +145,18 @@ def main() -> None:
     if "gpu_sampling" in sections:
         results["gpu_sampling"] = bench_gpu_sampling(args.repeats, gpu_device, gpu_sizes)
     if "nanogpt_gpu" in sections:
-        steps = [int(n) for n in args.gpu_recipe_steps.split(",") if n.strip()]
-        results["nanogpt_gpu"] = bench_nanogpt_gpu(args.corpus.resolve(), args.nanogpt, work, steps)
+        results["nanogpt_gpu"] = bench_nanogpt_gpu(args.corpus.resolve(), args.nanogpt, work,
+                                                   recipe_steps(args.gpu_recipe_steps))
 
-    print_table(results)
-    record = {
-        "date": stamp.isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                    "python": platform.python_version()},
-        "repeats": args.repeats,
-        "results": results,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"written: {out}")
+    return results
+
+
+def recipe_steps(text: str) -> list[int]:
+    """--gpu-recipe-steps as train.max_steps values, or one line saying what is wrong."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        sys.exit(f"error: --gpu-recipe-steps {text} must be whole numbers of steps above 0, comma-separated, e.g. 600,1000")
+    return [int(part) for part in parts]
 
 
 def gpu_section_device(name: str, gpu_sections: list[str]) -> torch.device | None:

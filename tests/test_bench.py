@@ -55,6 +55,16 @@ def test_threads_below_one_is_one_clear_line(tmp_path, monkeypatch, capsys):
     assert refused.value.code == "error: --threads 0 must be at least 1"
 
 
+@pytest.mark.parametrize("steps", ["600,abc", "0", "-5", "1.5"])
+def test_recipe_steps_that_are_not_counts_are_one_clear_line_before_any_section_runs(steps, tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as refused:  # peak would run first: the line comes before it
+        run_bench("--only", "peak,nanogpt_gpu", "--gpu-recipe-steps", steps, out=tmp_path / "bench.json",
+                  monkeypatch=monkeypatch, capsys=capsys)
+    assert refused.value.code == (f"error: --gpu-recipe-steps {steps} must be whole numbers of steps above 0, "
+                                  "comma-separated, e.g. 600,1000")
+    assert not (tmp_path / "bench.json").exists()
+
+
 @pytest.mark.slow
 def test_the_training_section_measures_train_py_on_nanogpts_cpu_shape_against_the_peak(tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "corpus.txt"

@@ -39,13 +39,12 @@ from model.decode_step import INDUCTOR_OPTIONS, CompiledDecodeStep
 from model.generation import generate_tokens
 from model_io.checkpoint import Checkpoint
 from runtime.devices import Machine, check_compiler
-from runtime.precision import Precision
-from runtime.ranks import Ranks
-from tests.helpers import ARCHITECTURE_OPTIONS, ROOT, curves, read_events, run_cli, tiny_config, tiny_gpt, tiny_run
+from tests.helpers import ARCHITECTURE_OPTIONS, curves, read_events, run_cli, tiny_gpt, tiny_run
 from tests.test_grouped_attention import lively
-from tests.test_precision import snapshot
-from training.optimizer import build_optimizer
-from training.step import TrainStep
+from tests.test_precision import (
+    assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows,
+    train_step,
+)
 from user_error import UserError
 
 ON_CPU = os.environ.get("TINYATTN_CUDA_TESTS_ON_CPU") == "1"
@@ -133,44 +132,11 @@ def test_bf16_and_fp16_runs_on_cuda_track_the_fp32_run_within_3_percent_and_lear
 
 # 2. fp16's loss scaling on the GPU.
 
-def fp16_train_step(optimizer: str, growth_interval: int) -> TrainStep:
-    """tests/test_precision.py's fp16 step on DEVICE: a 2-layer model on a stream it can learn (a
-    random run of 97 tokens, repeated), with optimizer (adamw: fused AdamW on CUDA)."""
-    model = tiny_gpt(vocab_size=64, block_size=32).to(DEVICE)
-    tokens = np.tile(np.random.default_rng(0).integers(0, 64, size=97), 40).astype(np.uint16)
-    optim = tiny_config(**{"optim.name": optimizer}).optim
-    ranks = Ranks(rank=0, local_rank=0, world_size=1, device=DEVICE)
-    precision = Precision("fp16", DEVICE, growth_interval=growth_interval)
-    return TrainStep(model, model, None, build_optimizer(model, optim, DEVICE), precision, ranks, tokens, batch_size=8,
-                     block_size=32, grad_accum_steps=1, grad_clip=1.0, skip_nonfinite=False,
-                     last_checkpoint=ROOT / "no-such.pt")
-
-
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_an_fp16_overflow_on_cuda_skips_the_update_halves_the_scale_and_the_scale_regrows(optimizer):
-    step = fp16_train_step(optimizer, growth_interval=3)
+    step = train_step("fp16", optimizer, growth_interval=3, device=DEVICE)  # adamw: fused AdamW on CUDA
     assert next(step.model.parameters()).device.type == DEVICE.type
-    rng = np.random.default_rng(1)
-    for i in range(2):  # a scale that fits: updates happen, and the optimizers hold state
-        assert step(i, 3e-3, rng).updated
-    step.precision.scaler.update(new_scale=2.0**30)  # far past fp16's 65504 for these gradients
-    before = snapshot(step)
-    result = step(2, 3e-3, rng)
-    assert not result.updated and not math.isfinite(result.grad_norm) and math.isfinite(result.loss)
-    assert result.loss_scale == 2.0**29
-    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(step), strict=True))  # weights and state as they were
-
-    scale, streak, grew = result.loss_scale, 0, False
-    for i in range(3, 40):  # halving from 2**29 until the scale fits, then growth every 3 updates, or an overflow
-        before = snapshot(step)
-        result = step(i, 3e-3, rng)
-        changed = any(not torch.equal(a, b) for a, b in zip(before, snapshot(step), strict=True))
-        assert changed == result.updated == math.isfinite(result.grad_norm), f"step {i}"
-        streak = streak + 1 if result.updated else 0
-        expected = scale * 2 if streak == 3 else scale if result.updated else scale / 2
-        assert result.loss_scale == expected, f"step {i}"
-        grew, scale, streak = grew or streak == 3, result.loss_scale, streak % 3
-    assert grew and scale <= 2.0**21  # it came down from 2**29, and went up again at least once
+    assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows(step)
 
 
 # 3. The two attention paths on the GPU.

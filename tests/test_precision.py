@@ -12,7 +12,8 @@ from cli.config import plain_config
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
 from runtime.precision import Precision
-from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, tiny_config, tiny_run
+from runtime.ranks import Ranks
+from tests.helpers import ROOT, read_events, run_cli, tiny_config, tiny_run
 from training.build import build_data_and_model, build_run, restore
 from training.fit import fit
 from training.optimizer import build_optimizer
@@ -24,15 +25,16 @@ CPU = torch.device("cpu")
 OPTIMIZERS = ("adamw", "muon")
 
 
-def train_step(dtype: str, optimizer: str, growth_interval: int = 2000) -> TrainStep:
+def train_step(dtype: str, optimizer: str, growth_interval: int = 2000, device: torch.device = CPU) -> TrainStep:
     """A 2-layer model on a stream it can learn (a random run of 97 tokens, repeated), its step
-    in dtype with optimizer."""
+    in dtype with optimizer, on device (tests/test_cuda.py takes it to the GPU)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32))
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32)).to(device)
     tokens = np.tile(np.random.default_rng(0).integers(0, 64, size=97), 40).astype(np.uint16)
-    optimizers = build_optimizer(model, tiny_config(**{"optim.name": optimizer}).optim, CPU)
-    precision = Precision(dtype, CPU, growth_interval=growth_interval)
-    return TrainStep(model, model, None, optimizers, precision, ONE_PROCESS, tokens, batch_size=8, block_size=32,
+    optimizers = build_optimizer(model, tiny_config(**{"optim.name": optimizer}).optim, device)
+    precision = Precision(dtype, device, growth_interval=growth_interval)
+    ranks = Ranks(rank=0, local_rank=0, world_size=1, device=device)
+    return TrainStep(model, model, None, optimizers, precision, ranks, tokens, batch_size=8, block_size=32,
                      grad_accum_steps=1, grad_clip=1.0, skip_nonfinite=False, last_checkpoint=ROOT / "no-such.pt")
 
 
@@ -54,7 +56,11 @@ def test_fp16_runs_on_a_cpu_with_a_warning_and_fp32_and_bf16_have_no_loss_scale(
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_an_overflowing_fp16_step_changes_nothing_halves_the_scale_and_the_scale_regrows(optimizer):
-    step = train_step("fp16", optimizer, growth_interval=3)
+    assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows(train_step("fp16", optimizer, growth_interval=3))
+
+
+def assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows(step: TrainStep) -> None:
+    """step: fp16 with a growth interval of 3 (here, and on the GPU in tests/test_cuda.py)."""
     rng = np.random.default_rng(1)
     for i in range(2):  # a scale that fits: updates happen, and the optimizers hold state
         assert step(i, 3e-3, rng).updated
@@ -70,7 +76,7 @@ def test_an_overflowing_fp16_step_changes_nothing_halves_the_scale_and_the_scale
         before = snapshot(step)
         result = step(i, 3e-3, rng)
         changed = any(not torch.equal(a, b) for a, b in zip(before, snapshot(step), strict=True))
-        assert changed == result.updated == math.isfinite(result.grad_norm)
+        assert changed == result.updated == math.isfinite(result.grad_norm), f"step {i}"
         streak = streak + 1 if result.updated else 0
         expected = scale * 2 if streak == 3 else scale if result.updated else scale / 2
         assert result.loss_scale == expected, f"step {i}"
