@@ -83,39 +83,27 @@ def run_cli(script: str, *args: str, cwd: Path) -> CliResult:
     command line and working folder, without a new interpreter's seconds of start-up. An
     exception that would end the process with a traceback gives exit 1 and that traceback."""
     entry = importlib.import_module(script.removesuffix(".py")).main
-    stdout, stderr = io.StringIO(), io.StringIO()
-    saved_argv, saved_cwd, saved_handlers = sys.argv, os.getcwd(), logging.root.handlers[:]
-    sys.argv = [script, *args]
-    os.chdir(cwd)
-    returncode = 0
-    try:
-        with redirect_stdout(stdout), redirect_stderr(stderr):
-            cli_entry(entry)
-    except SystemExit as exit_:
-        returncode = exit_.code if isinstance(exit_.code, int) else 1
-    except Exception:
-        returncode = 1
-        stderr.write(traceback.format_exc())
-    finally:
-        sys.argv = saved_argv
-        os.chdir(saved_cwd)
-        for handler in set(logging.root.handlers) - set(saved_handlers):  # the run's log file and console
-            logging.root.removeHandler(handler)
-            handler.close()
-    return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
+    return in_this_process(lambda: cli_entry(entry), [script, *args], cwd)
 
 
 def run_script(path: Path, *args: str, cwd: Path) -> CliResult:
     """`python <path> <args>` in this process, as Python runs a script (__name__ == "__main__"), in
     folder cwd: its exit status and what it printed, without a new interpreter's seconds of start-up."""
+    return in_this_process(lambda: runpy.run_path(str(path), run_name="__main__"), [str(path), *args], cwd)
+
+
+def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> CliResult:
+    """run() as a process would run it, with argv and in folder cwd: its exit status (1 and the
+    traceback for an exception) and what it printed; then argv, sys.path, the folder and the
+    root logger's handlers (the run's log file and console) as they were."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    saved_argv, saved_path, saved_cwd = sys.argv, sys.path[:], os.getcwd()
-    sys.argv = [str(path), *args]
+    saved_argv, saved_path, saved_cwd, saved_handlers = sys.argv, sys.path[:], os.getcwd(), logging.root.handlers[:]
+    sys.argv = argv
     os.chdir(cwd)
     returncode = 0
     try:
         with redirect_stdout(stdout), redirect_stderr(stderr):
-            runpy.run_path(str(path), run_name="__main__")
+            run()
     except SystemExit as exit_:
         returncode = exit_.code if isinstance(exit_.code, int) else 1
     except Exception:
@@ -124,6 +112,9 @@ def run_script(path: Path, *args: str, cwd: Path) -> CliResult:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
+        for handler in set(logging.root.handlers) - set(saved_handlers):
+            logging.root.removeHandler(handler)
+            handler.close()
     return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
 
 
