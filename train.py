@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
 from cli.errors import exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
+from cli.run_spec import run_spec
 from data.batches import get_batch
 from data.token_cache import TokenData
 from inspection.shape_trace import trace_shapes
@@ -49,6 +50,7 @@ from runtime.ranks import (
 )
 from training.build import Run, build_data_and_model, build_run, describe, restore
 from training.fit import Figures, fit
+from training.specs import RunSpec
 from training.state import TrainState
 from user_error import UserError
 
@@ -85,16 +87,16 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     record = RunRecord(run_dir)
     try:
-        run_cfg, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
-        if finished(run_cfg, checkpoint):  # resume=auto, or a restart, found nothing left to do
+        spec, config, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
+        if finished(spec, checkpoint):  # resume=auto, or a restart, found nothing left to do
             return checkpoint.best_val_loss
-        ranks, precision, data, model = build_data_and_model(run_cfg, from_weights=checkpoint is None)
-        if run_cfg.debug == "shapes":  # the shape walk of this model instead of a run
-            show_shapes(run_cfg, ranks, data, model)
+        ranks, precision, data, model = build_data_and_model(spec)
+        if spec.debug == "shapes":  # the shape walk of this model instead of a run
+            show_shapes(spec, ranks, data, model)
             return math.nan
         if ranks.is_main:
             record.write(cfg, hydra_cfg, resumed=checkpoint is not None)
-        run = build_run(run_cfg, plain_config(run_cfg), run_dir, ranks, precision, data, model)
+        run = build_run(spec, config, run_dir, ranks, precision, data, model)
         describe(run)
         state = restore(run, checkpoint) if checkpoint else TrainState()
         figures = fit(run, state)
@@ -104,10 +106,12 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
         record.close()
 
 
-def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: bool) -> tuple[DictConfig, Checkpoint | None]:
-    """The run's config, checked, and the checkpoint it resumes from (None for a new run).
-    These checks read the config and the run dir alone: every process would fail them alike."""
-    checkpoint, changes = None, []
+def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str],
+                   sweep: bool) -> tuple[RunSpec, dict, Checkpoint | None]:
+    """The run's spec and config (as plain values: what its checkpoints and TensorBoard keep),
+    checked, and the checkpoint it resumes from (None for a new run). These checks read the
+    config and the run dir alone: every process would fail them alike."""
+    checkpoint, changes, weights = None, [], None
     restarted = restart_count() > 0  # by torchrun, after a process failed: go on from the run's last checkpoint
     with said_once_per_machine():
         if source := checkpoint_to_resume(cfg.resume, run_dir, restarted):
@@ -118,48 +122,50 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str], sweep: 
                                 "resume needs (a file of train.keep_checkpoints, or one an older version saved); resume "
                                 "from its run dir (the run's ckpt_last.pt), or sample from it")
         if cfg.init_from and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
-            changes = pretrained_config(cfg, overrides)
+            weights, changes = pretrained_config(cfg, overrides)
         validate_train_config(cfg)
-        if finished(cfg, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
+        spec = run_spec(cfg, weights)
+        if finished(spec, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
         if sweep and env_world_size() > 1:
             raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
-    say_where_it_starts(cfg, checkpoint, changes, os.path.relpath(run_dir), restarted)
-    return cfg, checkpoint
+    say_where_it_starts(spec, cfg.resume, checkpoint, changes, os.path.relpath(run_dir), restarted)
+    return spec, plain_config(cfg), checkpoint
 
 
-def finished(cfg: DictConfig, checkpoint: Checkpoint | None) -> bool:
-    return checkpoint is not None and checkpoint.step >= cfg.train.max_steps
+def finished(spec: RunSpec, checkpoint: Checkpoint | None) -> bool:
+    return checkpoint is not None and checkpoint.step >= spec.loop.max_steps
 
 
-def say_where_it_starts(cfg: DictConfig, checkpoint: Checkpoint | None, changes: list[str], shown_dir: str, restarted: bool) -> None:
+def say_where_it_starts(spec: RunSpec, resume: str | None, checkpoint: Checkpoint | None, changes: list[str],
+                        shown_dir: str, restarted: bool) -> None:
     if restarted:
         log.info(f"torchrun restarted the processes (restart {restart_count()} of "
                  f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')})")
-    if finished(cfg, checkpoint):
-        log.info(f"{shown_dir} finished at step {checkpoint.step} (train.max_steps={cfg.train.max_steps}); nothing to train")
+    if finished(spec, checkpoint):
+        log.info(f"{shown_dir} finished at step {checkpoint.step} (train.max_steps={spec.loop.max_steps}); nothing to train")
     elif checkpoint:
         log.info(f"resuming {shown_dir} at step {checkpoint.step}" + "".join(f"; {c}" for c in changes))
-    elif cfg.resume == AUTO or restarted:
+    elif resume == AUTO or restarted:
         log.info(f"no {LAST} in {shown_dir} yet: a new run there")
-    if cfg.init_from and not checkpoint:
-        log.info(f"init_from={cfg.init_from}: weights, shape and tokenizer from {cfg.tokenizer.path}"
+    if spec.start.weights:
+        log.info(f"init_from={spec.start.init_from}: weights, shape and tokenizer from {spec.start.weights}"
                  + "".join(f"; {note}" for note in changes))
 
 
-def show_shapes(cfg: DictConfig, ranks: Ranks, data: TokenData, model: GPT) -> None:
-    x, y = get_batch(data.train, 2, cfg.model.block_size, np.random.default_rng(cfg.train.seed))  # (2, T) each
+def show_shapes(spec: RunSpec, ranks: Ranks, data: TokenData, model: GPT) -> None:
+    x, y = get_batch(data.train, 2, spec.model.block_size, np.random.default_rng(spec.loop.seed))  # (2, T) each
     if ranks.is_main:
         print("\n".join(trace_shapes(model, x.to(ranks.device), y.to(ranks.device))))
 
 
 def report(run: Run, figures: Figures) -> None:
     if figures.skipped and run.precision.scaler.is_enabled():
-        log.info(f"note: {figures.skipped} of {run.cfg.train.max_steps} updates were skipped for an fp16 gradient "
+        log.info(f"note: {figures.skipped} of {run.spec.loop.max_steps} updates were skipped for an fp16 gradient "
                  "overflow, each halving the loss scale (a few while it finds its level are normal)")
     elif figures.skipped:
-        log.info(f"warning: {figures.skipped} of {run.cfg.train.max_steps} batches were skipped for a non-finite "
+        log.info(f"warning: {figures.skipped} of {run.spec.loop.max_steps} batches were skipped for a non-finite "
                  "loss or gradient")
     shown = run.shown_dir
     log.info(f"done: best val loss {figures.best_val_loss:.4f}; checkpoints, logs and TensorBoard events in {shown}")

@@ -16,18 +16,19 @@ from data.tokenizer import train_bpe_fast
 # The data section: one tokenisation in a fresh process, whose peak memory is then its own.
 STREAMED_SCRIPT = """
 import json, resource, sys, time
+from data.specs import CorpusSpec, TokenizerSpec
 from data.token_cache import write_cache_entry
 from data.token_stream import survey_corpus, train_sample
 from data.tokenizer import build_tokenizer
 from pathlib import Path
-data_cfg, tokenizer_cfg = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+corpus, tokenizer_spec = CorpusSpec.of(json.loads(sys.argv[1])), TokenizerSpec.of(json.loads(sys.argv[2]))
 times = [time.perf_counter()]
-survey = survey_corpus(data_cfg, tokenizer_cfg)
+survey = survey_corpus(corpus, tokenizer_spec)
 times.append(time.perf_counter())
-cache = Path(data_cfg["cache_dir"])
-tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache, survey.key)
+cache = Path(corpus.cache_dir)
+tokenizer = build_tokenizer(tokenizer_spec, survey.chars, lambda: train_sample(corpus, survey), cache, survey.key)
 times.append(time.perf_counter())
-write_cache_entry(cache / "tokens" / survey.key, data_cfg, tokenizer, survey)
+write_cache_entry(cache / "tokens" / survey.key, corpus, tokenizer, survey)
 times.append(time.perf_counter())
 phases = dict(zip(("survey_s", "tokenizer_s", "encode_s"), [b - a for a, b in zip(times, times[1:])]))
 meta = json.loads((cache / "tokens" / survey.key / "meta.json").read_text())

@@ -8,6 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -15,11 +16,14 @@ import numpy as np
 import torch
 
 from bench.gpt2_sampling import GPT2_SMALL
+from cli.config import composed_train_config
+from cli.run_spec import run_spec
 from data.batches import get_batch
 from model import GPT, GPTConfig
 from runtime.precision import Precision
 from runtime.ranks import Ranks
 from training.optimizer import build_optimizer
+from training.specs import StepSpec
 from training.step import TrainStep
 
 BATCH_SIZE, SEQUENCE_LENGTH = 1, 256  # tokens per step: a fine-tune's batch on a CPU
@@ -27,8 +31,7 @@ STEPS = 3  # timed steps of each model per repeat, after one untimed step each
 # What touches the step's cost, as nanoGPT fine-tunes (finetune_shakespeare.py's lr over its
 # train.py's defaults): AdamW with weight decay 0.1 and betas (0.9, 0.95), clipping at 1.0; and
 # no dropout on either side.
-OPTIM = {"name": "adamw", "lr": 3e-5, "weight_decay": 0.1, "betas": [0.9, 0.95]}
-GRAD_CLIP = 1.0
+LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 3e-5, 0.1, (0.9, 0.95), 1.0
 CPU = torch.device("cpu")
 
 
@@ -55,11 +58,13 @@ def our_step(tokens: np.ndarray) -> Side:
                        n_layer=GPT2_SMALL["n_layer"], n_head=GPT2_SMALL["n_head"], n_embd=GPT2_SMALL["n_embd"],
                        bias=True, pos="learned", norm="layernorm", mlp="gelu_tanh", qk_norm=False, smear=False)
     model = GPT(config)
-    optimizer = build_optimizer(model, OPTIM, CPU)
-    step = TrainStep(model, model, None, optimizer, Precision("fp32", CPU),
-                     Ranks(rank=0, local_rank=0, world_size=1, device=CPU), tokens, BATCH_SIZE, SEQUENCE_LENGTH,
-                     grad_accum_steps=1, grad_clip=GRAD_CLIP, skip_nonfinite=False, last_checkpoint=Path("unused"))
-    return lambda rng: step(0, OPTIM["lr"], rng).loss, model.num_parameters(), optimizer.optimizers[0]
+    default = run_spec(composed_train_config([]))  # configs/ as train.py reads them, then nanoGPT's choices
+    optimizer = build_optimizer(model, replace(default.optim, name="adamw", lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS), CPU)
+    spec = StepSpec(batch_size=BATCH_SIZE, block_size=SEQUENCE_LENGTH, grad_accum_steps=1, grad_clip=GRAD_CLIP,
+                    skip_nonfinite=False)
+    step = TrainStep(spec, model, model, None, optimizer, Precision("fp32", CPU),
+                     Ranks(rank=0, local_rank=0, world_size=1, device=CPU), tokens, last_checkpoint=Path("unused"))
+    return lambda rng: step(0, LR, rng).loss, model.num_parameters(), optimizer.optimizers[0]
 
 
 def nanogpt_step(nanogpt: ModuleType, tokens: np.ndarray) -> Side:
@@ -69,7 +74,7 @@ def nanogpt_step(nanogpt: ModuleType, tokens: np.ndarray) -> Side:
         model = nanogpt.GPT(nanogpt.GPTConfig(block_size=GPT2_SMALL["n_positions"], vocab_size=GPT2_SMALL["vocab_size"],
                                               n_layer=GPT2_SMALL["n_layer"], n_head=GPT2_SMALL["n_head"],
                                               n_embd=GPT2_SMALL["n_embd"], dropout=0.0, bias=True))
-        optimizer = model.configure_optimizers(OPTIM["weight_decay"], OPTIM["lr"], tuple(OPTIM["betas"]), "cpu")
+        optimizer = model.configure_optimizers(WEIGHT_DECAY, LR, BETAS, "cpu")
     model.train()
 
     def step(rng: np.random.Generator) -> float:

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +22,8 @@ from bench.common import median_time
 from bench.gpt2_sampling import at_precision, first_difference
 from bench.sampling import DEFAULT_RUN_VOCAB
 from bench.training import training_flops_per_token
-from cli.config import composed_train_config, plain_config
+from cli.config import composed_train_config
+from cli.run_spec import run_spec
 from data.token_cache import TokenData
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
@@ -31,6 +31,7 @@ from model_io.checkpoint import build_model
 from runtime.precision import Precision
 from runtime.ranks import Ranks
 from training.build import build_run
+from training.specs import RunSpec
 from training.step import TrainStep
 
 # NVIDIA's datasheets (H100, H200, A100 Tensor Core GPU) give bf16 Tensor Core rates "with
@@ -147,11 +148,11 @@ def tf32_matmuls(device: torch.device) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def run_config(shape: Shape, sizes: Sizes, device: torch.device, compiled: bool) -> Any:
-    """The run's config as train.py composes it from these overrides, in bf16 on device."""
+def run_config(shape: Shape, sizes: Sizes, device: torch.device, compiled: bool) -> RunSpec:
+    """The run's spec as train.py builds it from these overrides, in bf16 on device."""
     overrides = [*shape.overrides, *sizes.shrink, f"train.device={device}", "train.dtype=bf16",
                  f"train.compile={str(compiled).lower()}"]
-    return composed_train_config(overrides)
+    return run_spec(composed_train_config(overrides))
 
 
 def matmul_tflops(n: int, calls: int, repeats: int, device: torch.device) -> float:
@@ -166,19 +167,17 @@ def matmul_tflops(n: int, calls: int, repeats: int, device: torch.device) -> flo
     return 2 * n**3 * calls / median_time(products, repeats) / 1e12
 
 
-def build_train_step(cfg: Any, vocab_size: int, device: torch.device) -> TrainStep:
+def build_train_step(spec: RunSpec, vocab_size: int, device: torch.device) -> TrainStep:
     """The step fit() runs, on a new model: build_run wraps, compiles (train.compile=true) and
     builds the optimizer as for train.py; random token ids stand in for the training split, as
     in the gpt2_finetune section (nothing asks for a tokenizer)."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, vocab_size).to(device)
+    torch.manual_seed(spec.loop.seed)
+    model = build_model(spec.model, vocab_size).to(device)
     ids = np.random.default_rng(0).integers(0, vocab_size, size=RANDOM_IDS).astype(np.uint16)
     ranks = Ranks(rank=0, local_rank=0, world_size=1, device=device)
     data = TokenData(tokenizer=None, train=ids, val=ids)
-    run = build_run(cfg, plain_config(cfg), Path("unused"), ranks, Precision("bf16", device), data, model)
-    return TrainStep(run.model, run.step_model, run.parallel, run.optimizer, run.precision, ranks, run.data.train,
-                     cfg.train.batch_size, cfg.model.block_size, cfg.train.grad_accum_steps, cfg.optim.grad_clip,
-                     cfg.train.skip_nonfinite, run.dir / "ckpt_last.pt")
+    run = build_run(spec, {}, Path("unused"), ranks, Precision("bf16", device), data, model)  # (it saves nothing)
+    return TrainStep.of(run)
 
 
 def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, device: torch.device,
@@ -189,9 +188,9 @@ def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, devi
     torch._dynamo.reset()  # a fresh compile: no guards, no dynamic shapes from an earlier shape
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    cfg = run_config(shape, sizes, device, compiled)
-    step = build_train_step(cfg, shape.vocab_size, device)
-    lr, rng, number = cfg.optim.lr, np.random.default_rng(1), 0
+    spec = run_config(shape, sizes, device, compiled)
+    step = build_train_step(spec, shape.vocab_size, device)
+    lr, rng, number = spec.optim.lr, np.random.default_rng(1), 0
     started = time.perf_counter()
     for number in range(sizes.warmup_steps):
         step_started = time.perf_counter()
@@ -277,10 +276,10 @@ def bench_gpu(repeats: int, device: torch.device, sizes: Sizes, profile_all: boo
     peaks = {"stated": result["stated_bf16_tflops"], "measured": result["measured_bf16_tflops"]}
     result["shapes"] = {}
     for shape_name, shape in SHAPES.items():
-        config = plain_config(run_config(shape, sizes, device, compiled=False))
-        result["shapes"][shape_name] = {**{key: config["model"][key] for key in ("n_layer", "n_head", "n_embd", "block_size")},
-                                        "batch_size": config["train"]["batch_size"], "vocab_size": shape.vocab_size,
-                                        "optimizer": config["optim"]["name"]}
+        spec = run_config(shape, sizes, device, compiled=False)
+        result["shapes"][shape_name] = {**{key: getattr(spec.model, key) for key in ("n_layer", "n_head", "n_embd", "block_size")},
+                                        "batch_size": spec.step.batch_size, "vocab_size": shape.vocab_size,
+                                        "optimizer": spec.optim.name}
     with tf32_matmuls(device):
         for mode in MODES:
             for shape_name in reversed(SHAPES) if mode == "compiled" else SHAPES:
@@ -293,9 +292,9 @@ def bench_gpu(repeats: int, device: torch.device, sizes: Sizes, profile_all: boo
 
 def sampling_model(shape: Shape, sizes: Sizes, device: torch.device) -> GPT:
     """The shape's model with random weights (seed 0), fp32, on device, for sampling."""
-    cfg = run_config(shape, sizes, device, compiled=False)
+    spec = run_config(shape, sizes, device, compiled=False)
     torch.manual_seed(0)
-    return build_model(cfg.model, shape.vocab_size).to(device).eval()
+    return build_model(spec.model, shape.vocab_size).to(device).eval()
 
 
 def time_sampling(model: GPT, prompt: torch.Tensor, sizes: Sizes, repeats: int, device: torch.device,

@@ -1,34 +1,56 @@
 """The results as a two-column table on stdout."""
 
+from collections.abc import Callable
+
 from bench.corpora import AT_ONCE_MAX_MB
 from bench.training import TARGET_VAL_LOSS
 
+Rows = list[tuple[str, str]]
+
 
 def print_table(results: dict) -> None:
+    """Each section's rows, in the order of SECTION_ROWS, for the sections results holds."""
+    rows: Rows = []
+    for section, section_rows in SECTION_ROWS.items():
+        if section in results:  # nanoGPT's rows set its figures beside ours: they read all the results
+            rows += nanogpt_rows(results) if section == "nanogpt" else section_rows(results[section])
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+def peak_rows(p: dict) -> Rows:
+    return [("fp32 matmul peak (1024^3)", f"{p['matmul_gflops']:.1f} GFLOP/s")]
+
+
+def training_rows(t: dict) -> Rows:
+    mfu = f", MFU {t['mfu']:.0%}" if t["mfu"] else ""
+    return [
+        ("training, nanoGPT CPU shape", f"{t['tokens_per_sec']:,.0f} tokens/s ({t['ms_per_step']:.1f} ms/step)"),
+        ("  model FLOP/s", f"{t['model_gflops']:.1f} GFLOP/s{mfu}"),
+        ("  peak memory (train.py)", f"{t['peak_rss_mib']:.0f} MiB"),
+    ]
+
+
+def quality_rows(label: str) -> Callable[[dict], Rows]:
+    def rows(q: dict) -> Rows:
+        return [(label, f"{q['seconds']:.1f} s wall, val loss {q['val_loss']:.4f} "
+                        f"({'reaches' if q['reached_target'] else 'misses'} {TARGET_VAL_LOSS})")]
+    return rows
+
+
+def compile_rows(c: dict) -> Rows:
+    eager, compiled = c["eager"], c["compiled"]
+    return [
+        ("training, train.compile=true", f"{compiled['tokens_per_sec']:,.0f} tokens/s ({c['speedup']:.2f}x "
+                                         f"eager's {eager['tokens_per_sec']:,.0f})"),
+        (f"  wall time, {compiled['steps']} steps", f"{compiled['seconds']:.1f} s compiled, {eager['seconds']:.1f} s eager"),
+    ]
+
+
+def sampling_rows(shapes: dict) -> Rows:
     rows = []
-    if "peak" in results:
-        rows.append(("fp32 matmul peak (1024^3)", f"{results['peak']['matmul_gflops']:.1f} GFLOP/s"))
-    if "training" in results:
-        t = results["training"]
-        mfu = f", MFU {t['mfu']:.0%}" if t["mfu"] else ""
-        rows += [
-            ("training, nanoGPT CPU shape", f"{t['tokens_per_sec']:,.0f} tokens/s ({t['ms_per_step']:.1f} ms/step)"),
-            ("  model FLOP/s", f"{t['model_gflops']:.1f} GFLOP/s{mfu}"),
-            ("  peak memory (train.py)", f"{t['peak_rss_mib']:.0f} MiB"),
-        ]
-    for key, label in (("quality", "time to quality (preset)"), ("recipe", "nanoGPT's recipe, this trainer")):
-        if key in results:
-            q = results[key]
-            rows.append((label, f"{q['seconds']:.1f} s wall, val loss {q['val_loss']:.4f} "
-                                f"({'reaches' if q['reached_target'] else 'misses'} {TARGET_VAL_LOSS})"))
-    if "compile" in results:
-        e, c = results["compile"]["eager"], results["compile"]["compiled"]
-        rows += [
-            ("training, train.compile=true", f"{c['tokens_per_sec']:,.0f} tokens/s ({results['compile']['speedup']:.2f}x "
-                                             f"eager's {e['tokens_per_sec']:,.0f})"),
-            (f"  wall time, {c['steps']} steps", f"{c['seconds']:.1f} s compiled, {e['seconds']:.1f} s eager"),
-        ]
-    for shape, s in results.get("sampling", {}).items():
+    for shape, s in shapes.items():
         rows += [
             (f"sampling, {shape} model, block 256", f"{s['kv_cache_tokens_per_sec']:,.0f} tokens/s with KV cache "
                                                    f"({s['kv_cache_ms_per_token']:.2f} ms/token), "
@@ -37,65 +59,61 @@ def print_table(results: dict) -> None:
                                                      f"({s['compiled_ms_per_token']:.2f} ms/token, {s['compiled_speedup']:.1f}x "
                                                      f"recomputing), after {s['compile_seconds']:.1f} s compiling"),
         ]
-    for shape, a in results.get("attention", {}).items():
-        rows.append((
-            f"attention fwd+bwd {shape}",
-            f"bare {a['bare_sdpa_ms']:.2f} ms, sdpa {a['sdpa_ms']:.2f} ms ({a['sdpa_vs_bare']:.2f}x), "
-            f"manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)",
-        ))
-    if "startup" in results:
-        u = results["startup"]
-        rows.append(("start-up, seconds from the process's start", f"train.py to its first step {u['train_first_step_seconds']:.1f}, "
-                     f"sample.py to its text {u['sample_seconds']:.1f}, python -c 'import torch' {u['import_torch_seconds']:.1f}"))
-    if "data" in results:
-        rows += data_rows(results["data"])
-    if "nanogpt" in results:
-        rows += nanogpt_rows(results)
-    for shape, t in results.get("tab", {}).items():
-        rows.append((f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
-                                                 f"step change {t['step_change_s'] * 1e3:.0f} ms at most"))
-    if "text" in results:
-        t = results["text"]
-        rows.append((f"Attention tab, your text ({t['tokens']} tokens)", f"{t['answer_ms']:.0f} ms per answer, "
-                     f"{t['knocked_out_answer_ms']:.0f} ms with a head knocked out (default model, CPU, "
-                     f"{t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
-        rows.append((f"  repeated random tokens ({t['repeated_tokens']} tokens)", f"{t['repeated_answer_ms']:.0f} ms per answer, "
-                     f"{t['repeated_knocked_out_answer_ms']:.0f} ms with a head knocked out"))
-        rows.append((f"  tools: lens, attribution ({t['tokens']} tokens)", f"{t['lens_ms']:.0f} ms, {t['attribution_ms']:.0f} ms "
-                     "(each head's knock-out included)"))
-        rows.append((f"  tools: patching ({t['patch_tokens']} tokens twice)", f"{t['patch_ms']:.0f} ms (every head, every layer "
-                     "and position)"))
-    if "gpt2_text" in results:
-        t = results["gpt2_text"]
-        rows.append((f"Attention tab, your text at GPT-2 small's shape ({t['tokens']} tokens)",
-                     f"{t['answer_ms']:.0f} ms per answer, {t['knocked_out_answer_ms']:.0f} ms with a head knocked out "
-                     f"({t['model_mb']:.0f} MiB of weights, CPU, {t['threads']} torch thread{'s' if t['threads'] > 1 else ''})"))
-    if "loading" in results:
-        m = results["loading"]
-        rows.append(("loading GPT-2 medium's shape (Hugging Face folder)",
-                     f"peak memory {m['peak_gb']:.2f} GB for {m['weights_gb']:.2f} GB of weights ({m['peak_vs_weights']:.2f}x; "
-                     f"{m['imports_gb']:.2f} GB of it the imports)"))
-    if "kv_cache" in results:
-        rows += kv_cache_rows(results["kv_cache"])
-    if "gpt2_sampling" in results:
-        rows += gpt2_sampling_rows(results["gpt2_sampling"])
-    if "gpt2_finetune" in results:
-        f = results["gpt2_finetune"]
-        rows.append((f"fine-tuning steps, GPT-2 small's shape, {f['batch_size']} x {f['sequence_length']} tokens",
-                     f"{f['tokens_per_sec']:.1f} tokens/s, nanoGPT's model.py {f['nanogpt_tokens_per_sec']:.1f} "
-                     f"({f['vs_nanogpt']:.2f}x its speed)"))
-    if "gpu" in results:
-        rows += gpu_rows(results["gpu"])
-    if "gpu_sampling" in results:
-        rows += gpu_sampling_rows(results["gpu_sampling"])
-    if "nanogpt_gpu" in results:
-        rows += nanogpt_gpu_rows(results["nanogpt_gpu"])
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    return rows
 
 
-def kv_cache_rows(k: dict) -> list[tuple[str, str]]:
+def attention_rows(shapes: dict) -> Rows:
+    return [(f"attention fwd+bwd {shape}", f"bare {a['bare_sdpa_ms']:.2f} ms, sdpa {a['sdpa_ms']:.2f} ms "
+                                          f"({a['sdpa_vs_bare']:.2f}x), manual {a['manual_ms']:.2f} ms ({a['manual_vs_bare']:.2f}x)")
+            for shape, a in shapes.items()]
+
+
+def startup_rows(u: dict) -> Rows:
+    return [("start-up, seconds from the process's start", f"train.py to its first step {u['train_first_step_seconds']:.1f}, "
+             f"sample.py to its text {u['sample_seconds']:.1f}, python -c 'import torch' {u['import_torch_seconds']:.1f}")]
+
+
+def tab_rows(shapes: dict) -> Rows:
+    return [(f"Attention tab, {shape}", f"first render {t['first_render_s']:.2f} s, "
+                                        f"step change {t['step_change_s'] * 1e3:.0f} ms at most") for shape, t in shapes.items()]
+
+
+def threads_text(threads: int) -> str:
+    return f"{threads} torch thread{'s' if threads > 1 else ''}"
+
+
+def text_rows(t: dict) -> Rows:
+    return [
+        (f"Attention tab, your text ({t['tokens']} tokens)", f"{t['answer_ms']:.0f} ms per answer, "
+         f"{t['knocked_out_answer_ms']:.0f} ms with a head knocked out (default model, CPU, {threads_text(t['threads'])})"),
+        (f"  repeated random tokens ({t['repeated_tokens']} tokens)", f"{t['repeated_answer_ms']:.0f} ms per answer, "
+         f"{t['repeated_knocked_out_answer_ms']:.0f} ms with a head knocked out"),
+        (f"  tools: lens, attribution ({t['tokens']} tokens)", f"{t['lens_ms']:.0f} ms, {t['attribution_ms']:.0f} ms "
+         "(each head's knock-out included)"),
+        (f"  tools: patching ({t['patch_tokens']} tokens twice)", f"{t['patch_ms']:.0f} ms (every head, every layer "
+         "and position)"),
+    ]
+
+
+def gpt2_text_rows(t: dict) -> Rows:
+    return [(f"Attention tab, your text at GPT-2 small's shape ({t['tokens']} tokens)",
+             f"{t['answer_ms']:.0f} ms per answer, {t['knocked_out_answer_ms']:.0f} ms with a head knocked out "
+             f"({t['model_mb']:.0f} MiB of weights, CPU, {threads_text(t['threads'])})")]
+
+
+def loading_rows(m: dict) -> Rows:
+    return [("loading GPT-2 medium's shape (Hugging Face folder)",
+             f"peak memory {m['peak_gb']:.2f} GB for {m['weights_gb']:.2f} GB of weights ({m['peak_vs_weights']:.2f}x; "
+             f"{m['imports_gb']:.2f} GB of it the imports)")]
+
+
+def gpt2_finetune_rows(f: dict) -> Rows:
+    return [(f"fine-tuning steps, GPT-2 small's shape, {f['batch_size']} x {f['sequence_length']} tokens",
+             f"{f['tokens_per_sec']:.1f} tokens/s, nanoGPT's model.py {f['nanogpt_tokens_per_sec']:.1f} "
+             f"({f['vs_nanogpt']:.2f}x its speed)")]
+
+
+def kv_cache_rows(k: dict) -> Rows:
     """One row per variant: its cache's size and its decoding rate at each context."""
     contexts = " / ".join(f"{context // 1024}k" if context % 1024 == 0 else str(context) for context in k["contexts"])
     threads = f"{k['threads']} thread{'s' if k['threads'] > 1 else ''}"
@@ -117,7 +135,7 @@ def kv_cache_rows(k: dict) -> list[tuple[str, str]]:
 GPT2_PATHS = {"compiled": "compiled decode step (compile=true)", "eager": "KV cache, eager", "transformers": "transformers' generate"}
 
 
-def gpt2_sampling_rows(g: dict) -> list[tuple[str, str]]:
+def gpt2_sampling_rows(g: dict) -> Rows:
     """Each precision's limit, then each path's tokens/s, its share of that limit and its ratio to transformers."""
     threads = f"{g['threads']} thread{'s' if g['threads'] > 1 else ''}"
     limits = ", ".join(f"{p['limit_tokens_per_sec']:.1f} tokens/s at {name} ({p['weight_bytes'] / 1e6:.0f} MB a token)"
@@ -138,7 +156,7 @@ def gpt2_sampling_rows(g: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def data_rows(d: dict) -> list[tuple[str, str]]:
+def data_rows(d: dict) -> Rows:
     rows = []
     for kind in ("char", "bpe"):
         st, mem = d[kind]["streamed"], d[kind].get("in_memory")
@@ -154,7 +172,7 @@ def data_rows(d: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def nanogpt_rows(results: dict) -> list[tuple[str, str]]:
+def nanogpt_rows(results: dict) -> Rows:
     """nanoGPT's figures, and the ratios to this project's when its sections ran too."""
     n = results["nanogpt"]
     ours, quality = results.get("training", {}).get("ms_per_step"), results.get("quality", {}).get("seconds")
@@ -170,7 +188,7 @@ def share(value: float | None) -> str:
     return f"{value:.1%}" if value is not None else "n/a"
 
 
-def gpu_rows(g: dict) -> list[tuple[str, str]]:
+def gpu_rows(g: dict) -> Rows:
     """The matmul peak, then per shape a heading and a row per mode: tokens/s, MFU against both
     peaks, memory, warm-up; a profile's top kernels under the mode it profiled."""
     measured = g["measured_bf16_tflops"]
@@ -198,7 +216,7 @@ def gpu_rows(g: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def profile_rows(p: dict) -> list[tuple[str, str]]:
+def profile_rows(p: dict) -> Rows:
     if "error" in p:
         return [("    profile", f"failed: {p['error']}")]
     busy = (f"the GPU busy {p['busy_ms']:.1f} ms of {p['wall_ms']:.1f} ms wall ({p['busy_ms'] / p['wall_ms']:.0%})"
@@ -210,7 +228,7 @@ def profile_rows(p: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def gpu_sampling_rows(g: dict) -> list[tuple[str, str]]:
+def gpu_sampling_rows(g: dict) -> Rows:
     """Per shape and dtype: ms per token with the KV cache, recomputing, and compiled."""
     rows = []
     for name, s in g["shapes"].items():
@@ -231,7 +249,7 @@ def gpu_sampling_rows(g: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def nanogpt_gpu_rows(r: dict) -> list[tuple[str, str]]:
+def nanogpt_gpu_rows(r: dict) -> Rows:
     """Each side's wall time from its start to val loss r['target'], or its best val loss."""
     def reached(run: dict) -> str:
         if run["seconds_to_target"] is None:
@@ -242,3 +260,14 @@ def nanogpt_gpu_rows(r: dict) -> list[tuple[str, str]]:
     if r["ratio"]:
         rows.append(("  ratio (ours fastest / nanoGPT)", f"{r['ratio']:.2f}x"))
     return rows
+
+
+# The sections' rows, in the table's order.
+SECTION_ROWS: dict[str, Callable[[dict], Rows]] = {
+    "peak": peak_rows, "training": training_rows, "quality": quality_rows("time to quality (preset)"),
+    "recipe": quality_rows("nanoGPT's recipe, this trainer"), "compile": compile_rows, "sampling": sampling_rows,
+    "attention": attention_rows, "startup": startup_rows, "data": data_rows, "nanogpt": nanogpt_rows, "tab": tab_rows,
+    "text": text_rows, "gpt2_text": gpt2_text_rows, "loading": loading_rows, "kv_cache": kv_cache_rows,
+    "gpt2_sampling": gpt2_sampling_rows, "gpt2_finetune": gpt2_finetune_rows, "gpu": gpu_rows,
+    "gpu_sampling": gpu_sampling_rows, "nanogpt_gpu": nanogpt_gpu_rows,
+}

@@ -13,6 +13,7 @@ from attention_tab.tools import attribution_answer, lens_answer, patch_answer, p
 from bench.common import ROOT, median_time
 from data.batches import probe_ids
 from data.bpe import GPT2_PATTERN
+from data.specs import CorpusSpec, TokenizerSpec
 from data.stories import generate_stories
 from data.token_cache import prepare_tokens
 from data.tokenizer import TiktokenTokenizer, Tokenizer, bpe_encoding
@@ -30,7 +31,7 @@ def default_run_data(cache_dir: Path):
     data_cfg, tokenizer_cfg = (yaml.safe_load((ROOT / f"configs/{name}.yaml").read_text())
                                for name in ("data/stories", "tokenizer/bpe"))
     data_cfg.pop("defaults"), tokenizer_cfg.pop("defaults")  # the schemas Hydra checks them against
-    return prepare_tokens({**data_cfg, "cache_dir": str(cache_dir)}, tokenizer_cfg)
+    return prepare_tokens(CorpusSpec.of({**data_cfg, "cache_dir": str(cache_dir)}), TokenizerSpec.of(tokenizer_cfg))
 
 
 def bench_text(repeats: int, work: Path) -> dict:

@@ -135,11 +135,11 @@ SHAPE_FROM_WEIGHTS = ("n_layer", "n_head", "n_embd", "bias", "pos", "norm", "mlp
 MODEL_DEFAULTS = Path(__file__).resolve().parent.parent / "configs" / "model" / "gpt.yaml"
 
 
-def pretrained_config(cfg: Any, overrides: list[str]) -> list[str]:
+def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
     """A new run with init_from: cfg's model group becomes the shape of the weights and its
     tokenizer theirs (in place). A model value asked for (on the command line, or by a preset
     where it differs from configs/model/gpt.yaml) that contradicts the weights, or any tokenizer
-    choice, is refused. Returns notes for the log (a cropped context)."""
+    choice, is refused. Returns the weights' folder and notes for the log (a cropped context)."""
     folder = resolve_pretrained(cfg.init_from)
     typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
     tokenizer_choice = next((typed[key] for key in typed if key == "tokenizer" or key.startswith("tokenizer.")), None)
@@ -160,7 +160,7 @@ def pretrained_config(cfg: Any, overrides: list[str]) -> list[str]:
         cfg.model[key] = weights_value
     cfg.model.block_size = shape.block_size
     cfg.tokenizer = {"kind": "pretrained", "path": str(folder), "files_sha256": tokenizer_files_sha256(folder)}
-    return notes
+    return folder, notes
 
 
 def tokenizer_files_sha256(folder: Path) -> str:

@@ -16,13 +16,14 @@ import codecs
 import gzip
 import json
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from data.download import fetch_verified, sha256_of
+from data.specs import CorpusSpec
 from data.stories import iter_stories
 from user_error import UserError
 
@@ -38,24 +39,23 @@ class Piece:
     bytes_read: int = 0  # how far the corpus has been read with this piece, in bytes of its files
 
 
-def read_corpus(cfg: Mapping[str, Any]) -> Iterator[Piece]:
-    if cfg["source"] == "stories":
-        # A config written without data.names or data.word_games (before they existed): common names, no games.
-        return generated_stories(cfg["seed"], cfg["n_chars"], cfg.get("names", "common"), cfg.get("word_games", 0))
-    if cfg["source"] == "shakespeare":
-        text = checked_download(cfg)
+def read_corpus(corpus: CorpusSpec) -> Iterator[Piece]:
+    if corpus.source == "stories":
+        return generated_stories(corpus.seed, corpus.n_chars, corpus.names, corpus.word_games)
+    if corpus.source == "shakespeare":
+        text = checked_download(corpus)
         return iter([Piece(text, True, len(text.encode("utf-8")))])
-    if cfg["source"] == "text":
-        return read_text_files(cfg["path"], cfg["text_field"])
-    raise UserError(f"data.source={cfg['source']!r} is not known; use data=stories, data=shakespeare, or data=text data.path=<file>")
+    if corpus.source == "text":
+        return read_text_files(corpus.path, corpus.text_field)
+    raise UserError(f"data.source={corpus.source!r} is not known; use data=stories, data=shakespeare, or data=text data.path=<file>")
 
 
-def corpus_bytes(cfg: Mapping[str, Any]) -> int | None:
+def corpus_bytes(corpus: CorpusSpec) -> int | None:
     """The size of the corpus in bytes, for a progress bar, where it is known before reading."""
-    if cfg["source"] == "stories":
-        return cfg["n_chars"]  # plain ASCII
-    if cfg["source"] == "text":
-        return sum(file.stat().st_size for file in corpus_files(cfg["path"]))
+    if corpus.source == "stories":
+        return corpus.n_chars  # plain ASCII
+    if corpus.source == "text":
+        return sum(file.stat().st_size for file in corpus_files(corpus.path))
     return None
 
 
@@ -66,10 +66,10 @@ def generated_stories(seed: int, n_chars: int, names: str, word_games: float) ->
         yield Piece(story, True, n_bytes)
 
 
-def load_documents(cfg: Mapping[str, Any]) -> list[str]:
+def load_documents(corpus: CorpusSpec) -> list[str]:
     """The whole corpus in memory, one string per document: for small corpora and checks."""
     documents: list[str] = []
-    for piece in read_corpus(cfg):
+    for piece in read_corpus(corpus):
         if piece.starts_document:
             documents.append(piece.text)
         else:
@@ -77,21 +77,21 @@ def load_documents(cfg: Mapping[str, Any]) -> list[str]:
     return documents
 
 
-def checked_download(cfg: Mapping[str, Any]) -> str:
-    """The corpus at cfg['url'], whose sha256 must be cfg['sha256']: from data.path if given,
+def checked_download(corpus: CorpusSpec) -> str:
+    """The corpus at corpus.url, whose sha256 must be corpus.sha256: from data.path if given,
     else from the cache, else downloaded into the cache. A file with the wrong hash is
     never kept."""
-    expected = cfg["sha256"]
-    if cfg.get("path"):
-        local = Path(cfg["path"]).expanduser()
+    expected = corpus.sha256
+    if corpus.path:
+        local = Path(corpus.path).expanduser()
         if not local.is_file():
-            raise UserError(f"data.path={cfg['path']} does not exist; give the path of a local copy of {cfg['url']}")
-        check_sha256(local.read_bytes(), expected, f"data.path={cfg['path']}", "give an unchanged copy, or use data=text to train on it anyway")
+            raise UserError(f"data.path={corpus.path} does not exist; give the path of a local copy of {corpus.url}")
+        check_sha256(local.read_bytes(), expected, f"data.path={corpus.path}", "give an unchanged copy, or use data=text to train on it anyway")
         return read_utf8(local)
-    cached = Path(cfg["cache_dir"]) / "corpora" / f"{expected[:16]}-{Path(cfg['url']).name}"
+    cached = Path(corpus.cache_dir) / "corpora" / f"{expected[:16]}-{Path(corpus.url).name}"
     if not cached.is_file() or sha256_of(cached.read_bytes()) != expected:
         fetch_verified(
-            cfg["url"], expected, cached,
+            corpus.url, expected, cached,
             offline_advice="with a local copy of the file, use data=text data.path=<file> "
             "(or data.path=<file> here, which checks its hash)",
             mismatch_advice="Check data.url, or use data=text data.path=<a local copy>",

@@ -9,13 +9,12 @@ is bounded by the disk, not the memory.
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from data.specs import CorpusSpec, TokenizerSpec
 from data.token_stream import Survey, encoded_corpus, survey_corpus, train_sample
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
 from user_error import UserError
@@ -30,20 +29,20 @@ class TokenData:
     val: np.ndarray  # (N_val,)
 
 
-def prepare_tokens(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]) -> TokenData:
+def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenData:
     """The corpus as ids: its last val_fraction of characters is val, the tokenizer (BPE learns
     from the train part only) encodes both parts once, each document after the start token;
     uint16 when the vocabulary fits, else uint32. Cached."""
-    survey = survey_corpus(data_cfg, tokenizer_cfg)
+    survey = survey_corpus(corpus, tokenizer_spec)
     if not survey.has_text:
         raise UserError("the corpus is empty; give data.path a file with text in it")
-    cache_dir = Path(data_cfg["cache_dir"])
+    cache_dir = Path(corpus.cache_dir)
     entry = cache_dir / "tokens" / survey.key
     remove_abandoned_staging(entry)
     if not is_complete(entry):
         shutil.rmtree(entry, ignore_errors=True)
-        tokenizer = build_tokenizer(tokenizer_cfg, survey.chars, lambda: train_sample(data_cfg, survey), cache_dir, survey.key)
-        write_cache_entry(entry, data_cfg, tokenizer, survey)
+        tokenizer = build_tokenizer(tokenizer_spec, survey.chars, lambda: train_sample(corpus, survey), cache_dir, survey.key)
+        write_cache_entry(entry, corpus, tokenizer, survey)
     meta = json.loads((entry / "meta.json").read_text())
     splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") for split in SPLITS}
     return TokenData(tokenizer_from_state(meta["tokenizer"], cache_dir), train=splits["train"], val=splits["val"])
@@ -71,7 +70,7 @@ def remove_abandoned_staging(entry: Path) -> None:
             pass  # alive, another user's
 
 
-def write_cache_entry(entry: Path, data_cfg: Mapping[str, Any], tokenizer: Tokenizer, survey: Survey) -> None:
+def write_cache_entry(entry: Path, corpus: CorpusSpec, tokenizer: Tokenizer, survey: Survey) -> None:
     """The ids, appended to the two files as they come. The entry is built in a temporary folder
     and renamed into place, so a run stopped half-way never leaves a partial entry that a later
     run would trust."""
@@ -83,7 +82,7 @@ def write_cache_entry(entry: Path, data_cfg: Mapping[str, Any], tokenizer: Token
     try:
         with open(staging / "train.bin", "wb") as train_file, open(staging / "val.bin", "wb") as val_file:
             files = {"train": train_file, "val": val_file}
-            for split, ids in encoded_corpus(data_cfg, tokenizer, survey):
+            for split, ids in encoded_corpus(corpus, tokenizer, survey):
                 ids.astype(dtype).tofile(files[split])
                 counts[split] += len(ids)
         meta = {"tokenizer": tokenizer.state(), "dtype": np.dtype(dtype).name, **{f"n_{s}": counts[s] for s in SPLITS}}

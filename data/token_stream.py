@@ -16,15 +16,15 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import regex
 from tqdm import tqdm
 
 from data.corpus import Piece, corpus_bytes, read_corpus
+from data.specs import CorpusSpec, TokenizerSpec
 from data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -51,15 +51,15 @@ class Survey:
     has_text: bool
 
 
-def survey_corpus(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any]) -> Survey:
+def survey_corpus(corpus: CorpusSpec, tokenizer: TokenizerSpec) -> Survey:
     """The key hashes the settings and the hash of each document in turn, so that where
     documents begin counts too, not only the text."""
-    settings = {"format": CACHE_FORMAT, "val_fraction": data_cfg["val_fraction"], "tokenizer": dict(tokenizer_cfg)}
+    settings = {"format": CACHE_FORMAT, "val_fraction": corpus.val_fraction, "tokenizer": tokenizer.settings()}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     document, n_documents, n_chars, n_bytes, chars, has_text = None, 0, 0, 0, set(), False
     started = time.perf_counter()
-    with progress("reading the corpus", total=corpus_bytes(data_cfg)) as bar:
-        for piece in shown(read_corpus(data_cfg), bar):
+    with progress("reading the corpus", total=corpus_bytes(corpus)) as bar:
+        for piece in shown(read_corpus(corpus), bar):
             if piece.starts_document:
                 if document is not None:
                     key.update(document.digest())
@@ -72,7 +72,7 @@ def survey_corpus(data_cfg: Mapping[str, Any], tokenizer_cfg: Mapping[str, Any])
         key.update(document.digest())
     log.info(f"read {n_documents:,} documents, {n_chars:,} characters ({tqdm.format_sizeof(n_bytes, 'B')}) "
              f"in {time.perf_counter() - started:.1f} s")
-    n_train = n_chars - int(n_chars * data_cfg["val_fraction"])
+    n_train = n_chars - int(n_chars * corpus.val_fraction)
     return Survey(key.hexdigest()[:24], n_chars, n_train, n_bytes, chars, has_text)
 
 
@@ -117,7 +117,7 @@ def segments(pieces: Iterable[tuple[str, Piece]], cuts: str = "spaces") -> Itera
         yield carry_split, carry
 
 
-def train_sample(data_cfg: Mapping[str, Any], survey: Survey) -> Iterator[str]:
+def train_sample(corpus: CorpusSpec, survey: Survey) -> Iterator[str]:
     """The text BPE learns from, as segments (so its pre-tokens are those of whole documents): the
     whole train split when it has at most BPE_SAMPLE_CHARS characters, else about that many (one
     segment more at most), the segments taken whenever the sample falls behind its share,
@@ -126,7 +126,7 @@ def train_sample(data_cfg: Mapping[str, Any], survey: Survey) -> Iterator[str]:
     taken = position = 0
     train_bytes = survey.n_bytes * survey.n_train // max(survey.n_chars, 1)  # about where the val split starts
     with progress("reading text for BPE", total=train_bytes) as bar:
-        for split, text in segments(split_pieces(shown(read_corpus(data_cfg), bar), survey.n_train)):
+        for split, text in segments(split_pieces(shown(read_corpus(corpus), bar), survey.n_train)):
             if split == "val":
                 break
             if text is None:
@@ -185,11 +185,11 @@ def forced_cut(text: str) -> int:
     return len(text) if len(text) >= MAX_SEGMENT_CHARS else 0
 
 
-def encoded_corpus(data_cfg: Mapping[str, Any], tokenizer: Tokenizer, survey: Survey) -> Iterator[tuple[str, np.ndarray]]:
+def encoded_corpus(corpus: CorpusSpec, tokenizer: Tokenizer, survey: Survey) -> Iterator[tuple[str, np.ndarray]]:
     """(split, ids) through the whole corpus, in order, with a progress bar and a log line."""
     started = time.perf_counter()
     with progress(f"tokenising ({tokenizer.kind})", total=survey.n_bytes) as bar:
-        pieces = split_pieces(shown(read_corpus(data_cfg), bar), survey.n_train)
+        pieces = split_pieces(shown(read_corpus(corpus), bar), survey.n_train)
         yield from encoded_batches(tokenizer, segments(pieces, cuts=tokenizer.text_cuts))
     seconds = time.perf_counter() - started
     log.info(f"tokenised {survey.n_chars:,} characters in {seconds:.1f} s ({survey.n_chars / seconds / 1e6:.1f} M chars/s)")

@@ -29,7 +29,7 @@ The kinds:
            byte-level BPE is run by tiktoken with Hugging Face's ids; any other BPE tokenizer.json
            (Llama 3, SmolLM2, Llama 2 / TinyLlama, Qwen) by the tokenizers library itself.
 
-    build_tokenizer(cfg, corpus_chars, train_texts, cache_dir, corpus_key)   a new one, from the config
+    build_tokenizer(spec, corpus_chars, train_texts, cache_dir, corpus_key)  a new one, as data/specs.py's spec asks
     tokenizer_from_state(state, cache_dir)                                  the one a checkpoint stored
 """
 
@@ -47,6 +47,7 @@ import tiktoken
 
 from data.bpe import GPT2_PATTERN, N_BYTES, ranks_from_text, ranks_to_text
 from data.gpt2_files import load_gpt2_encoding
+from data.specs import TokenizerSpec
 from user_error import UserError
 
 log = logging.getLogger(__name__)
@@ -179,23 +180,23 @@ def ranks_digest(encoding: tiktoken.Encoding) -> str:
     return digest.hexdigest()
 
 
-def build_tokenizer(cfg: Mapping[str, Any], corpus_chars: Iterable[str], train_texts: Callable[[], Iterable[str]],
+def build_tokenizer(spec: TokenizerSpec, corpus_chars: Iterable[str], train_texts: Callable[[], Iterable[str]],
                     cache_dir: Path, corpus_key: str) -> Tokenizer:
     """A tokenizer for this corpus, as the `tokenizer` config group asks. The char vocabulary is
     every character of the corpus; BPE learns its merges from train_texts() (called for bpe only:
     it reads the corpus again), which holds train-split text only, and is cached by corpus_key."""
-    if cfg["kind"] == "char":
+    if spec.kind == "char":
         return CharTokenizer(sorted(set(corpus_chars)))
-    if cfg["kind"] == "bpe":
-        ranks = learned_ranks(train_texts, cfg["vocab_size"], cache_dir / "bpe" / f"{corpus_key}.tiktoken")
+    if spec.kind == "bpe":
+        ranks = learned_ranks(train_texts, spec.vocab_size, cache_dir / "bpe" / f"{corpus_key}.tiktoken")
         return TiktokenTokenizer("bpe", bpe_encoding(ranks, GPT2_PATTERN))
-    if cfg["kind"] == "gpt2":
-        return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=cfg.get("url")))
-    if cfg["kind"] == "pretrained":
+    if spec.kind == "gpt2":
+        return TiktokenTokenizer("gpt2", load_gpt2_encoding(cache_dir, mirror=spec.url))
+    if spec.kind == "pretrained":
         from data.hf_tokenizer import pretrained_tokenizer  # the tokenizers library only when needed
 
-        return pretrained_tokenizer(cfg["path"])
-    raise UserError(f"tokenizer.kind={cfg['kind']!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
+        return pretrained_tokenizer(spec.path)
+    raise UserError(f"tokenizer.kind={spec.kind!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
 
 
 def learned_ranks(train_texts: Callable[[], Iterable[str]], vocab_size: int, path: Path) -> dict[bytes, int]:

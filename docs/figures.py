@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli.errors import exit_on_user_error  # noqa: E402
 from data.batches import probe_ids  # noqa: E402
+from data.specs import CorpusSpec, TokenizerSpec  # noqa: E402
 from data.token_cache import prepare_tokens  # noqa: E402
 from inspection.head_metrics import head_metrics  # noqa: E402
 from inspection.heatmap import (  # noqa: E402
@@ -79,7 +80,7 @@ def attention_maps_figure(run: str, out: Path = ATTENTION_MAPS) -> list[tuple[in
     if config["data"].get("names", "common") != "common" or config["data"].get("word_games", 0):
         raise UserError(f"{run} read made-up names or word games (experiment=induction?); the README's pictures need a "
                         "run of make train's stories: make docs RUN=<its run dir>")
-    data = prepare_tokens(config["data"], config["tokenizer"])
+    data = prepare_tokens(CorpusSpec.of(config["data"]), TokenizerSpec.of(config["tokenizer"]))
     probe = probe_ids(data.val, tokenizer, min(config["train"]["probe_tokens"], model.config.block_size))
     weights = model.attention_weights(torch.tensor([probe]))[:, 0]  # (L, H, T, T)
     heads = pick_heads(model, tokenizer, config["data"]["seed"], weights)
@@ -175,7 +176,7 @@ def run_record(run: str, heads: list[tuple[int, int, str]]) -> dict:
 def framed_cell(checkpoint: Checkpoint, model, tokenizer, head: tuple[int, int]) -> dict | None:
     """The cell the picture frames in the copying head's map: its tokens and its weight."""
     config = checkpoint.config
-    data = prepare_tokens(config["data"], config["tokenizer"])
+    data = prepare_tokens(CorpusSpec.of(config["data"]), TokenizerSpec.of(config["tokenizer"]))
     probe = probe_ids(data.val, tokenizer, min(config["train"]["probe_tokens"], model.config.block_size))
     pieces = tokenizer.token_strings(probe[:SHOWN_TOKENS])
     cell = cited_cell(pieces)

@@ -40,9 +40,9 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
         module.train(was_training)
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
-    vocab_size: int
+    vocab_size: int | None = None  # token ids 0 to vocab_size - 1; None in a run's spec until its tokenizer is built
     block_size: int = 256  # the longest context the model sees (learned positions)
     n_layer: int = 4
     n_head: int = 4
@@ -244,6 +244,8 @@ class Caches:
 class GPT(HookedModel):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("GPTConfig.vocab_size is None: give the tokenizer's, e.g. model_io/checkpoint.py build_model")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         # With rope, positions enter inside attention instead (model/attention.py).

@@ -23,7 +23,7 @@ import math
 import os
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -96,14 +96,20 @@ def upgrade(checkpoint: Checkpoint) -> Checkpoint:
     return checkpoint
 
 
-def build_model(model_cfg: Mapping[str, Any], vocab_size: int) -> GPT:
-    """A new GPT of the shape model_cfg gives (the `model` config group, as plain values or a
-    config); a key missing from an older checkpoint's config keeps GPTConfig's default."""
+def model_spec(group: Mapping[str, Any]) -> GPTConfig:
+    """The model's shape from the `model` config group as plain values (a checkpoint's config), its
+    vocab_size left to the tokenizer; a key missing from an older checkpoint's config keeps GPTConfig's default."""
     def plain(value: Any) -> Any:
-        if isinstance(value, Mapping):  # model.rope_scaling, maybe a config node
+        if isinstance(value, Mapping):  # model.rope_scaling
             return dict(value)
         return value.value if isinstance(value, Enum) else value
-    return GPT(GPTConfig(vocab_size=vocab_size, **{key: plain(model_cfg[key]) for key in MODEL_KEYS if key in model_cfg}))
+    return GPTConfig(**{key: plain(group[key]) for key in MODEL_KEYS if key in group})
+
+
+def build_model(shape: GPTConfig | Mapping[str, Any], vocab_size: int) -> GPT:
+    """A new GPT of this shape (a spec, or the `model` group as plain values) over vocab_size tokens."""
+    spec = shape if isinstance(shape, GPTConfig) else model_spec(shape)
+    return GPT(replace(spec, vocab_size=vocab_size))
 
 
 def load_weights(model: GPT, weights: dict[str, torch.Tensor]) -> None:

@@ -32,6 +32,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from cli.errors import run_cli as cli_entry
+from cli.run_spec import run_spec
 from data.stories import generate_stories
 from data.tokenizer import EOT, CharTokenizer
 from inspection.head_metrics import induction_probe, induction_score
@@ -40,6 +41,7 @@ from model import GPT, CausalSelfAttention, GPTConfig
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import BEST, kept_checkpoint_path
 from runtime.ranks import Ranks
+from training.specs import OptimSpec, RunSpec
 from training.state import capture_rng_states
 from training.tensorboard_log import RunLogger
 
@@ -69,6 +71,16 @@ def tiny_config(*presets: dict[str, object], **overrides: object) -> DictConfig:
     """configs/train.yaml composed in-process with tiny_run(*presets, **overrides)."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=tiny_run(*presets, **overrides))
+
+
+def tiny_spec(*presets: dict[str, object], **overrides: object) -> RunSpec:
+    """tiny_config's run as the frozen spec cli/run_spec.py makes of it: what training/ takes."""
+    return run_spec(tiny_config(*presets, **overrides))
+
+
+def optim_spec(**changes: object) -> OptimSpec:
+    """configs/optim/default.yaml's optimizer (Muon and AdamW) as a spec, with changes."""
+    return dataclasses.replace(tiny_spec().optim, **changes)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import pytest
 
 from data import corpus
 from data.corpus import load_documents
+from data.specs import CorpusSpec
 from user_error import UserError
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
@@ -18,7 +19,7 @@ TEXT_SHA256 = hashlib.sha256(TEXT.encode()).hexdigest()
 
 
 def shakespeare_cfg(tmp_path, url, sha256=TEXT_SHA256, path=None):
-    return {"source": "shakespeare", "url": url, "sha256": sha256, "path": path, "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+    return CorpusSpec(source="shakespeare", url=url, sha256=sha256, path=path, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
 
 
 def cached_files(tmp_path):
@@ -63,7 +64,7 @@ def test_a_local_copy_is_used_only_if_its_hash_matches(tmp_path, closed_port_url
 
 
 def text_files_cfg(path, text_field="text"):
-    return {"source": "text", "path": str(path), "text_field": text_field}
+    return CorpusSpec(source="text", path=str(path), text_field=text_field, val_fraction=0.1, cache_dir=".cache")
 
 
 def test_a_folder_reads_txt_jsonl_and_their_gz_files_in_order_one_document_each(tmp_path):

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from data.batches import get_batch, probe_ids
 from data.corpus import Piece, load_documents
+from data.specs import CorpusSpec, TokenizerSpec
 from data.stories import ITEMS, generate_stories
 from data.token_cache import prepare_tokens
 from data.token_stream import split_pieces
@@ -17,17 +18,19 @@ from tests.helpers import ROOT
 from tests.test_hf_tokenizer import save_family
 from user_error import UserError
 
+CHAR = TokenizerSpec("char")
+
 
 def stories_cfg(tmp_path, n_chars=30_000, seed=1337):
-    return {"source": "stories", "seed": seed, "n_chars": n_chars, "path": None, "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
+    return CorpusSpec(source="stories", seed=seed, n_chars=n_chars, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
 
 
 def text_cfg(tmp_path, path):
-    return {"source": "text", "path": str(path), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache"), "text_field": "text"}
+    return CorpusSpec(source="text", path=str(path), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
 
 
 def read_text_documents(path) -> list[str]:
-    return load_documents({"source": "text", "path": str(path), "text_field": "text"})
+    return load_documents(CorpusSpec(source="text", path=str(path), val_fraction=0.1, cache_dir=".cache"))
 
 
 def test_the_story_generator_is_deterministic():
@@ -46,7 +49,7 @@ def test_the_default_corpus_is_the_same_text_byte_for_byte():
     yaml = OmegaConf.load(ROOT / "configs" / "data" / "stories.yaml")
     cfg = {key: value for key, value in OmegaConf.to_container(yaml).items() if key != "defaults"}
     assert (cfg["seed"], cfg["n_chars"], cfg["names"], cfg["word_games"]) == (1337, 1_000_000, "common", 0)
-    documents = load_documents(cfg)  # what a default run reads, through data/corpus.py
+    documents = load_documents(CorpusSpec.of(cfg))  # what a default run reads, through data/corpus.py
     assert (len(documents), sum(map(len, documents))) == (DEFAULT_STORIES_COUNT, DEFAULT_STORIES_CHARS)
     assert hashlib.sha256("\0".join(documents).encode()).hexdigest() == DEFAULT_STORIES_SHA256
 
@@ -113,7 +116,7 @@ def test_char_tokenizer_spells_out_the_eot_text_and_never_emits_the_token():
 
 
 def test_prepare_tokens_splits_off_the_last_tenth_of_the_text_as_val(tmp_path):
-    data = prepare_tokens(stories_cfg(tmp_path), {"kind": "char"})
+    data = prepare_tokens(stories_cfg(tmp_path), CHAR)
     stories = generate_stories(seed=1337, n_chars=30_000)
     text = "".join(stories)
     n_val = int(len(text) * 0.1)
@@ -139,31 +142,31 @@ def test_the_token_cache_is_reused_and_keyed_by_corpus_and_tokenizer(tmp_path):
     corpus = tmp_path / "book.txt"
     corpus.write_text("one fish two fish\n" * 50)
     entries = lambda: sorted(p.name for p in (tmp_path / "cache" / "tokens").iterdir())  # noqa: E731
-    first = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    first = prepare_tokens(text_cfg(tmp_path, corpus), CHAR)
     assert len(entries()) == 1
-    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    prepare_tokens(text_cfg(tmp_path, corpus), CHAR)
     assert len(entries()) == 1  # same corpus, same tokenizer: the entry is reused
 
     corpus.write_text("red fish blue fish\n" * 50)
-    second = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    second = prepare_tokens(text_cfg(tmp_path, corpus), CHAR)
     assert len(entries()) == 2  # changed bytes: tokenised again, never the stale ids
     assert second.tokenizer.decode(second.train[1:19].tolist()) == "red fish blue fish"
     assert first.tokenizer.decode(first.train[1:18].tolist()) == "one fish two fish"
 
-    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "bpe", "vocab_size": 260})
+    prepare_tokens(text_cfg(tmp_path, corpus), TokenizerSpec("bpe", vocab_size=260))
     assert len(entries()) == 3  # same corpus, another tokenizer: tokenised again
-    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "bpe", "vocab_size": 270})
+    prepare_tokens(text_cfg(tmp_path, corpus), TokenizerSpec("bpe", vocab_size=270))
     assert len(entries()) == 4  # another tokenizer setting: tokenised again
 
 
 def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path):
     corpus = tmp_path / "book.txt"
     corpus.write_text("one fish two fish\n" * 50)
-    prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    prepare_tokens(text_cfg(tmp_path, corpus), CHAR)
     (entry,) = (tmp_path / "cache" / "tokens").iterdir()
     ids_file = entry / "train.bin"
     ids_file.write_bytes(ids_file.read_bytes()[:10])  # as if a crash cut it short
-    data = prepare_tokens(text_cfg(tmp_path, corpus), {"kind": "char"})
+    data = prepare_tokens(text_cfg(tmp_path, corpus), CHAR)
     assert data.tokenizer.decode(data.train.tolist() + data.val.tolist()) == EOT + "one fish two fish\n" * 50
 
 
@@ -192,7 +195,7 @@ def test_a_missing_or_empty_corpus_is_a_clear_error(tmp_path):
 
 
 def test_the_probe_starts_at_a_story_start_in_val(tmp_path):
-    data = prepare_tokens(stories_cfg(tmp_path, n_chars=60_000), {"kind": "char"})
+    data = prepare_tokens(stories_cfg(tmp_path, n_chars=60_000), CHAR)
     probe = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, 64))
     assert len(probe) == 64
     assert re.match(r"(Once upon|There once|Long ago|[A-Z][a-z]+ was a)", probe), probe
@@ -200,7 +203,7 @@ def test_the_probe_starts_at_a_story_start_in_val(tmp_path):
 
 
 def test_with_a_llama_3_tokenizer_every_story_starts_after_its_start_token_and_the_probe_after_one(tmp_path):
-    data = prepare_tokens(stories_cfg(tmp_path), {"kind": "pretrained", "path": str(save_family("llama3", tmp_path / "llama3"))})
+    data = prepare_tokens(stories_cfg(tmp_path), TokenizerSpec("pretrained", path=str(save_family("llama3", tmp_path / "llama3"))))
     tokenizer, stories = data.tokenizer, generate_stories(seed=1337, n_chars=30_000)
     ids = np.concatenate([data.train, data.val])
     assert data.train[0] == tokenizer.bos_id and tokenizer.bos_id != tokenizer.eot_id

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from cli.config import plain_config
+from cli.run_spec import run_spec
 from tests.helpers import read_events, tiny_config
 from training.build import build_data_and_model, build_run
 from training.fit import fit
@@ -17,8 +18,9 @@ def fitted(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("fit")
     cfg = tiny_config(**{"data.cache_dir": workdir / "cache", "train.max_steps": 12, "train.eval_interval": 5,
                          "train.log_interval": 1})
-    ranks, precision, data, model = build_data_and_model(cfg)
-    run = build_run(cfg, plain_config(cfg), workdir, ranks, precision, data, model)
+    spec = run_spec(cfg)
+    ranks, precision, data, model = build_data_and_model(spec)
+    run = build_run(spec, plain_config(cfg), workdir, ranks, precision, data, model)
     return workdir, fit(run, TrainState())
 
 
@@ -26,8 +28,9 @@ def fitted(tmp_path_factory):
 def test_eval_train_false_evaluates_the_val_split_alone_to_the_same_val_loss(fitted, tmp_path):
     cfg = tiny_config(**{"data.cache_dir": fitted[0] / "cache", "train.max_steps": 12, "train.eval_interval": 5,
                          "train.log_interval": 1, "train.eval_train": False})
-    ranks, precision, data, model = build_data_and_model(cfg)
-    figures = fit(build_run(cfg, plain_config(cfg), tmp_path, ranks, precision, data, model), TrainState())
+    spec = run_spec(cfg)
+    ranks, precision, data, model = build_data_and_model(spec)
+    figures = fit(build_run(spec, plain_config(cfg), tmp_path, ranks, precision, data, model), TrainState())
     assert [sorted(e) for e in figures.evaluations] == [["step", "val"]] * 4
     assert [e["val"] for e in figures.evaluations] == [e["val"] for e in fitted[1].evaluations]  # the same batches
     events = read_events(tmp_path)

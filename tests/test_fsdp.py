@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model_io.checkpoint import Checkpoint, build_model
-from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, read_events, tiny_run, torchrun, weights
+from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, optim_spec, read_events, tiny_run, torchrun, weights
 from training.data_parallel import named, numbered
 from training.optimizer import build_optimizer
 
@@ -109,7 +109,7 @@ def test_an_optimizer_state_numbered_then_named_again_is_the_same_state():
     # FSDP's checkpoint tools name each parameter; the checkpoint numbers them as one process's
     # optimizer does. A mixed-up order would give one parameter another's moments.
     model = build_model({"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8}, vocab_size=11)
-    optimizer = build_optimizer(model, {"name": "muon", "lr": 1e-2, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+    optimizer = build_optimizer(model, optim_spec(name="muon", lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95)),
                                 torch.device("cpu"))
     model(torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8)))[1].backward()
     optimizer.step()

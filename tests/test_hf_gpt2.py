@@ -3,6 +3,7 @@ with transformers' GPT2LMHeadModel as the reference: tiny random GPT-2s written 
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -77,8 +78,7 @@ def test_gpt2_folder_gives_transformers_logits(gpt2_weights_folder: Path, refere
 
 def test_exact_gelu_in_place_of_gpt2s_tanh_gelu_changes_the_logits(gpt2_weights_folder: Path, reference: GPT2LMHeadModel) -> None:
     config, _ = gpt_config_from_hf(gpt2_weights_folder)
-    config.mlp = "gelu"
-    model = GPT(config)
+    model = GPT(replace(config, mlp="gelu"))
     load_hf_weights(gpt2_weights_folder, model)  # into a model with real parameters this time
     assert max_logit_gap(model, reference, tokens()) > 10 * TOLERANCE
 

@@ -3,7 +3,7 @@ transformers' LlamaForCausalLM and Qwen3ForCausalLM as the reference: tiny rando
 BPE, written by save_pretrained in the test, never the Hub."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -134,8 +134,7 @@ def test_llama3_rope_scaling_is_read_and_is_what_makes_the_logits_agree(llama_fo
     assert (config.rope_theta, config.rope_scaling) == (500000.0, {name: LLAMA3_SCALING[name] for name in
                                                                    ("factor", "low_freq_factor", "high_freq_factor",
                                                                     "original_max_position_embeddings")})
-    config.rope_scaling = None  # plain rotary angles instead
-    unscaled = GPT(config)
+    unscaled = GPT(replace(config, rope_scaling=None))  # plain rotary angles instead
     load_hf_weights(llama_folder, unscaled)  # into real parameters this time
     assert max_logit_gap(unscaled, theirs, tokens()) > 100 * TOLERANCE
 
@@ -153,8 +152,7 @@ def test_a_sharded_folder_loads_as_one_file_does_and_a_missing_shard_is_named(tm
 
 def test_vocabulary_rows_past_the_tokenizers_last_id_are_left_out(llama_folder: Path) -> None:
     # Qwen3 pads its 151,669 tokens to 151,936 rows; the model is built from the tokenizer's size.
-    config, _ = gpt_config_from_hf(llama_folder)
-    config.vocab_size = VOCAB - 44
+    config = replace(gpt_config_from_hf(llama_folder)[0], vocab_size=VOCAB - 44)
     with torch.device("meta"):
         ours = GPT(config)
     load_hf_weights(llama_folder, ours)

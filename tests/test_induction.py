@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from data.corpus import load_documents
+from data.specs import CorpusSpec
 from data.stories import FEMALE_NAMES, MALE_NAMES, generate_stories
 from data.token_cache import TokenData
 from data.tokenizer import CharTokenizer
@@ -166,7 +167,7 @@ def test_every_run_logs_the_in_context_score_and_the_induction_ablation_beside_t
 
 
 def test_data_names_random_reaches_the_corpus_and_a_wrong_value_gets_one_line(tmp_path):
-    cfg = {"source": "stories", "seed": 3, "n_chars": 20_000, "names": "random"}
+    cfg = CorpusSpec(source="stories", seed=3, n_chars=20_000, names="random", val_fraction=0.1, cache_dir=".cache")
     assert load_documents(cfg) == generate_stories(seed=3, n_chars=20_000, names="random")
     result = run_cli("train.py", "data.names=made_up", cwd=tmp_path)
     assert result.returncode == 2

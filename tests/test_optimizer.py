@@ -1,17 +1,19 @@
 """training/optimizer.py: AdamW's groups, Muon for the blocks' matrices (against torch.optim.Muon),
 its Newton-Schulz iterations and their dtype, and a saved state loaded back."""
 
+from dataclasses import replace
+
 import torch
 
 from model import GPT, GPTConfig
 from runtime.devices import Machine
-from tests.helpers import run_cli, tiny_run
+from tests.helpers import optim_spec, run_cli, tiny_run
 from training.optimizer import Muon, build_optimizer, ns_dtype_for, orthogonalise
 
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_and_both_save_and_load():
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=8))
-    cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99]}
+    cfg = optim_spec(name="muon", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), ns_dtype="auto")
     optimizer = build_optimizer(model, cfg, torch.device("cpu"))
     adamw, muon = optimizer.optimizers
     assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, Muon) and muon.ns_dtype == torch.float32
@@ -75,8 +77,7 @@ def test_ns_dtype_auto_is_bfloat16_on_a_gpu_with_native_bf16_else_float32_and_th
     assert ns_dtype_for("auto", torch.device("cuda"), t4) == torch.float32  # no native bf16: emulated, slow
     assert ns_dtype_for("bfloat16", torch.device("cuda"), t4) == torch.bfloat16  # asked for: given
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8))
-    cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], "ns_dtype": "bfloat16",
-           "muon_momentum": 0.85}
+    cfg = optim_spec(name="muon", ns_dtype="bfloat16", muon_momentum=0.85)
     muon = build_optimizer(model, cfg, torch.device("cpu")).optimizers[1]
     assert muon.ns_dtype == torch.bfloat16 and muon.param_groups[0]["momentum"] == 0.85
 
@@ -92,11 +93,11 @@ def test_muon_in_bfloat16_on_a_cpu_says_it_is_slow_without_avx512_bf16_and_how_t
 
 def test_loading_a_saved_state_keeps_the_hyperparameters_the_optimizers_were_built_with():
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8))
-    saved_cfg = {"name": "muon", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], "muon_momentum": 0.95}
+    saved_cfg = optim_spec(name="muon", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_momentum=0.95)
     saved = build_optimizer(model, saved_cfg, torch.device("cpu"))
     model(torch.randint(0, 10, (2, 8)), torch.randint(0, 10, (2, 8)))[1].backward()
     saved.step()
-    resumed_cfg = {**saved_cfg, "weight_decay": 0.05, "betas": [0.8, 0.95], "muon_momentum": 0.85}  # a resume's overrides
+    resumed_cfg = replace(saved_cfg, weight_decay=0.05, betas=(0.8, 0.95), muon_momentum=0.85)  # a resume's overrides
     resumed = build_optimizer(model, resumed_cfg, torch.device("cpu"))
     resumed.load_state_dict(saved.state_dict())
     (adamw_decayed, _), (muon,) = resumed.optimizers[0].param_groups, resumed.optimizers[1].param_groups
@@ -108,7 +109,7 @@ def test_loading_a_saved_state_keeps_the_hyperparameters_the_optimizers_were_bui
 
 def test_weight_decay_applies_to_matrices_only():
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=True))
-    optimizer = build_optimizer(model, {"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99]}, torch.device("cpu"))
+    optimizer = build_optimizer(model, optim_spec(name="adamw", lr=1e-3, weight_decay=0.1), torch.device("cpu"))
     decayed, plain = optimizer.param_groups  # one AdamW, two groups
     assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])

@@ -87,3 +87,26 @@ def test_no_module_outside_cli_and_the_three_scripts_imports_hydra_or_omegaconf(
 def test_the_import_walk_sees_a_lazy_import_inside_a_function():
     assert imports_of("def f():\n    from omegaconf import OmegaConf\n") == {"omegaconf"}
     assert imports_of("import hydra.utils as h\nfrom . import x\n") == {"hydra"}
+
+
+# The packages below cli/: they take specs (training/specs.py, data/specs.py, model/gpt.py's GPTConfig).
+BELOW_THE_DOOR = ("training", "data", "model", "model_io", "inspection", "runtime")
+
+
+def config_readers(source: str) -> set[str]:
+    """What in source takes or reads a config itself: a parameter named cfg or *_cfg, or .cfg read."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.arg) and (node.arg == "cfg" or node.arg.endswith("_cfg")):
+            found.add(f"parameter {node.arg}")
+        elif isinstance(node, ast.Attribute) and node.attr == "cfg":
+            found.add(".cfg")
+    return found
+
+
+def test_below_cli_no_function_takes_the_config_and_none_reads_run_cfg():
+    readers = {str(path.relative_to(ROOT)): config_readers(path.read_text())
+               for package in BELOW_THE_DOOR for path in (ROOT / package).glob("*.py")}
+    assert "training/fit.py" in readers and "data/token_cache.py" in readers  # the walk sees them
+    assert {path: found for path, found in readers.items() if found} == {}
+    assert config_readers("def f(data_cfg):\n    return run.cfg.train\n") == {"parameter data_cfg", ".cfg"}

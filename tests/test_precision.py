@@ -9,14 +9,16 @@ import pytest
 import torch
 
 from cli.config import plain_config
+from cli.run_spec import run_spec
 from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint
 from runtime.precision import Precision
 from runtime.ranks import Ranks
-from tests.helpers import ROOT, read_events, run_cli, tiny_config, tiny_run
+from tests.helpers import ROOT, optim_spec, read_events, run_cli, tiny_config, tiny_run
 from training.build import build_data_and_model, build_run, restore
 from training.fit import fit
 from training.optimizer import build_optimizer
+from training.specs import StepSpec
 from training.state import TrainState
 from training.step import TrainStep
 from user_error import UserError
@@ -31,11 +33,11 @@ def train_step(dtype: str, optimizer: str, growth_interval: int = 2000, device: 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32)).to(device)
     tokens = np.tile(np.random.default_rng(0).integers(0, 64, size=97), 40).astype(np.uint16)
-    optimizers = build_optimizer(model, tiny_config(**{"optim.name": optimizer}).optim, device)
+    optimizers = build_optimizer(model, optim_spec(name=optimizer), device)
     precision = Precision(dtype, device, growth_interval=growth_interval)
     ranks = Ranks(rank=0, local_rank=0, world_size=1, device=device)
-    return TrainStep(model, model, None, optimizers, precision, ranks, tokens, batch_size=8, block_size=32,
-                     grad_accum_steps=1, grad_clip=1.0, skip_nonfinite=False, last_checkpoint=ROOT / "no-such.pt")
+    spec = StepSpec(batch_size=8, block_size=32, grad_accum_steps=1, grad_clip=1.0, skip_nonfinite=False)
+    return TrainStep(spec, model, model, None, optimizers, precision, ranks, tokens, last_checkpoint=ROOT / "no-such.pt")
 
 
 def snapshot(step: TrainStep) -> list[torch.Tensor]:
@@ -116,7 +118,8 @@ def fp16_run(workdir, max_steps: int, scale: float = 2.0**22):
     regrows after 3 updates, so that it moves during the run."""
     cfg = tiny_config(**{"data.cache_dir": workdir.parent / "cache", "train.dtype": "fp16", "train.max_steps": max_steps,
                          "train.eval_interval": 8, "train.log_interval": 1, "optim.warmup_steps": 0, "optim.min_lr": "1e-2"})
-    run = build_run(cfg, plain_config(cfg), workdir, *build_data_and_model(cfg))
+    spec = run_spec(cfg)
+    run = build_run(spec, plain_config(cfg), workdir, *build_data_and_model(spec))
     run.precision.scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=3)
     return run
 

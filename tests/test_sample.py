@@ -19,6 +19,7 @@ from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
 from tests.helpers import ONE_PROCESS, read_events, run_cli, text_of
 from training.data_parallel import Replicated
 from training.jobs import Samples
+from training.specs import ProbeSpec
 from training.tensorboard_log import RunLogger
 
 TOKENIZER = CharTokenizer(list("ab"))  # <|endoftext|> is id 2
@@ -120,8 +121,9 @@ def test_the_training_logs_sample_shows_the_end_of_a_text_as_sample_py_does(tmp_
     # The loop's Samples job, with a model that writes <|endoftext|> one token in three: the
     # sample it logs and writes to TensorBoard shows each end of text as sample.py prints it.
     model, tokenizer = Checkpoint.load(save_run(tmp_path / "run", steps=800, written=1_000)).build_model()
-    train = SimpleNamespace(sample_interval=10, sample_tokens=60, sample_temperature=1.0, seed=0)
-    run = SimpleNamespace(cfg=SimpleNamespace(train=train), model=model, data=SimpleNamespace(tokenizer=tokenizer),
+    probes = ProbeSpec(attn_log_interval=0, probe_tokens=16, seed=0, recall_seed=None, sample_interval=10,
+                       sample_tokens=60, sample_temperature=1.0)
+    run = SimpleNamespace(spec=SimpleNamespace(probes=probes), model=model, data=SimpleNamespace(tokenizer=tokenizer),
                           parallel=Replicated(model, ONE_PROCESS), ranks=ONE_PROCESS)
     logger = RunLogger(tmp_path / "events")
     with caplog.at_level(logging.INFO):

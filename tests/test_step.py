@@ -10,8 +10,9 @@ import torch
 from data.batches import get_batch
 from model import GPT, GPTConfig
 from runtime.precision import Precision
-from tests.helpers import ONE_PROCESS, tiny_config
+from tests.helpers import ONE_PROCESS, optim_spec
 from training.optimizer import build_optimizer
+from training.specs import StepSpec
 from training.step import TrainStep
 from user_error import UserError
 
@@ -20,9 +21,10 @@ def tiny_step(tmp_path, skip_nonfinite=False, accum=1, batch_size=4) -> TrainSte
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16))
     tokens = np.random.default_rng(0).integers(0, 50, size=2000).astype(np.uint16)
-    optimizer = build_optimizer(model, tiny_config().optim, torch.device("cpu"))
-    return TrainStep(model, model, None, optimizer, Precision("fp32", torch.device("cpu")), ONE_PROCESS, tokens,
-                     batch_size, 16, accum, grad_clip=1.0, skip_nonfinite=skip_nonfinite, last_checkpoint=tmp_path / "ckpt_last.pt")
+    optimizer = build_optimizer(model, optim_spec(), torch.device("cpu"))
+    spec = StepSpec(batch_size, block_size=16, grad_accum_steps=accum, grad_clip=1.0, skip_nonfinite=skip_nonfinite)
+    return TrainStep(spec, model, model, None, optimizer, Precision("fp32", torch.device("cpu")), ONE_PROCESS, tokens,
+                     last_checkpoint=tmp_path / "ckpt_last.pt")
 
 
 def test_a_step_trains_on_the_batch_its_rng_draws_and_reports_that_batchs_loss(tmp_path):

@@ -19,6 +19,7 @@ import regex
 from data import corpus, token_stream
 from data.bpe import GPT2_PATTERN
 from data.corpus import load_documents
+from data.specs import CorpusSpec, TokenizerSpec
 from data.token_cache import is_complete, prepare_tokens
 from data.tokenizer import train_bpe_fast
 from tests.helpers import ROOT, encode_documents, pythonpath_with_root, split_documents, stop_while
@@ -45,15 +46,14 @@ def small_cuts(monkeypatch):
 
 
 @pytest.mark.parametrize("val_fraction", [0.1, 0.37])
-@pytest.mark.parametrize("tokenizer_cfg", [{"kind": "char"}, {"kind": "bpe", "vocab_size": 400}], ids=["char", "bpe"])
-def test_the_stream_gives_the_ids_of_encoding_the_corpus_at_once(tmp_path, mixed_corpus, small_cuts, tokenizer_cfg, val_fraction):
-    cfg = {"source": "text", "path": str(mixed_corpus), "text_field": "text", "val_fraction": val_fraction,
-           "cache_dir": str(tmp_path / "cache")}
-    data = prepare_tokens(cfg, tokenizer_cfg)
+@pytest.mark.parametrize("tokenizer_spec", [TokenizerSpec("char"), TokenizerSpec("bpe", vocab_size=400)], ids=["char", "bpe"])
+def test_the_stream_gives_the_ids_of_encoding_the_corpus_at_once(tmp_path, mixed_corpus, small_cuts, tokenizer_spec, val_fraction):
+    cfg = CorpusSpec(source="text", path=str(mixed_corpus), val_fraction=val_fraction, cache_dir=str(tmp_path / "cache"))
+    data = prepare_tokens(cfg, tokenizer_spec)
     train_docs, val_docs, val_continues = split_documents(load_documents(cfg), val_fraction)
     assert data.train.tolist() == encode_documents(data.tokenizer, train_docs)
     assert data.val.tolist() == encode_documents(data.tokenizer, val_docs, starts_mid_document=val_continues)
-    if tokenizer_cfg["kind"] == "bpe":  # learned from the train split's documents, all of them here
+    if tokenizer_spec.kind == "bpe":  # learned from the train split's documents, all of them here
         assert data.tokenizer.encoding._mergeable_ranks == train_bpe_fast(train_docs, 400)
 
 
@@ -71,9 +71,9 @@ def start_and_end_layout(tokenizer, documents: list[str], starts_mid_document: b
 @pytest.mark.parametrize("family", ["llama3", "tinyllama"])  # cut before spaces; each document whole
 def test_a_llama_tokenizer_streams_bos_doc_eot_bos_doc_as_encoding_each_document_at_once(
         tmp_path, mixed_corpus, small_cuts, family, val_fraction):
-    cfg = {"source": "text", "path": str(mixed_corpus), "text_field": "text", "val_fraction": val_fraction,
-           "cache_dir": str(tmp_path / "cache")}
-    data = prepare_tokens(cfg, {"kind": "pretrained", "path": str(save_family(family, tmp_path / family))})
+    cfg = CorpusSpec(source="text", path=str(mixed_corpus), val_fraction=val_fraction,
+                     cache_dir=str(tmp_path / "cache"))
+    data = prepare_tokens(cfg, TokenizerSpec("pretrained", path=str(save_family(family, tmp_path / family))))
     assert data.tokenizer.bos_id != data.tokenizer.eot_id
     train_docs, val_docs, val_continues = split_documents(load_documents(cfg), val_fraction)
     assert data.train.tolist() == start_and_end_layout(data.tokenizer, train_docs)
@@ -85,19 +85,19 @@ def test_a_document_that_ends_the_train_split_ends_there_with_its_end_of_text_to
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text("Tom met Ana. " * 7 + "x")  # 92 characters: train
     (tmp_path / "corpus" / "b.txt").write_text("Ana waved.")  # 10 characters: val (the last 10 of 102)
-    cfg = {"source": "text", "path": str(tmp_path / "corpus"), "text_field": "text", "val_fraction": 0.1,
-           "cache_dir": str(tmp_path / "cache")}
-    data = prepare_tokens(cfg, {"kind": "pretrained", "path": str(save_family("llama3", tmp_path / "llama3"))})
+    cfg = CorpusSpec(source="text", path=str(tmp_path / "corpus"), val_fraction=0.1,
+                     cache_dir=str(tmp_path / "cache"))
+    data = prepare_tokens(cfg, TokenizerSpec("pretrained", path=str(save_family("llama3", tmp_path / "llama3"))))
     tokenizer = data.tokenizer
     assert data.train.tolist() == [tokenizer.bos_id, *tokenizer.encode("Tom met Ana. " * 7 + "x"), tokenizer.eot_id]
     assert data.val.tolist() == [tokenizer.bos_id, *tokenizer.encode("Ana waved.")]
 
 
 def test_bpe_learns_from_every_document_of_the_train_split_cut_only_where_pre_tokens_start(tmp_path, small_cuts):
-    cfg = {"source": "text", "path": str(tmp_path), "text_field": "text", "val_fraction": 0.4}
+    cfg = CorpusSpec(source="text", path=str(tmp_path), val_fraction=0.4, cache_dir=".cache")
     (tmp_path / "a.txt").write_text(LONG_TEXT)
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": f"Tom met Ana {i} times."}) for i in range(20)))
-    survey = token_stream.survey_corpus(cfg, {"kind": "bpe"})
+    survey = token_stream.survey_corpus(cfg, TokenizerSpec("bpe"))
     train_docs, _, _ = split_documents(load_documents(cfg), 0.4)
     sample = list(token_stream.train_sample(cfg, survey))
     assert "".join(sample) == "".join(train_docs) and len(sample) > 2 * len(train_docs)
@@ -119,8 +119,8 @@ def pre_tokens_by_document(texts: list[str], documents: list[str]) -> list[list[
 
 @pytest.mark.parametrize("cap", [8_000, 30_000])  # a fifth of the train split, and most of it
 def test_a_large_train_split_teaches_bpe_from_a_sample_of_its_length_spread_over_it(monkeypatch, cap):
-    cfg = {"source": "stories", "seed": 1, "n_chars": 40_000, "val_fraction": 0.1}
-    survey = token_stream.survey_corpus(cfg, {"kind": "bpe"})
+    cfg = CorpusSpec(source="stories", seed=1, n_chars=40_000, val_fraction=0.1, cache_dir=".cache")
+    survey = token_stream.survey_corpus(cfg, TokenizerSpec("bpe"))
     every_text = list(token_stream.train_sample(cfg, survey))  # all of the train split: under the cap
     monkeypatch.setattr(token_stream, "BPE_SAMPLE_CHARS", cap)
     sample = list(token_stream.train_sample(cfg, survey))
@@ -136,8 +136,8 @@ def test_a_large_train_split_teaches_bpe_from_a_sample_of_its_length_spread_over
 
 @pytest.mark.slow
 def test_a_run_killed_while_it_writes_the_token_cache_leaves_nothing_a_later_run_trusts(tmp_path):
-    cfg = {"source": "stories", "seed": 3, "n_chars": 20_000_000, "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
-    script = f"from data.token_cache import prepare_tokens; prepare_tokens({cfg!r}, {{'kind': 'char'}})"
+    cfg = CorpusSpec(source="stories", seed=3, n_chars=20_000_000, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    script = f"from data.specs import *; from data.token_cache import prepare_tokens; prepare_tokens({cfg!r}, TokenizerSpec('char'))"
     writer = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     tokens = tmp_path / "cache" / "tokens"
 
@@ -152,7 +152,7 @@ def test_a_run_killed_while_it_writes_the_token_cache_leaves_nothing_a_later_run
     assert writer.wait() == -signal.SIGKILL, "the writer finished before it could be killed"
     (staging,) = tokens.iterdir()
     assert ".tmp-" in staging.name and not is_complete(staging)
-    data = prepare_tokens(cfg, {"kind": "char"})  # starts again, and clears what the killed run left
+    data = prepare_tokens(cfg, TokenizerSpec("char"))  # starts again, and clears what the killed run left
     (entry,) = tokens.iterdir()
     assert is_complete(entry) and ".tmp-" not in entry.name
     assert len(data.train) + len(data.val) > 20_000_000 and (np.asarray(data.val[:1000]) < data.tokenizer.vocab_size).all()
@@ -164,7 +164,7 @@ def test_the_cache_key_changes_with_where_documents_begin_not_only_with_the_text
         folder.mkdir()
         for i, text in enumerate(documents):
             (folder / f"{i}.txt").write_text(text)
-        cfg = {"source": "text", "path": str(folder), "text_field": "text", "val_fraction": 0.1}
-        return token_stream.survey_corpus(cfg, {"kind": "char"}).key
+        cfg = CorpusSpec(source="text", path=str(folder), val_fraction=0.1, cache_dir=".cache")
+        return token_stream.survey_corpus(cfg, TokenizerSpec("char")).key
 
     assert len({key("ab", "c"), key("a", "bc"), key("abc"), key("ab", "d")}) == 4

@@ -15,6 +15,7 @@ import torch
 from data.bpe import GPT2_PATTERN, ranks_from_text, ranks_to_text, train_bpe
 from data.corpus import load_documents
 from data.gpt2_files import load_gpt2_encoding
+from data.specs import CorpusSpec, TokenizerSpec
 from data.stories import generate_stories
 from data.token_cache import prepare_tokens
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
@@ -27,7 +28,7 @@ STORIES = "".join(generate_stories(seed=7, n_chars=60_000))
 
 
 def bpe(text: str, vocab_size: int, tmp_path):
-    return build_tokenizer({"kind": "bpe", "vocab_size": vocab_size}, set(text), lambda: [text], tmp_path, corpus_key="test")
+    return build_tokenizer(TokenizerSpec("bpe", vocab_size=vocab_size), set(text), lambda: [text], tmp_path, corpus_key="test")
 
 
 def test_a_hand_worked_example_gives_the_expected_merges_and_tiktoken_applies_them():
@@ -131,7 +132,7 @@ def test_the_default_run_uses_a_bpe_vocabulary_learned_once_and_cached(trained_r
     # Guards val text leaking into the vocabulary: the cached ranks, the checkpoint's, are the train split's alone.
     checkpoint = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
     data, vocab_size = checkpoint["config"]["data"], checkpoint["config"]["tokenizer"]["vocab_size"]
-    train_docs, _, _ = split_documents(load_documents(data), data["val_fraction"])
+    train_docs, _, _ = split_documents(load_documents(CorpusSpec.of(data)), data["val_fraction"])
     assert ranks_from_text(cached.read_text()) == train_bpe_fast(train_docs, vocab_size)
     assert checkpoint["tokenizer"]["ranks"] == cached.read_text()
 
@@ -151,7 +152,7 @@ def test_a_bpe_that_runs_out_of_merges_says_how_many_tokens_it_got(tmp_path):
 def test_the_end_of_text_token_round_trips_and_plain_text_cannot_inject_it(kind, tmp_path):
     text = STORIES[:2000] + EOT
     if kind == "char":
-        tokenizer = build_tokenizer({"kind": "char"}, set(text), lambda: [text], tmp_path, corpus_key="test")
+        tokenizer = build_tokenizer(TokenizerSpec("char"), set(text), lambda: [text], tmp_path, corpus_key="test")
     else:
         tokenizer = bpe(text, 300, tmp_path)
     ids = tokenizer.encode("The end." + EOT + "Once")
@@ -177,11 +178,11 @@ def test_bpe_pieces_are_labelled_readably(tmp_path):
 def test_ids_are_stored_as_uint32_when_the_vocabulary_needs_it(tmp_path):
     corpus = tmp_path / "wide.txt"
     corpus.write_text("".join(chr(0x4E00 + i) for i in range(20_000)) + "".join(chr(0x20000 + i) for i in range(50_000)))
-    cfg = {"source": "text", "path": str(corpus), "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache"), "text_field": "text"}
-    data = prepare_tokens(cfg, {"kind": "char"})
+    cfg = CorpusSpec(source="text", path=str(corpus), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    data = prepare_tokens(cfg, TokenizerSpec("char"))
     assert data.tokenizer.vocab_size == 70_001 and data.train.dtype == np.uint32
     assert data.tokenizer.decode(data.val[-3:].tolist()) == "".join(chr(0x20000 + i) for i in range(49_997, 50_000))
-    assert prepare_tokens(cfg, {"kind": "bpe", "vocab_size": 300}).train.dtype == np.uint16
+    assert prepare_tokens(cfg, TokenizerSpec("bpe", vocab_size=300)).train.dtype == np.uint16
 
 
 def test_gpt2_without_network_or_cached_files_fails_fast_with_one_clear_line(tmp_path, closed_port_url):
@@ -207,7 +208,6 @@ def test_gpt2_files_with_the_wrong_hash_are_refused_and_not_kept(tmp_path, file_
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_the_project_tokenizers_start_every_text_with_their_end_of_text_token(kind, tmp_path):
-    cfg = {"kind": kind, "vocab_size": 300}
-    tokenizer = build_tokenizer(cfg, set(STORIES), lambda: [STORIES], tmp_path, corpus_key="test")
+    tokenizer = build_tokenizer(TokenizerSpec(kind, vocab_size=300), set(STORIES), lambda: [STORIES], tmp_path, corpus_key="test")
     assert tokenizer.bos_id == tokenizer.eot_id
     assert tokenizer_from_state(tokenizer.state()).bos_id == tokenizer.eot_id

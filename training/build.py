@@ -20,6 +20,7 @@ from runtime.precision import Precision
 from runtime.ranks import Ranks, dist_backend, said_once_per_machine
 from training.data_parallel import Replicated, wrap
 from training.optimizer import Optimizers, build_optimizer
+from training.specs import RunSpec
 from training.state import RunState, TrainState, restore_rng_states
 
 log = logging.getLogger("train")
@@ -27,8 +28,8 @@ log = logging.getLogger("train")
 
 @dataclass
 class Run:
-    cfg: Any  # the run's config, as cli/ composed and checked it
-    config: dict[str, Any]  # the same as plain dicts and values (cli/config.py plain_config): what checkpoints and TensorBoard keep
+    spec: RunSpec  # what the run is asked for (training/specs.py), built by cli/run_spec.py
+    config: dict[str, Any]  # the config it came from, as plain values: what checkpoints and TensorBoard keep
     dir: Path
     ranks: Ranks
     precision: Precision
@@ -46,81 +47,81 @@ class Run:
 
 
 
-def build_data_and_model(cfg: Any, from_weights: bool = True) -> tuple[Ranks, Precision, TokenData, GPT]:
+def build_data_and_model(spec: RunSpec) -> tuple[Ranks, Precision, TokenData, GPT]:
     """This process's place among the ranks, its precision, the tokenized corpus and a new model:
-    random, or with init_from the weights of cfg.tokenizer.path (from_weights=False: a resumed run,
-    whose checkpoint brings its own)."""
+    random, or the weights of spec.start.weights (a resumed run's checkpoint brings its own)."""
     machine = Machine.this_one()
-    ranks = Ranks.join(cfg.train.device, machine)
+    ranks = Ranks.join(spec.device.device, machine)
     with said_once_per_machine():  # every process on a machine would refuse alike
-        precision = Precision.for_run(cfg.train.dtype, ranks.device, machine)
-        if cfg.train.compile:
+        precision = Precision.for_run(spec.device.dtype, ranks.device, machine)
+        if spec.device.compile:
             check_compiler("train.compile", ranks.device, machine)
     if precision.warning:
         log.warning(f"warning: {precision.warning}")
     # Each rank its own seed, so dropout masks differ between ranks; the model itself starts
     # as rank 0's everywhere, since DistributedDataParallel copies rank 0's weights to all.
-    seed_everything(cfg.train.seed + ranks.rank)
+    seed_everything(spec.loop.seed + ranks.rank)
     if ranks.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: much faster, ample precision here
     # On each machine one process tokenizes (and downloads) first; the others then read its cache.
     if ranks.local_rank != 0:
         ranks.barrier()
-    data = prepare_tokens(cfg.data, cfg.tokenizer)
+    data = prepare_tokens(spec.corpus, spec.tokenizer)
     if ranks.local_rank == 0:
         ranks.barrier()
-    check_splits_fit(data, cfg.model.block_size)
-    if cfg.init_from and from_weights:
+    check_splits_fit(data, spec.model.block_size)
+    if spec.start.weights:
         with torch.device("meta"):  # no memory for random weights the file's replace at once
-            model = build_model(cfg.model, data.tokenizer.vocab_size)
-        load_hf_weights(Path(cfg.tokenizer.path), model)
+            model = build_model(spec.model, data.tokenizer.vocab_size)
+        load_hf_weights(spec.start.weights, model)
     else:
-        model = build_model(cfg.model, data.tokenizer.vocab_size)
+        model = build_model(spec.model, data.tokenizer.vocab_size)
     model = model.to(ranks.device)
     return ranks, precision, data, model
 
 
-def build_run(cfg: Any, config: dict[str, Any], run_dir: Path, ranks: Ranks, precision: Precision, data: TokenData,
-              model: GPT) -> Run:
-    """The run: cfg and config, the config as composed and as plain values (cli/config.py)."""
+def build_run(spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: Ranks, precision: Precision,
+              data: TokenData, model: GPT) -> Run:
+    """The run of spec; config: the config it came from, as plain values (cli/config.py plain_config)."""
     # Under torchrun, DDP averages the gradients over all ranks during backward(), so that every
     # rank takes the same step; FSDP does too, each rank stepping its own shard.
-    parallel = wrap(model, cfg.train.parallel, ranks)
-    optimizer = build_optimizer(model, cfg.optim, ranks.device)  # after wrap: on FSDP's shards
+    parallel = wrap(model, spec.device.parallel, ranks)
+    optimizer = build_optimizer(model, spec.optim, ranks.device)  # after wrap: on FSDP's shards
     step_model, eval_model = parallel.step_model, model
     # The compiled modules share model's parameters: checkpoints, maps and samples use model itself.
-    if cfg.train.compile:
+    if spec.device.compile:
         step_model, eval_model = torch.compile(step_model), torch.compile(model)
-    batch_rng = np.random.default_rng(cfg.train.seed)
-    return Run(cfg, config, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
+    batch_rng = np.random.default_rng(spec.loop.seed)
+    return Run(spec, config, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
 
 
 def describe(run: Run) -> None:
     """The log's opening lines: model, data, where it runs, where it writes."""
-    cfg, model, tokenizer = run.cfg, run.model, run.data.tokenizer
+    spec, model, tokenizer = run.spec, run.model, run.data.tokenizer
+    shape = model.config
     log.info(
-        f"model: {model.num_parameters() / 1e6:.2f}M parameters, {cfg.model.n_layer} layers x "
-        f"{cfg.model.n_head} heads x {model.config.head_size} dims"
-        + (f" ({model.config.kv_heads} key/value heads)" if model.config.kv_heads != cfg.model.n_head else "")
-        + f", context {cfg.model.block_size}" + (f", window {cfg.model.window}" if cfg.model.window else "")
+        f"model: {model.num_parameters() / 1e6:.2f}M parameters, {shape.n_layer} layers x "
+        f"{shape.n_head} heads x {shape.head_size} dims"
+        + (f" ({shape.kv_heads} key/value heads)" if shape.kv_heads != shape.n_head else "")
+        + f", context {shape.block_size}" + (f", window {shape.window}" if shape.window else "")
     )
     log.info(
-        f"data: {cfg.data.source}, {len(run.data.train):,} train and {len(run.data.val):,} val tokens, "
+        f"data: {spec.corpus.source}, {len(run.data.train):,} train and {len(run.data.val):,} val tokens, "
         f"vocab {tokenizer.vocab_size} ({tokenizer.kind}) | device: {run.ranks.device}"
         + (f" | {run.ranks.world_size} processes ({dist_backend()})" if run.ranks.distributed else "")
         + (", each holding a shard (fsdp)" if run.parallel.collective_forwards else "")
     )
     log.info(f"precision: {run.precision.name} ({run.precision.why})")
     learned = tokenizer.vocab_size - 1  # BPE's byte tokens: all but <|endoftext|>
-    if cfg.tokenizer.kind == "bpe" and learned < cfg.tokenizer.vocab_size:
-        log.info(f"note: bpe has {learned} byte tokens, not the {cfg.tokenizer.vocab_size} of tokenizer.vocab_size: "
+    if spec.tokenizer.kind == "bpe" and learned < spec.tokenizer.vocab_size:
+        log.info(f"note: bpe has {learned} byte tokens, not the {spec.tokenizer.vocab_size} of tokenizer.vocab_size: "
                  "the train split ran out of pairs to merge (each of its words is one token already)")
-    if cfg.optim.name == "muon" and cfg.optim.ns_dtype == "bfloat16" and run.ranks.device.type == "cpu":
+    if spec.optim.name == "muon" and spec.optim.ns_dtype == "bfloat16" and run.ranks.device.type == "cpu":
         log.info("note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it) runs Muon's "
                  "Newton-Schulz matmuls in bfloat16, very slow on a CPU without AVX-512 BF16; optim.ns_dtype=auto "
                  "runs them in float32")
     log.info(f"run dir: {run.shown_dir}")
-    if cfg.train.compile:
+    if spec.device.compile:
         log.info("train.compile=true: the first training step and the first evaluation compile first")
 
 

@@ -35,20 +35,17 @@ class Figures:
 
 def fit(run: Run, state: TrainState) -> Figures:
     """Train from state.step to train.max_steps. Ctrl-C or kill: save and exit 128 + signal."""
-    cfg, ranks = run.cfg, run.ranks
-    max_steps = cfg.train.max_steps
+    loop, optim, ranks = run.spec.loop, run.spec.optim, run.ranks
+    max_steps = loop.max_steps
     tb = open_tensorboard(run, state.step)
     saver = Saver(run)
     evaluation = Evaluation(run, tb)
     jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb),
-            KeptCheckpoints(run, evaluation, saver, state), Checkpoints(evaluation, saver, cfg.train.save_interval)]
-    train_step = TrainStep(
-        run.model, run.step_model, run.parallel, run.optimizer, run.precision, ranks, run.data.train, cfg.train.batch_size,
-        cfg.model.block_size, cfg.train.grad_accum_steps, cfg.optim.grad_clip, cfg.train.skip_nonfinite, run.dir / LAST,
-    )
-    schedule = partial(lr_at, lr=cfg.optim.lr, min_lr=cfg.optim.min_lr, warmup_steps=cfg.optim.warmup_steps,
-                       max_steps=max_steps, schedule=cfg.optim.schedule, decay_fraction=cfg.optim.decay_fraction)
-    step_log = StepLog(tb, cfg.train.log_interval, max_steps, train_step.tokens_per_step)
+            KeptCheckpoints(run, evaluation, saver, state), Checkpoints(evaluation, saver, loop.save_interval)]
+    train_step = TrainStep.of(run)
+    schedule = partial(lr_at, lr=optim.lr, min_lr=optim.min_lr, warmup_steps=optim.warmup_steps,
+                       max_steps=max_steps, schedule=optim.schedule, decay_fraction=optim.decay_fraction)
+    step_log = StepLog(tb, loop.log_interval, max_steps, train_step.tokens_per_step)
     first_step = state.step
     with StopSignals() as stop, ProgressBar(max_steps, state.step, wanted=ranks.is_main) as bar:
         while True:

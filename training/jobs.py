@@ -46,14 +46,14 @@ class Evaluation:
 
     def __init__(self, run: Run, tb: RunLogger) -> None:
         self.run, self.tb = run, tb
-        self.due = Every(run.cfg.train.eval_interval, at_start=run.cfg.train.eval_at_start)
+        self.due = Every(run.spec.loop.eval_interval, at_start=run.spec.loop.eval_at_start)
         self.history: list[dict[str, float]] = []  # {"step", "train", "val"} of every evaluation ("train" only with eval_train)
 
     def __call__(self, state: TrainState) -> None:
-        run, train = self.run, self.run.cfg.train
-        splits = ("train", "val") if train.eval_train else ("val",)
-        evaluated = evaluate(run.eval_model, run.data, train.batch_size, run.cfg.model.block_size, train.eval_iters,
-                             run.ranks, run.precision, train.seed, splits, lockstep=run.parallel.collective_forwards)
+        run, loop, step = self.run, self.run.spec.loop, self.run.spec.step
+        splits = ("train", "val") if loop.eval_train else ("val",)
+        evaluated = evaluate(run.eval_model, run.data, step.batch_size, step.block_size, loop.eval_iters,
+                             run.ranks, run.precision, loop.seed, splits, lockstep=run.parallel.collective_forwards)
         losses = evaluated.losses
         self.tb.scalars(state.step, {f"loss/{split}": loss for split, loss in losses.items()})
         if evaluated.in_context is not None:
@@ -74,10 +74,10 @@ class AttentionMaps:
     whole model for it."""
 
     def __init__(self, run: Run, tb: RunLogger, fresh: bool) -> None:
-        cfg, tokenizer, device = run.cfg, run.data.tokenizer, run.ranks.device
+        probes, shape, tokenizer, device = run.spec.probes, run.model.config, run.data.tokenizer, run.ranks.device
         self.model, self.tb, self.parallel, self.is_main = run.model, tb, run.parallel, run.ranks.is_main
-        self.due = Every(cfg.train.attn_log_interval)
-        n_probe = min(cfg.train.probe_tokens, cfg.model.block_size)
+        self.due = Every(probes.attn_log_interval)
+        n_probe = min(probes.probe_tokens, shape.block_size)
         probe = probe_ids(run.data.val, tokenizer, n_probe)
         self.probe = torch.tensor([probe], device=device)  # (1, T_probe)
         self.labels = tokenizer.token_strings(probe)
@@ -87,17 +87,17 @@ class AttentionMaps:
         # gives the induction scores, all rows the loss on the second copy that the ablation reads.
         n_induction = n_probe // 2
         self.repeated = torch.tensor(
-            [induction_probe(tokenizer.vocab_size, n_induction, cfg.train.seed + i, avoid=tokenizer.eot_id)
+            [induction_probe(tokenizer.vocab_size, n_induction, probes.seed + i, avoid=tokenizer.eot_id)
              for i in range(INDUCTION_ROWS)], device=device,
         ) if n_induction >= 2 else None  # (INDUCTION_ROWS, 2n)
         self.induction = self.repeated[:1] if self.repeated is not None else None  # (1, 2n)
         # Held-out stories (another seed), where names and items come back.
-        max_windows = min(RECALL_PROBE_WINDOWS, max(1, RECALL_PROBE_TOKENS // cfg.model.block_size))
-        self.recall = (RecallProbe.build(tokenizer, cfg.model.block_size, seed=cfg.data.seed + 1, max_windows=max_windows)
-                       if self.due.interval and cfg.data.source == "stories" and self.is_main else None)
+        max_windows = min(RECALL_PROBE_WINDOWS, max(1, RECALL_PROBE_TOKENS // shape.block_size))
+        self.recall = (RecallProbe.build(tokenizer, shape.block_size, seed=probes.recall_seed, max_windows=max_windows)
+                       if self.due.interval and probes.recall_seed is not None and self.is_main else None)
         if self.recall is not None and not self.recall.targets:
             self.recall = None  # block_size too short for a name to come back inside one window
-        n_heads = cfg.model.n_layer * cfg.model.n_head
+        n_heads = shape.n_layer * shape.n_head
         self.ablate = n_heads <= ABLATION_MAX_HEADS
         if not self.ablate and fresh and self.due.interval:
             log.info(f"note: no ablation/... scalars: this model has {n_heads} heads, and knocking each out alone "
@@ -133,7 +133,7 @@ class Samples:
 
     def __init__(self, run: Run, tb: RunLogger) -> None:
         self.run, self.tb = run, tb
-        self.due = Every(run.cfg.train.sample_interval)
+        self.due = Every(run.spec.probes.sample_interval)
 
     def __call__(self, state: TrainState) -> None:
         with self.run.parallel.whole_model():
@@ -141,10 +141,10 @@ class Samples:
                 self.write(state)
 
     def write(self, state: TrainState) -> None:
-        train = self.run.cfg.train
+        probes = self.run.spec.probes
         try:
-            sample = generate_text(self.run.model, self.run.data.tokenizer, "", train.sample_tokens,
-                                   temperature=train.sample_temperature, seed=train.seed, eot_text=EOT_SHOWN)[0]
+            sample = generate_text(self.run.model, self.run.data.tokenizer, "", probes.sample_tokens,
+                                   temperature=probes.sample_temperature, seed=probes.seed, eot_text=EOT_SHOWN)[0]
         except FloatingPointError as error:  # only after train.skip_nonfinite let NaN in
             sample = f"(no sample: {error})"
         self.tb.text("samples", sample, state.step)

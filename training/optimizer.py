@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from runtime.devices import Machine
+from training.specs import OptimSpec
 
 OPTIMIZERS = ("adamw", "muon")
 NS_DTYPES = ("auto", "float32", "bfloat16")
@@ -149,24 +150,23 @@ def is_hidden_matrix(name: str, param: nn.Parameter) -> bool:
     return param.dim() == 2 and name.startswith("blocks.")
 
 
-def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], device: torch.device,
+def build_optimizer(model: nn.Module, spec: OptimSpec, device: torch.device,
                     machine: Machine | None = None) -> Optimizers:
-    """AdamW, and with cfg's name muon, Muon for the blocks' matrices; machine (this one unless
+    """AdamW, and with spec.name muon, Muon for the blocks' matrices; machine (this one unless
     given) decides ns_dtype=auto."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    use_muon = cfg.get("name", "adamw") == "muon"
+    use_muon = spec.name == "muon"
     for_muon = [p for name, p in named if use_muon and is_hidden_matrix(name, p)]
     for_adamw = [(name, p) for name, p in named if not (use_muon and is_hidden_matrix(name, p))]
     groups = [
-        {"params": [p for _, p in for_adamw if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+        {"params": [p for _, p in for_adamw if p.dim() >= 2], "weight_decay": spec.weight_decay},
         {"params": [p for _, p in for_adamw if p.dim() < 2], "weight_decay": 0.0},
     ]
     # The fused kernel is a CUDA speed-up; on CPU the default implementation is used.
-    optimizers = [torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg["betas"]), fused=device.type == "cuda")]
+    optimizers = [torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=device.type == "cuda")]
     if for_muon:
         optimizers.append(Muon(
-            for_muon, lr=cfg["lr"], weight_decay=cfg["weight_decay"], momentum=cfg.get("muon_momentum", 0.95),
-            adjust_lr_fn="match_rms_adamw",
-            ns_dtype=ns_dtype_for(str(cfg.get("ns_dtype", "auto")), device, machine or Machine.this_one()),
+            for_muon, lr=spec.lr, weight_decay=spec.weight_decay, momentum=spec.muon_momentum,
+            adjust_lr_fn="match_rms_adamw", ns_dtype=ns_dtype_for(spec.ns_dtype, device, machine or Machine.this_one()),
         ))
     return Optimizers(*optimizers)

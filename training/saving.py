@@ -81,7 +81,7 @@ class KeptCheckpoints:
 
     def __init__(self, run: Run, evaluation: Evaluation, saver: Saver, state: TrainState) -> None:
         self.dir, self.evaluation, self.saver = run.dir, evaluation, saver
-        keep, max_steps = run.cfg.train.keep_checkpoints, run.cfg.train.max_steps
+        keep, max_steps = run.spec.loop.keep_checkpoints, run.spec.loop.max_steps
         self.steps = kept_steps(keep, max_steps)
         if not keep:
             return

@@ -13,9 +13,12 @@ import torch
 from torch import nn
 
 from data.batches import get_batch
+from model_io.run_files import LAST
 from runtime.precision import MIN_LOSS_SCALE, Precision
 from runtime.ranks import Ranks
+from training.build import Run
 from training.data_parallel import Replicated, whole
+from training.specs import StepSpec
 from user_error import UserError
 
 
@@ -29,19 +32,24 @@ class StepResult:
 
 class TrainStep:
     def __init__(
-        self, model: nn.Module, step_model: nn.Module, parallel: Replicated | None,
-        optimizer: torch.optim.Optimizer, precision: Precision, ranks: Ranks, tokens: np.ndarray,
-        batch_size: int, block_size: int, grad_accum_steps: int, grad_clip: float, skip_nonfinite: bool,
-        last_checkpoint: Path,
+        self, spec: StepSpec, model: nn.Module, step_model: nn.Module, parallel: Replicated | None,
+        optimizer: torch.optim.Optimizer, precision: Precision, ranks: Ranks, tokens: np.ndarray, last_checkpoint: Path,
     ) -> None:
-        """step_model runs forward and backward: model itself, or DDP or torch.compile around it;
-        parallel syncs the gradients over the ranks (None: one process). last_checkpoint: the
-        file a stop for a non-finite value says is kept."""
+        """The update spec describes (training/specs.py) on tokens. step_model runs forward and
+        backward: model itself, or DDP or torch.compile around it; parallel syncs the gradients
+        over the ranks (None: one process). last_checkpoint: the file a stop for a non-finite
+        value says is kept."""
         self.model, self.step_model, self.parallel, self.optimizer = model, step_model, parallel, optimizer
         self.precision, self.ranks, self.tokens = precision, ranks, tokens
-        self.batch_size, self.block_size, self.accum = batch_size, block_size, grad_accum_steps
-        self.grad_clip, self.skip_nonfinite = grad_clip or math.inf, skip_nonfinite
+        self.batch_size, self.block_size, self.accum = spec.batch_size, spec.block_size, spec.grad_accum_steps
+        self.grad_clip, self.skip_nonfinite = spec.grad_clip or math.inf, spec.skip_nonfinite
         self.last_checkpoint = last_checkpoint
+
+    @classmethod
+    def of(cls, run: Run) -> "TrainStep":
+        """The run's step, on its training split; a stop names its ckpt_last.pt."""
+        return cls(run.spec.step, run.model, run.step_model, run.parallel, run.optimizer, run.precision, run.ranks,
+                   run.data.train, run.dir / LAST)
 
     @property
     def tokens_per_step(self) -> int:
