@@ -13,6 +13,7 @@ import torch
 
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
+from model.generation import lay_out_for_decoding
 from model_io.hf_models import gpt_from_hf
 from runtime.devices import cpu_multiplies_bf16
 
@@ -63,9 +64,13 @@ def read_bandwidth(array: torch.Tensor) -> float:
     return array.nbytes / (time.perf_counter() - started) / 1e9
 
 
-def at_precision(model: GPT, dtype: torch.dtype) -> GPT:
-    """A copy of model with its weights in dtype, as sample.py would compute in it."""
-    return copy.deepcopy(model).to(dtype).eval()
+def at_precision(model: GPT, dtype: torch.dtype, eager: bool = False) -> GPT:
+    """A copy of model with its weights in dtype, as sample.py would compute in it; eager: laid
+    out as sample.py lays them out for eager generation on a CPU (lay_out_for_decoding)."""
+    copied = copy.deepcopy(model).to(dtype).eval()
+    if eager:
+        lay_out_for_decoding(copied)
+    return copied
 
 
 def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
@@ -80,21 +85,22 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
     transformers_logging.disable_progress_bar()  # its bars for writing and reading the folder: noise here
     folder = gpt2_folder(GPT2_SMALL, work / "gpt2-small")
     ours_fp32: GPT = gpt_from_hf(folder)[0].eval()
-    models = {name: (at_precision(ours_fp32, dtype), GPT2LMHeadModel.from_pretrained(folder, dtype=dtype).eval())
-              for name, dtype in PRECISIONS.items()}
+    models = {name: (at_precision(ours_fp32, dtype), at_precision(ours_fp32, dtype, eager=True),
+                     GPT2LMHeadModel.from_pretrained(folder, dtype=dtype).eval())
+              for name, dtype in PRECISIONS.items()}  # ours for the compiled step, ours for eager, theirs
     del ours_fp32
     shutil.rmtree(folder)
     prompt = torch.randint(0, GPT2_SMALL["vocab_size"], (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
 
     runs: dict[tuple[str, str], Callable[[int], torch.Tensor]] = {}  # each takes the number of new tokens
     compile_seconds = {}
-    for name, (ours, theirs) in models.items():
+    for name, (ours, ours_eager, theirs) in models.items():
         started = time.perf_counter()
         step = CompiledDecodeStep(ours, batch_size=1, temperature=0.0, top_k=None, top_p=None)
         compile_seconds[name] = time.perf_counter() - started
         paths = {"compiled": lambda new, ours=ours, step=step: generate_tokens(ours, prompt, new, temperature=0.0,
                                                                                decode_step=step),
-                 "eager": lambda new, ours=ours: generate_tokens(ours, prompt, new, temperature=0.0),
+                 "eager": lambda new, ours_eager=ours_eager: generate_tokens(ours_eager, prompt, new, temperature=0.0),
                  "transformers": lambda new, theirs=theirs: hf_greedy(theirs, prompt, new)}
         runs.update({(name, path): paths[path] for path in PATHS})
 
@@ -117,7 +123,7 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
     result = {"params": models["fp32"][0].num_parameters(), "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
               "threads": torch.get_num_threads(), "native_bf16": cpu_multiplies_bf16(), "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
               "read_gb_per_s_each": bandwidth, "precisions": {}}
-    for name, (ours, _) in models.items():
+    for name, (ours, _, _) in models.items():
         weight_bytes = sum(p.nbytes for p in ours.parameters())
         limit = gb_per_s * 1e9 / weight_bytes
         rates = {path: NEW_TOKENS / statistics.median(seconds[name, path]) for path in PATHS}

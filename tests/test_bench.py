@@ -246,8 +246,9 @@ def test_the_gpt2_sampling_section_puts_each_path_beside_the_bandwidth_limit_and
     # section must see other tokens there, and the same ones at fp32.
     at_precision = bench.gpt2_sampling.at_precision
 
-    def nudged_at_bf16(model, dtype):
-        copy = at_precision(model, dtype)
+    def nudged_at_bf16(model, dtype, eager=False):
+        copy = at_precision(model, dtype, eager)
+        assert copy.lm_head.weight.t().is_contiguous() == (eager and dtype == torch.float32)  # eager: as sample.py lays it out
         if dtype == torch.bfloat16:
             with torch.no_grad():
                 copy.blocks[1].mlp.proj.weight.neg_()

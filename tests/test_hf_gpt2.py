@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
-from model.generation import generate_tokens
+from model.generation import generate_tokens, lay_out_for_decoding
 from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.hf_models import (
     export_blockers,
@@ -83,9 +83,14 @@ def test_exact_gelu_in_place_of_gpt2s_tanh_gelu_changes_the_logits(gpt2_weights_
     assert max_logit_gap(model, reference, tokens()) > 10 * TOLERANCE
 
 
+@pytest.mark.parametrize("laid_out", [False, True], ids=["as loaded", "laid out for decoding"])
 @pytest.mark.parametrize("use_kv_cache", [True, False])
-def test_greedy_tokens_match_transformers_generate(gpt2_weights_folder: Path, reference: GPT2LMHeadModel, use_kv_cache: bool) -> None:
+def test_greedy_tokens_match_transformers_generate(gpt2_weights_folder: Path, reference: GPT2LMHeadModel, use_kv_cache: bool,
+                                                   laid_out: bool) -> None:
     model, _ = gpt_from_hf(gpt2_weights_folder)
+    if laid_out:  # as sample.py samples on a CPU
+        lay_out_for_decoding(model)
+        assert max_logit_gap(model, reference, tokens()) < TOLERANCE
     prompt = tokens(length=6)
     theirs = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30,
                                 do_sample=False, pad_token_id=EOT)

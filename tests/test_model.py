@@ -5,9 +5,10 @@ import re
 
 import pytest
 import torch
+from torch import nn
 
 from model import GPT, eval_mode
-from model.generation import generate_text, generate_tokens
+from model.generation import generate_text, generate_tokens, lay_out_for_decoding
 from model.gpt import ReLUSquared, relu_squared
 from model.sampling import filter_logits
 from tests.helpers import ARCHITECTURE_OPTIONS, previous_token_copier, tiny_gpt
@@ -249,6 +250,41 @@ def test_each_architecture_option_samples_the_same_with_and_without_the_kv_cache
     model = tiny_gpt(block_size=16, **options)
     prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0))
     assert torch.equal(generate_tokens(model, prompt, 30, temperature=0), generate_tokens(model, prompt, 30, temperature=0, use_kv_cache=False))
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")
+def test_weights_laid_out_for_decoding_keep_names_values_and_tying_and_sample_the_same_tokens(options):
+    model = tiny_gpt(block_size=16, bias=True, **options)
+    prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(0, 65, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def outputs() -> tuple[torch.Tensor, ...]:
+        sampled = generate_tokens(model, prompt, 30, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad(), eval_mode(model):
+            return generate_tokens(model, prompt, 30, temperature=0), sampled, model(idx)[0]
+
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    greedy, sampled, logits = outputs()
+    lay_out_for_decoding(model)
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    assert all(module.weight.t().is_contiguous() for module in linears)  # each (out, in) weight stored (in, out)
+    assert model.lm_head.weight.t().is_contiguous() and (model.lm_head.weight is model.tok_emb.weight) == model.config.tie_head
+    after = model.state_dict()
+    assert list(after) == list(state) and all(torch.equal(after[name], state[name]) for name in state)
+    greedy_after, sampled_after, logits_after = outputs()
+    assert torch.equal(greedy_after, greedy) and torch.equal(sampled_after, sampled)
+    torch.testing.assert_close(logits_after, logits, rtol=0, atol=1e-5)  # the same sums, maybe in another order
+
+
+def test_laying_out_for_decoding_leaves_bf16_weights_and_an_already_laid_out_model_as_they_are():
+    bf16 = tiny_gpt().to(torch.bfloat16)
+    lay_out_for_decoding(bf16)
+    assert all(parameter.is_contiguous() for parameter in bf16.parameters())  # oneDNN's bf16 reads (out, in) faster
+    model = tiny_gpt()
+    lay_out_for_decoding(model)
+    storage = model.lm_head.weight.data_ptr()
+    lay_out_for_decoding(model)  # twice is once
+    assert model.lm_head.weight.t().is_contiguous() and model.lm_head.weight.data_ptr() == storage
 
 
 def test_smear_gives_each_position_its_own_token_and_the_one_before_and_nothing_else():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from data.tokenizer import EOT, CharTokenizer
-from model.generation import EOT_SHOWN
+from model.generation import EOT_SHOWN, generate_text
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
 from tests.helpers import ONE_PROCESS, read_events, run_cli, text_of
@@ -71,6 +71,24 @@ def test_sample_prints_the_end_of_a_text_as_a_line_of_its_own_not_the_raw_token(
     texts = result.stdout.removesuffix("\n").split("\n\n--- end of text ---\n\n")  # print's newline off
     assert len(texts) > 5  # about 60 / 3 texts: each end of text shown
     assert set("".join(texts)) <= {"a", "b"}
+
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compile=true"])
+def test_sample_lays_out_the_weights_for_eager_decoding_on_a_cpu_and_not_for_the_compiled_step(tmp_path, monkeypatch, compile_):
+    import sample
+
+    path = save_run(tmp_path / "run", steps=800, written=1_000)
+    laid_out = []
+
+    def generate_and_look(model, *args, **kwargs):
+        laid_out.append([module.weight.t().is_contiguous() for module in (model.lm_head, model.blocks[0].attn.qkv)])
+        return generate_text(model, *args, **kwargs)
+
+    monkeypatch.setattr(sample, "generate_text", generate_and_look)
+    # One new token: compile=true then builds no decode step, but keeps the weights it would compile for.
+    result = run_cli("sample.py", f"run={path}", "max_new_tokens=1", f"compile={str(compile_).lower()}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert laid_out == [[not compile_] * 2]
 
 
 @pytest.mark.slow
