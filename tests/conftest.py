@@ -17,7 +17,7 @@ import cli.schema  # noqa: F401
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.recall_probe import RecallProbe
-from tests.helpers import QuietHandler, run_cli, tiny_run
+from tests.helpers import LogdirBuilder, QuietHandler, run_cli, tiny_run
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
 # with two torch threads each on two cores spend their time waiting on each other's threads.
@@ -63,3 +63,15 @@ def closed_port_url() -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def logdir(request, tmp_path_factory) -> Path:
+    """A TensorBoard logdir, one per test module, holding what the module's LOGDIR lists: the
+    builders of tests/helpers.py (whole_tiny_run, young_run, ...), each called in turn with the
+    logdir and this request (for the fixtures it needs: trained_run)."""
+    builders: list[LogdirBuilder] = request.module.LOGDIR
+    folder = tmp_path_factory.mktemp("logdir")
+    for build in builders:
+        build(folder, request)
+    return folder

@@ -10,6 +10,7 @@ import os
 import re
 import resource
 import runpy
+import shutil
 import signal
 import string
 import subprocess
@@ -23,6 +24,7 @@ from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -519,3 +521,74 @@ def small_checkpoint(tmp_path, name="ckpt_last.pt"):
                config={"model": model_cfg}, tokenizer=tokenizer.state(),
                run_state={"rng": capture_rng_states(np.random.default_rng(0))}).save(path)
     return path, model
+
+
+# What a test module's logdir fixture (tests/conftest.py) holds: the module lists builders such as
+# these in LOGDIR, and each puts its runs into the logdir given.
+LogdirBuilder = Callable[[Path, pytest.FixtureRequest], None]
+def whole_tiny_run(logdir: Path, request: pytest.FixtureRequest) -> None:
+    """The tiny run (trained_run) as "run", with its best checkpoint kept as if at step 10 too."""
+    trained_run = request.getfixturevalue("trained_run")
+    shutil.copytree(trained_run, logdir / "run")
+    kept = Checkpoint.load(trained_run / BEST)
+    kept.step = 10
+    kept_checkpoint_path(logdir / "run", 10).parent.mkdir(exist_ok=True)
+    kept.save(kept_checkpoint_path(logdir / "run", 10))
+
+
+def tiny_run_events(logdir: Path, request: pytest.FixtureRequest) -> None:
+    """The tiny run as "run": its event file and best checkpoint alone."""
+    trained_run = request.getfixturevalue("trained_run")
+    (logdir / "run").mkdir()
+    for events in [*trained_run.glob("events.out.tfevents.*"), trained_run / BEST]:
+        shutil.copy(events, logdir / "run")
+
+
+def young_run(logdir: Path, request: pytest.FixtureRequest) -> None:
+    """"young": a run that has logged a scalar and saved no checkpoint yet (so no attention data either)."""
+    young = RunLogger(logdir / "young")
+    young.scalars(0, {"loss/train": 7.0})
+    young.close()
+
+
+def made_up_runs(logdir: Path, request: pytest.FixtureRequest) -> None:
+    """Runs of made-up weights: "big", a 12 x 12 model on 128 tokens; "uniform", heads that weigh every
+    visible token the same; "a-trained", the only one that trained 100 steps (to step 150)."""
+    big = RunLogger(logdir / "big")
+    for step in (0, 5, 10):
+        big.attention_weights(step, made_up_attention(step, 12, 12, 128), [f"t{i}" for i in range(128)])
+    big.close()
+    uniform = RunLogger(logdir / "uniform")
+    uniform.attention_weights(0, torch.ones(2, 2, 6, 6).tril() / torch.arange(1, 7).view(6, 1), list("abcdef"))
+    uniform.close()
+    trained = RunLogger(logdir / "a-trained")
+    trained.scalars(150, {"loss/train": 2.0})
+    trained.attention_weights(150, made_up_attention(150, 2, 2, 6), list("abcdef"))
+    trained.close()
+
+
+def circuit_run(logdir: Path, request: pytest.FixtureRequest) -> None:
+    """"circuit": the induction circuit built by hand, saved as a checkpoint, and kept at step 0
+    (before its induction head formed) and at step 100."""
+    save_circuit(logdir / "circuit")
+    keep_circuit_checkpoints(logdir / "circuit")
+
+
+def circuit_run_with_maps(logdir: Path, request: pytest.FixtureRequest) -> None:
+    """circuit_run, and its attention maps on repeated tokens logged at step 0."""
+    circuit = save_circuit(logdir / "circuit")
+    keep_circuit_checkpoints(logdir / "circuit")
+    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, 8, 0, CIRCUIT_TOKENIZER.eot_id)]
+    logger = RunLogger(logdir / "circuit")
+    logger.attention_weights(0, circuit.attention_weights(torch.tensor([ids]))[:, 0], CIRCUIT_TOKENIZER.token_strings(ids))
+    logger.close()
+
+
+def hydra_run_folders(logdir: Path, request: pytest.FixtureRequest) -> None:
+    """Empty outputs/<date>/<time> and multirun/<date>/<time>/0 run folders, a folder "secret" beside
+    them, and outputs/outputs-escape, a link out of outputs to the secret."""
+    for run in ("outputs/2026-01-02/03-04-05", "multirun/2026-01-02/03-04-05/0"):
+        (logdir / run).mkdir(parents=True)
+    (logdir / "secret").mkdir()
+    (logdir / "outputs" / "outputs-escape").symlink_to(logdir / "secret")
+

@@ -8,7 +8,6 @@ import base64
 import json
 import math
 import re
-import shutil
 import time
 import urllib.error
 import urllib.parse
@@ -38,10 +37,11 @@ from tests.helpers import (
     CIRCUIT_TOKENIZER,
     INDUCTION_HEAD,
     PREVIOUS_TOKEN_HEAD,
-    keep_circuit_checkpoints,
+    circuit_run,
     made_up_attention,
     read_events,
-    save_circuit,
+    whole_tiny_run,
+    young_run,
 )
 from training.tensorboard_log import RunLogger
 
@@ -60,24 +60,8 @@ def get(url: str, form: dict[str, str] | None = None) -> tuple[int, str, bytes]:
         return error.code, error.headers["Content-Type"], error.read()
 
 
-@pytest.fixture(scope="module")
-def logdir(trained_run, tmp_path_factory):
-    """The tiny run as "run", with its best checkpoint kept as if at step 10 too; beside it "young":
-    a run that has logged a scalar and saved no checkpoint yet (so it has no attention data
-    either); and "circuit", the induction circuit built by hand, saved as a checkpoint, and kept
-    at step 0 (before its induction head formed) and at step 100."""
-    logdir = tmp_path_factory.mktemp("logdir")
-    shutil.copytree(trained_run, logdir / "run")
-    kept = Checkpoint.load(trained_run / BEST)
-    kept.step = 10
-    kept_checkpoint_path(logdir / "run", 10).parent.mkdir(exist_ok=True)
-    kept.save(kept_checkpoint_path(logdir / "run", 10))
-    young = RunLogger(logdir / "young")
-    young.scalars(0, {"loss/train": 7.0})
-    young.close()
-    save_circuit(logdir / "circuit")
-    keep_circuit_checkpoints(logdir / "circuit")
-    return logdir
+# The tiny run whole, "young" beside it, and the circuit: tests/helpers.py's builders.
+LOGDIR = [whole_tiny_run, young_run, circuit_run]
 
 
 @pytest.fixture(scope="module", params=["logdir", "logdir_spec"])

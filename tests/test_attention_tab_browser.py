@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import math
-import shutil
 import urllib.parse
 import urllib.request
 
@@ -38,10 +37,11 @@ from tests.helpers import (
     CIRCUIT_SEED,
     CIRCUIT_TOKENIZER,
     INDUCTION_HEAD,
-    keep_circuit_checkpoints,
+    circuit_run_with_maps,
     made_up_attention,
+    made_up_runs,
     read_events,
-    save_circuit,
+    tiny_run_events,
 )
 from training.tensorboard_log import RunLogger
 
@@ -49,35 +49,9 @@ pytestmark = pytest.mark.browser  # every test drives the tab's page in headless
 
 
 
-@pytest.fixture(scope="module")
-def logdir(trained_run, tmp_path_factory):
-    """The tiny run's event file and best checkpoint and, beside it, runs of made-up weights: a
-    12 x 12 model on 128 tokens, heads that weigh every visible token the same, a run "still
-    training" and "a-trained", the only one that trained 100 steps; and "circuit", the induction
-    circuit built by hand, as a checkpoint and its maps on repeated tokens, kept along the way at
-    step 0 (before its induction head formed) and step 100."""
-    logdir = tmp_path_factory.mktemp("logdir")
-    (logdir / "run").mkdir()
-    for events in [*trained_run.glob("events.out.tfevents.*"), trained_run / "ckpt_best.pt"]:
-        shutil.copy(events, logdir / "run")
-    big = RunLogger(logdir / "big")
-    for step in (0, 5, 10):
-        big.attention_weights(step, made_up_attention(step, 12, 12, 128), [f"t{i}" for i in range(128)])
-    big.close()
-    uniform = RunLogger(logdir / "uniform")
-    uniform.attention_weights(0, torch.ones(2, 2, 6, 6).tril() / torch.arange(1, 7).view(6, 1), list("abcdef"))
-    uniform.close()
-    trained = RunLogger(logdir / "a-trained")
-    trained.scalars(150, {"loss/train": 2.0})
-    trained.attention_weights(150, made_up_attention(150, 2, 2, 6), list("abcdef"))
-    trained.close()
-    circuit = save_circuit(logdir / "circuit")
-    keep_circuit_checkpoints(logdir / "circuit")
-    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, 8, 0, CIRCUIT_TOKENIZER.eot_id)]
-    logger = RunLogger(logdir / "circuit")
-    logger.attention_weights(0, circuit.attention_weights(torch.tensor([ids]))[:, 0], CIRCUIT_TOKENIZER.token_strings(ids))
-    logger.close()
-    return logdir
+# The tiny run's event file and best checkpoint, runs of made-up weights, and the circuit with its
+# maps on repeated tokens: tests/helpers.py's builders.
+LOGDIR = [tiny_run_events, made_up_runs, circuit_run_with_maps]
 
 
 @pytest.fixture(scope="module")

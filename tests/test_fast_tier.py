@@ -8,7 +8,6 @@ every file uses them. Which tests are in the tier is pytest's own answer (--coll
 import ast
 import functools
 import re
-import subprocess
 import sys
 
 import pytest
@@ -70,15 +69,31 @@ def reached(names: set[str], modules: set[str]) -> set[str]:
     return seen
 
 
+class Collected:
+    """A pytest plugin that keeps the node ids of the tests a session selected."""
+
+    def __init__(self) -> None:
+        self.nodeids: list[str] = []
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.nodeids = [item.nodeid for item in session.items]
+
+
 def tier_files(expression: str, ignored: list[str]) -> set[str]:
-    """The test files that hold at least one test the expression selects, as pytest collects them,
-    the ignored ones (--ignore) aside."""
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=--strict-markers",
-                             "-p", "no:cacheprovider", "-p", "no:xdist", "-m", expression,
-                             *(f"--ignore={path}" for path in ignored)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
+    """The test files that hold at least one test the expression selects, as pytest collects them
+    (--collect-only -m), the ignored ones (--ignore) aside. pytest runs in this process: the test
+    files a session of the whole suite has imported already are not imported again, where a new
+    process would spend seconds importing torch, transformers and every test file."""
+    collected, saved_path = Collected(), sys.path[:]
+    try:
+        status = pytest.main(["--collect-only", "-qq", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT),
+                              "-o", "addopts=--strict-markers", "-p", "no:cacheprovider", "-p", "no:xdist",
+                              "-m", expression, *(f"--ignore={path}" for path in ignored), str(ROOT / "tests")],
+                             plugins=[collected])
+    finally:
+        sys.path[:] = saved_path
+    assert status == pytest.ExitCode.OK, f"pytest --collect-only -m {expression!r} ended with {status!r}"
+    return {nodeid.split("::")[0] for nodeid in collected.nodeids}
 
 
 @functools.cache
@@ -97,7 +112,7 @@ def uncovered(files: set[str], modules: set[str]) -> dict[str, list[str]]:
             for module in sorted(modules - covered)}
 
 
-@pytest.mark.slow  # pytest's collection of the whole suite imports torch, transformers and every test file
+@pytest.mark.slow  # pytest's collection of the whole suite (alone, this file imports torch, transformers and every test file)
 def test_the_fast_tier_runs_every_module_of_the_project(pytestconfig):
     modules = project_modules()
     assert {"model.gpt", "model", "data.stories", "attention_tab.plugin", "cli.schema", "train", "export"} <= modules

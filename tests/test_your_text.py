@@ -17,17 +17,11 @@ from inspection.text_forward import forward_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import kept_checkpoint_path
 from runtime.precision import WEIGHT_DTYPES
-from tests.helpers import save_circuit
+from tests.helpers import hydra_run_folders, save_circuit
 from user_error import UserError
 
-
-@pytest.fixture
-def logdir(tmp_path):
-    """outputs/<date>/<time> and multirun/<date>/<time>/0 run folders, and a secret beside them."""
-    for run in ("outputs/2026-01-02/03-04-05", "multirun/2026-01-02/03-04-05/0"):
-        (tmp_path / run).mkdir(parents=True)
-    (tmp_path / "secret").mkdir()
-    return tmp_path
+# Hydra's run folders, a secret beside them and a link out to it: tests/helpers.py's builder.
+LOGDIR = [hydra_run_folders]
 
 
 def test_under_logdir_a_run_is_its_folder_relative_to_the_logdir(logdir):
@@ -49,7 +43,6 @@ def test_under_logdir_spec_a_run_is_its_folder_under_the_group_its_name_starts_w
 @pytest.mark.parametrize("run", ["..", "../secret", "2026-01-02/../../secret", "/etc", "{logdir}/secret",
                                  "outputs-escape", "nope"])
 def test_a_name_that_leads_out_of_the_logdir_or_nowhere_is_refused(logdir, run):
-    (logdir / "outputs" / "outputs-escape").symlink_to(logdir / "secret")  # a link out of the logdir
     with pytest.raises(UserError, match=f"run '{run.format(logdir=logdir)}' is not a folder under TensorBoard's logdir"):
         run_folder(run.format(logdir=logdir), logdir_roots(str(logdir / "outputs"), ""))
     with pytest.raises(UserError, match="is not a folder under TensorBoard's logdir"):
