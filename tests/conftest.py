@@ -2,6 +2,7 @@
 
 import functools
 import os
+import shutil
 import socket
 import threading
 from http.server import ThreadingHTTPServer
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 # Hydra's schemas (train_schema, data_stories_schema, ...) are stored in its ConfigStore when
 # cli.schema is imported, and configs/*.yaml extend them: a test that composes a config in-process
@@ -17,7 +19,7 @@ import cli.schema  # noqa: F401
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.recall_probe import RecallProbe
-from tests.helpers import LogdirBuilder, QuietHandler, run_cli, tiny_run
+from tests.helpers import Finished, LogdirBuilder, QuietHandler, run_cli, tiny_run, two_ranks_left_alone
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
 # with two torch threads each on two cores spend their time waiting on each other's threads.
@@ -35,6 +37,26 @@ def trained_run(tmp_path_factory) -> Path:
     result = run_cli("train.py", *tiny_run(**{"train.device": "cpu", "hydra.run.dir": "run"}), cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir / "run"
+
+
+@pytest.fixture(scope="session")
+def run_left_alone(tmp_path_factory, worker_id) -> Finished:
+    """helpers.TWO_RANKS on 2 processes under DDP, never stopped: what a stopped, killed or sharded run
+    must end as (tests/test_distributed.py, tests/test_fsdp.py). Made once a session: under pytest-xdist
+    the first worker that needs it makes it in the folder the workers share, and the others read it."""
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # pytest-xdist's workers each have a folder of their own in it
+    workdir = shared / "run_left_alone"
+    with FileLock(f"{workdir}.lock"):
+        stdout = workdir / "stdout.txt"
+        if not stdout.is_file():  # (a run that failed wrote none: the next worker tries again)
+            shutil.rmtree(workdir, ignore_errors=True)
+            workdir.mkdir()
+            finished = two_ranks_left_alone(workdir)
+            (workdir / "run_dir.txt").write_text(str(finished.dir))
+            stdout.write_text(finished.stdout)
+        return Finished(Path((workdir / "run_dir.txt").read_text()), stdout.read_text())
 
 
 @pytest.fixture(scope="module")
