@@ -91,12 +91,13 @@ def one_batch_of_8(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_ranks_of_4(tmp_path_factory) -> Finished:
+def two_ranks_of_4(made_once) -> Finished:
     """ONE_STEP on 2 ranks with batches of 4 (DDP): its weights, and the losses it logged."""
-    workdir = tmp_path_factory.mktemp("two_ranks_of_4")
-    result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 4, "hydra.run.dir": "run"}), cwd=workdir)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return Finished(workdir / "run", result.stdout)
+    def run(workdir: Path) -> Finished:
+        result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 4, "hydra.run.dir": "run"}), cwd=workdir)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return Finished(workdir / "run", result.stdout)
+    return made_once("two_ranks_of_4", run)
 
 
 def assert_took_the_step(run_dir: Path, expected_weights: dict[str, torch.Tensor]) -> None:

@@ -31,18 +31,20 @@ def ddp_run(run_left_alone) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fsdp_stopped_and_resumed(tmp_path_factory) -> tuple[Path, int]:
+def fsdp_stopped_and_resumed(made_once) -> tuple[Path, int]:
     """RUN under FSDP, stopped by Ctrl-C after step 10 or so, then resumed to the end: its run
     dir and the step it stopped after."""
-    workdir = tmp_path_factory.mktemp("fsdp")
-    output = ctrl_c_under_torchrun(2, *RUN, "train.parallel=fsdp", "hydra.run.dir=run", cwd=workdir, after="step 10/30")
-    assert "| 2 processes (gloo), each holding a shard (fsdp)" in output, output
-    stopped = re.search(r"stopped by SIGINT after step (\d+); saved run/ckpt_last.pt", output)
-    assert stopped, output
-    resumed = torchrun(2, "resume=run", cwd=workdir)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "each holding a shard (fsdp)" in resumed.stdout  # the saved train.parallel
-    return workdir / "run", int(stopped.group(1))
+    def stop_and_resume(workdir: Path) -> tuple[Path, int]:
+        output = ctrl_c_under_torchrun(2, *RUN, "train.parallel=fsdp", "hydra.run.dir=run", cwd=workdir,
+                                       after="step 10/30")
+        assert "| 2 processes (gloo), each holding a shard (fsdp)" in output, output
+        stopped = re.search(r"stopped by SIGINT after step (\d+); saved run/ckpt_last.pt", output)
+        assert stopped, output
+        resumed = torchrun(2, "resume=run", cwd=workdir)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "each holding a shard (fsdp)" in resumed.stdout  # the saved train.parallel
+        return workdir / "run", int(stopped.group(1))
+    return made_once("fsdp_stopped_and_resumed", stop_and_resume)
 
 
 def losses(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
