@@ -45,14 +45,14 @@ def trained_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def made_once(tmp_path_factory, worker_id) -> Callable[[str, Callable[[Path], T]], T]:
+def made_once(tmp_path_factory) -> Callable[[str, Callable[[Path], T]], T]:
     """made_once(name, make): what make(folder) returns, made once a test session in a folder of its own,
     for the fixtures whose runs take seconds. Under pytest-xdist, which may send a module's tests to
     either worker, the first worker that asks makes it, in the folder the workers share (under a file
     lock), and the others read what it returned (pickled). A make that fails leaves nothing behind: the
     next to ask tries again."""
     shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
+    if "PYTEST_XDIST_WORKER" in os.environ:
         shared = shared.parent  # pytest-xdist's workers each have a folder of their own in it
 
     def made(name: str, make: Callable[[Path], T]) -> T:
