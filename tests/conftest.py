@@ -2,13 +2,18 @@
 
 import functools
 import os
+import pickle
+import shutil
 import socket
 import threading
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
+from filelock import FileLock
 
 # Hydra's schemas (train_schema, data_stories_schema, ...) are stored in its ConfigStore when
 # cli.schema is imported, and configs/*.yaml extend them: a test that composes a config in-process
@@ -17,7 +22,9 @@ import cli.schema  # noqa: F401
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
 from inspection.recall_probe import RecallProbe
-from tests.helpers import LogdirBuilder, QuietHandler, run_cli, tiny_run
+from tests.helpers import Finished, LogdirBuilder, QuietHandler, run_cli, tiny_run, two_ranks_left_alone
+
+T = TypeVar("T")
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
 # with two torch threads each on two cores spend their time waiting on each other's threads.
@@ -35,6 +42,35 @@ def trained_run(tmp_path_factory) -> Path:
     result = run_cli("train.py", *tiny_run(**{"train.device": "cpu", "hydra.run.dir": "run"}), cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir / "run"
+
+
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory) -> Callable[[str, Callable[[Path], T]], T]:
+    """made_once(name, make): what make(folder) returns, made once a test session in a folder of its own,
+    for the fixtures whose runs take seconds. Under pytest-xdist, which may send a module's tests to
+    either worker, the first worker that asks makes it, in the folder the workers share (under a file
+    lock), and the others read what it returned (pickled). A make that fails leaves nothing behind: the
+    next to ask tries again."""
+    shared = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shared = shared.parent  # pytest-xdist's workers each have a folder of their own in it
+
+    def made(name: str, make: Callable[[Path], T]) -> T:
+        folder, result = shared / name, shared / f"{name}.pickle"
+        with FileLock(f"{folder}.lock"):
+            if not result.is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                result.write_bytes(pickle.dumps(make(folder)))
+            return pickle.loads(result.read_bytes())
+    return made
+
+
+@pytest.fixture(scope="session")
+def run_left_alone(made_once) -> Finished:
+    """helpers.TWO_RANKS on 2 processes under DDP, never stopped: what a stopped, killed or sharded run
+    must end as (tests/test_distributed.py, tests/test_fsdp.py)."""
+    return made_once("run_left_alone", two_ranks_left_alone)
 
 
 @pytest.fixture(scope="module")

@@ -176,6 +176,49 @@ def torchrun(n: int, *args: str, cwd, timeout: int = 300, preexec_fn=None,
                           timeout=timeout, preexec_fn=preexec_fn)
 
 
+# The run of 2 ranks that tests/test_distributed.py and tests/test_fsdp.py compare their stopped,
+# killed and sharded runs with (the two_ranks_left_alone fixture). 30 steps of the default optimizer
+# (Muon and AdamW) with dropout, so that every RNG matters, the loss logged at each step; 2 micro-steps
+# a step (the gradients are synced in the second's backward alone); 3 evaluation batches, so rank 0
+# runs 2 and rank 1 one; attention maps and samples (rank 0 alone) at steps 0, 10, 20 and 30. On the
+# CPU, as gloo's processes are: on a GPU machine train.device=auto would give each process a GPU of
+# its own (a one-GPU machine has none for rank 1).
+TWO_RANKS = {**QUICK, "train.device": "cpu", "train.max_steps": 30, "train.log_interval": 1, "train.eval_iters": 3,
+             "train.batch_size": 2, "train.grad_accum_steps": 2, "model.dropout": 0.1, "train.attn_log_interval": 10,
+             "train.sample_interval": 10}
+
+# train.py as Python runs a script, then the names of the Gloo threads its process still has.
+THEN_NAME_GLOO_THREADS = """
+import os, runpy, sys
+sys.argv = sys.argv[1:]  # train.py and its arguments
+sys.path[0] = os.path.dirname(sys.argv[0])
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+    print(f"rank {os.environ['RANK']} ended with these gloo threads: {sorted(n for n in names if 'gloo' in n)}")
+"""
+
+
+@dataclass
+class Finished:
+    """A torchrun run that ended: its run dir and what its processes printed."""
+    dir: Path
+    stdout: str
+
+
+def two_ranks_left_alone(workdir: Path) -> Finished:
+    """TWO_RANKS on 2 processes under DDP, in the default run dir (outputs/<date>/<time>), never
+    stopped; each process then names the Gloo threads it has left."""
+    wrapper = workdir / "then_name_gloo_threads.py"
+    wrapper.write_text(THEN_NAME_GLOO_THREADS)
+    result = torchrun(2, *tiny_run(TWO_RANKS), cwd=workdir, script=(str(wrapper), str(ROOT / "train.py")))
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dirs = list((workdir / "outputs").glob("*/*"))
+    assert len(run_dirs) == 1  # rank 1 made no run dir of its own
+    return Finished(run_dirs[0], result.stdout)
+
+
 def limit_file_size(max_bytes: int) -> Callable[[], None]:
     """A preexec_fn for subprocess: in the child and its children files may grow to max_bytes, then
     writes fail with EFBIG (SIGXFSZ ignored, so the process is not killed), as on a full disk."""

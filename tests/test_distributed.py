@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import (
     QUICK,
     ROOT,
+    TWO_RANKS,
+    Finished,
     ctrl_c_under_torchrun,
     curves,
     limit_file_size,
@@ -36,41 +37,9 @@ pytestmark = pytest.mark.distributed  # torchrun: several processes of train.py
 # one-process runs compared with them would train in bf16 there.
 QUICK_ON_CPU = {**QUICK, "train.device": "cpu"}
 
-# 40 steps, the loss logged at each, the attention maps at every 20; dropout on, so that every RNG matters.
-EXACT = {**QUICK_ON_CPU, "train.max_steps": 40, "train.log_interval": 1, "train.attn_log_interval": 20, "model.dropout": 0.1}
-
-
-# train.py as Python runs a script, then the names of the Gloo threads its process still has.
-THEN_NAME_GLOO_THREADS = """
-import os, runpy, sys
-sys.argv = sys.argv[1:]  # train.py and its arguments
-sys.path[0] = os.path.dirname(sys.argv[0])
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
-    print(f"rank {os.environ['RANK']} ended with these gloo threads: {sorted(n for n in names if 'gloo' in n)}")
-"""
-
-
-@dataclass
-class Finished:
-    dir: Path
-    stdout: str
-
-
-@pytest.fixture(scope="module")
-def run_left_alone(tmp_path_factory) -> Finished:
-    """EXACT on 2 processes, in the default run dir, never stopped: what a stopped or killed run
-    must end as, bit for bit. Each process then names the Gloo threads it has left."""
-    workdir = tmp_path_factory.mktemp("alone")
-    wrapper = workdir / "then_name_gloo_threads.py"
-    wrapper.write_text(THEN_NAME_GLOO_THREADS)
-    result = torchrun(2, *tiny_run(EXACT), cwd=workdir, script=(str(wrapper), str(ROOT / "train.py")))
-    assert result.returncode == 0, result.stdout + result.stderr
-    run_dirs = list((workdir / "outputs").glob("*/*"))
-    assert len(run_dirs) == 1  # rank 1 made no run dir of its own
-    return Finished(run_dirs[0], result.stdout)
+# run_left_alone (tests/conftest.py, shared with tests/test_fsdp.py): helpers.TWO_RANKS on 2 processes,
+# never stopped, each process then naming the Gloo threads it has left. The stopped and killed runs
+# here are TWO_RANKS too, and must end as it did, bit for bit.
 
 
 def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):
@@ -122,12 +91,13 @@ def one_batch_of_8(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_ranks_of_4(tmp_path_factory) -> Finished:
+def two_ranks_of_4(made_once) -> Finished:
     """ONE_STEP on 2 ranks with batches of 4 (DDP): its weights, and the losses it logged."""
-    workdir = tmp_path_factory.mktemp("two_ranks_of_4")
-    result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 4, "hydra.run.dir": "run"}), cwd=workdir)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return Finished(workdir / "run", result.stdout)
+    def run(workdir: Path) -> Finished:
+        result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 4, "hydra.run.dir": "run"}), cwd=workdir)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return Finished(workdir / "run", result.stdout)
+    return made_once("two_ranks_of_4", run)
 
 
 def assert_took_the_step(run_dir: Path, expected_weights: dict[str, torch.Tensor]) -> None:
@@ -222,12 +192,12 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
 
 
 def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path, run_left_alone):
-    output = ctrl_c_under_torchrun(2, *tiny_run(EXACT, **{"hydra.run.dir": "stopped"}), cwd=tmp_path, after="step 15/40")
+    output = ctrl_c_under_torchrun(2, *tiny_run(TWO_RANKS, **{"hydra.run.dir": "stopped"}), cwd=tmp_path, after="step 15/30")
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
     assert stopped, output
     assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
     step = int(stopped.group(1))
-    assert torch.load(tmp_path / "stopped" / "ckpt_last.pt", weights_only=True)["step"] == step < 40
+    assert torch.load(tmp_path / "stopped" / "ckpt_last.pt", weights_only=True)["step"] == step < 30
 
     resumed = torchrun(2, "resume=stopped", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -261,14 +231,14 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
     # logged step 7, two steps past the first checkpoint; torchrun then stops rank 0 and starts
     # both again.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "--max-restarts=1", str(ROOT / "train.py"), *tiny_run(EXACT, **{"train.save_interval": 5})]
+               "--max-restarts=1", str(ROOT / "train.py"), *tiny_run(TWO_RANKS, **{"train.save_interval": 5})]
     output_file = tmp_path / "torchrun.log"
     with open(output_file, "w") as output:
         process = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
                                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 120
-            while "step 7/40" not in output_file.read_text() and time.monotonic() < deadline:
+            while "step 7/30" not in output_file.read_text() and time.monotonic() < deadline:
                 time.sleep(0.01)
             os.kill(process_of_rank(process.pid, 1), signal.SIGKILL)
             process.wait(timeout=180)
@@ -281,7 +251,7 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
     resumed = re.search(rf"resuming {run.relative_to(tmp_path)} at step (\d+)", output)
     assert "torchrun restarted the processes (restart 1 of 1)" in output and resumed, output
     step = int(resumed.group(1))
-    assert 5 <= step < 40  # it went on from a checkpoint, not from the start
+    assert 5 <= step < 30  # it went on from a checkpoint, not from the start
     first_attempt = read_events(min(run.glob("events.out.tfevents.*")))
     assert first_attempt.Scalars("train/batch_loss")[-1].step > step  # so the steps after it were logged twice
 
@@ -294,8 +264,8 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
     killed, alone = read_events(run), read_events(run_left_alone.dir)
     for tag, steps in steps_by_tag(killed).items():
         assert len(steps) == len(set(steps)), f"{tag}: a step logged twice: {steps}"
-    assert steps_by_tag(killed)["loss/val"] == [0, 10, 20, 30, 40]
-    assert steps_by_tag(killed)["attention/layer_1/head_1"] == [0, 20, 40]
+    assert steps_by_tag(killed)["loss/val"] == [0, 10, 20, 30]
+    assert steps_by_tag(killed)["attention/layer_1/head_1"] == [0, 10, 20, 30]
     killed_curves, alone_curves = curves(killed), curves(alone)
     del killed_curves["train/tokens_per_sec"], alone_curves["train/tokens_per_sec"]
     assert killed_curves == alone_curves

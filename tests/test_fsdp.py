@@ -8,47 +8,43 @@ import pytest
 import torch
 
 from model_io.checkpoint import Checkpoint, build_model
-from tests.helpers import QUICK, ctrl_c_under_torchrun, curves, optim_spec, read_events, tiny_run, torchrun, weights
+from tests.helpers import TWO_RANKS, ctrl_c_under_torchrun, curves, optim_spec, read_events, tiny_run, torchrun, weights
 from training.data_parallel import named, numbered
 from training.optimizer import build_optimizer
 
 pytestmark = pytest.mark.distributed  # torchrun with FSDP
 
-# 30 steps of the default optimizer (Muon and AdamW) with dropout, the loss logged at each
-# step; 2 micro-steps a step (the gradients are synced in the second's backward alone); 3
-# evaluation batches, so rank 0 runs 2 and rank 1 one (FSDP needs as many forwards on each:
-# rank 1 runs an extra one); attention maps and samples (rank 0 alone, on the whole model)
-# at steps 0, 10, 20 and 30. On the CPU, as gloo's processes are: on a GPU machine train.device=auto
-# would give each process a GPU of its own (a one-GPU machine has none for rank 1).
-RUN = tiny_run(QUICK, **{"train.device": "cpu", "train.max_steps": 30, "train.log_interval": 1, "train.eval_iters": 3,
-                        "train.batch_size": 2, "train.grad_accum_steps": 2, "model.dropout": 0.1,
-                        "train.attn_log_interval": 10, "train.sample_interval": 10})
+# helpers.TWO_RANKS: 30 steps with dropout, 2 micro-steps a step (the gradients are synced in the
+# second's backward alone), 3 evaluation batches, so rank 0 runs 2 and rank 1 one (FSDP needs as many
+# forwards on each: rank 1 runs an extra one), attention maps and samples (rank 0 alone, on the whole
+# model) at steps 0, 10, 20 and 30. Under DDP it is the run_left_alone fixture (tests/conftest.py),
+# which tests/test_distributed.py reads too.
+RUN = tiny_run(TWO_RANKS)
 # Float sums in another order: the gradients' reduce-scatter against DDP's all-reduce, and
 # Muon's Newton-Schulz matmuls on sharded matrices. Seen: at most 5e-7 over 20 steps.
 TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("ddp")
-    result = torchrun(2, *RUN, "hydra.run.dir=run", cwd=workdir)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return workdir / "run"
+def ddp_run(run_left_alone) -> Path:
+    return run_left_alone.dir
 
 
 @pytest.fixture(scope="module")
-def fsdp_stopped_and_resumed(tmp_path_factory) -> tuple[Path, int]:
+def fsdp_stopped_and_resumed(made_once) -> tuple[Path, int]:
     """RUN under FSDP, stopped by Ctrl-C after step 10 or so, then resumed to the end: its run
     dir and the step it stopped after."""
-    workdir = tmp_path_factory.mktemp("fsdp")
-    output = ctrl_c_under_torchrun(2, *RUN, "train.parallel=fsdp", "hydra.run.dir=run", cwd=workdir, after="step 10/30")
-    assert "| 2 processes (gloo), each holding a shard (fsdp)" in output, output
-    stopped = re.search(r"stopped by SIGINT after step (\d+); saved run/ckpt_last.pt", output)
-    assert stopped, output
-    resumed = torchrun(2, "resume=run", cwd=workdir)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "each holding a shard (fsdp)" in resumed.stdout  # the saved train.parallel
-    return workdir / "run", int(stopped.group(1))
+    def stop_and_resume(workdir: Path) -> tuple[Path, int]:
+        output = ctrl_c_under_torchrun(2, *RUN, "train.parallel=fsdp", "hydra.run.dir=run", cwd=workdir,
+                                       after="step 10/30")
+        assert "| 2 processes (gloo), each holding a shard (fsdp)" in output, output
+        stopped = re.search(r"stopped by SIGINT after step (\d+); saved run/ckpt_last.pt", output)
+        assert stopped, output
+        resumed = torchrun(2, "resume=run", cwd=workdir)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "each holding a shard (fsdp)" in resumed.stdout  # the saved train.parallel
+        return workdir / "run", int(stopped.group(1))
+    return made_once("fsdp_stopped_and_resumed", stop_and_resume)
 
 
 def losses(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
