@@ -4,7 +4,7 @@ sees the config itself. What each key means, and its default: configs/data/*.yam
 configs/tokenizer/*.yaml."""
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -41,5 +41,11 @@ class TokenizerSpec:
         return cls(**group)
 
     def settings(self) -> dict[str, Any]:
-        """The keys this kind has, as the `tokenizer` group holds them (part of the token cache's key)."""
-        return {key: value for key, value in asdict(self).items() if value is not None}
+        """The keys this kind has, null ones too, as its `tokenizer` group holds them: part of the token
+        cache's key, which must not change for the same choice."""
+        return {key: getattr(self, key) for key in KIND_KEYS.get(self.kind, ("kind",))}
+
+
+# The keys of each option of the `tokenizer` group (configs/tokenizer/, and init_from's folder).
+KIND_KEYS = {"char": ("kind",), "bpe": ("kind", "vocab_size"), "gpt2": ("kind", "url"),
+             "pretrained": ("kind", "path", "files_sha256")}

@@ -182,7 +182,7 @@ def ranks_digest(encoding: tiktoken.Encoding) -> str:
 
 def build_tokenizer(spec: TokenizerSpec, corpus_chars: Iterable[str], train_texts: Callable[[], Iterable[str]],
                     cache_dir: Path, corpus_key: str) -> Tokenizer:
-    """A tokenizer for this corpus, as the `tokenizer` config group asks. The char vocabulary is
+    """A tokenizer for this corpus, as the spec asks (data/specs.py). The char vocabulary is
     every character of the corpus; BPE learns its merges from train_texts() (called for bpe only:
     it reads the corpus again), which holds train-split text only, and is cached by corpus_key."""
     if spec.kind == "char":

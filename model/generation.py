@@ -37,15 +37,13 @@ def lay_out_for_decoding(model: GPT) -> None:
     its transpose (in, out) in memory, GPT-2's Conv1D layout: the same tensor, shape, values and
     name, so everything that reads it computes the same numbers, but W.T is now the contiguous one.
 
-    Why: eager decoding spends 90% of a token in one-row matmuls x (1, in) @ W.T, which read every
-    weight once. On a 2-core AMD EPYC, MKL's float32 call streams (in, out) near the memory's read
-    rate and (out, in) at half of it (GPT-2 small's LM head: 7 ms against 12; docs/speed.md).
-    bfloat16 weights stay as they are: oneDNN's bf16 call reads (out, in) a little faster.
+    Why: eager decoding spends most of a token in one-row matmuls x (1, in) @ W.T, which read every
+    weight once, and MKL's float32 call reads (in, out) much faster than (out, in) (docs/speed.md,
+    with the figures). bfloat16 weights stay as they are: oneDNN's bf16 call reads (out, in) faster.
 
-    For a model that only generates on a CPU, eagerly (sample.py with compile=false): done once,
-    in place (no second copy is kept; each matrix is copied once on the way, the largest being
-    GPT-2 small's 154 MB head), in about half a second for GPT-2 small. Not for a model still
-    training, nor for one a CompiledDecodeStep runs: its loops are compiled for (out, in)."""
+    Done once, in place: no second copy is kept. For a model that only generates, eagerly, on a CPU
+    (sample.py with compile=false): not for one that trains or is saved again (safetensors refuses
+    the strided tensors), nor for a CompiledDecodeStep's, whose loops are built for (out, in)."""
     with torch.no_grad():
         for module in model.modules():
             weight = module.weight if isinstance(module, nn.Linear) else None  # (out, in)

@@ -245,7 +245,7 @@ class GPT(HookedModel):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         if config.vocab_size is None:
-            raise ValueError("GPTConfig.vocab_size is None: give the tokenizer's, e.g. model_io/checkpoint.py build_model")
+            raise ValueError("GPTConfig.vocab_size is None: give the tokenizer's vocab_size")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         # With rope, positions enter inside attention instead (model/attention.py).

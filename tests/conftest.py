@@ -49,11 +49,14 @@ def made_once(tmp_path_factory) -> Callable[[str, Callable[[Path], T]], T]:
     """made_once(name, make): what make(folder) returns, made once a test session in a folder of its own,
     for the fixtures whose runs take seconds. Under pytest-xdist, which may send a module's tests to
     either worker, the first worker that asks makes it, in the folder the workers share (under a file
-    lock), and the others read what it returned (pickled). A make that fails leaves nothing behind: the
-    next to ask tries again."""
+    lock), and the others read what it returned (pickled). A make that fails pickles nothing: the next
+    to ask makes it again, in a fresh folder."""
     shared = tmp_path_factory.getbasetemp()
     if "PYTEST_XDIST_WORKER" in os.environ:
-        shared = shared.parent  # pytest-xdist's workers each have a folder of their own in it
+        # pytest-xdist's workers each have a folder of their own in this session's; the run's id keeps a
+        # folder that outlives the session (workers on other hosts) from handing on an older run's pickle
+        shared = shared.parent / f"made-once-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')}"
+        shared.mkdir(exist_ok=True)
 
     def made(name: str, make: Callable[[Path], T]) -> T:
         folder, result = shared / name, shared / f"{name}.pickle"

@@ -90,7 +90,7 @@ def test_the_import_walk_sees_a_lazy_import_inside_a_function():
 
 
 # The packages below cli/: they take specs (training/specs.py, data/specs.py, model/gpt.py's GPTConfig).
-BELOW_THE_DOOR = ("training", "data", "model", "model_io", "inspection", "runtime")
+BELOW_THE_DOOR = ("training", "data", "model", "model_io", "inspection", "runtime", "attention_tab")
 
 
 def config_readers(source: str) -> set[str]:

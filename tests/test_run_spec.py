@@ -34,6 +34,7 @@ def test_every_value_of_the_config_reaches_the_spec_unchanged(overrides):
             assert key in values, f"{group}.{key} has no place in the spec ({', '.join(parts)})"
             expected = tuple(value) if isinstance(value, list) else value  # lists become tuples: frozen
             assert values[key] == expected and type(values[key]) is type(expected), f"{group}.{key}"
+    assert spec.tokenizer.settings() == config["tokenizer"]  # the token cache's key: as the group, nulls too
     assert spec.model.vocab_size is None  # the tokenizer's, once it is built
     assert spec.start.init_from is None and spec.start.weights is None and spec.debug is None
 

@@ -1,4 +1,4 @@
-"""Everything one training run is made of, built from its config: processes, data, model, optimizer."""
+"""Everything one training run is made of, built from its spec (training/specs.py): processes, data, model, optimizer."""
 
 import logging
 import os

@@ -12,6 +12,7 @@ default, is said once, in configs/.
                probe, samples
     device     where and how it computes: device, precision, compiled or not, DDP or FSDP
     start      where it starts from: random weights, or init_from's
+    debug      debug=shapes: the shape walk instead of a run
 """
 
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ class StepSpec:
 @dataclass(frozen=True)
 class LoopSpec:
     max_steps: int
-    seed: int  # the batches' draw, and the evaluation's
+    seed: int  # train.seed: the first weights, dropout, the batches' draw, the evaluation's batches
     eval_interval: int
     eval_iters: int
     eval_at_start: bool
@@ -61,7 +62,7 @@ class LoopSpec:
 class ProbeSpec:
     attn_log_interval: int  # 0: no maps, head metrics or ablations
     probe_tokens: int
-    seed: int  # the repeated random tokens of the induction probe
+    seed: int  # train.seed too: the induction probe's random tokens, and the samples' draws
     recall_seed: int | None  # the held-out stories of the recall probe; None: no recall probe (not the stories)
     sample_interval: int  # 0: no samples
     sample_tokens: int

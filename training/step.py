@@ -35,10 +35,10 @@ class TrainStep:
         self, spec: StepSpec, model: nn.Module, step_model: nn.Module, parallel: Replicated | None,
         optimizer: torch.optim.Optimizer, precision: Precision, ranks: Ranks, tokens: np.ndarray, last_checkpoint: Path,
     ) -> None:
-        """The update spec describes (training/specs.py) on tokens. step_model runs forward and
-        backward: model itself, or DDP or torch.compile around it; parallel syncs the gradients
-        over the ranks (None: one process). last_checkpoint: the file a stop for a non-finite
-        value says is kept."""
+        """One update as spec says (training/specs.py), on batches drawn from tokens. step_model
+        runs forward and backward: model itself, or DDP or torch.compile around it; parallel syncs
+        the gradients over the ranks (None: one process). last_checkpoint: the file a stop for a
+        non-finite value says is kept."""
         self.model, self.step_model, self.parallel, self.optimizer = model, step_model, parallel, optimizer
         self.precision, self.ranks, self.tokens = precision, ranks, tokens
         self.batch_size, self.block_size, self.accum = spec.batch_size, spec.block_size, spec.grad_accum_steps
