@@ -12,11 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    ROOT,
-    spawn_cli,
-    tiny_run,
-)
+from tests.helpers import ROOT, run_cli, tiny_run
 
 pytestmark = pytest.mark.slow  # a real training run under a pseudo-terminal
 
@@ -54,6 +50,6 @@ def test_a_terminal_gets_a_progress_bar_instead_of_step_lines_and_a_pipe_gets_th
         assert re.search(reading + r": +0%\|.*\| 0\.00/[12]\d\.\dk \[00:00<\?, \?B/s\]", shown), shown
     assert "read 17 documents, 21,443 characters (21.4kB)" in shown and "merges in" in shown
     assert "Progress:" not in shown  # nor the trainer's own steps
-    piped = spawn_cli("train.py", *args, "hydra.run.dir=piped", cwd=tmp_path)
+    piped = run_cli("train.py", *args, "hydra.run.dir=piped", cwd=tmp_path)  # its output is no terminal either
     assert "step 20/20 | loss" in piped.stdout and "| lr " in piped.stdout
     assert "█" not in piped.stdout + piped.stderr and "\r" not in piped.stderr  # no bar in a pipe
