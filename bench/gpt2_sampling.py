@@ -105,11 +105,31 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
         runs.update({(name, path): paths[path] for path in PATHS})
 
     tokens = {key: run(NEW_TOKENS) for key, run in runs.items()}  # the warm-up runs, whose tokens are compared
-    array = torch.ones(READ_BYTES // 4)  # float32; summed once untimed below, so its pages are there
+    bandwidth, seconds, prompt_seconds = timed_turns(runs, repeats)
+    gb_per_s = statistics.median(bandwidth)
+    result = {"params": models["fp32"][0].num_parameters(), "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+              "threads": torch.get_num_threads(), "native_bf16": cpu_multiplies_bf16(), "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
+              "read_gb_per_s_each": bandwidth, "precisions": {}}
+    for name, (ours, _, _) in models.items():
+        result["precisions"][name] = precision_figures(
+            sum(p.nbytes for p in ours.parameters()), gb_per_s, compile_seconds[name],
+            {path: seconds[name, path] for path in PATHS}, {path: prompt_seconds[name, path] for path in PATHS},
+            {path: tokens[name, path] for path in PATHS})
+    return result
+
+
+Key = tuple[str, str]  # (precision, path)
+
+
+def timed_turns(runs: dict[Key, Callable[[int], torch.Tensor]],
+                repeats: int) -> tuple[list[float], dict[Key, list[float]], dict[Key, list[float]]]:
+    """In each of repeats turns: the read bandwidth (READS_PER_TURN reads), then every run for 1 new
+    token and for NEW_TOKENS; returns the GB/s of each read, and each run's seconds for NEW_TOKENS and for 1."""
+    array = torch.ones(READ_BYTES // 4)  # float32; summed once untimed, so its pages are there
     array.sum()
     bandwidth: list[float] = []
-    seconds: dict[tuple[str, str], list[float]] = {key: [] for key in runs}  # NEW_TOKENS tokens
-    prompt_seconds: dict[tuple[str, str], list[float]] = {key: [] for key in runs}  # 1 token
+    seconds: dict[Key, list[float]] = {key: [] for key in runs}  # NEW_TOKENS tokens
+    prompt_seconds: dict[Key, list[float]] = {key: [] for key in runs}  # 1 token
     for _ in range(repeats):
         bandwidth += [read_bandwidth(array) for _ in range(READS_PER_TURN)]
         for key, run in runs.items():
@@ -117,29 +137,27 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
                 started = time.perf_counter()
                 run(new_tokens)
                 times.append(time.perf_counter() - started)
-    del array
-    gb_per_s = statistics.median(bandwidth)
+    return bandwidth, seconds, prompt_seconds
 
-    result = {"params": models["fp32"][0].num_parameters(), "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
-              "threads": torch.get_num_threads(), "native_bf16": cpu_multiplies_bf16(), "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
-              "read_gb_per_s_each": bandwidth, "precisions": {}}
-    for name, (ours, _, _) in models.items():
-        weight_bytes = sum(p.nbytes for p in ours.parameters())
-        limit = gb_per_s * 1e9 / weight_bytes
-        rates = {path: NEW_TOKENS / statistics.median(seconds[name, path]) for path in PATHS}
-        decoding = {path: [whole - first for whole, first in zip(seconds[name, path], prompt_seconds[name, path], strict=True)]
-                    for path in PATHS}  # each turn's NEW_TOKENS - 1 tokens after the first
-        decode_rates = {path: (NEW_TOKENS - 1) / statistics.median(decoding[path]) for path in PATHS}
-        differences = {path: first_difference(tokens[name, path], tokens[name, "transformers"]) for path in ("compiled", "eager")}
-        result["precisions"][name] = {
-            "weight_bytes": weight_bytes, "limit_tokens_per_sec": limit, "compile_seconds": compile_seconds[name],
-            **{f"{path}_tokens_per_sec": rates[path] for path in PATHS},
-            **{f"{path}_decode_tokens_per_sec": decode_rates[path] for path in PATHS},
-            **{f"{path}_share_of_limit": decode_rates[path] / limit for path in PATHS},
-            **{f"{path}_vs_transformers": rates[path] / rates["transformers"] for path in ("compiled", "eager")},
-            **{f"{path}_first_difference": differences[path] for path in ("compiled", "eager")},
-            "same_greedy_tokens": all(difference is None for difference in differences.values()),
-            "seconds": {path: seconds[name, path] for path in PATHS},  # each run's, in the order they ran
-            "prompt_seconds": {path: prompt_seconds[name, path] for path in PATHS},
-        }
-    return result
+
+def precision_figures(weight_bytes: int, gb_per_s: float, compile_seconds: float, seconds: dict[str, list[float]],
+                      prompt_seconds: dict[str, list[float]], tokens: dict[str, torch.Tensor]) -> dict:
+    """One precision's figures from each path's timings (NEW_TOKENS and 1 token) and tokens: rates,
+    decoding alone, its share of the limit the bandwidth sets, the ratio to transformers, the same tokens."""
+    limit = gb_per_s * 1e9 / weight_bytes
+    rates = {path: NEW_TOKENS / statistics.median(seconds[path]) for path in PATHS}
+    decoding = {path: [whole - first for whole, first in zip(seconds[path], prompt_seconds[path], strict=True)]
+                for path in PATHS}  # each turn's NEW_TOKENS - 1 tokens after the first
+    decode_rates = {path: (NEW_TOKENS - 1) / statistics.median(decoding[path]) for path in PATHS}
+    differences = {path: first_difference(tokens[path], tokens["transformers"]) for path in ("compiled", "eager")}
+    return {
+        "weight_bytes": weight_bytes, "limit_tokens_per_sec": limit, "compile_seconds": compile_seconds,
+        **{f"{path}_tokens_per_sec": rates[path] for path in PATHS},
+        **{f"{path}_decode_tokens_per_sec": decode_rates[path] for path in PATHS},
+        **{f"{path}_share_of_limit": decode_rates[path] / limit for path in PATHS},
+        **{f"{path}_vs_transformers": rates[path] / rates["transformers"] for path in ("compiled", "eager")},
+        **{f"{path}_first_difference": differences[path] for path in ("compiled", "eager")},
+        "same_greedy_tokens": all(difference is None for difference in differences.values()),
+        "seconds": seconds,  # each run's, in the order they ran
+        "prompt_seconds": prompt_seconds,
+    }
