@@ -64,7 +64,7 @@ def our_step(tokens: np.ndarray) -> Side:
                     skip_nonfinite=False)
     step = TrainStep(spec, model, model, None, optimizer, Precision("fp32", CPU),
                      Ranks(rank=0, local_rank=0, world_size=1, device=CPU), tokens, last_checkpoint=Path("unused"))
-    return lambda rng: step(0, LR, rng).loss, model.num_parameters(), optimizer.optimizers[0]
+    return lambda rng: step(0, LR, rng).result().loss, model.num_parameters(), optimizer.optimizers[0]
 
 
 def nanogpt_step(nanogpt: ModuleType, tokens: np.ndarray) -> Side:

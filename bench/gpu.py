@@ -194,7 +194,7 @@ def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, devi
     started = time.perf_counter()
     for number in range(sizes.warmup_steps):
         step_started = time.perf_counter()
-        step(number, lr, rng)  # its .item()s wait for the GPU
+        step(number, lr, rng).result()  # waits for the GPU
     last_step = time.perf_counter() - step_started
     warmup_seconds = time.perf_counter() - started
     steps = max(sizes.timed_steps, min(1000, math.ceil(sizes.min_timed_seconds / last_step)))
@@ -202,9 +202,13 @@ def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, devi
     for _ in range(repeats):
         synchronize(device)
         started = time.perf_counter()
+        queued = None
         for _ in range(steps):
             number += 1
-            result = step(number, lr, rng)
+            before, queued = queued, step(number, lr, rng)
+            if before is not None:
+                before.result()  # each step's numbers read after the next is queued, as fit() reads them
+        result = queued.result()
         synchronize(device)
         seconds.append(time.perf_counter() - started)
     ms_per_step = statistics.median(seconds) / steps * 1e3

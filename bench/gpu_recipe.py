@@ -15,6 +15,7 @@ from bench.nanogpt import prepared_copy
 TARGET_VAL_LOSS = 1.47  # nanoGPT's README: val 1.4697 after its 5,000 iterations on an A100
 NANOGPT_VAL = re.compile(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)")
 OUR_VAL = re.compile(r"^step (\d+): val loss ([\d.]+)")
+TIMELINE_LINES = 60
 
 
 def bench_nanogpt_gpu(corpus: Path, checkout: Path | None, work: Path, steps: list[int]) -> dict:
@@ -40,13 +41,16 @@ def bench_nanogpt_gpu(corpus: Path, checkout: Path | None, work: Path, steps: li
 
 def time_to_target(name: str, command: list[str], cwd: Path, val_line: re.Pattern) -> dict:
     """Runs command, reading its output as it comes: the seconds from its start to the first val
-    loss at or under the target (then it is stopped; None if never), and every val loss with its time."""
+    loss at or under the target (then it is stopped; None if never), every val loss with its time,
+    and each line's time (the first TIMELINE_LINES: where the start-up goes)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    curve, tail, seconds_to_target = [], [], None
+    curve, tail, timeline, seconds_to_target = [], [], [], None
     for line in process.stdout:
         tail = [*tail[-40:], line]
+        if len(timeline) < TIMELINE_LINES:
+            timeline.append((round(time.perf_counter() - started, 2), line.strip()[:120]))
         if line.startswith(("model:", "data:", "precision:", "number of parameters", "tokens per iteration")):
             print(f"  {name}: {line.strip()}", flush=True)  # what each side ran: its shape, device and precision
         if match := val_line.match(line.strip()):
@@ -63,4 +67,4 @@ def time_to_target(name: str, command: list[str], cwd: Path, val_line: re.Patter
         sys.exit(f"error: the {name} run failed:\n{''.join(tail)}")
     return {"seconds_to_target": seconds_to_target, "seconds": time.perf_counter() - started,
             "best_val_loss": min((val for _, _, val in curve), default=None), "curve": curve,
-            "last_lines": [line.strip() for line in tail[-6:]]}  # its last step lines: ms per step, tokens/s
+            "last_lines": [line.strip() for line in tail[-6:]], "timeline": timeline}  # its last step lines: ms per step, tokens/s

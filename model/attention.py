@@ -130,6 +130,18 @@ class KVCache:
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
 
 
+class GainDtypeRMSNorm(nn.RMSNorm):
+    """nn.RMSNorm that also takes vectors in another dtype than its gain's. Under bf16 autocast a
+    matmul's output (QK-norm's queries and keys) is bf16 while the gain stays fp32, and torch's
+    fused kernel refuses the pair: it warns at every call and takes a slower path. This one
+    normalises in the gain's dtype, fused, and returns the input's: the same numbers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(
         self,
@@ -184,8 +196,8 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
         # QK-norm: RMS-normalise each head's queries and keys, so that a score can only grow
         # through the learned gains, not because q or k drifted large. Shared by all heads.
-        self.q_norm = nn.RMSNorm(D, eps=norm_eps) if qk_norm else None
-        self.k_norm = nn.RMSNorm(D, eps=norm_eps) if qk_norm else None
+        self.q_norm = GainDtypeRMSNorm(D, eps=norm_eps) if qk_norm else None
+        self.k_norm = GainDtypeRMSNorm(D, eps=norm_eps) if qk_norm else None
         self.rope = rope
         self.rope_theta, self.rope_scaling = rope_theta, rope_scaling
         # Named points where a function may read or replace an activation (model/hooks.py).

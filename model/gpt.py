@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from model.attention import CausalSelfAttention, KVCache
+from model.attention import CausalSelfAttention, GainDtypeRMSNorm, KVCache
 from model.hooks import HookedModel, HookFn, HookPoint, is_pattern, name_hook_points
 
 
@@ -113,7 +113,7 @@ class LayerNorm(NormHooks, nn.LayerNorm):
         self.add_hook_points()
 
 
-class RMSNorm(NormHooks, nn.RMSNorm):
+class RMSNorm(NormHooks, GainDtypeRMSNorm):
     def __init__(self, n_embd: int, eps: float | None = None) -> None:
         super().__init__(n_embd, eps=eps)
         self.add_hook_points()

@@ -95,6 +95,14 @@ class Ranks:
     def max(self, value: float) -> float:
         return self._all_reduce(value, dist.ReduceOp.MAX)
 
+    def sum_on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of tensor over the ranks, left on the device: no rank waits for it here."""
+        if not self.distributed:
+            return tensor
+        total = tensor.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
     def _all_reduce(self, value: float, op: dist.ReduceOp) -> float:
         if not self.distributed:
             return value

@@ -139,6 +139,39 @@ def test_an_fp16_overflow_on_cuda_skips_the_update_halves_the_scale_and_the_scal
     assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows(step)
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_bf16_step_on_cuda_queues_its_work_without_waiting_and_its_numbers_read_late_are_the_same(optimizer):
+    """The default policy (no fp16 loss scale; a NaN stops the run): the host queues a step and the
+    next without waiting for the GPU once, and each step's loss and gradient norm, read afterwards,
+    are those of the same steps read at once (skip_nonfinite=true reads before it updates)."""
+    late, at_once = train_step("bf16", optimizer, device=DEVICE), train_step("bf16", optimizer, device=DEVICE)
+    at_once.skip_nonfinite = True
+    late_rng, at_once_rng = np.random.default_rng(1), np.random.default_rng(1)
+    for step in (late, at_once):  # the first step makes the optimizer's state and loads the kernels
+        step(0, 3e-3, late_rng if step is late else at_once_rng).result()
+    with host_waits_forbidden():
+        queued = [late(i, 3e-3, late_rng) for i in (1, 2, 3)]
+    read_late = [q.result() for q in queued]
+    read_at_once = [at_once(i, 3e-3, at_once_rng).result() for i in (1, 2, 3)]
+    assert [q.number for q in queued] == [2, 3, 4]
+    for a, b in zip(read_late, read_at_once, strict=True):
+        assert a.updated and b.updated and a.loss == pytest.approx(b.loss, rel=1e-3)
+        assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-2)
+
+
+@contextmanager
+def host_waits_forbidden() -> Iterator[None]:
+    """On CUDA, any operation that makes the host wait for the GPU raises (on the CPU: nothing to check)."""
+    if DEVICE.type != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 # 3. The two attention paths on the GPU.
 
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=OPTION_IDS)

@@ -65,10 +65,10 @@ def assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows(step: Tra
     """step: fp16 with a growth interval of 3 (here, and on the GPU in tests/test_cuda.py)."""
     rng = np.random.default_rng(1)
     for i in range(2):  # a scale that fits: updates happen, and the optimizers hold state
-        assert step(i, 3e-3, rng).updated
+        assert step(i, 3e-3, rng).result().updated
     step.precision.scaler.update(new_scale=2.0**30)  # far past fp16's 65504 for these gradients
     before = snapshot(step)
-    result = step(2, 3e-3, rng)
+    result = step(2, 3e-3, rng).result()
     assert not result.updated and not math.isfinite(result.grad_norm) and math.isfinite(result.loss)
     assert result.loss_scale == 2.0**29
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(step), strict=True))  # weights and state as they were
@@ -76,7 +76,7 @@ def assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows(step: Tra
     scale, streak, grew = result.loss_scale, 0, False
     for i in range(3, 40):  # halving from 2**29 until the scale fits, then a mix of growth and overflow
         before = snapshot(step)
-        result = step(i, 3e-3, rng)
+        result = step(i, 3e-3, rng).result()
         changed = any(not torch.equal(a, b) for a, b in zip(before, snapshot(step), strict=True))
         assert changed == result.updated == math.isfinite(result.grad_norm), f"step {i}"
         streak = streak + 1 if result.updated else 0
@@ -90,7 +90,7 @@ def assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows(step: Tra
 def test_fp16_training_tracks_fp32_within_0_005_of_the_loss_over_30_steps(optimizer):
     fp32, fp16 = train_step("fp32", optimizer), train_step("fp16", optimizer)
     rng32, rng16 = np.random.default_rng(2), np.random.default_rng(2)
-    pairs = [(fp32(i, 3e-3, rng32), fp16(i, 3e-3, rng16)) for i in range(30)]
+    pairs = [(fp32(i, 3e-3, rng32).result(), fp16(i, 3e-3, rng16).result()) for i in range(30)]
     assert all(b.updated for _, b in pairs)  # 2**16 fits this model: no step skipped
     assert max(abs(a.loss - b.loss) for a, b in pairs) < 0.005  # 1e-4 seen
     assert all(b.grad_norm == pytest.approx(a.grad_norm, rel=0.01) for a, b in pairs)  # unscaled: true gradients (5e-4 seen)
@@ -106,7 +106,7 @@ def test_fp16_stops_naming_the_step_once_an_overflow_takes_the_loss_scale_below_
     step.precision.scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     rng = np.random.default_rng(1)
     for i, scale in enumerate((2.0, 1.0)):
-        result = step(i, 3e-3, rng)
+        result = step(i, 3e-3, rng).result()
         assert not result.updated and math.isfinite(result.loss) and result.loss_scale == scale
     with pytest.raises(UserError, match=r"^fp16's loss scale fell to 0.5 at step 3: the gradients overflow fp16 even "
                                         r"unscaled, so every update is skipped; stopped without saving"):

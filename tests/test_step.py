@@ -32,7 +32,7 @@ def test_a_step_trains_on_the_batch_its_rng_draws_and_reports_that_batchs_loss(t
     x, y = get_batch(step.tokens, 4, 16, np.random.default_rng(7))  # the batch the step will draw
     expected_loss = step.model(x, y)[1].item()
     before = [p.detach().clone() for p in step.model.parameters()]
-    result = step(0, 1e-3, np.random.default_rng(7))
+    result = step(0, 1e-3, np.random.default_rng(7)).result()
     assert result.updated and result.loss == pytest.approx(expected_loss, rel=1e-6) and result.grad_norm > 0
     assert all(group["lr"] == 1e-3 for group in step.optimizer.param_groups)
     assert any(not torch.equal(a, b) for a, b in zip(before, step.model.parameters(), strict=True))  # it did update
@@ -40,7 +40,7 @@ def test_a_step_trains_on_the_batch_its_rng_draws_and_reports_that_batchs_loss(t
 
 def test_two_micro_steps_of_2_take_the_same_step_as_one_batch_of_4(tmp_path):
     whole, halves = tiny_step(tmp_path, batch_size=4), tiny_step(tmp_path, batch_size=2, accum=2)
-    whole_result, halves_result = whole(0, 1e-2, np.random.default_rng(3)), halves(0, 1e-2, np.random.default_rng(3))
+    whole_result, halves_result = whole(0, 1e-2, np.random.default_rng(3)).result(), halves(0, 1e-2, np.random.default_rng(3)).result()
     assert halves_result.loss == pytest.approx(whole_result.loss, rel=1e-5)
     for a, b in zip(whole.model.parameters(), halves.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -50,17 +50,18 @@ def test_a_nan_loss_stops_with_the_step_and_what_is_kept_or_is_skipped_without_a
     stopping = tiny_step(tmp_path)
     with torch.no_grad():
         stopping.model.lm_head.weight[0, 0] = math.nan  # every logit row holds a NaN now
+    queued = stopping(4, 1e-3, np.random.default_rng(0))  # the update is queued unchecked; reading it stops
     with pytest.raises(UserError, match=r"^the loss became nan at step 5; stopped without saving, and no "
                                         r"checkpoint had been saved yet\. Lower optim\.lr"):
-        stopping(4, 1e-3, np.random.default_rng(0))
+        queued.result()
     (tmp_path / "ckpt_last.pt").write_bytes(b"a checkpoint")
     with pytest.raises(UserError, match=r"ckpt_last\.pt from before it is kept"):
-        stopping(4, 1e-3, np.random.default_rng(0))
+        stopping(4, 1e-3, np.random.default_rng(0)).result()
 
     skipping = tiny_step(tmp_path, skip_nonfinite=True)
     with torch.no_grad():
         skipping.model.lm_head.weight[0, 0] = math.nan
     before = [p.detach().clone() for p in skipping.model.parameters()]
-    result = skipping(4, 1e-3, np.random.default_rng(0))
+    result = skipping(4, 1e-3, np.random.default_rng(0)).result()
     assert not result.updated and math.isnan(result.loss)
     assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(before, skipping.model.parameters(), strict=True))  # no update

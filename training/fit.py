@@ -18,7 +18,7 @@ from training.lr_schedule import lr_at
 from training.progress import ProgressBar
 from training.saving import Checkpoints, KeptCheckpoints, Saver
 from training.state import TrainState
-from training.step import StepResult, TrainStep
+from training.step import QueuedStep, StepResult, TrainStep
 from training.tensorboard_log import RunLogger
 
 log = logging.getLogger("train")
@@ -45,11 +45,12 @@ def fit(run: Run, state: TrainState) -> Figures:
     train_step = TrainStep.of(run)
     schedule = partial(lr_at, lr=optim.lr, min_lr=optim.min_lr, warmup_steps=optim.warmup_steps,
                        max_steps=max_steps, schedule=optim.schedule, decay_fraction=optim.decay_fraction)
-    step_log = StepLog(tb, loop.log_interval, max_steps, train_step.tokens_per_step)
-    first_step = state.step
     with StopSignals() as stop, ProgressBar(max_steps, state.step, wanted=ranks.is_main) as bar:
+        book = StepBook(run, state, tb, StepLog(tb, loop.log_interval, max_steps, train_step.tokens_per_step), bar)
         while True:
             last = state.step >= max_steps
+            if last or (not state.evaluated and any(job.due(state.step, last) for job in jobs)):
+                book.catch_up()  # the jobs see, and save, every step's numbers
             if not state.evaluated:  # (a resumed run's first step had its jobs before it was saved)
                 for job in jobs:
                     if job.due(state.step, last):
@@ -61,22 +62,15 @@ def fit(run: Run, state: TrainState) -> Figures:
 
             started = time.perf_counter()
             lr = schedule(state.step)
-            result = train_step(state.step, lr, run.batch_rng)
+            queued = train_step(state.step, lr, run.batch_rng)  # on a GPU: queued, still running
             state.step += 1
-            if math.isfinite(result.loss):  # (an fp16 overflow's loss is a true one: only its gradient overflowed)
-                state.add_to_window(result.loss)
-            if not result.updated:  # fp16's overflow, or train.skip_nonfinite: this batch changed nothing
-                state.skipped += 1
-                tb.scalars(state.step, {"train/skipped_nonfinite": state.skipped})
-            tokens_per_sec = step_log.record(state, result, lr, time.perf_counter() - started)
-            if ranks.distributed and state.step == first_step + 1:  # the optimizer's state exists from now on
-                log.info(memory_line(run.model, run.optimizer, ranks))
-            bar.update(state.step, result.loss, tokens_per_sec)
+            book.add(queued, lr, started)  # records the step before this one, whose numbers are in by now
 
             # Ctrl-C or kill: the step is done; save it and say how to go on. Under torchrun the
             # ranks agree first, so that all of them stop after the same step.
             stop_signal = int(ranks.max(stop.requested or 0))
             if stop_signal and state.step < max_steps:
+                book.catch_up()
                 saver.save(LAST, state, evaluated=False)
                 tb.close()
                 log.info(f"stopped by {signal.Signals(stop_signal).name} after step {state.step}; saved "
@@ -84,7 +78,7 @@ def fit(run: Run, state: TrainState) -> Figures:
                 raise SystemExit(128 + stop_signal)
     tb.hparams(hyperparameters(saver.config, ranks.world_size), {"hparams/best_val_loss": state.best_val_loss})
     tb.close()
-    return Figures(state.best_val_loss, evaluation.history, step_log.history, state.skipped)
+    return Figures(state.best_val_loss, evaluation.history, book.step_log.history, state.skipped)
 
 
 def open_tensorboard(run: Run, step: int) -> RunLogger:
@@ -97,6 +91,41 @@ def open_tensorboard(run: Run, step: int) -> RunLogger:
     return tb
 
 
+class StepBook:
+    """Records each step's numbers (the train loss window, skipped updates, the log, the progress
+    bar) one step late: a step's loss is read after the next step is queued, by when a GPU has it."""
+
+    def __init__(self, run: Run, state: TrainState, tb: RunLogger, step_log: "StepLog", bar: ProgressBar) -> None:
+        self.run, self.state, self.tb, self.step_log, self.bar = run, state, tb, step_log, bar
+        self.first = state.step + 1  # this process's first update
+        self.waiting: tuple[QueuedStep, float, float] | None = None  # the step not yet recorded, its lr and start
+        self.last_read = 0.0  # when the step before it was recorded
+
+    def add(self, queued: QueuedStep, lr: float, started: float) -> None:
+        """Records the step waiting, if any; then queued, begun at time started, waits."""
+        self.catch_up()
+        self.waiting = queued, lr, started
+
+    def catch_up(self) -> None:
+        """Records the step waiting: its numbers (UserError if one is not finite and the run stops on it)."""
+        if self.waiting is None:
+            return
+        (queued, lr, started), self.waiting = self.waiting, None
+        result = queued.result()
+        now = time.perf_counter()
+        seconds, self.last_read = now - max(started, self.last_read), now  # steady, a step's share of the time
+        state, number = self.state, queued.number
+        if math.isfinite(result.loss):  # (an fp16 overflow's loss is a true one: only its gradient overflowed)
+            state.add_to_window(result.loss)
+        if not result.updated:  # fp16's overflow, or train.skip_nonfinite: this batch changed nothing
+            state.skipped += 1
+            self.tb.scalars(number, {"train/skipped_nonfinite": state.skipped})
+        tokens_per_sec = self.step_log.record(number, state, result, lr, seconds)
+        if self.run.ranks.distributed and number == self.first:  # the optimizer's state exists from now on
+            log.info(memory_line(self.run.model, self.run.optimizer, self.run.ranks))
+        self.bar.update(number, result.loss, tokens_per_sec)
+
+
 class StepLog:
     """The mean train loss, lr, grad norm and tokens/s of each window of log_interval steps
     (and of the last step's window), to TensorBoard and the log."""
@@ -106,18 +135,18 @@ class StepLog:
         self.timed_steps, self.seconds = 0, 0.0
         self.history: list[float] = []  # tokens/s of each logged window
 
-    def record(self, state: TrainState, result: StepResult, lr: float, seconds: float) -> float:
-        """Adds one step that took seconds; returns the tokens/s of the window so far."""
+    def record(self, step: int, state: TrainState, result: StepResult, lr: float, seconds: float) -> float:
+        """Adds update number step, which took seconds; returns the tokens/s of the window so far."""
         self.timed_steps += 1
         self.seconds += seconds
         tokens_per_sec = self.timed_steps * self.tokens_per_step / self.seconds
-        if (state.step % self.log_interval == 0 or state.step == self.max_steps) and state.window_steps:
+        if (step % self.log_interval == 0 or step == self.max_steps) and state.window_steps:
             mean_loss = state.take_window()
-            self.tb.scalars(state.step, {"train/batch_loss": mean_loss, "train/lr": lr, "train/grad_norm": result.grad_norm,
+            self.tb.scalars(step, {"train/batch_loss": mean_loss, "train/lr": lr, "train/grad_norm": result.grad_norm,
                                          "train/tokens_per_sec": tokens_per_sec})
             if result.loss_scale is not None:
-                self.tb.scalars(state.step, {"train/loss_scale": result.loss_scale})
-            log.info(f"step {state.step}/{self.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
+                self.tb.scalars(step, {"train/loss_scale": result.loss_scale})
+            log.info(f"step {step}/{self.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
                      f"grad norm {result.grad_norm:.2f} | {tokens_per_sec:,.0f} tok/s", extra={"progress": True})
             self.history.append(tokens_per_sec)
             self.timed_steps, self.seconds = 0, 0.0

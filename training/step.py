@@ -1,6 +1,12 @@
 """One optimizer update: this rank's share of a batch in micro-steps, clipped, with the
 non-finite policy (stop, or skip and count) and fp16's loss scaling (an overflow skips the update;
-a scale that collapses stops the run)."""
+a scale that collapses stops the run).
+
+On a GPU the host only queues work, and it waits each time it reads a number back. So a step that
+needs no decision first (the default: no fp16 loss scale, and a NaN stops the run) queues its
+update at once and leaves its loss and gradient norm to be read later, by QueuedStep.result():
+the loop reads each step's numbers after queuing the next, and the GPU never idles between steps.
+"""
 
 import math
 import os
@@ -30,6 +36,37 @@ class StepResult:
     loss_scale: float | None = None  # fp16's loss scale after the step; None for fp32 and bf16
 
 
+class QueuedStep:
+    """A step the device may still be running: its loss and gradient norm, (2,), travel to the
+    host as soon as the device has them, and result() waits for them alone, not for any work
+    queued after them. A non-finite one stops the run there (its update was applied unchecked,
+    and nothing saves it: the loop reads every step before it saves)."""
+
+    def __init__(self, train_step: "TrainStep", number: int, numbers: torch.Tensor, settled: StepResult | None = None) -> None:
+        """number: the update's number (1 for the first); numbers: (2,) loss and gradient norm,
+        on the device; settled: the result already, where the step had to read it to decide."""
+        self.train_step, self.number, self.settled = train_step, number, settled
+        if numbers.device.type == "cuda":  # a copy into pinned memory, queued behind the step
+            self.host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)  # (2,)
+            self.host.copy_(numbers, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        else:  # a CPU's numbers are there already (Apple's MPS waits here)
+            self.host, self.copied = numbers.cpu(), None
+
+    def result(self) -> StepResult:
+        """The step's numbers, waiting for them if the device has not got there yet; UserError
+        (train.skip_nonfinite=false) where the loss or gradient norm is not finite."""
+        if self.settled is None:
+            if self.copied is not None:
+                self.copied.synchronize()
+            loss, grad_norm = self.host.tolist()
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                raise self.train_step.stopped(loss, grad_norm, self.number)
+            self.settled = StepResult(loss, grad_norm, updated=True)
+        return self.settled
+
+
 class TrainStep:
     def __init__(
         self, spec: StepSpec, model: nn.Module, step_model: nn.Module, parallel: Replicated | None,
@@ -55,21 +92,32 @@ class TrainStep:
     def tokens_per_step(self) -> int:
         return self.accum * self.ranks.world_size * self.batch_size * self.block_size
 
-    def __call__(self, step: int, lr: float, batch_rng: np.random.Generator) -> StepResult:
-        """Update number step + 1 at this lr; batch_rng draws its batch."""
+    @property
+    def decides_first(self) -> bool:
+        """Whether an update waits for its step's numbers: fp16's loss scale skips an overflowing
+        one, and train.skip_nonfinite a NaN. Otherwise a NaN stops the run, so the update can go
+        ahead unchecked and the numbers be read later (QueuedStep)."""
+        return self.precision.scaler.is_enabled() or self.skip_nonfinite
+
+    def __call__(self, step: int, lr: float, batch_rng: np.random.Generator) -> QueuedStep:
+        """Queues update number step + 1 at this lr (on a CPU: runs it); batch_rng draws its batch."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr  # AdamW and Muon alike: Muon scales its own update to match
-        x, y = self.rank_share(batch_rng)  # (A, B, T) each
+        x, y = self.rank_share(batch_rng)  # (A, B, T) each, on the device
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.ranks.device)
         for micro in range(self.accum):
             loss_sum += self.forward_backward(x[micro], y[micro], last=micro == self.accum - 1)
         self.precision.scaler.unscale_(self.optimizer)  # fp16: back to true gradients before clipping
-        # .item() waits for the step to finish (on a GPU too), so a clock read after it is honest.
-        grad_norm = whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)).item()
-        loss = self.ranks.sum(loss_sum.item()) / (self.accum * self.ranks.world_size)
-        updated = self.update(loss, grad_norm, step)  # the norm is the same on every rank: all decide alike
-        return StepResult(loss, grad_norm, updated, self.precision.loss_scale)
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))  # () on the device
+        loss = self.ranks.sum_on_device(loss_sum) / (self.accum * self.ranks.world_size)  # ()
+        numbers = torch.stack([loss, grad_norm.to(loss.dtype)])  # (2,): the same on every rank, so all decide alike
+        if not self.decides_first:
+            self.optimizer.step()
+            return QueuedStep(self, step + 1, numbers)
+        loss_value, norm_value = numbers.tolist()  # waits for the device
+        updated = self.update(loss_value, norm_value, step)
+        return QueuedStep(self, step + 1, numbers, StepResult(loss_value, norm_value, updated, self.precision.loss_scale))
 
     def update(self, loss: float, grad_norm: float, step: int) -> bool:
         """Steps the optimizers unless the loss or gradient is not finite; returns whether it did.
@@ -93,15 +141,15 @@ class TrainStep:
         micro-steps x b, see exactly the sequences one batch of 2b would."""
         A, W, B, T = self.accum, self.ranks.world_size, self.batch_size, self.block_size
         x, y = get_batch(self.tokens, A * W * B, T, batch_rng)  # (A*W*B, T) each
-        return x.view(A, W, B, T)[:, self.ranks.rank], y.view(A, W, B, T)[:, self.ranks.rank]  # (A, B, T) each
+        x, y = x.view(A, W, B, T)[:, self.ranks.rank], y.view(A, W, B, T)[:, self.ranks.rank]  # (A, B, T) each
+        return to_device(x, self.ranks.device), to_device(y, self.ranks.device)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> torch.Tensor:
         """One micro-step on x, y (B, T); returns its loss, detached. Gradients add up over the
         micro-steps; DDP or FSDP averages them over ranks only in the last one's backward()."""
-        device = self.ranks.device
         with nullcontext() if self.parallel is None else self.parallel.gradient_sync(last):
             with self.precision.autocast():
-                _, loss = self.step_model(x.to(device), y.to(device))  # loss: mean over B x T
+                _, loss = self.step_model(x, y)  # loss: mean over B x T
             # Dividing by accum makes the summed gradient that of the mean over all micro-batches.
             self.precision.scaler.scale(loss / self.accum).backward()
         return loss.detach()
@@ -125,3 +173,11 @@ class TrainStep:
         if self.last_checkpoint.exists():
             return f"{os.path.relpath(self.last_checkpoint)} from before it is kept"
         return "no checkpoint had been saved yet"
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU batch on device. To a GPU through pinned memory, without waiting: a copy from
+    ordinary memory would first wait for every kernel queued before it."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.contiguous().pin_memory().to(device, non_blocking=True)
