@@ -22,10 +22,13 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from model import GPT, eval_mode
+from model.attention import GainDtypeRMSNorm
 from model.gpt import NormHooks
 from model.hooks import is_pattern
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
+NORMS = (NormHooks, GainDtypeRMSNorm)  # model/'s norms: the trace shows the line that called one, not its insides
+NORM_CODE = {norm.forward.__code__ for norm in NORMS}
 
 
 def shape_of(value: object) -> str | None:
@@ -42,7 +45,7 @@ def lesson_frame() -> FrameType | None:
     counting a norm's own forward (the line that called the norm is the one to show)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if Path(frame.f_code.co_filename).resolve().parent == MODEL_DIR and frame.f_code is not NormHooks.forward.__code__:
+        if Path(frame.f_code.co_filename).resolve().parent == MODEL_DIR and frame.f_code not in NORM_CODE:
             return frame
         frame = frame.f_back
     return None
@@ -79,7 +82,7 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
     # Steps are filed under the innermost module of model/ running them (GPT, Block, MLP,
     # CausalSelfAttention), not under the torch layers (Linear, LayerNorm) they call.
     names = {module: name or "GPT" for name, module in model.named_modules()
-             if type(module).__module__.startswith("model.") and not isinstance(module, NormHooks)}
+             if type(module).__module__.startswith("model.") and not isinstance(module, NORMS)}
     def enter(module: nn.Module, args: tuple) -> None:
         recorder.modules.append(names[module])
 
