@@ -177,7 +177,7 @@ def build_train_step(spec: RunSpec, vocab_size: int, device: torch.device) -> Tr
     ranks = Ranks(rank=0, local_rank=0, world_size=1, device=device)
     data = TokenData(tokenizer=None, train=ids, val=ids)
     run = build_run(spec, {}, Path("unused"), ranks, Precision("bf16", device), data, model)  # (it saves nothing)
-    return TrainStep.of(run)
+    return run.train_step()
 
 
 def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, device: torch.device,

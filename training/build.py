@@ -15,6 +15,7 @@ from data.token_cache import TokenData, prepare_tokens
 from model import GPT
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import load_hf_weights
+from model_io.run_files import LAST
 from runtime.devices import Machine, check_compiler
 from runtime.precision import Precision
 from runtime.ranks import Ranks, dist_backend, said_once_per_machine
@@ -22,6 +23,7 @@ from training.data_parallel import Replicated, wrap
 from training.optimizer import Optimizers, build_optimizer
 from training.specs import RunSpec
 from training.state import RunState, TrainState, restore_rng_states
+from training.step import TrainStep
 
 log = logging.getLogger("train")
 
@@ -45,6 +47,10 @@ class Run:
     def shown_dir(self) -> str:
         return os.path.relpath(self.dir)  # as the user would type it
 
+    def train_step(self) -> TrainStep:
+        """The run's step, on its training split; a stop names its ckpt_last.pt."""
+        return TrainStep(self.spec.step, self.model, self.step_model, self.parallel, self.optimizer, self.precision,
+                         self.ranks, self.data.train, self.dir / LAST)
 
 
 def build_data_and_model(spec: RunSpec) -> tuple[Ranks, Precision, TokenData, GPT]:

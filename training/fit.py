@@ -18,7 +18,7 @@ from training.lr_schedule import lr_at
 from training.progress import ProgressBar
 from training.saving import Checkpoints, KeptCheckpoints, Saver
 from training.state import TrainState
-from training.step import QueuedStep, StepResult, TrainStep
+from training.step import QueuedStep, StepResult
 from training.tensorboard_log import RunLogger
 
 log = logging.getLogger("train")
@@ -42,7 +42,7 @@ def fit(run: Run, state: TrainState) -> Figures:
     evaluation = Evaluation(run, tb)
     jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb),
             KeptCheckpoints(run, evaluation, saver, state), Checkpoints(evaluation, saver, loop.save_interval)]
-    train_step = TrainStep.of(run)
+    train_step = run.train_step()
     schedule = partial(lr_at, lr=optim.lr, min_lr=optim.min_lr, warmup_steps=optim.warmup_steps,
                        max_steps=max_steps, schedule=optim.schedule, decay_fraction=optim.decay_fraction)
     with StopSignals() as stop, ProgressBar(max_steps, state.step, wanted=ranks.is_main) as bar:

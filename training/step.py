@@ -19,10 +19,8 @@ import torch
 from torch import nn
 
 from data.batches import get_batch
-from model_io.run_files import LAST
 from runtime.precision import MIN_LOSS_SCALE, Precision
 from runtime.ranks import Ranks
-from training.build import Run
 from training.data_parallel import Replicated, whole
 from training.specs import StepSpec
 from user_error import UserError
@@ -81,12 +79,6 @@ class TrainStep:
         self.batch_size, self.block_size, self.accum = spec.batch_size, spec.block_size, spec.grad_accum_steps
         self.grad_clip, self.skip_nonfinite = spec.grad_clip or math.inf, spec.skip_nonfinite
         self.last_checkpoint = last_checkpoint
-
-    @classmethod
-    def of(cls, run: Run) -> "TrainStep":
-        """The run's step, on its training split; a stop names its ckpt_last.pt."""
-        return cls(run.spec.step, run.model, run.step_model, run.parallel, run.optimizer, run.precision, run.ranks,
-                   run.data.train, run.dir / LAST)
 
     @property
     def tokens_per_step(self) -> int:
