@@ -22,9 +22,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from model import GPT, eval_mode
-from model.attention import GainDtypeRMSNorm
-from model.gpt import NormHooks
 from model.hooks import is_pattern
+from model.norms import GainDtypeRMSNorm, NormHooks
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 NORMS = (NormHooks, GainDtypeRMSNorm)  # model/'s norms: the trace shows the line that called one, not its insides

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.hooks import HookPoint, name_hook_points
+from model.norms import GainDtypeRMSNorm
 
 ATTENTION_PATHS = ("sdpa", "manual")
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -128,18 +129,6 @@ class KVCache:
     def nbytes(self) -> int:
         """The bytes the keys and values take (0 before the first token)."""
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
-
-
-class GainDtypeRMSNorm(nn.RMSNorm):
-    """nn.RMSNorm that also takes vectors in another dtype than its gain's. Under bf16 autocast a
-    matmul's output (QK-norm's queries and keys) is bf16 while the gain stays fp32, and torch's
-    fused kernel refuses the pair: it warns at every call and takes a slower path. This one
-    normalises in the gain's dtype, fused, and returns the input's: the same numbers."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.weight.dtype:
-            return super().forward(x)
-        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from model.attention import CausalSelfAttention, GainDtypeRMSNorm, KVCache
+from model.attention import CausalSelfAttention, KVCache
 from model.hooks import HookedModel, HookFn, HookPoint, is_pattern, name_hook_points
+from model.norms import LayerNorm, RMSNorm
 
 
 @contextmanager
@@ -87,36 +88,6 @@ def swiglu_hidden(n_embd: int) -> int:
     """SwiGLU's usual hidden width: 8/3 of n_embd, rounded up to a multiple of 32, so its three
     matrices hold about the parameters of a 4 * n_embd MLP's two."""
     return 32 * math.ceil(8 * n_embd / 3 / 32)
-
-
-class NormHooks:
-    """hook_scale (B, T, 1), the number each vector is divided by, and hook_normalized (B, T, C),
-    the vectors once divided, before the norm's gain (and bias), as TransformerLens names them.
-    With a function on either the norm is spelt out, as the fused kernel shows neither."""
-
-    def add_hook_points(self) -> None:
-        self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.hook_scale.fns or self.hook_normalized.fns):
-            return super().forward(x)  # (B, T, C), fused
-        centred = x - x.mean(dim=-1, keepdim=True) if isinstance(self, nn.LayerNorm) else x  # (B, T, C)
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # RMSNorm's eps=None: the dtype's
-        scale = self.hook_scale((centred.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt())  # (B, T, 1)
-        out = self.hook_normalized(centred / scale) * self.weight  # (B, T, C)
-        return out + self.bias if getattr(self, "bias", None) is not None else out  # (B, T, C)
-
-
-class LayerNorm(NormHooks, nn.LayerNorm):
-    def __init__(self, n_embd: int, bias: bool, eps: float = 1e-5) -> None:
-        super().__init__(n_embd, bias=bias, eps=eps)
-        self.add_hook_points()
-
-
-class RMSNorm(NormHooks, GainDtypeRMSNorm):
-    def __init__(self, n_embd: int, eps: float | None = None) -> None:
-        super().__init__(n_embd, eps=eps)
-        self.add_hook_points()
 
 
 def make_norm(config: GPTConfig) -> nn.Module:

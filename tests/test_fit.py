@@ -59,3 +59,20 @@ def test_fit_logs_each_steps_lr_loss_and_speed_as_it_returns_them(fitted):
     expected_lr = [lr_at(step - 1, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, 12, cfg.optim.schedule,
                          cfg.optim.decay_fraction) for step in range(1, 13)]
     assert [e.value for e in events.Scalars("train/lr")] == pytest.approx(expected_lr, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_save_between_log_lines_holds_every_step_before_it_though_each_is_recorded_after_the_next(tmp_path):
+    """The loop reads a step's numbers after queuing the next (StepBook), so before a job saves it
+    must record the step it has not yet: the checkpoint of step 6, with log lines at 4 and 8,
+    holds the losses of steps 5 and 6 for the next line. At lr 0 the weights never move, so the
+    evaluation at step 8 is no better and ckpt_best.pt keeps step 6."""
+    cfg = tiny_config(**{"data.cache_dir": tmp_path / "cache", "train.max_steps": 8, "train.eval_interval": 6,
+                         "train.eval_at_start": False, "train.log_interval": 4, "optim.lr": 0.0, "optim.min_lr": 0.0})
+    spec = run_spec(cfg)
+    ranks, precision, data, model = build_data_and_model(spec)
+    fit(build_run(spec, plain_config(cfg), tmp_path / "run", ranks, precision, data, model), TrainState())
+    saved = torch.load(tmp_path / "run" / "ckpt_best.pt", weights_only=True)
+    assert saved["step"] == 6 and saved["run_state"]["window_steps"] == 2
+    losses = [e.value for e in read_events(tmp_path / "run").Scalars("train/batch_loss")]
+    assert len(losses) == 2 and saved["run_state"]["window_loss"] > 0

@@ -93,27 +93,31 @@ def open_tensorboard(run: Run, step: int) -> RunLogger:
 
 class StepBook:
     """Records each step's numbers (the train loss window, skipped updates, the log, the progress
-    bar) one step late: a step's loss is read after the next step is queued, by when a GPU has it."""
+    bar) one step late, after the next step is queued: by then a GPU has them. A CPU's step has
+    finished when it returns; the same order there keeps one path for both."""
 
     def __init__(self, run: Run, state: TrainState, tb: RunLogger, step_log: "StepLog", bar: ProgressBar) -> None:
         self.run, self.state, self.tb, self.step_log, self.bar = run, state, tb, step_log, bar
         self.first = state.step + 1  # this process's first update
-        self.waiting: tuple[QueuedStep, float, float] | None = None  # the step not yet recorded, its lr and start
-        self.last_read = 0.0  # when the step before it was recorded
+        # The step not yet recorded: it, its lr, when it started, and when it finished if known.
+        self.waiting: tuple[QueuedStep, float, float, float | None] | None = None
+        self.last_end = 0.0  # when the step recorded last finished (or its numbers were read)
 
     def add(self, queued: QueuedStep, lr: float, started: float) -> None:
         """Records the step waiting, if any; then queued, begun at time started, waits."""
+        finished = time.perf_counter() if queued.done else None  # (a step still running ends when its numbers are read)
         self.catch_up()
-        self.waiting = queued, lr, started
+        self.waiting = queued, lr, started, finished
 
     def catch_up(self) -> None:
         """Records the step waiting: its numbers (UserError if one is not finite and the run stops on it)."""
         if self.waiting is None:
             return
-        (queued, lr, started), self.waiting = self.waiting, None
+        (queued, lr, started, finished), self.waiting = self.waiting, None
         result = queued.result()
-        now = time.perf_counter()
-        seconds, self.last_read = now - max(started, self.last_read), now  # steady, a step's share of the time
+        end = finished or time.perf_counter()
+        # A step's time: from its start, or where steps overlap (queued on a GPU) from the end of the one before.
+        seconds, self.last_end = end - max(started, self.last_end), end
         state, number = self.state, queued.number
         if math.isfinite(result.loss):  # (an fp16 overflow's loss is a true one: only its gradient overflowed)
             state.add_to_window(result.loss)
@@ -143,7 +147,7 @@ class StepLog:
         if (step % self.log_interval == 0 or step == self.max_steps) and state.window_steps:
             mean_loss = state.take_window()
             self.tb.scalars(step, {"train/batch_loss": mean_loss, "train/lr": lr, "train/grad_norm": result.grad_norm,
-                                         "train/tokens_per_sec": tokens_per_sec})
+                                   "train/tokens_per_sec": tokens_per_sec})
             if result.loss_scale is not None:
                 self.tb.scalars(step, {"train/loss_scale": result.loss_scale})
             log.info(f"step {step}/{self.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "

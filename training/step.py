@@ -1,12 +1,7 @@
 """One optimizer update: this rank's share of a batch in micro-steps, clipped, with the
 non-finite policy (stop, or skip and count) and fp16's loss scaling (an overflow skips the update;
-a scale that collapses stops the run).
-
-On a GPU the host only queues work, and it waits each time it reads a number back. So a step that
-needs no decision first (the default: no fp16 loss scale, and a NaN stops the run) queues its
-update at once and leaves its loss and gradient norm to be read later, by QueuedStep.result():
-the loop reads each step's numbers after queuing the next, and the GPU never idles between steps.
-"""
+a scale that collapses stops the run). Unless fp16 or skipping must read the step's numbers
+first, the update is queued at once and they are read later (QueuedStep), so one GPU never waits."""
 
 import math
 import os
@@ -44,13 +39,19 @@ class QueuedStep:
         """number: the update's number (1 for the first); numbers: (2,) loss and gradient norm,
         on the device; settled: the result already, where the step had to read it to decide."""
         self.train_step, self.number, self.settled = train_step, number, settled
-        if numbers.device.type == "cuda":  # a copy into pinned memory, queued behind the step
+        self.host, self.copied = numbers, None  # a CPU's numbers are there already (Apple's MPS waits in .cpu())
+        if settled is None and numbers.device.type == "cuda":  # a copy into pinned memory, queued behind the step
             self.host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)  # (2,)
             self.host.copy_(numbers, non_blocking=True)
             self.copied = torch.cuda.Event()
             self.copied.record()
-        else:  # a CPU's numbers are there already (Apple's MPS waits here)
-            self.host, self.copied = numbers.cpu(), None
+        elif settled is None:
+            self.host = numbers.cpu()
+
+    @property
+    def done(self) -> bool:
+        """Whether the step has finished already (on a CPU, at once): its numbers wait for nothing."""
+        return self.settled is not None or self.copied is None
 
     def result(self) -> StepResult:
         """The step's numbers, waiting for them if the device has not got there yet; UserError
