@@ -66,8 +66,12 @@ def rank_zero_choice(key: str, value: str) -> str:
 
 
 class Ranks:
-    def __init__(self, rank: int, local_rank: int, world_size: int, device: torch.device) -> None:
+    def __init__(self, rank: int, local_rank: int, world_size: int, device: torch.device,
+                 host_group: dist.ProcessGroup | None = None) -> None:
+        """host_group: where the ranks agree on plain numbers (sum, max): the default group, or
+        with NCCL a gloo group over the same processes, so that agreeing waits for no GPU."""
         self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
+        self.host_group = host_group
 
     @classmethod
     def join(cls, device_name: str, machine: Machine) -> "Ranks":
@@ -79,6 +83,10 @@ class Ranks:
                 torch.cuda.set_device(device)  # NCCL talks through the current device
             dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=this_attempts_store(),
                                     rank=rank, world_size=world_size)
+            # The loop agrees on Ctrl-C after every step: over NCCL that number would travel
+            # through the GPU's queue and wait for all of it; over gloo it stays on the hosts.
+            host_group = dist.new_group(backend="gloo") if device.type == "cuda" else None
+            return cls(rank, local_rank, world_size, device, host_group)
         return cls(rank, local_rank, world_size, device)
 
     @property
@@ -106,8 +114,8 @@ class Ranks:
     def _all_reduce(self, value: float, op: dist.ReduceOp) -> float:
         if not self.distributed:
             return value
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=op)
+        tensor = torch.tensor([value], dtype=torch.float64)  # on the host: host_group is gloo's
+        dist.all_reduce(tensor, op=op, group=self.host_group)
         return tensor.item()
 
     def gather(self, obj: object) -> list | None:
