@@ -27,6 +27,10 @@ from model.sampling import DIVERGED, choose_next_token
 # operations (a norm's output, an activation) stored once rather than recomputed inside each loop
 # that reads it: a one-row matmul (one_row_linear) reads its input once per row of its weight.
 INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "realize_opcount_threshold": 4}
+# For CUDA, where TF32 matmuls are on (train.py turns them on for its process): without its pattern
+# matcher, Inductor does not swap attend_one's bmm, softmax, bmm for a fused attention kernel, whose
+# shape checks cannot take a slot count read at run time (torch 2.11 stops the compile there).
+CUDA_INDUCTOR_OPTIONS = {**INDUCTOR_OPTIONS, "pattern_matcher": False}
 
 
 def one_token_logits(
@@ -180,7 +184,8 @@ class CompiledDecodeStep:
         cache_log.setLevel(logging.ERROR)
         try:
             with torch.no_grad():  # an inference graph: no autograd records around the kernels
-                self._run = inductor_compile(graph, list(example), options=INDUCTOR_OPTIONS)
+                options = CUDA_INDUCTOR_OPTIONS if weight.device.type == "cuda" else INDUCTOR_OPTIONS
+                self._run = inductor_compile(graph, list(example), options=options)
         finally:
             cache_log.setLevel(level)
 

@@ -108,10 +108,14 @@ def run_script(path: Path, *args: str, cwd: Path) -> CliResult:
 
 def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> CliResult:
     """run() as a process would run it, with argv and in folder cwd: its exit status (1 and the
-    traceback for an exception) and what it printed; then argv, sys.path, the folder and the
-    root logger's handlers (the run's log file and console) as they were."""
+    traceback for an exception) and what it printed; then argv, sys.path, the folder, the
+    root logger's handlers (the run's log file and console) and torch's fp32 matmul precision as
+    they were. It starts at a new process's full fp32 matmuls: train.py on CUDA leaves TF32 on
+    for the rest of its process, and a later sample.py in a new process would not have it."""
     stdout, stderr = io.StringIO(), io.StringIO()
     saved_argv, saved_path, saved_cwd, saved_handlers = sys.argv, sys.path[:], os.getcwd(), logging.root.handlers[:]
+    saved_precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
     sys.argv = argv
     os.chdir(cwd)
     returncode = 0
@@ -126,6 +130,7 @@ def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> Cl
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
+        torch.set_float32_matmul_precision(saved_precision)
         for handler in set(logging.root.handlers) - set(saved_handlers):
             logging.root.removeHandler(handler)
             handler.close()

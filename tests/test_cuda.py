@@ -239,6 +239,27 @@ def test_the_compiled_decode_step_on_cuda_gives_the_eager_tokens(full_fp32_matmu
     assert len(set(compiled[0, 4:].tolist())) > 5
 
 
+@pytest.mark.compile
+def test_the_compiled_decode_step_on_cuda_builds_with_tf32_matmuls_on_as_train_py_leaves_them():
+    # After training in the same process (a notebook, the tab beside a run) CUDA's fp32 matmuls
+    # are TF32 (training/build.py). Inductor's pattern matcher then swapped the step's attention
+    # for a fused kernel that cannot take the slot count read at run time: the build stopped.
+    skip_without_compiler("compile", cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
+    model = lively_gpt(pos="rope", norm="rmsnorm", mlp="swiglu", qk_norm=True, n_head=4, n_kv_head=2, window=5)
+    prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        step = CompiledDecodeStep(model, batch_size=2, temperature=0.0, top_k=None, top_p=None)
+        compiled = generate_tokens(model, prompt, 40, temperature=0.0, decode_step=step)
+        eager = generate_tokens(model, prompt, 40, temperature=0.0)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    # TF32 rounds both paths' matmuls, each its own way: the first tokens agree, the rest may part.
+    assert torch.equal(compiled[:, :14], eager[:, :14])
+    assert len(set(compiled[0, 4:].tolist())) > 5
+
+
 # 5. Resuming on the GPU.
 
 # 20 steps at a constant lr (so that a 10-step run is the first half of a 20-step one), with

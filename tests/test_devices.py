@@ -150,23 +150,25 @@ def no_compiler_path(tmp_path, monkeypatch) -> Path:
 
 
 def test_this_machine_finds_a_cxx_compiler_where_inductor_finds_one(no_compiler_path, monkeypatch):
-    from torch._inductor import config as inductor_config
     from torch._inductor.cpp_builder import cpp_compiler_search
     from torch._inductor.exc import InvalidCxxCompiler
 
     # torch's own search, with its own candidates: the reference for "no compiler". It keeps its
     # last answer (lru_cache), which an earlier compile in this worker may have left: ask afresh.
     assert Machine.this_one().cxx is None and Machine.this_one().cc is None
+    # Inductor read $CXX once, when it was imported; with CXX unset it reads its default, g++.
+    # (Else an image that sets CXX to a full path, as one GPU machine's does, is found by it.)
+    unset_cxx = (None, "g++")
     cpp_compiler_search.cache_clear()
     with pytest.raises(InvalidCxxCompiler):
-        cpp_compiler_search(inductor_config.cpp.cxx)
+        cpp_compiler_search(unset_cxx)
     cpp_compiler_search.cache_clear()
     real_gxx = shutil.which("g++", path=os.defpath + ":/usr/local/bin")
     if real_gxx is None:
         pytest.skip("no g++ on this machine to put back on PATH")
     (no_compiler_path / "g++").symlink_to(real_gxx)  # g++ back on PATH: both find it
     assert Machine.this_one().cxx == str(no_compiler_path / "g++")
-    assert cpp_compiler_search(inductor_config.cpp.cxx) == "g++"
+    assert cpp_compiler_search(unset_cxx) == "g++"
     cpp_compiler_search.cache_clear()  # the g++ found on this test's PATH must not outlive it
     monkeypatch.setenv("CXX", "no-such-compiler")  # $CXX alone counts: no falling back to g++
     assert Machine.this_one().cxx is None and find_compiler("CXX", ("g++",)) is None

@@ -86,7 +86,8 @@ def test_sample_lays_out_the_weights_for_eager_decoding_on_a_cpu_and_not_for_the
 
     monkeypatch.setattr(sample, "generate_text", generate_and_look)
     # One new token: compile=true then builds no decode step, but keeps the weights it would compile for.
-    result = run_cli("sample.py", f"run={path}", "max_new_tokens=1", f"compile={str(compile_).lower()}", cwd=tmp_path)
+    result = run_cli("sample.py", f"run={path}", "max_new_tokens=1", f"compile={str(compile_).lower()}", "device=cpu",
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert laid_out == [[not compile_] * 2]
 
@@ -139,7 +140,7 @@ def test_the_training_logs_sample_shows_the_end_of_a_text_as_sample_py_does(tmp_
     # The loop's Samples job, with a model that writes <|endoftext|> one token in three: the
     # sample it logs and writes to TensorBoard shows each end of text as sample.py prints it.
     model, tokenizer = Checkpoint.load(save_run(tmp_path / "run", steps=800, written=1_000)).build_model()
-    probes = ProbeSpec(attn_log_interval=0, probe_tokens=16, seed=0, recall_seed=None, sample_interval=10,
+    probes = ProbeSpec(attn_log_interval=0, attn_log_at_start=True, probe_tokens=16, seed=0, recall_seed=None, sample_interval=10,
                        sample_tokens=60, sample_temperature=1.0)
     run = SimpleNamespace(spec=SimpleNamespace(probes=probes), model=model, data=SimpleNamespace(tokenizer=tokenizer),
                           parallel=Replicated(model, ONE_PROCESS), ranks=ONE_PROCESS)

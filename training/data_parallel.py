@@ -6,6 +6,7 @@ whole model, the whole optimizer state), so either resumes the other's runs. doc
 says what each costs.
 """
 
+import inspect
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -32,6 +34,12 @@ from training.optimizer import Optimizers
 # The whole tensors, on rank 0 alone, in CPU memory: the checkpoint's form.
 WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
+# DDP's switch for re-sending the buffers before every forward: forward_sync_buffers since torch
+# 2.13 (which deprecates the old name), broadcast_buffers before it (requirements.txt allows 2.9).
+NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                  if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+                  else {"broadcast_buffers": False})
+
 
 class Replicated:
     """train.parallel=ddp, and any run on one process: each rank a whole copy of the model."""
@@ -41,7 +49,7 @@ class Replicated:
     def __init__(self, model: GPT, ranks: Ranks) -> None:
         self.model = model
         # Its buffers (RoPE tables) are constants: no need to re-send them before every forward.
-        self.ddp = DistributedDataParallel(model, forward_sync_buffers=False) if ranks.distributed else None
+        self.ddp = DistributedDataParallel(model, **NO_BUFFER_SYNC) if ranks.distributed else None
         self.step_model: nn.Module = self.ddp or model
 
     def gradient_sync(self, sync: bool) -> AbstractContextManager:
@@ -76,9 +84,12 @@ class Sharded(Replicated):
         # Each rank built its own random model (its own seed): all start as rank 0's, as under DDP.
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
+        # The ranks' own device: without a mesh, fully_shard puts the shards on the GPU wherever
+        # there is one, also for a run on train.device=cpu over gloo.
+        mesh = init_device_mesh(ranks.device.type, (ranks.world_size,))
         for block in model.blocks:
-            fully_shard(block, reshard_after_forward=True)  # freed after its forward, gathered again for backward
-        fully_shard(model, reshard_after_forward=False)  # the head runs last and its backward first: keep it
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)  # freed after its forward, gathered again for backward
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)  # the head runs last and its backward first: keep it
         self.step_model = model
         self.root: FSDPModule = model  # type: ignore[assignment]  # fully_shard made GPT an FSDPModule
 
