@@ -31,7 +31,8 @@ def run_spec(cfg: Any, weights: Path | None = None) -> RunSpec:
                       eval_train=train["eval_train"], log_interval=train["log_interval"],
                       save_interval=train["save_interval"],
                       keep_checkpoints=keep if isinstance(keep, str) else tuple(keep or ())),
-        probes=ProbeSpec(attn_log_interval=train["attn_log_interval"], probe_tokens=train["probe_tokens"],
+        probes=ProbeSpec(attn_log_interval=train["attn_log_interval"], attn_log_at_start=train["attn_log_at_start"],
+                         probe_tokens=train["probe_tokens"],
                          seed=train["seed"],
                          # held-out stories of another seed, where names come back: the built-in stories only
                          recall_seed=data["seed"] + 1 if data["source"] == "stories" else None,

@@ -171,6 +171,7 @@ class LoopSchema:
     eval_train: bool = MISSING
     log_interval: int = MISSING
     attn_log_interval: int = MISSING
+    attn_log_at_start: bool = MISSING
     sample_interval: int = MISSING
     sample_tokens: int = MISSING
     sample_temperature: Number = MISSING

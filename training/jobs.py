@@ -76,7 +76,7 @@ class AttentionMaps:
     def __init__(self, run: Run, tb: RunLogger, fresh: bool) -> None:
         probes, shape, tokenizer, device = run.spec.probes, run.model.config, run.data.tokenizer, run.ranks.device
         self.model, self.tb, self.parallel, self.is_main = run.model, tb, run.parallel, run.ranks.is_main
-        self.due = Every(probes.attn_log_interval)
+        self.due = Every(probes.attn_log_interval, at_start=probes.attn_log_at_start)
         n_probe = min(probes.probe_tokens, shape.block_size)
         probe = probe_ids(run.data.val, tokenizer, n_probe)
         self.probe = torch.tensor([probe], device=device)  # (1, T_probe)

@@ -61,6 +61,7 @@ class LoopSpec:
 @dataclass(frozen=True)
 class ProbeSpec:
     attn_log_interval: int  # 0: no maps, head metrics or ablations
+    attn_log_at_start: bool  # False: none at step 0 either
     probe_tokens: int
     seed: int  # train.seed too: the induction probe's random tokens, and the samples' draws
     recall_seed: int | None  # the held-out stories of the recall probe; None: no recall probe (not the stories)
