@@ -42,7 +42,7 @@ ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": 
               "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp", "data.names": "common",
               "data.word_games": 0, "train.keep_checkpoints": [], "model.n_kv_head": None, "model.head_dim": None,
               "model.window": None, "model.mlp_hidden": None, "model.rope_theta": 10000.0, "model.rope_scaling": None,
-              "model.norm_eps": None}
+              "model.norm_eps": None, "train.attn_log_at_start": True}
 
 
 @dataclass
