@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import redirect_stderr, redirect_stdout
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
@@ -106,6 +106,17 @@ def run_script(path: Path, *args: str, cwd: Path) -> CliResult:
     return in_this_process(lambda: runpy.run_path(str(path), run_name="__main__"), [str(path), *args], cwd)
 
 
+@contextmanager
+def fp32_matmuls(precision: str) -> Iterator[None]:
+    """torch's fp32 matmul precision ("highest": full fp32, "high": TF32 on CUDA) inside, as it was after."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> CliResult:
     """run() as a process would run it, with argv and in folder cwd: its exit status (1 and the
     traceback for an exception) and what it printed; then argv, sys.path, the folder, the
@@ -114,13 +125,11 @@ def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> Cl
     for the rest of its process, and a later sample.py in a new process would not have it."""
     stdout, stderr = io.StringIO(), io.StringIO()
     saved_argv, saved_path, saved_cwd, saved_handlers = sys.argv, sys.path[:], os.getcwd(), logging.root.handlers[:]
-    saved_precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
     sys.argv = argv
     os.chdir(cwd)
     returncode = 0
     try:
-        with redirect_stdout(stdout), redirect_stderr(stderr):
+        with redirect_stdout(stdout), redirect_stderr(stderr), fp32_matmuls("highest"):
             run()
     except SystemExit as exit_:
         returncode = exit_.code if isinstance(exit_.code, int) else 1
@@ -130,7 +139,6 @@ def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> Cl
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
-        torch.set_float32_matmul_precision(saved_precision)
         for handler in set(logging.root.handlers) - set(saved_handlers):
             logging.root.removeHandler(handler)
             handler.close()

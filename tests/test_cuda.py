@@ -39,7 +39,7 @@ from model.decode_step import INDUCTOR_OPTIONS, CompiledDecodeStep
 from model.generation import generate_tokens
 from model_io.checkpoint import Checkpoint
 from runtime.devices import Machine, check_compiler
-from tests.helpers import ARCHITECTURE_OPTIONS, curves, read_events, run_cli, tiny_gpt, tiny_run
+from tests.helpers import ARCHITECTURE_OPTIONS, curves, fp32_matmuls, read_events, run_cli, tiny_gpt, tiny_run
 from tests.test_grouped_attention import lively
 from tests.test_precision import (
     assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows,
@@ -88,13 +88,10 @@ def device_run(tmp_path_factory, data_cache) -> Path:
 
 @pytest.fixture
 def full_fp32_matmuls() -> Iterator[None]:
-    """fp32 matmuls in full precision during the test. train.py turns CUDA's on to TF32 for the
-    rest of its process (training/build.py); run in-process before this test, it would leave them so,
-    where a fresh `python sample.py` would not."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(before)
+    """fp32 matmuls in full precision during the test, as a fresh `python sample.py` has them: code
+    that builds a run in this process (training/build.py) turns CUDA's to TF32 and leaves them so."""
+    with fp32_matmuls("highest"):
+        yield
 
 
 def skip_without_compiler(key: str, cpp_wrapper: bool = False) -> None:
@@ -247,14 +244,10 @@ def test_the_compiled_decode_step_on_cuda_builds_with_tf32_matmuls_on_as_train_p
     skip_without_compiler("compile", cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     model = lively_gpt(pos="rope", norm="rmsnorm", mlp="swiglu", qk_norm=True, n_head=4, n_kv_head=2, window=5)
     prompt = torch.randint(0, 65, (2, 4), generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
+    with fp32_matmuls("high"):
         step = CompiledDecodeStep(model, batch_size=2, temperature=0.0, top_k=None, top_p=None)
         compiled = generate_tokens(model, prompt, 40, temperature=0.0, decode_step=step)
         eager = generate_tokens(model, prompt, 40, temperature=0.0)
-    finally:
-        torch.set_float32_matmul_precision(before)
     # TF32 rounds both paths' matmuls, each its own way: the first tokens agree, the rest may part.
     assert torch.equal(compiled[:, :14], eager[:, :14])
     assert len(set(compiled[0, 4:].tolist())) > 5

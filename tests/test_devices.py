@@ -158,7 +158,7 @@ def test_this_machine_finds_a_cxx_compiler_where_inductor_finds_one(no_compiler_
     assert Machine.this_one().cxx is None and Machine.this_one().cc is None
     # Inductor read $CXX once, when it was imported; with CXX unset it reads its default, g++.
     # (Else an image that sets CXX to a full path, as one GPU machine's does, is found by it.)
-    unset_cxx = (None, "g++")
+    unset_cxx = (None, "clang++" if sys.platform == "darwin" else "g++")
     cpp_compiler_search.cache_clear()
     with pytest.raises(InvalidCxxCompiler):
         cpp_compiler_search(unset_cxx)

@@ -13,17 +13,13 @@ def test_a_job_is_due_every_interval_and_at_the_last_step():
 
 
 def test_attn_log_at_start_false_draws_no_maps_or_head_numbers_of_the_untrained_model(tmp_path):
-    steps = {}
-    for at_start in (True, False):
-        run = f"run_{at_start}"
-        result = run_cli("train.py", *tiny_run(**{
-            "train.max_steps": 2, "train.eval_interval": 2, "train.attn_log_interval": 2, "train.sample_interval": 0,
-            "train.attn_log_at_start": at_start, "hydra.run.dir": run}), cwd=tmp_path)
-        assert result.returncode == 0, result.stderr
-        events = read_events(tmp_path / run)
-        head_tags = [tag for tag in events.Tags()["scalars"] if tag.startswith("head_")]
-        assert head_tags
-        steps[at_start] = ({event.step for event in events.Images("attention/all_heads")},
-                           {event.step for tag in head_tags for event in events.Scalars(tag)})
-    assert steps[True] == ({0, 2}, {0, 2})
-    assert steps[False] == ({2}, {2})
+    # (Every's at_start is checked above; this is the option's way from the command line to the job.)
+    result = run_cli("train.py", *tiny_run(**{
+        "train.max_steps": 2, "train.eval_interval": 2, "train.attn_log_interval": 2, "train.sample_interval": 0,
+        "train.attn_log_at_start": False, "hydra.run.dir": "run"}), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    events = read_events(tmp_path / "run")
+    head_tags = [tag for tag in events.Tags()["scalars"] if tag.startswith("head_")]
+    assert head_tags
+    assert {event.step for event in events.Images("attention/all_heads")} == {2}
+    assert {event.step for tag in head_tags for event in events.Scalars(tag)} == {2}

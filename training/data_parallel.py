@@ -36,6 +36,8 @@ WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 # DDP's switch for re-sending the buffers before every forward: forward_sync_buffers since torch
 # 2.13 (which deprecates the old name), broadcast_buffers before it (requirements.txt allows 2.9).
+# (The new one still sends them once, at the start; the old one did not. The RoPE tables are the
+# same on every rank either way.)
 NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
                   else {"broadcast_buffers": False})
