@@ -25,6 +25,9 @@ TORCH_VERSION := 2.13.0
 TORCH_PIP_ARGS ?=
 # The tests make test-fast runs: pytest -m of the markers pyproject.toml registers.
 FAST_TESTS := not slow and not browser and not distributed and not compile
+# One pytest-xdist worker per core; a worker that runs out of tests takes the other's last ones
+# (worksteal), so that both end together rather than one waiting on the other's slow tests.
+XDIST := -n auto --dist worksteal
 RUN ?= latest
 INDUCTION_RUNS ?=
 NOTEBOOK ?= look_inside
@@ -64,10 +67,10 @@ train: setup
 	$(PY) train.py $(ARGS)
 
 test: setup browser
-	$(PY) -m pytest -n auto $(ARGS)
+	$(PY) -m pytest $(XDIST) $(ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -n auto -m "$(FAST_TESTS)" $(ARGS)
+	$(PY) -m pytest $(XDIST) -m "$(FAST_TESTS)" $(ARGS)
 
 sample: setup
 	$(PY) sample.py run=latest $(ARGS)

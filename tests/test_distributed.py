@@ -91,13 +91,15 @@ def one_batch_of_8(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_ranks_of_4(made_once) -> Finished:
-    """ONE_STEP on 2 ranks with batches of 4 (DDP): its weights, and the losses it logged."""
+def two_ranks_accumulating(made_once) -> Finished:
+    """ONE_STEP on 2 ranks (DDP), each taking 2 micro-steps of 2 (the gradients synced in the second's
+    backward alone): its weights, and the losses it logged."""
     def run(workdir: Path) -> Finished:
-        result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 4, "hydra.run.dir": "run"}), cwd=workdir)
+        result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 2, "train.grad_accum_steps": 2,
+                                                    "hydra.run.dir": "run"}), cwd=workdir)
         assert result.returncode == 0, result.stdout + result.stderr
         return Finished(workdir / "run", result.stdout)
-    return made_once("two_ranks_of_4", run)
+    return made_once("two_ranks_accumulating", run)
 
 
 def assert_took_the_step(run_dir: Path, expected_weights: dict[str, torch.Tensor]) -> None:
@@ -107,35 +109,27 @@ def assert_took_the_step(run_dir: Path, expected_weights: dict[str, torch.Tensor
     assert moved[worst] < TOLERANCE, f"largest weight difference {moved[worst]:.2e} in {worst}"
 
 
-def test_the_first_step_of_2_ranks_x_4_equals_one_process_with_the_whole_batch(one_batch_of_8, two_ranks_of_4):
-    assert_took_the_step(two_ranks_of_4.dir, one_batch_of_8)
+def test_the_first_step_of_2_ranks_x_2_micro_steps_x_2_equals_one_process_with_the_whole_batch(
+        one_batch_of_8, two_ranks_accumulating):
+    # Both ways of splitting a batch at once: DDP averages the ranks' gradients, accumulation the micro-steps'.
+    assert_took_the_step(two_ranks_accumulating.dir, one_batch_of_8)
 
 
-@pytest.mark.parametrize(
-    ("processes", "args"),
-    [
-        (1, {"train.batch_size": 4, "train.grad_accum_steps": 2}),  # accumulation: 2 micro-steps x 4
-        (2, {"train.batch_size": 2, "train.grad_accum_steps": 2}),  # both: 2 ranks x 2 micro-steps x 2
-    ],
-    ids=["1 rank x 2 micro-steps x 4", "2 ranks x 2 micro-steps x 2"],
-)
-def test_the_first_step_equals_one_process_with_the_whole_batch(one_batch_of_8, tmp_path, processes, args):
-    if processes == 1:
-        result = run_cli("train.py", *tiny_run(ONE_STEP, args, **{"hydra.run.dir": "run"}), cwd=tmp_path)
-    else:
-        result = torchrun(processes, *tiny_run(ONE_STEP, args, **{"hydra.run.dir": "run"}), cwd=tmp_path)
+def test_the_first_step_of_2_micro_steps_x_4_equals_one_process_with_the_whole_batch(one_batch_of_8, tmp_path):
+    result = run_cli("train.py", *tiny_run(ONE_STEP, **{"train.batch_size": 4, "train.grad_accum_steps": 2,
+                                                        "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert_took_the_step(tmp_path / "run", one_batch_of_8)
 
 
-def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(two_ranks_of_4, tmp_path):
+def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(two_ranks_accumulating, tmp_path):
     # Rank 0 takes 3 of the 5 evaluation batches, rank 1 takes 2, and the sums are added. The same
-    # update both ways (2 micro-steps of 4 = 2 ranks x 4), and the same eval batches of 4.
-    one = run_cli("train.py", *tiny_run(ONE_STEP, **{"train.batch_size": 4, "train.grad_accum_steps": 2, "hydra.run.dir": "one"}),
+    # update both ways (4 micro-steps of 2 = 2 ranks x 2 micro-steps of 2), and the same eval batches of 2.
+    one = run_cli("train.py", *tiny_run(ONE_STEP, **{"train.batch_size": 2, "train.grad_accum_steps": 4, "hydra.run.dir": "one"}),
                   cwd=tmp_path)
     assert one.returncode == 0, one.stderr
     assert len(logged_losses(one.stdout)) == 4  # train and val, before and after the step
-    assert logged_losses(two_ranks_of_4.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
+    assert logged_losses(two_ranks_accumulating.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
 
 
 def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
