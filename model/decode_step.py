@@ -95,7 +95,7 @@ def attend_one(
     k_slots.index_copy_(2, slot, k)  # (B, K, N, D) with this token's key in its slot
     v_slots.index_copy_(2, slot, v)  # (B, K, N, D)
     keys, values = k_slots[:, :, :filled], v_slots[:, :, :filled]  # (B, K, S, D) each, S = filled
-    # q scaled first, not the scores (the same up to rounding): D multiplies instead of S.
+    # q scaled first, not the scores (the same up to rounding): G x D multiplies instead of G x S.
     # As bmm over the B*K key/value heads: with K = 1, @ on 4-d tensors folds (G, S) into one
     # dimension of G * S, a size the compiler cannot reason about while S is read at run time.
     S = keys.shape[2]

@@ -3,6 +3,7 @@ the sampler both paths share (model/sampling.py)."""
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 
 from model.decode_step import CompiledDecodeStep, one_token_logits
 from model.generation import generate_tokens
@@ -66,7 +67,10 @@ def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings()
     model = tiny_gpt(block_size=8, smear=True).eval()
     prompt = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(0))
     settings = dict(temperature=1.0, top_k=None, top_p=0.9)
-    step = CompiledDecodeStep(model, batch_size=2, **settings)
+    step, code = run_and_get_code(CompiledDecodeStep, model, batch_size=2, **settings)  # and the code Inductor wrote
+    # The attention in the step's own loops: no call of torch's fused attention kernel, which costs
+    # more than one query row's work (docs/speed.md: 1 of 13.7 ms a token of GPT-2 small at bf16).
+    assert code and not any("scaled_dot_product" in text for text in code)
     compiled = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3), decode_step=step)
     eager = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3))
     assert torch.equal(compiled, eager)
