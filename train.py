@@ -63,10 +63,18 @@ def main(cfg: DictConfig) -> float:
         logging.getLogger().setLevel(logging.ERROR)  # errors only: rank 0 logs for all
     with exit_on_user_error():
         try:
-            best_val_loss = train(cfg, HydraConfig.get())
-            # DistributedDataParallel holds the process group from inside reference cycles: free
-            # it now, so that leaving the group ends the group's threads before the process exits.
+            stopped = None
+            try:
+                best_val_loss = train(cfg, HydraConfig.get())
+            except SystemExit as stop:  # stopped by a signal, the run saved (training/fit.py)
+                stopped = SystemExit(stop.code)  # the same exit, without the traceback
+            # DistributedDataParallel holds the process group from inside reference cycles: free it
+            # now (the stop's traceback, which held the loop's frames, is gone), so that leaving the
+            # group ends the group's threads before the process exits. Left to the exit, they now
+            # and then kept a rank of a stopped torchrun run alive until torchrun killed it 30 s later.
             gc.collect()
+            if stopped is not None:
+                raise stopped
             return best_val_loss
         except torch._dynamo.exc.BackendCompilerFailed as error:  # only train.compile=true gets here
             reason = str(error).strip().splitlines()[0]

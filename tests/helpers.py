@@ -272,11 +272,12 @@ def stop_while(process: subprocess.Popen, holds: Callable[[], bool]) -> bool:
     return False
 
 
-def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str) -> str:
-    """torchrun with n processes of train.py, stopped as Ctrl-C in a terminal stops it (SIGINT to the
-    whole process group: torchrun and every rank) once it prints a line holding `after`; all it printed."""
+def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str,
+                          script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> str:
+    """torchrun with n processes of script (train.py), stopped as Ctrl-C in a terminal stops it (SIGINT to
+    the whole process group: torchrun and every rank) once it prints a line holding `after`; all it printed."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd)}
-    process = subprocess.Popen(torchrun_command(n, *args), cwd=cwd, env=env, stdout=subprocess.PIPE,
+    process = subprocess.Popen(torchrun_command(n, *args, script=script), cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return signal_after_line(process, after, signal.SIGINT, whole_group=True)
 

@@ -17,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import (
     QUICK,
     ROOT,
+    THEN_NAME_GLOO_THREADS,
     TWO_RANKS,
     Finished,
     ctrl_c_under_torchrun,
@@ -186,10 +187,17 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
 
 
 def test_ctrl_c_under_torchrun_saves_once_and_the_resumed_run_is_bitwise_the_run_left_alone(tmp_path, run_left_alone):
-    output = ctrl_c_under_torchrun(2, *tiny_run(TWO_RANKS, **{"hydra.run.dir": "stopped"}), cwd=tmp_path, after="step 15/30")
+    wrapper = tmp_path / "then_name_gloo_threads.py"
+    wrapper.write_text(THEN_NAME_GLOO_THREADS)
+    output = ctrl_c_under_torchrun(2, *tiny_run(TWO_RANKS, **{"hydra.run.dir": "stopped"}), cwd=tmp_path, after="step 15/30",
+                                   script=(str(wrapper), str(ROOT / "train.py")))
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
     assert stopped, output
     assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
+    # A stopped run leaves the group as a finished one does: gloo's threads left to the process's exit
+    # now and then held a rank there until torchrun killed it, 30 s after the Ctrl-C.
+    left = re.findall(r"rank (\d) ended with these gloo threads: (\[.*?\])", output)
+    assert sorted(left) == [("0", "[]"), ("1", "[]")], output
     step = int(stopped.group(1))
     assert torch.load(tmp_path / "stopped" / "ckpt_last.pt", weights_only=True)["step"] == step < 30
 
