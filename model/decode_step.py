@@ -156,7 +156,9 @@ class CompiledDecodeStep:
             torch.zeros(batch_size, 1, dtype=torch.long, device=weight.device),  # token
             torch.zeros(1, dtype=torch.long, device=weight.device),  # position
             torch.zeros(batch_size, 1, config.n_embd, **floats),  # last_embedding
-            torch.full((batch_size, config.vocab_size), 0.5, **floats),  # uniform
+            # uniform: float32 whatever the weights' dtype, as uniform_noise draws it (the compiled code
+            # reads its input's bytes as the dtype it was built with)
+            torch.full((batch_size, config.vocab_size), 0.5, dtype=torch.float32, device=weight.device),
             *(torch.zeros(batch_size, config.kv_heads, slot_count, config.head_size, **floats)
               for _ in range(2 * config.n_layer)),  # slots
         )

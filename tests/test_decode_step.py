@@ -61,6 +61,22 @@ def test_choosing_at_temperature_zero_takes_the_likeliest_and_ignores_the_noise(
 
 
 @pytest.mark.compile
+def test_a_bf16_step_draws_with_the_float32_noise_that_sampling_gives_it():
+    # uniform_noise draws float32 whatever the weights' dtype. A step built for bf16 noise read its
+    # bytes as bf16: sample.py compile=true dtype=bf16 wrote nonsense while eager bf16 wrote stories.
+    model = tiny_gpt(block_size=16).to(torch.bfloat16).eval()
+    step = CompiledDecodeStep(model, batch_size=2, temperature=1.0, top_k=None, top_p=None)
+    prompt = torch.randint(0, 65, (2, 5), generator=torch.Generator().manual_seed(0))
+    for chosen in ([3, 60], [41, 7]):
+        caches = model.new_caches()
+        with torch.no_grad():
+            model(prompt[:, :4], caches=caches)  # the step takes in the 5th token
+        uniform = torch.full((2, 65), 0.5)  # (B, V) float32, as uniform_noise draws it
+        uniform[[0, 1], chosen] = 1 - 2**-24  # -log(u) near 0: these tokens' draws win by far
+        assert step(prompt[:, 4:], caches, uniform).flatten().tolist() == chosen
+
+
+@pytest.mark.compile
 def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings():
     # Learned positions and smear (the CLI test covers rope), top_p, a prompt longer than
     # block_size and 25 new tokens: the window slides and the caches are refilled several times.
