@@ -1,18 +1,35 @@
 """train.parallel=fsdp: real `torchrun` runs of train.py on 2 processes over gloo, against the
-same run under DDP, read back from their TensorBoard events and checkpoints."""
+same run under DDP, read back from their TensorBoard events and checkpoints; and what FSDP keeps of
+the forwards rank 0 runs alone, in a process group of this process alone."""
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from model_io.checkpoint import Checkpoint, build_model
-from tests.helpers import TWO_RANKS, ctrl_c_under_torchrun, curves, optim_spec, read_events, tiny_run, torchrun, weights
-from training.data_parallel import named, numbered
+from runtime.ranks import Ranks
+from tests.helpers import (
+    TWO_RANKS,
+    ctrl_c_under_torchrun,
+    curves,
+    optim_spec,
+    read_events,
+    tiny_gpt,
+    tiny_run,
+    torchrun,
+    weights,
+)
+from training import data_parallel
+from training.data_parallel import Sharded, named, numbered
 from training.optimizer import build_optimizer
 
-pytestmark = pytest.mark.distributed  # torchrun with FSDP
+pytestmark = pytest.mark.distributed  # torchrun with FSDP, and FSDP in a process group of one
 
 # helpers.TWO_RANKS: 30 steps with dropout, 2 micro-steps a step (the gradients are synced in the
 # second's backward alone), 3 evaluation batches, so rank 0 runs 2 and rank 1 one (FSDP needs as many
@@ -116,3 +133,41 @@ def test_an_optimizer_state_numbered_then_named_again_is_the_same_state():
         for number, param in enumerate(p for group in one.param_groups for p in group["params"]):
             assert by_name["state"][names[param]] is state["state"][number]
         assert numbered(by_name) == state
+
+
+@pytest.fixture
+def one_rank() -> Iterator[Ranks]:
+    """A process group of this process alone, over gloo: FSDP's bookkeeping runs as on every rank."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield Ranks(0, 0, 1, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("forget", ["forget_forwards", "forget_forwards_by_hand"])
+def test_the_forwards_rank_0_ran_alone_leave_fsdp_no_record_and_every_unit_sharded(one_rank, forget):
+    # forget_forwards calls torch's reset_iter_state where torch has it (2.13 here); the by-hand
+    # path is what older torch gets (2.11 on the GPU machines), run here on this torch's FSDP.
+    model = tiny_gpt()
+    sharded = Sharded(model, one_rank)
+    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    ids = torch.randint(0, 65, (1, 8))
+    for unit in units:  # as whole_model gathers the blocks before rank 0's forwards
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    with torch.no_grad():
+        model(ids)
+        model(ids)
+    records = model._get_fsdp_state()._comm_ctx.post_forward_order  # made at the first forward
+    assert len(records) == 2 * len(units)  # each unit's forward, twice: what the next backward would plan from
+    assert not all(isinstance(parameter, DTensor) for parameter in model.parameters())  # gathered
+    getattr(data_parallel, forget)(sharded.root, units)
+    assert records == []
+    assert all(isinstance(parameter, DTensor) for parameter in model.parameters())  # every unit back to its shard
+    for block in model.blocks:
+        block.set_reshard_after_forward(True, recurse=False)
+    _, loss = model(ids, targets=ids)  # the next training step's forward plans from itself alone
+    assert len(records) == len(units)
+    loss.backward()
+    assert all(parameter.grad is not None for parameter in model.parameters())

@@ -43,27 +43,30 @@ NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
                   else {"broadcast_buffers": False})
 
 
-
 def forget_forwards(root: FSDPModule, units: list[FSDPModule]) -> None:
     """Forget the forwards rank 0 ran alone, and reshard every unit. FSDP records the order in which
     units run forward and plans the next backward's prefetches (all-gathers, collectives) from it:
     from rank 0's extra forwards, rank 0 alone would prefetch, and the ranks would wait on each other."""
     if hasattr(root, "reset_iter_state"):  # newer torch (2.13 has it; 2.11 does not)
         root.reset_iter_state()
-        return
-    # Older torch has no public call for it: reshard, and clear the same records by hand (FSDP2's
-    # private names, checked on torch 2.11, whose unit holds one _fsdp_param_group where 2.13's holds
-    # a list; tests/test_fsdp.py passed there, 2026-11-26).
+    else:
+        forget_forwards_by_hand(root, units)
+
+
+def forget_forwards_by_hand(root: FSDPModule, units: list[FSDPModule]) -> None:
+    """What reset_iter_state does that matters here, for a torch without it: reshard, and clear the
+    records by FSDP2's private names (checked on torch 2.11, whose unit holds one _fsdp_param_group
+    where 2.13's holds a list; tests/test_fsdp.py passed there, 2026-11-26)."""
     for unit in units:
         unit.reshard()
-    state = root._get_fsdp_state()
-    state._comm_ctx.post_forward_order.clear()
+    root._get_fsdp_state()._comm_ctx.post_forward_order.clear()
     for unit in units:
-        unit_state = unit._get_fsdp_state()
-        groups = getattr(unit_state, "_fsdp_param_groups", None) or [unit_state._fsdp_param_group]
+        state = unit._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]
         for group in groups:
             if group is not None:
                 group._post_forward_indices.clear()
+
 
 class Replicated:
     """train.parallel=ddp, and any run on one process: each rank a whole copy of the model."""
