@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from model import GPT, eval_mode
-from user_error import UserError
+from user_error import UserError, quoted
 
 Tokens = int | Sequence[int] | torch.Tensor  # one token id, or one per row of the batch
 
@@ -45,6 +45,8 @@ class LogitAttribution:
 
 def check_position(position: int, T: int) -> int:
     """position as an index 0 .. T - 1 (a negative one counts from the end); UserError outside."""
+    if T == 0:
+        raise UserError("the sequence is empty: give at least one token")
     if not -T <= position < T:
         raise UserError(f"position {position} is out of range: the sequence has {T} tokens "
                         f"(positions 0 to {T - 1}, or -{T} to -1 from the end)")
@@ -54,6 +56,9 @@ def check_position(position: int, T: int) -> int:
 def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
     """ids as a (B,) tensor of token ids, one per row of the batch (one id serves every row);
     UserError for an id outside 0 .. V - 1 or a count that is neither 1 nor B."""
+    if isinstance(ids, str):
+        raise UserError(f"{name}={quoted(ids)} is text: give its token id, e.g. tokenizer.encode({quoted(ids)})[0] "
+                        "for a text of one token")
     ids = torch.as_tensor(ids).reshape(-1)  # (1,) or (B,)
     if ids.numel() not in (1, B):
         raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")

@@ -36,14 +36,26 @@ class NameSwap:
 
 
 def one_token_names(tokenizer: Tokenizer, names: Iterable[str] = FEMALE_NAMES) -> list[str]:
-    """The names that are one token each with a space before them, as they stand in a sentence."""
-    return [name for name in names if len(tokenizer.encode(" " + name)) == 1]
+    """The names that are one token each with a space before them, as they stand in a sentence (none
+    that the tokenizer cannot write: a character tokenizer of a corpus without their letters)."""
+    return [name for name in names if writable(tokenizer, " " + name) and len(tokenizer.encode(" " + name)) == 1]
+
+
+def writable(tokenizer: Tokenizer, text: str) -> bool:
+    """Whether tokenizer can encode text (a character tokenizer cannot write a character it never saw)."""
+    try:
+        tokenizer.encode(text)
+    except UserError:
+        return False
+    return True
 
 
 def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY) -> NameSwap:
     """The clean prompt (template with answer and other) and the corrupted one (the names swapped),
     as token ids after the start token (<|endoftext|>); UserError unless each name is one token."""
     for name in (answer, other):
+        if not name.strip():
+            raise UserError(f"a name is {name!r}: give two names, each one token for this run's tokenizer")
         pieces = tokenizer.token_strings(tokenizer.encode(" " + name))
         if len(pieces) != 1:
             raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: pick "

@@ -270,6 +270,7 @@ class GPT(HookedModel):
     def embed(self, idx: torch.Tensor, caches: Caches | None = None) -> torch.Tensor:
         """The first block's input for idx (B, T): token embeddings, smeared and with learned
         positions where those are turned on. Returns (B, T, C)."""
+        self.check_token_ids(idx)
         T = idx.shape[1]
         start = caches.length if caches is not None else 0  # tokens already in the caches come first
         end = T if self.generates_past_block_size else start + T  # the furthest position this call needs
@@ -285,6 +286,20 @@ class GPT(HookedModel):
             positions = torch.arange(start, start + T, device=idx.device)  # (T,)
             x = x + self.hook_pos_embed(self.pos_emb(positions))  # (B, T, C) + (T, C) -> (B, T, C)
         return self.dropout(x)
+
+    def check_token_ids(self, idx: torch.Tensor) -> None:
+        """ValueError, in one line, for what a learner may hand the model by mistake: not a (B, T)
+        batch, no tokens, an id outside the vocabulary. The shape costs nothing to check; the ids
+        are checked where they are on the CPU (on a GPU the check would wait for it) and outside a
+        compile (whose graph it would break)."""
+        if idx.dim() != 2 or idx.shape[1] == 0:
+            hint = ": one text is idx[None], a batch of 1" if idx.dim() == 1 and idx.numel() else ""
+            raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1; got shape {tuple(idx.shape)}{hint}")
+        if idx.device.type == "cpu" and not torch.compiler.is_compiling() and not idx.is_floating_point():
+            low, high = torch.aminmax(idx)
+            if low < 0 or high >= self.config.vocab_size:
+                bad = int(low) if low < 0 else int(high)
+                raise ValueError(f"token id {bad} is not in this model's vocabulary: ids run from 0 to {self.config.vocab_size - 1}")
 
     def hidden_states(self, idx: torch.Tensor, caches: Caches | None = None) -> torch.Tensor:
         """The final norm's output for idx (B, T), what the LM head reads: (B, T, C)."""

@@ -46,6 +46,10 @@ class HookPoint:
         for fn in tuple(self.fns):
             replaced = fn(activation, self)
             if replaced is not None:
+                if not isinstance(replaced, torch.Tensor) or replaced.shape != activation.shape:
+                    got = f"shape {tuple(replaced.shape)}" if isinstance(replaced, torch.Tensor) else type(replaced).__name__
+                    raise ValueError(f"the function at {self.name} returned {got}: it must return None or a tensor "
+                                     f"of the activation's shape {tuple(activation.shape)}")
                 activation = replaced
         return activation
 

@@ -109,6 +109,17 @@ def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attach
         model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["blocks.7.hook_resid_pre"])
 
 
+def test_a_function_that_returns_another_shape_is_one_line_naming_its_point_and_the_shape_it_must_keep():
+    model = tiny_gpt()
+    one_head = lambda z, hook: z[:, :, 0]  # noqa: E731  # (B, T, D) for (B, T, H, D)
+    with pytest.raises(ValueError, match="^" + re.escape("the function at blocks.0.attn.hook_z returned shape (1, 3, 16): it must "
+                                                         "return None or a tensor of the activation's shape (1, 3, 2, 16)") + "$"):
+        model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[("blocks.0.attn.hook_z", one_head)])
+    with pytest.raises(ValueError, match="^the function at blocks.1.hook_resid_post returned float: it must"):
+        model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[("blocks.1.hook_resid_post", lambda x, hook: 0.0)])
+    assert not model.has_hooks()
+
+
 def test_a_cache_asked_for_a_name_it_did_not_keep_says_what_it_holds_and_how_to_ask():
     model = tiny_gpt()
     _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["blocks.1.attn.hook_z"])

@@ -54,8 +54,14 @@ def test_on_the_circuit_the_induction_head_writes_the_copied_tokens_logit_and_no
     (-13, 3, "position -13 is out of range"),
     (0, 65, "token=[65] is not a token id of this model: ids run from 0 to 64"),
     (0, [1, 2, 3], "token gives 3 token ids for a batch of 2: give one id, or one per row"),
+    (0, " Leo", "token=' Leo' is text: give its token id, e.g. tokenizer.encode(' Leo')[0] for a text of one token"),
 ])
 def test_a_bad_request_is_one_line_naming_the_value(position, token, message):
     with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")) as caught:
         logit_attribution(tiny_gpt(), TOKENS, position, token)
     assert "\n" not in str(caught.value)
+
+
+def test_an_empty_sequence_is_one_line_saying_so():
+    with pytest.raises(UserError, match="^the sequence is empty: give at least one token$"):
+        logit_attribution(tiny_gpt(), TOKENS[:, :0], -1, 3)

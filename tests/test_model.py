@@ -231,6 +231,22 @@ def test_a_sequence_longer_than_block_size_is_refused():
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
+@pytest.mark.parametrize(("idx", "message"), [
+    (torch.zeros(1, 0, dtype=torch.long), "idx must be token ids of shape (B, T) with T >= 1; got shape (1, 0)"),
+    (torch.tensor([1, 2, 3]), "idx must be token ids of shape (B, T) with T >= 1; got shape (3,): one text is idx[None], a batch of 1"),
+    (torch.tensor([[1, 65]]), "token id 65 is not in this model's vocabulary: ids run from 0 to 64"),
+    (torch.tensor([[-1, 2]]), "token id -1 is not in this model's vocabulary: ids run from 0 to 64"),
+], ids=["no tokens", "no batch", "past the vocabulary", "negative"])
+def test_ids_the_model_cannot_read_are_one_line_naming_them(idx, message):
+    # What a learner hands model(), run_with_cache() or the tools by mistake; torch's own errors
+    # for these come from deep inside (an IndexError of the embedding, of idx.shape[1]).
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        model(idx)
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        model.run_with_cache(idx)
+
+
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS[1:], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_each_architecture_option_gives_the_same_outputs_and_gradients_on_both_attention_paths(options):
     manual, sdpa = tiny_gpt(attention="manual", **options), tiny_gpt(attention="sdpa", **options)

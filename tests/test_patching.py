@@ -4,10 +4,14 @@ the answer is known: the induction head's output carries it, the previous-token 
 position of the changed token carries it. TransformerLens's own patching is the reference in
 tests/test_transformer_lens.py."""
 
+import re
+
 import pytest
 import torch
 
+from data.tokenizer import CharTokenizer
 from inspection import patching
+from inspection.name_swap import name_swap
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
 from tests.helpers import INDUCTION_HEAD, shift_then_copy_model, tiny_gpt
 from user_error import UserError
@@ -105,3 +109,14 @@ def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
     with pytest.raises(UserError) as caught:
         patch_heads(model, clean, corrupted, metric or default_metric)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("names", "message"), [
+    (("", "B"), "a name is '': give two names, each one token for this run's tokenizer"),
+    (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: pick names that are, e.g. none of the stories"),
+])
+def test_a_name_swap_of_names_that_are_not_one_token_each_is_one_line(names, message):
+    # A character tokenizer: a name after its space is never one token. Its vocabulary lacks the
+    # letters of the names the message suggests: it suggests none rather than fail on them.
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        name_swap(CharTokenizer(list(" ABo")), *names)
