@@ -47,7 +47,7 @@ def export(cfg: DictConfig) -> None:
     replace_folder(out, lambda folder: write_hf_folder(model, tokenizer, folder))
 
     files = ", ".join(sorted(p.name for p in out.iterdir()))
-    print(f"wrote {out} as a {ARCHITECTURES[model_type].hf_class}: {files}")
+    print(f"wrote {out} as a {ARCHITECTURES[model_type].hf_class}, from {path}: {files}")
     print("Load it in Python:")
     print("    from transformers import AutoModelForCausalLM, AutoTokenizer")
     print(f"    model, tokenizer = AutoModelForCausalLM.from_pretrained({str(out)!r}), "

@@ -38,6 +38,8 @@ def sample(cfg: DictConfig) -> None:
     if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
         check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     path = resolve_checkpoint(str(cfg.run))
+    if str(cfg.run) == "latest":
+        print(f"run=latest: {path}", file=sys.stderr, flush=True)  # which run it picked, beside the text
     model, tokenizer = Checkpoint.load(path).build_model()
     dtype, warning = weights_dtype(str(cfg.dtype), device, machine)
     model.to(device, dtype)

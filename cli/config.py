@@ -120,8 +120,8 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
         fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
         require(
             fixed is None,
-            f"resume: {override} would change the {fixed} this run was trained with "
-            f"({old if '.' in key else 'a different ' + key}); start a new run for that instead",
+            f"resume: {override} would change the {fixed} this run was trained with"
+            f"{f' ({old})' if '.' in key else ''}; start a new run for that instead",
         )
         OmegaConf.update(resumed, key, new, merge=False, force_add=True)
         changes.append(f"{key} {old} -> {new}")

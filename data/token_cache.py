@@ -44,7 +44,10 @@ def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenDa
         tokenizer = build_tokenizer(tokenizer_spec, survey.chars, lambda: train_sample(corpus, survey), cache_dir, survey.key)
         write_cache_entry(entry, corpus, tokenizer, survey)
     meta = json.loads((entry / "meta.json").read_text())
-    splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") for split in SPLITS}
+    # A split of no tokens (a corpus of a few characters) is an empty array: mmap refuses an empty
+    # file, and check_splits_fit then says what the split needs.
+    splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") if meta[f"n_{split}"]
+              else np.zeros(0, dtype=meta["dtype"]) for split in SPLITS}
     return TokenData(tokenizer_from_state(meta["tokenizer"], cache_dir), train=splits["train"], val=splits["val"])
 
 

@@ -52,6 +52,19 @@ def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def where_runs_are(key: str, folder: Path) -> str:
+    """What to give key= instead of a folder without a checkpoint: the run dirs inside it (a sweep's
+    multirun/<date>/<time> holds one per value, 0, 1, ...), else a training run dir or a .pt file."""
+    def in_order(child: Path) -> tuple[int, int, str]:  # a sweep's 0, 1, ..., 10 as numbers, then the rest by name
+        return (0, int(child.name), "") if child.name.isdigit() else (1, 0, child.name)
+
+    runs = sorted((child for child in folder.iterdir() if child.is_dir() and model_checkpoint(child)), key=in_order)
+    if not runs:
+        return f"point {key}= at a training run dir or a .pt file"
+    names = ", ".join(child.name for child in runs[:4]) + (", ..." if len(runs) > 4 else "")
+    return f"it holds {len(runs)} run dirs ({names}): give one, e.g. {key}={runs[0]}"
+
+
 def is_trained(steps: int, init_from: str | None) -> bool:
     """Whether a run counts as trained: at least MIN_STEPS steps, or weights from elsewhere."""
     return steps >= MIN_STEPS or bool(init_from)
@@ -85,7 +98,7 @@ def resolve_checkpoint(run: str) -> Path:
     if path.is_dir():
         if found := model_checkpoint(path):
             return found
-        raise UserError(f"run={run} has no {BEST} or {LAST}; point run= at a training run dir or a .pt file")
+        raise UserError(f"run={run} has no {BEST} or {LAST}; {where_runs_are('run', path)}")
     if not path.is_file():
         raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     return path
@@ -116,7 +129,7 @@ def resolve_resume(resume: str) -> Path:
     path = Path(resume).expanduser()
     if path.is_dir():
         if not (path / LAST).is_file():
-            raise UserError(f"resume={resume} has no {LAST}; give the run dir of a run that saved one, or a .pt file")
+            raise UserError(f"resume={resume} has no {LAST}; {where_runs_are('resume', path)}")
         return path / LAST
     if not path.is_file():
         raise UserError(f"resume={resume} does not exist; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")

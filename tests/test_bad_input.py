@@ -86,6 +86,14 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
         assert not list(tmp_path.glob(".cache/tokens/*"))
 
 
+def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens(tmp_path):
+    # "hello": 3 tokens to train on and none to validate on (an empty file, which mmap refuses).
+    (tmp_path / "tiny.txt").write_text("hello\n")
+    result = run_cli("train.py", "data=text", "data.path=tiny.txt", cwd=tmp_path)
+    assert_one_error_line(result, "error: model.block_size=128 needs more than 128 tokens in each split, but the train split has 3")
+    assert not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.slow  # the shared trained run
 @pytest.mark.parametrize(
     ("args", "message"),

@@ -347,6 +347,9 @@ def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_ru
         "error: resume: model.n_layer=3 would change the model this run was trained with (2); "
         "start a new run for that instead\n"
     )
+    group = run_cli("train.py", "resume=run", "tokenizer=char", cwd=ten_step_run.parent)  # a group: no old value to quote
+    assert group.stderr == ("error: resume: tokenizer=char would change the tokenizer this run was trained with; "
+                            "start a new run for that instead\n")
     finished = run_cli("train.py", "resume=run", cwd=ten_step_run.parent)
     assert finished.returncode == 2
     assert "error: resume=run: the run is already at step 10, and train.max_steps=10" in finished.stderr

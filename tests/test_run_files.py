@@ -1,8 +1,10 @@
 """model_io/run_files.py: which checkpoint file a run's name means."""
 
+import re
+
 import pytest
 
-from model_io.run_files import resolve_checkpoint
+from model_io.run_files import resolve_checkpoint, resolve_resume
 from tests.helpers import small_checkpoint
 from user_error import UserError
 
@@ -18,3 +20,16 @@ def test_resolve_checkpoint_prefers_best_in_a_run_dir(tmp_path):
     empty.mkdir()
     with pytest.raises(UserError, match="has no ckpt_best.pt or ckpt_last.pt"):
         resolve_checkpoint(str(empty))
+
+
+def test_a_sweeps_folder_given_as_a_run_names_the_run_dirs_inside_it(tmp_path):
+    sweep = tmp_path / "multirun" / "2026-01-01" / "12-00-00"  # one run dir per value: 0, 1, ..., 10
+    for name in ("10", "0", "1"):
+        (sweep / name).mkdir(parents=True)
+        small_checkpoint(sweep / name, "ckpt_last.pt")
+    (sweep / ".submitit").mkdir()  # not a run
+    message = f"it holds 3 run dirs (0, 1, 10): give one, e.g. {{key}}={sweep / '0'}"
+    with pytest.raises(UserError, match="^" + re.escape(f"run={sweep} has no ckpt_best.pt or ckpt_last.pt; " + message.format(key="run")) + "$"):
+        resolve_checkpoint(str(sweep))
+    with pytest.raises(UserError, match="^" + re.escape(f"resume={sweep} has no ckpt_last.pt; " + message.format(key="resume")) + "$"):
+        resolve_resume(str(sweep))

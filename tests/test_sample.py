@@ -132,6 +132,7 @@ def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_
     latest = run_cli("sample.py", "run=latest", *greedy, cwd=workdir)
     assert latest.returncode == 0, latest.stderr
     assert latest.stdout == by_file.stdout
+    assert "run=latest: outputs/2026-01-01/12-00-00/ckpt_best.pt\n" in latest.stderr  # which run it picked
 
 
 
