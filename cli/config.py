@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from cli.errors import refused_value_line
+from cli.errors import CONFIGS, refused_value_line
 from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, divisors
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
@@ -132,7 +132,7 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
 # crops the context; model.dropout and model.attention change no weight).
 SHAPE_FROM_WEIGHTS = ("n_layer", "n_head", "n_embd", "bias", "pos", "norm", "mlp", "tie_head", "qk_norm", "smear",
                       "n_kv_head", "head_dim", "window", "mlp_hidden", "rope_theta", "rope_scaling", "norm_eps")
-MODEL_DEFAULTS = Path(__file__).resolve().parent.parent / "configs" / "model" / "gpt.yaml"
+MODEL_DEFAULTS = CONFIGS / "model" / "gpt.yaml"
 
 
 def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
@@ -198,7 +198,7 @@ def composed_train_config(overrides: list[str]) -> DictConfig:
     without its command line (the benchmark's GPU section)."""
     from hydra import compose, initialize_config_dir  # only here: train.py gets Hydra's from @hydra.main
 
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=overrides)
 
 

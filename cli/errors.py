@@ -5,9 +5,10 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
+from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, OmegaConf, UnionNode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
@@ -34,6 +35,8 @@ def exit_on_user_error(full_errors_asked: bool = False) -> Iterator[None]:
         print("stopped: interrupted (files already saved are whole)", file=sys.stderr, flush=True)
         sys.exit(130)
 
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the scripts' config folder
 
 # The command-line flags Hydra itself reads (besides key=value overrides).
 HYDRA_FLAGS = {
@@ -86,6 +89,8 @@ def config_error_line(err: Exception) -> str:
     cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
     full_key = getattr(cause, "full_key", None)
     if full_key and isinstance(cause, ConfigAttributeError | ConfigKeyError):  # a key no schema has
+        if owners := group_options_with(full_key):  # tokenizer.vocab_size with tokenizer=char
+            return f"{full_key} is not an option of the {full_key.split('.')[0]} chosen; {' and '.join(owners)} has it"
         return f"{full_key} is not an option; check its spelling ({options_hint()})"
     if isinstance(cause, ValidationError) and (refused := refused_value_line(cause)):
         return refused
@@ -106,6 +111,17 @@ def config_error_line(err: Exception) -> str:
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"
+
+
+def group_options_with(full_key: str) -> list[str]:
+    """The options of full_key's config group whose file sets it ("tokenizer=bpe" for
+    tokenizer.vocab_size), [] where its first part is no group."""
+    group, _, rest = full_key.partition(".")
+    folder = CONFIGS / group
+    if not rest or not folder.is_dir():
+        return []
+    return [f"{group}={path.stem}" for path in sorted(folder.glob("*.yaml"))
+            if OmegaConf.select(OmegaConf.load(path), rest, default=None) is not None]
 
 
 # What a value must be, by the kind of node OmegaConf refused it for while Hydra composed the

@@ -67,6 +67,9 @@ from tests.helpers import assert_one_error_line, run_cli
         (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or more"),
         (["train.device=tpu9"], "error: train.device=tpu9"),
         (["tokenizer=bpe", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size=100 must be a whole number from 256"),
+        (["tokenizer=char", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size is not an option of the tokenizer chosen; "
+                                                         "tokenizer=bpe has it"),
+        (["data.text_field=body"], "error: data.text_field is not an option of the data chosen; data=text has it"),
         (["tokenizer=gpt2", "tokenizer.url=http://127.0.0.1:9/gpt2", "data.cache_dir=c"],
          "error: could not download http://127.0.0.1:9/gpt2/vocab.bpe"),
         (["data=shakespeare", "data.url=http://127.0.0.1:9/input.txt", "data.cache_dir=c"],

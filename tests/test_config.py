@@ -96,7 +96,7 @@ def test_the_time_to_quality_preset_resolves_to_nanogpts_shape_with_its_levers(t
         ("train", "optim.betas=3", "optim.betas=3 must be a list"),
         ("train", "optim.ns_dtype=fp16", "optim.ns_dtype=fp16 must be one of auto, float32, bfloat16"),
         ("train", "model.n_layr=3", "model.n_layr is not an option; check its spelling"),
-        ("train", "data=shakespeare data.n_chars=20000", "data.n_chars is not an option; check its spelling"),
+        ("train", "data=shakespeare data.n_chars=20000", "data.n_chars is not an option of the data chosen; data=stories has it"),
         ("sample", "top_k=lots", "top_k=lots must be a whole number"),
         ("sample", "top_p=x", "top_p=x must be a number"),
         ("sample", "topk=5", "topk is not an option; check its spelling"),
