@@ -73,8 +73,8 @@ def check_heads(model: GPT, heads: Collection[tuple[int, int]]) -> None:
     n_layer, n_head = model.config.n_layer, model.config.n_head
     for layer, head in heads:
         if layer not in range(n_layer) or head not in range(n_head):
-            raise UserError(f"no head {head} in layer {layer}: this model has layers 0 to {n_layer - 1} "
-                            f"and heads 0 to {n_head - 1}")
+            missing = f"no layer {layer} (in {layer}:{head})" if layer not in range(n_layer) else f"no head {head} in layer {layer}"
+            raise UserError(f"{missing}: this model has layers 0 to {n_layer - 1} and heads 0 to {n_head - 1}")
 
 
 @torch.no_grad()

@@ -272,7 +272,7 @@ def test_your_text_with_heads_knocked_out_has_the_knocked_out_models_numbers_bes
     ({"run": "../run", "text": "Hi"}, "no run '../run'"),
     ({"run": "{young}", "text": "Hi"}, "has no checkpoint yet (ckpt_best.pt or ckpt_last.pt)"),
     ({"run": "{run}", "text": "Hi", "knocked_out": "1-0"}, "knocked_out takes layer:head pairs, e.g. 1:0,2:3; not '1-0'"),
-    ({"run": "{run}", "text": "Hi", "knocked_out": "2:0"}, "no head 0 in layer 2: this model has layers 0 to 1"),
+    ({"run": "{run}", "text": "Hi", "knocked_out": "2:0"}, "no layer 2 (in 2:0): this model has layers 0 to 1"),
     ({"run": "{run}"}, "missing form field 'text'"),
     (None, "send the text as a POST form: run, text, knocked_out"),
 ])
@@ -365,7 +365,7 @@ def test_knocking_out_either_head_of_the_circuit_brings_the_second_copy_loss_bac
     ("n=sixteen", "n must be a whole number, not 'sixteen'"),
     ("n=" + "9" * 5000, "n must be a whole number, not '" + "9" * 80 + "'... (5,000 characters)"),
     ("n=4&seed=-1", "seed=-1 is out of range: give a whole number from 0 to 2147483647"),
-    ("n=4&knocked_out=2:0", "no head 0 in layer 2: this model has layers 0 to 1"),
+    ("n=4&knocked_out=2:0", "no layer 2 (in 2:0): this model has layers 0 to 1"),
 ])
 def test_a_bad_n_seed_or_head_gets_a_400_with_one_line(served, query, says):
     base, name = served
@@ -491,7 +491,7 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     ("patch", {"clean": "ab", "corrupted": "ba"}, "missing form field 'token'"),
     ("attribution", {**REPEATED, "position": "33"}, "position 33 is out of range: the sequence has 33 tokens"),
     ("attribution", {**REPEATED, "position": "32"}, "token 32 is the last one: nothing came after it"),
-    ("attribution", {**REPEATED, "position": "5", "knocked_out": "2:0"}, "no head 0 in layer 2: this model has layers 0 to 1"),
+    ("attribution", {**REPEATED, "position": "5", "knocked_out": "2:0"}, "no layer 2 (in 2:0): this model has layers 0 to 1"),
     ("attribution", {**REPEATED, "position": "five"}, "position must be a whole number, not 'five'"),
     ("lens", {**REPEATED, "knocked_out": "0:5"}, "no head 5 in layer 0"),
     ("lens", {**REPEATED, "step": "7"}, "run '{circuit}' kept no checkpoint at step 7; its kept steps are [0, 100]"),

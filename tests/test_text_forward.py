@@ -122,7 +122,7 @@ def test_seven_tokens_fit_a_block_size_of_8_with_endoftext_before_them():
 
 
 def test_knocking_out_a_head_the_model_lacks_is_refused_saying_which_heads_it_has():
-    with pytest.raises(UserError, match=r"no head 0 in layer 2: this model has layers 0 to 1 and heads 0 to 1"):
+    with pytest.raises(UserError, match=r"no layer 2 \(in 2:0\): this model has layers 0 to 1 and heads 0 to 1"):
         forward_text(text_gpt(), TOKENIZER, TEXT, knocked_out=[(2, 0)])
 
 
