@@ -5,10 +5,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, OmegaConf, UnionNode
+from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
@@ -90,7 +91,8 @@ def config_error_line(err: Exception) -> str:
     full_key = getattr(cause, "full_key", None)
     if full_key and isinstance(cause, ConfigAttributeError | ConfigKeyError):  # a key no schema has
         if owners := group_options_with(full_key):  # tokenizer.vocab_size with tokenizer=char
-            return f"{full_key} is not an option of the {full_key.split('.')[0]} chosen; {' and '.join(owners)} has it"
+            return (f"{full_key} is not an option of the {full_key.split('.')[0]} chosen; "
+                    f"{' and '.join(owners)} {'has' if len(owners) == 1 else 'have'} it")
         return f"{full_key} is not an option; check its spelling ({options_hint()})"
     if isinstance(cause, ValidationError) and (refused := refused_value_line(cause)):
         return refused
@@ -114,14 +116,18 @@ def config_error_line(err: Exception) -> str:
 
 
 def group_options_with(full_key: str) -> list[str]:
-    """The options of full_key's config group whose file sets it ("tokenizer=bpe" for
-    tokenizer.vocab_size), [] where its first part is no group."""
+    """The options of full_key's config group whose schema has its key ("tokenizer=bpe" for
+    tokenizer.vocab_size); [] where its first part is no group with options of their own."""
     group, _, rest = full_key.partition(".")
-    folder = CONFIGS / group
-    if not rest or not folder.is_dir():
-        return []
-    return [f"{group}={path.stem}" for path in sorted(folder.glob("*.yaml"))
-            if OmegaConf.select(OmegaConf.load(path), rest, default=None) is not None]
+    if not rest or group not in ("data", "tokenizer"):
+        return []  # (sample.py's and export.py's configs have no groups: a key there has no rest)
+    # train.py's schemas, imported here alone: sample.py and export.py share this module and
+    # import no training code (tests/test_package_boundaries.py).
+    from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS
+
+    option_schemas = {"data": DATA_SCHEMAS, "tokenizer": TOKENIZER_SCHEMAS}[group]  # the groups whose options differ in keys
+    return [f"{group}={option}" for option, schema in option_schemas.items()
+            if rest in {field.name for field in fields(schema)} and (CONFIGS / group / f"{option}.yaml").is_file()]
 
 
 # What a value must be, by the kind of node OmegaConf refused it for while Hydra composed the

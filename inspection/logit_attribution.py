@@ -56,8 +56,8 @@ def check_position(position: int, T: int) -> int:
 def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
     """ids as a (B,) tensor of token ids, one per row of the batch (one id serves every row);
     UserError for an id outside 0 .. V - 1 or a count that is neither 1 nor B."""
-    if isinstance(ids, str):
-        raise UserError(f"{name}={quoted(ids)} is text: give its token id, e.g. tokenizer.encode({quoted(ids)})[0] "
+    if (text := text_among(ids)) is not None:
+        raise UserError(f"{name}={quoted(text)} is text: give its token id, e.g. tokenizer.encode({quoted(text)})[0] "
                         "for a text of one token")
     ids = torch.as_tensor(ids).reshape(-1)  # (1,) or (B,)
     if ids.numel() not in (1, B):
@@ -65,6 +65,15 @@ def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
     if ids.is_floating_point() or not bool(((ids >= 0) & (ids < V)).all()):
         raise UserError(f"{name}={ids.tolist()} is not a token id of this model: ids run from 0 to {V - 1}")
     return ids.expand(B)  # (B,)
+
+
+def text_among(ids: object) -> str | None:
+    """The text a learner typed in place of a token id (ids itself, or one item of a list), else None."""
+    if isinstance(ids, str):
+        return ids
+    if isinstance(ids, Sequence):
+        return next((item for item in ids if isinstance(item, str)), None)
+    return None
 
 
 def token_direction(model: GPT, token: Tokens, other: Tokens | None, B: int) -> torch.Tensor:

@@ -58,8 +58,10 @@ def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1
             raise UserError(f"a name is {name!r}: give two names, each one token for this run's tokenizer")
         pieces = tokenizer.token_strings(tokenizer.encode(" " + name))
         if len(pieces) != 1:
-            raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: pick "
-                            f"names that are, e.g. {', '.join(one_token_names(tokenizer)[:4]) or 'none of the stories'}")
+            examples = one_token_names(tokenizer)[:4]
+            instead = (f"pick names that are, e.g. {', '.join(examples)}" if examples else
+                       "no name of the stories is one token for it (a char tokenizer spells every name out): use a BPE run")
+            raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: {instead}")
     clean = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=answer, other=other))]
     corrupted = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=other, other=answer))]
     if len(clean) != len(corrupted):

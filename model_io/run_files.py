@@ -52,13 +52,17 @@ def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def where_runs_are(key: str, folder: Path) -> str:
-    """What to give key= instead of a folder without a checkpoint: the run dirs inside it (a sweep's
-    multirun/<date>/<time> holds one per value, 0, 1, ...), else a training run dir or a .pt file."""
+def where_runs_are(key: str, folder: Path, needs: tuple[str, ...] = (BEST, LAST)) -> str:
+    """What to give key= instead of a folder without a checkpoint: the run dirs inside it that hold
+    one of needs (a sweep's multirun/<date>/<time> holds one per value, 0, 1, ...), else a training
+    run dir or a .pt file."""
     def in_order(child: Path) -> tuple[int, int, str]:  # a sweep's 0, 1, ..., 10 as numbers, then the rest by name
-        return (0, int(child.name), "") if child.name.isdigit() else (1, 0, child.name)
+        return (0, int(child.name), "") if child.name.isdecimal() else (1, 0, child.name)
 
-    runs = sorted((child for child in folder.iterdir() if child.is_dir() and model_checkpoint(child)), key=in_order)
+    try:
+        runs = sorted((child for child in folder.iterdir() if any((child / name).is_file() for name in needs)), key=in_order)
+    except OSError:  # a folder this user may not read
+        runs = []
     if not runs:
         return f"point {key}= at a training run dir or a .pt file"
     names = ", ".join(child.name for child in runs[:4]) + (", ..." if len(runs) > 4 else "")
@@ -129,7 +133,7 @@ def resolve_resume(resume: str) -> Path:
     path = Path(resume).expanduser()
     if path.is_dir():
         if not (path / LAST).is_file():
-            raise UserError(f"resume={resume} has no {LAST}; {where_runs_are('resume', path)}")
+            raise UserError(f"resume={resume} has no {LAST}; {where_runs_are('resume', path, needs=(LAST,))}")
         return path / LAST
     if not path.is_file():
         raise UserError(f"resume={resume} does not exist; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")

@@ -70,6 +70,7 @@ from tests.helpers import assert_one_error_line, run_cli
         (["tokenizer=char", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size is not an option of the tokenizer chosen; "
                                                          "tokenizer=bpe has it"),
         (["data.text_field=body"], "error: data.text_field is not an option of the data chosen; data=text has it"),
+        (["tokenizer=char", "tokenizer.url=x"], "error: tokenizer.url is not an option of the tokenizer chosen; tokenizer=gpt2 has it"),
         (["tokenizer=gpt2", "tokenizer.url=http://127.0.0.1:9/gpt2", "data.cache_dir=c"],
          "error: could not download http://127.0.0.1:9/gpt2/vocab.bpe"),
         (["data=shakespeare", "data.url=http://127.0.0.1:9/input.txt", "data.cache_dir=c"],

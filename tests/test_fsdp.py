@@ -25,7 +25,6 @@ from tests.helpers import (
     torchrun,
     weights,
 )
-from training import data_parallel
 from training.data_parallel import Sharded, named, numbered
 from training.optimizer import build_optimizer
 
@@ -145,28 +144,24 @@ def one_rank() -> Iterator[Ranks]:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("forget", ["forget_forwards", "forget_forwards_by_hand"])
-def test_the_forwards_rank_0_ran_alone_leave_fsdp_no_record_and_every_unit_sharded(one_rank, forget):
-    # forget_forwards calls torch's reset_iter_state where torch has it (2.13 here); the by-hand
-    # path is what older torch gets (2.11 on the GPU machines), run here on this torch's FSDP.
+@pytest.mark.parametrize("fsdp", ["with reset_iter_state", "as older torch, without it"])
+def test_the_forwards_rank_0_ran_alone_leave_fsdp_no_record_and_every_unit_sharded(one_rank, fsdp, monkeypatch):
+    # Sharded.whole_model, around the jobs' forwards: torch 2.13's FSDPModule.reset_iter_state
+    # forgets them; without it (torch 2.11, on the GPU machines) forget_forwards_by_hand does.
+    if fsdp == "as older torch, without it":
+        monkeypatch.delattr(FSDPModule, "reset_iter_state", raising=False)
     model = tiny_gpt()
     sharded = Sharded(model, one_rank)
     units = [module for module in model.modules() if isinstance(module, FSDPModule)]
     ids = torch.randint(0, 65, (1, 8))
-    for unit in units:  # as whole_model gathers the blocks before rank 0's forwards
-        unit.set_reshard_after_forward(False, recurse=False)
-        unit.unshard()
-    with torch.no_grad():
+    with sharded.whole_model(), torch.no_grad():
         model(ids)
         model(ids)
-    records = model._get_fsdp_state()._comm_ctx.post_forward_order  # made at the first forward
-    assert len(records) == 2 * len(units)  # each unit's forward, twice: what the next backward would plan from
-    assert not all(isinstance(parameter, DTensor) for parameter in model.parameters())  # gathered
-    getattr(data_parallel, forget)(sharded.root, units)
+        records = model._get_fsdp_state()._comm_ctx.post_forward_order  # made at the first forward
+        assert len(records) == 2 * len(units)  # each unit's forward, twice: what the next backward would plan from
+        assert not all(isinstance(parameter, DTensor) for parameter in model.parameters())  # gathered
     assert records == []
     assert all(isinstance(parameter, DTensor) for parameter in model.parameters())  # every unit back to its shard
-    for block in model.blocks:
-        block.set_reshard_after_forward(True, recurse=False)
     _, loss = model(ids, targets=ids)  # the next training step's forward plans from itself alone
     assert len(records) == len(units)
     loss.backward()

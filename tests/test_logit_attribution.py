@@ -55,6 +55,7 @@ def test_on_the_circuit_the_induction_head_writes_the_copied_tokens_logit_and_no
     (0, 65, "token=[65] is not a token id of this model: ids run from 0 to 64"),
     (0, [1, 2, 3], "token gives 3 token ids for a batch of 2: give one id, or one per row"),
     (0, " Leo", "token=' Leo' is text: give its token id, e.g. tokenizer.encode(' Leo')[0] for a text of one token"),
+    (0, [3, " Leo"], "token=' Leo' is text: give its token id"),
 ])
 def test_a_bad_request_is_one_line_naming_the_value(position, token, message):
     with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")) as caught:

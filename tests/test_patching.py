@@ -113,10 +113,11 @@ def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
 
 @pytest.mark.parametrize(("names", "message"), [
     (("", "B"), "a name is '': give two names, each one token for this run's tokenizer"),
-    (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: pick names that are, e.g. none of the stories"),
+    (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: no name of the stories is one token for it "
+                  "(a char tokenizer spells every name out): use a BPE run"),
 ])
 def test_a_name_swap_of_names_that_are_not_one_token_each_is_one_line(names, message):
     # A character tokenizer: a name after its space is never one token. Its vocabulary lacks the
-    # letters of the names the message suggests: it suggests none rather than fail on them.
+    # letters of the names a message would suggest: it suggests none rather than fail on them.
     with pytest.raises(UserError, match="^" + re.escape(message)):
         name_swap(CharTokenizer(list(" ABo")), *names)

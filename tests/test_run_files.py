@@ -28,8 +28,11 @@ def test_a_sweeps_folder_given_as_a_run_names_the_run_dirs_inside_it(tmp_path):
         (sweep / name).mkdir(parents=True)
         small_checkpoint(sweep / name, "ckpt_last.pt")
     (sweep / ".submitit").mkdir()  # not a run
-    message = f"it holds 3 run dirs (0, 1, 10): give one, e.g. {{key}}={sweep / '0'}"
-    with pytest.raises(UserError, match="^" + re.escape(f"run={sweep} has no ckpt_best.pt or ckpt_last.pt; " + message.format(key="run")) + "$"):
+    (sweep / "best_only").mkdir()  # sampled from, not resumed
+    small_checkpoint(sweep / "best_only", "ckpt_best.pt")
+    runs = f"it holds 4 run dirs (0, 1, 10, best_only): give one, e.g. run={sweep / '0'}"
+    with pytest.raises(UserError, match="^" + re.escape(f"run={sweep} has no ckpt_best.pt or ckpt_last.pt; {runs}") + "$"):
         resolve_checkpoint(str(sweep))
-    with pytest.raises(UserError, match="^" + re.escape(f"resume={sweep} has no ckpt_last.pt; " + message.format(key="resume")) + "$"):
+    resumable = f"it holds 3 run dirs (0, 1, 10): give one, e.g. resume={sweep / '0'}"
+    with pytest.raises(UserError, match="^" + re.escape(f"resume={sweep} has no ckpt_last.pt; {resumable}") + "$"):
         resolve_resume(str(sweep))
