@@ -70,7 +70,7 @@ def survey_corpus(corpus: CorpusSpec, tokenizer: TokenizerSpec) -> Survey:
             has_text = has_text or bool(piece.text.strip())
     if document is not None:
         key.update(document.digest())
-    log.info(f"read {n_documents:,} documents, {n_chars:,} characters ({tqdm.format_sizeof(n_bytes, 'B')} read from disk) "
+    log.info(f"read {n_documents:,} document{'s' if n_documents != 1 else ''}, {n_chars:,} characters ({tqdm.format_sizeof(n_bytes, 'B')} read from disk) "
              f"in {time.perf_counter() - started:.1f} s")
     n_train = n_chars - int(n_chars * corpus.val_fraction)
     return Survey(key.hexdigest()[:24], n_chars, n_train, n_bytes, chars, has_text)

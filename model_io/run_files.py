@@ -66,7 +66,7 @@ def where_runs_are(key: str, folder: Path, needs: tuple[str, ...] = (BEST, LAST)
     if not runs:
         return f"point {key}= at a training run dir or a .pt file"
     names = ", ".join(child.name for child in runs[:4]) + (", ..." if len(runs) > 4 else "")
-    return f"it holds {len(runs)} run dirs ({names}): give one, e.g. {key}={runs[0]}"
+    return f"it holds {len(runs)} run dir{'s' if len(runs) > 1 else ''} ({names}): give one, e.g. {key}={runs[0]}"
 
 
 def is_trained(steps: int, init_from: str | None) -> bool:
