@@ -38,16 +38,15 @@ class NameSwap:
 def one_token_names(tokenizer: Tokenizer, names: Iterable[str] = FEMALE_NAMES) -> list[str]:
     """The names that are one token each with a space before them, as they stand in a sentence (none
     that the tokenizer cannot write: a character tokenizer of a corpus without their letters)."""
-    return [name for name in names if writable(tokenizer, " " + name) and len(tokenizer.encode(" " + name)) == 1]
+    return [name for name in names if len(encoded_if_writable(tokenizer, " " + name)) == 1]
 
 
-def writable(tokenizer: Tokenizer, text: str) -> bool:
-    """Whether tokenizer can encode text (a character tokenizer cannot write a character it never saw)."""
+def encoded_if_writable(tokenizer: Tokenizer, text: str) -> list[int]:
+    """text's ids, or [] where tokenizer cannot write it (a character tokenizer, a character it never saw)."""
     try:
-        tokenizer.encode(text)
+        return tokenizer.encode(text)
     except UserError:
-        return False
-    return True
+        return []
 
 
 def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY) -> NameSwap:
