@@ -70,11 +70,12 @@ def single_token(tokenizer: Tokenizer, text: str) -> int:
 
 
 def check_heads(model: GPT, heads: Collection[tuple[int, int]]) -> None:
-    n_layer, n_head = model.config.n_layer, model.config.n_head
-    for layer, head in heads:
-        if layer not in range(n_layer) or head not in range(n_head):
-            missing = f"no layer {layer} (in {layer}:{head})" if layer not in range(n_layer) else f"no head {head} in layer {layer}"
-            raise UserError(f"{missing}: this model has layers 0 to {n_layer - 1} and heads 0 to {n_head - 1}")
+    """UserError unless every (layer, head) of heads is one of model's: GPT.check_heads, with a
+    pair spelt as the tab writes it (2:0)."""
+    try:
+        model.check_heads(heads, spelt=lambda layer, head: f"{layer}:{head}")
+    except ValueError as error:
+        raise UserError(str(error)) from None
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ Nothing here reads files or config: train.py and sample.py build a GPTConfig and
 """
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -341,23 +341,24 @@ class GPT(HookedModel):
         its layer merges the heads, so the model runs as if the head were not there. Use them
         with hooks(), run_with_hooks() or run_with_cache(); every pair is checked here."""
         heads = set(heads)
-        self._check_heads(heads)
+        self.check_heads(heads)
         by_layer: dict[int, list[int]] = {}
         for layer, head in sorted(heads):
             by_layer.setdefault(layer, []).append(head)
         return [(f"blocks.{layer}.attn.hook_z", zero_heads(knocked)) for layer, knocked in by_layer.items()]
 
-    def _check_heads(self, heads: set[tuple[int, int]]) -> None:
-        """ValueError unless every element of heads is a (layer, head) pair of this model."""
+    def check_heads(self, heads: Iterable[tuple[int, int]],
+                    spelt: Callable[[int, int], str] = lambda layer, head: f"({layer}, {head})") -> None:
+        """ValueError unless every element of heads is a (layer, head) pair of this model. The
+        message names the first that is not, spelt as its caller writes a pair (the tab: 2:0)."""
         n_layer, n_head = self.config.n_layer, self.config.n_head
         for pair in heads:
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise ValueError(f"heads are (layer, head) pairs, e.g. {{(0, 1)}}; got {pair!r}")
             layer, head = pair
-            if layer not in range(n_layer):
-                raise ValueError(f"layer {layer} does not exist: this model's layers are 0 to {n_layer - 1}")
-            if head not in range(n_head):
-                raise ValueError(f"head {head} does not exist: each layer's heads are 0 to {n_head - 1}")
+            if layer not in range(n_layer) or head not in range(n_head):
+                missing = f"no layer {layer} (in {spelt(layer, head)})" if layer not in range(n_layer) else f"no head {head} in layer {layer}"
+                raise ValueError(f"{missing}: this model has layers 0 to {n_layer - 1} and heads 0 to {n_head - 1}")
 
 
 def zero_heads(heads: list[int]) -> HookFn:

@@ -420,8 +420,8 @@ def test_hooks_detach_every_function_after_the_block_even_on_error_and_save_noth
 
 
 @pytest.mark.parametrize(("heads", "message"), [
-    ({(2, 0)}, "layer 2 does not exist: this model's layers are 0 to 1"),
-    ({(0, 0), (0, -1)}, "head -1 does not exist: each layer's heads are 0 to 1"),
+    ({(2, 0)}, "no layer 2 (in (2, 0)): this model has layers 0 to 1 and heads 0 to 1"),
+    ({(0, 0), (0, -1)}, "no head -1 in layer 0: this model has layers 0 to 1 and heads 0 to 1"),
     ((0, 1), "heads are (layer, head) pairs, e.g. {(0, 1)}; got 0"),
 ])
 def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_range(heads, message):
