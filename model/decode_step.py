@@ -36,8 +36,8 @@ INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "realize_opcou
 def inductor_options() -> dict:
     """INDUCTOR_OPTIONS, and the C++ compiler allowed to fuse each multiply and add into one FMA
     instruction (-ffp-contract=fast; rounded once rather than twice). A one-row matmul's loop is a
-    chain of multiply-adds into one accumulator: at bfloat16 on a 2-core AMD EPYC, fused they
-    stream GPT-2 small's weights 8 to 12% faster (docs/speed.md). The option is "off"/"on"/"fast"
+    chain of multiply-adds into one accumulator: fused, GPT-2 small decoded 8% and 10% faster at
+    bfloat16 in paired runs on a 2-core AMD EPYC (docs/speed.md). The option is "off"/"on"/"fast"
     in recent torch and a bool in older releases."""
     from torch._inductor import config  # here, not at the top: importing Inductor takes a second
 
