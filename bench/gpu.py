@@ -250,7 +250,9 @@ def profile_steps(one_step: Callable[[], object], steps: int, device: torch.devi
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # [microseconds, calls] by kernel or operation
     if on_gpu:  # the GPU's own events: the operations that launched them would count their time again
         for event in profiler.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
+            # Not the spans of user annotations (Optimizer.step#Muon.step, say) on the GPU's
+            # timeline: the kernels inside them are counted already.
+            if event.device_type == torch.autograd.DeviceType.CUDA and not getattr(event, "is_user_annotation", False):
                 totals[event.name][0] += event.time_range.elapsed_us()
                 totals[event.name][1] += 1
     else:
