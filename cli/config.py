@@ -29,6 +29,10 @@ def validate_train_config(cfg: Any) -> None:
     )
     for key in ("n_kv_head", "head_dim", "window", "mlp_hidden"):
         require(model[key] is None or model[key] >= 1, f"model.{key}={model[key]} must be at least 1, or null")
+    require(model.window is None or model.window < model.block_size or model.pos == "rope",
+            f"model.window={model.window} hides nothing: no query sees more than model.block_size={model.block_size} "
+            f"tokens, and with model.pos={model.pos} generation never looks further back; pick a window under "
+            f"{model.block_size}, or null")
     require(model.n_kv_head is None or model.n_head % model.n_kv_head == 0,
             f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}: each key/value head serves "
             f"n_head // n_kv_head query heads; pick model.n_kv_head from {divisors(model.n_head)}")

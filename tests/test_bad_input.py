@@ -25,6 +25,9 @@ from tests.helpers import assert_one_error_line, run_cli
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
         (["model.window=0"], "error: model.window=0 must be at least 1, or null"),
+        (["model.pos=learned", "model.window=128"], "error: model.window=128 hides nothing: no query sees more than "
+         "model.block_size=128 tokens, and with model.pos=learned generation never looks further back; pick a window "
+         "under 128, or null"),
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
         (["optim.lr=-1"], "error: optim.lr=-1"),
         (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),

@@ -16,6 +16,7 @@ from model.decode_step import CompiledDecodeStep, one_token_logits
 from model.generation import generate_tokens
 from model.gpt import MLP, swiglu_hidden
 from tests.helpers import tiny_gpt
+from training.build import model_line
 
 PATHS = ["sdpa", "manual"]
 
@@ -229,6 +230,15 @@ def test_a_window_wider_than_block_size_keeps_w_keys_per_query_past_block_size()
     prompt = torch.randint(0, 65, (1, 10), generator=torch.Generator().manual_seed(1))
     generated = generate_tokens(ring, prompt, 80, temperature=0.0)
     assert torch.equal(generated, generate_tokens(recompute.eval(), prompt, 80, temperature=0.0, use_kv_cache=False))
+
+
+def test_the_runs_log_says_a_window_as_wide_as_the_context_hides_keys_only_past_it():
+    # train.py's model line (training/build.py); cli/config.py refuses such a window with learned positions.
+    wide = model_line(tiny_gpt(block_size=16, pos="rope", n_head=4, n_kv_head=1, window=24))
+    assert wide.endswith("4 heads x 8 dims (1 key/value head), context 16, window 24 (no query in training sees more "
+                         "than 16 tokens: the window hides keys only when generating past them)"), wide
+    narrow = model_line(tiny_gpt(block_size=16, pos="rope", n_head=4, n_kv_head=2, window=15))
+    assert narrow.endswith("4 heads x 8 dims (2 key/value heads), context 16, window 15"), narrow
 
 
 def test_a_window_with_learned_positions_still_slides_and_gives_the_no_cache_tokens():

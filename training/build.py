@@ -101,16 +101,21 @@ def build_run(spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: Ranks
     return Run(spec, config, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
 
 
+def model_line(model: GPT) -> str:
+    """The log's line for the model: its size, its shape, its context and window."""
+    shape = model.config
+    kv_heads = f" ({shape.kv_heads} key/value head{'s' if shape.kv_heads > 1 else ''})" if shape.kv_heads != shape.n_head else ""
+    window = f", window {shape.window}" if shape.window else ""
+    if shape.window and shape.window >= shape.block_size:  # rotary positions: the config refuses it for learned ones
+        window += f" (no query in training sees more than {shape.block_size} tokens: the window hides keys only when generating past them)"
+    return (f"model: {model.num_parameters() / 1e6:.2f}M parameters, {shape.n_layer} layers x {shape.n_head} heads x "
+            f"{shape.head_size} dims{kv_heads}, context {shape.block_size}{window}")
+
+
 def describe(run: Run) -> None:
     """The log's opening lines: model, data, where it runs, where it writes."""
     spec, model, tokenizer = run.spec, run.model, run.data.tokenizer
-    shape = model.config
-    log.info(
-        f"model: {model.num_parameters() / 1e6:.2f}M parameters, {shape.n_layer} layers x "
-        f"{shape.n_head} heads x {shape.head_size} dims"
-        + (f" ({shape.kv_heads} key/value heads)" if shape.kv_heads != shape.n_head else "")
-        + f", context {shape.block_size}" + (f", window {shape.window}" if shape.window else "")
-    )
+    log.info(model_line(model))
     log.info(
         f"data: {spec.corpus.source}, {len(run.data.train):,} train and {len(run.data.val):,} val tokens, "
         f"vocab {tokenizer.vocab_size} ({tokenizer.kind}) | device: {run.ranks.device}"
