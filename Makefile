@@ -13,6 +13,7 @@
 #   make notebook         open notebooks/look_inside.ipynb in JupyterLab (installs it into .venv the first time);
 #                         NOTEBOOK=name_swap opens notebooks/name_swap.ipynb
 #   make lint             ruff
+#   make help             this list
 #   make browser          Chromium and its driver for the Attention tab's browser tests (apt-get; make
 #                         test runs it: it does nothing when they are there)
 # Extra arguments go through ARGS, e.g. make train ARGS="model.n_layer=6 train.max_steps=500"
@@ -33,7 +34,7 @@ INDUCTION_RUNS ?=
 NOTEBOOK ?= look_inside
 ARGS ?=
 
-.PHONY: setup browser train test test-fast sample tensorboard bench docs notebook lint clean
+.PHONY: setup browser train test test-fast sample tensorboard bench docs notebook lint clean help
 
 setup: $(VENV)/.installed
 
@@ -97,4 +98,8 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+help:
+	@sed -n '2,/^# Extra/p' Makefile | cut -c3-

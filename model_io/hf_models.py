@@ -20,7 +20,8 @@ from model_io import hf_gpt2, hf_llama
 from user_error import UserError
 
 CONFIG, WEIGHTS, INDEX, PICKLE = "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
-LAYOUT = f"a Hugging Face model folder holds {CONFIG} and {WEIGHTS} (or {INDEX} and its shards)"
+LAYOUT = (f"a Hugging Face model folder holds {CONFIG} and {WEIGHTS} (or {INDEX} and its shards); "
+          "give one that transformers' save_pretrained wrote")
 HUB_FILES = [CONFIG, WEIGHTS, INDEX, "model-*-of-*.safetensors", "vocab.json", "merges.txt", "tokenizer.json",
              "tokenizer_config.json", "generation_config.json"]
 HUB_TIMEOUT_S = 10  # huggingface_hub waits without limit for a Hub that does not answer
@@ -72,7 +73,8 @@ def read_hf_config(folder: Path) -> tuple[dict[str, Any], str]:
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
         classes = ", ".join(f"{architecture.hf_class} ({name})" for name, architecture in ARCHITECTURES.items())
-        raise UserError(f"{path} has model_type={json.dumps(model_type)}: this project reads {classes}")
+        raise UserError(f"{path} has model_type={json.dumps(model_type)}: this project reads {classes}; "
+                        "start from one of those, or train from scratch without init_from")
     return config, model_type
 
 
@@ -353,7 +355,7 @@ def resolve_pretrained(name_or_folder: str | Path, cache_dir: Path | None = None
     if not is_repo_id:
         if not folder.exists():
             raise UserError(f"init_from={name_or_folder} is neither a folder here nor a Hugging Face Hub repo id "
-                            f"(like gpt2 or HuggingFaceTB/SmolLM2-135M)")
+                            f"(like gpt2 or HuggingFaceTB/SmolLM2-135M); check the path")
         check_hf_folder(folder)
         return folder
     return _download(str(name_or_folder), cache_dir)

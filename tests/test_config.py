@@ -15,6 +15,7 @@ import cli.checkpoint_commands  # noqa: F401  (stores the schemas of configs/sam
 from cli.config import plain_config, resumed_config
 from cli.errors import config_error_line
 from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
+from cli.sweep_check import job_overrides
 from model_io.checkpoint import Checkpoint, upgrade
 from tests.helpers import ROOT, run_cli
 from user_error import UserError
@@ -164,3 +165,15 @@ def test_a_checkpoint_whose_config_lacks_a_newer_key_is_refused_naming_the_key()
     wrong["model"]["pos"] = "alibi"
     with pytest.raises(UserError, match=r"\(model.pos=alibi must be one of learned, rope\)"):
         resumed_config(cfg, wrong, ["resume=old"])
+
+
+def test_a_sweeps_jobs_are_expanded_in_the_order_hydras_basic_sweeper_runs_them():
+    # cli/sweep_check.py checks each job before the first runs; "job #n" must name the job Hydra numbers n.
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = ["model.n_head=2,4", "train.batch_size=8,16,32", "optim.lr=1e-3", "+model.extra=a,b", "tokenizer=char"]
+    hydras = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)[0]
+    assert job_overrides(task) == [list(job) for job in hydras]
+    assert len(hydras) == 12 and hydras[1] == ["model.n_head=2", "train.batch_size=8", "optim.lr=0.001", "+model.extra=b",
+                                               "tokenizer=char"]

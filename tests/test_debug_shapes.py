@@ -1,8 +1,10 @@
 """debug=shapes: one forward of the configured model, traced line by line with every tensor's shape."""
 
+import re
+
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import ROOT, run_cli
 
 
 def trace_steps(stdout: str) -> dict[str, str]:
@@ -66,3 +68,11 @@ def test_debug_shapes_walks_one_forward_of_the_configured_model_and_writes_nothi
     later = "blocks.1" if n_layer == 2 else f"blocks.1 to blocks.{n_layer - 1}"
     assert f"{later}: the same steps and shapes as blocks.0" in result.stdout
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())  # no run was made
+
+
+def test_the_trace_docs_code_md_quotes_names_each_lines_real_number():
+    # The quoted output names model/attention.py's lines by number: an edit above them moves them.
+    quoted = re.findall(r"^  (\w+\.py):(\d+)  (.+)$", (ROOT / "docs/code.md").read_text(), re.MULTILINE)
+    assert len(quoted) == 4
+    for file, number, code in quoted:
+        assert (ROOT / "model" / file).read_text().splitlines()[int(number) - 1].strip() == code, (file, number)

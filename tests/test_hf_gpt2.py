@@ -184,7 +184,9 @@ def edit_config(folder: Path, **changes) -> None:
 
 def test_missing_files_and_a_pickle_each_get_one_line(gpt2_weights_folder: Path, tmp_path: Path) -> None:
     no_config = copy_folder(gpt2_weights_folder, tmp_path / "no_config", leave_out="config.json")
-    assert f"{no_config} has no config.json: a Hugging Face model folder holds" in one_line_error(gpt_from_hf, no_config)
+    message = one_line_error(gpt_from_hf, no_config)
+    assert message.startswith(f"{no_config} has no config.json: a Hugging Face model folder holds"), message
+    assert message.endswith("; give one that transformers' save_pretrained wrote"), message
     no_weights = copy_folder(gpt2_weights_folder, tmp_path / "no_weights", leave_out="model.safetensors")
     assert f"{no_weights} has no model.safetensors:" in one_line_error(resolve_pretrained, no_weights)
     empty = tmp_path / "empty"
@@ -213,7 +215,7 @@ def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
 
 @pytest.mark.parametrize(("change", "words"), [
     ({"model_type": "bert"}, 'model_type="bert": this project reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), '
-                             'Qwen3ForCausalLM (qwen3)'),
+                             'Qwen3ForCausalLM (qwen3); start from one of those, or train from scratch without init_from'),
     ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06: this project's LayerNorm uses 1e-05"),
     ({"n_inner": 100}, "n_inner=100: this project's MLP is 4 * n_embd = 128 wide"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),
@@ -228,7 +230,7 @@ def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_weights_folder: Path, tmp_
 def test_a_local_folder_resolves_to_itself_and_a_missing_path_is_named(gpt2_weights_folder: Path, tmp_path: Path) -> None:
     assert resolve_pretrained(str(gpt2_weights_folder)) == gpt2_weights_folder
     message = one_line_error(resolve_pretrained, str(tmp_path / "nowhere"))
-    assert "is neither a folder here nor a Hugging Face Hub repo id" in message
+    assert "is neither a folder here nor a Hugging Face Hub repo id" in message and message.endswith("; check the path")
 
 
 @pytest.mark.parametrize("no_hub", ["HF_HUB_OFFLINE=1", "an endpoint that refuses"])

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-from tests.helpers import read_events, run_cli, tiny_run
+from tests.helpers import assert_one_error_line, read_events, run_cli, tiny_run
 
 pytestmark = pytest.mark.slow  # a multirun of training runs
 
@@ -32,3 +32,17 @@ def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
         assert "hparams/best_val_loss" in {m.name.tag for m in experiment.metric_infos}
         best = events.Scalars("hparams/best_val_loss")[-1].value
         assert best == pytest.approx(min(e.value for e in events.Scalars("loss/val")[1:]), rel=1e-6)
+
+
+@pytest.mark.parametrize(("sweep", "message"), [
+    ({"model.n_head": "2,3"}, "error: job #1 of the sweep (model.n_layer=2 model.n_head=3 "),
+    ({"train.batch_size": "8,x"}, "error: train.batch_size=x must be a whole number"),
+], ids=["a value out of range", "a value of the wrong type"])
+def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path, sweep, message):
+    # Checked by cli/sweep_check.py before the first job: otherwise job #0 would train whole first.
+    result = run_cli("train.py", "-m", *tiny_run(**sweep, **{"hydra.sweep.dir": "sweep"}), cwd=tmp_path)
+    assert_one_error_line(result, message)
+    if "model.n_head" in sweep:
+        assert result.stderr.rstrip().endswith("is not divisible by model.n_head=3; pick model.n_head from "
+                                               "[1, 2, 4, 8, 16, 32] (or set model.head_dim); no job has run")
+    assert not (tmp_path / "sweep").exists()  # not even Hydra's multirun.yaml
