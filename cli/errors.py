@@ -66,8 +66,15 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
             os.environ["HYDRA_FULL_ERROR"] = asked
 
 
+# Hydra's modes: one at a time (it would stop with a traceback).
+MODE_FLAGS = {"--multirun": "-m", "--cfg": "-c", "--info": "-i", "--run": "-r", "--shell-completion": "-sc"}
+
+
 def check_flags(args: list[str]) -> None:
     """Refuses what Hydra would answer with argparse's usage text or a message about its internals."""
+    modes = [arg for arg in args if arg in MODE_FLAGS or arg in MODE_FLAGS.values()]
+    if len(modes) > 1:
+        raise UserError(f"{' and '.join(modes)} together: give one of {', '.join(MODE_FLAGS)} at a time")
     for arg in args:
         if arg.startswith("-") and arg.split("=", 1)[0] not in HYDRA_FLAGS:
             raise UserError(f"{arg} is not a flag of this command; {options_hint()}")
