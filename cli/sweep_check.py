@@ -1,13 +1,14 @@
-"""A sweep's values, checked before its first job trains: a Hydra callback (configs/train.yaml,
-hydra.callbacks). Hydra itself composes every job's config before the first one runs, so a
-misspelt key or a value of the wrong type stops a sweep at once; the project's own range checks
-(validate_train_config) run inside each job, where a bad value in the third job would stop the
-sweep after two whole trainings. Here every job's config gets those checks first."""
+"""A sweep's jobs, checked before anything of the sweep is written or trained: a Hydra callback
+(configs/train.yaml, hydra.callbacks), called before Hydra's sweeper starts. The sweeper composes
+every job's config too, but after it has made the sweep's folder, and the project's own range
+checks (validate_train_config) run inside each job, where a bad value in the third job would stop
+the sweep after two whole trainings. Here each job's config is composed as the sweeper composes
+it, and checked, first."""
 
 import itertools
 from typing import Any
 
-from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -25,7 +26,7 @@ def job_overrides(task_overrides: list[str]) -> list[list[str]]:
 
 
 class SweepCheck(Callback):
-    def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Before the sweep writes anything: the first job whose config fails a check is one line
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
         from cli.config import validate_train_config  # here: it imports torch, which a callback's import should not
@@ -35,9 +36,10 @@ class SweepCheck(Callback):
             jobs = job_overrides(list(config.hydra.overrides.task))
         except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
             return
-        with exit_on_user_error():  # a config Hydra refuses (a value of the wrong type) is one line too
+        loader = GlobalHydra.instance().hydra.config_loader  # the one Hydra's sweeper composes each job with
+        with exit_on_user_error():  # a config Hydra would refuse (a value of the wrong type) is one line too
             for number, job in enumerate(jobs):
-                cfg = compose(config_name=config_name, overrides=job)
+                cfg = loader.load_sweep_config(config, job)  # as the sweeper checks each job, before it writes
                 if cfg.resume or cfg.init_from:  # checked with the files they name, when the job starts
                     continue
                 try:
