@@ -31,13 +31,16 @@ class SweepCheck(Callback):
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
         from cli.config import validate_train_config  # here: it imports torch, which a callback's import should not
         from cli.errors import exit_on_user_error
+        from runtime.ranks import said_once_per_machine
 
         try:
             jobs = job_overrides(list(config.hydra.overrides.task))
         except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
             return
         loader = GlobalHydra.instance().hydra.config_loader  # the one Hydra's sweeper composes each job with
-        with exit_on_user_error():  # a config Hydra would refuse (a value of the wrong type) is one line too
+        # A config Hydra would refuse (a value of the wrong type) is one line too; under torchrun
+        # (which refuses a sweep in its first job) said by one process of each machine.
+        with exit_on_user_error(), said_once_per_machine():
             for number, job in enumerate(jobs):
                 cfg = loader.load_sweep_config(config, job)  # as the sweeper checks each job, before it writes
                 if cfg.resume or cfg.init_from:  # checked with the files they name, when the job starts
