@@ -1,4 +1,5 @@
 # The commands people use. Each one sets up .venv first if it is missing or stale.
+#   make setup            set up .venv alone (torch first, then requirements-dev.txt and the tab)
 #   make train            train the default model, then print a sample
 #   make test             run the test suite
 #   make test-fast        the tests not marked slow, browser, distributed or compile (pyproject.toml): a
@@ -13,6 +14,7 @@
 #   make notebook         open notebooks/look_inside.ipynb in JupyterLab (installs it into .venv the first time);
 #                         NOTEBOOK=name_swap opens notebooks/name_swap.ipynb
 #   make lint             ruff
+#   make clean            remove .venv and the caches (not your runs)
 #   make help             this list
 #   make browser          Chromium and its driver for the Attention tab's browser tests (apt-get; make
 #                         test runs it: it does nothing when they are there)

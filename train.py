@@ -26,7 +26,6 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
@@ -42,7 +41,6 @@ from model_io.run_files import AUTO, LAST, checkpoint_to_resume
 from runtime.ranks import (
     Ranks,
     env_rank,
-    env_world_size,
     leave_process_group,
     lost_contact,
     restart_count,
@@ -95,7 +93,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     record = RunRecord(run_dir)
     try:
-        spec, config, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task, hydra_cfg.mode == RunMode.MULTIRUN)
+        spec, config, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task)
         if finished(spec, checkpoint):  # resume=auto, or a restart, found nothing left to do
             return checkpoint.best_val_loss
         ranks, precision, data, model = build_data_and_model(spec)
@@ -114,8 +112,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
         record.close()
 
 
-def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str],
-                   sweep: bool) -> tuple[RunSpec, dict, Checkpoint | None]:
+def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tuple[RunSpec, dict, Checkpoint | None]:
     """The run's spec and config (as plain values: what its checkpoints and TensorBoard keep),
     checked, and the checkpoint it resumes from (None for a new run). These checks read the
     config and the run dir alone: every process would fail them alike."""
@@ -131,13 +128,11 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str],
                                 "from its run dir (the run's ckpt_last.pt), or sample from it")
         if cfg.init_from and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
             weights, changes = pretrained_config(cfg, overrides)
-        validate_train_config(cfg)
+        validate_train_config(cfg, new_model=checkpoint is None)
         spec = run_spec(cfg, weights)
         if finished(spec, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
-        if sweep and env_world_size() > 1:
-            raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
     say_where_it_starts(spec, cfg.resume, checkpoint, changes, os.path.relpath(run_dir), restarted)
     return spec, plain_config(cfg), checkpoint
 

@@ -17,8 +17,10 @@ from model_io.run_files import LOG_SPACED
 from user_error import UserError, require
 
 
-def validate_train_config(cfg: Any) -> None:
-    """UserError for the first value out of its range, naming it and a fix."""
+def validate_train_config(cfg: Any, new_model: bool = True) -> None:
+    """UserError for the first value out of its range, naming it and a fix. new_model: False for a
+    resumed run, whose model is the saved one (a check of a model's shape added since it was saved
+    would refuse a run that can no longer change it)."""
     model, optim, train = cfg.model, cfg.optim, cfg.train
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
@@ -29,7 +31,7 @@ def validate_train_config(cfg: Any) -> None:
     )
     for key in ("n_kv_head", "head_dim", "window", "mlp_hidden"):
         require(model[key] is None or model[key] >= 1, f"model.{key}={model[key]} must be at least 1, or null")
-    require(model.window is None or model.window < model.block_size or model.pos == "rope",
+    require(not new_model or model.window is None or model.window < model.block_size or model.pos == "rope",
             f"model.window={model.window} hides nothing: no query sees more than model.block_size={model.block_size} "
             f"tokens, and with model.pos={model.pos} generation never looks further back; pick a window under "
             f"{model.block_size}, or null")

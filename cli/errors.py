@@ -72,7 +72,8 @@ MODE_FLAGS = {"--multirun": "-m", "--cfg": "-c", "--info": "-i", "--run": "-r", 
 
 def check_flags(args: list[str]) -> None:
     """Refuses what Hydra would answer with argparse's usage text or a message about its internals."""
-    modes = [arg for arg in args if arg in MODE_FLAGS or arg in MODE_FLAGS.values()]
+    long_name = {short: long for long, short in MODE_FLAGS.items()} | {long: long for long in MODE_FLAGS}
+    modes = sorted({long_name[flag] for arg in args if (flag := arg.split("=", 1)[0]) in long_name})
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} together: give one of {', '.join(MODE_FLAGS)} at a time")
     for arg in args:

@@ -3,7 +3,7 @@
 every job's config too, but after it has made the sweep's folder, and the project's own range
 checks (validate_train_config) run inside each job, where a bad value in the third job would stop
 the sweep after two whole trainings. Here each job's config is composed as the sweeper composes
-it, and checked, first."""
+it, and checked, first; and a sweep under torchrun (one run of several processes) is refused."""
 
 import itertools
 from typing import Any
@@ -19,10 +19,12 @@ from user_error import UserError
 def job_overrides(task_overrides: list[str]) -> list[list[str]]:
     """Each job's overrides, in the order Hydra's basic sweeper runs them: every combination of the
     swept values (model.n_head=2,4 train.batch_size=8,16: four jobs)."""
-    each = [[f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
-            if override.is_sweep_override() else [f"{override.get_key_element()}={override.get_value_element_as_str()}"]
-            for override in OverridesParser.create().parse_overrides(task_overrides)]
-    return [list(job) for job in itertools.product(*each)]
+    each: dict[str, list[str]] = {}  # a key given twice: its last values, in its first place (as Hydra does)
+    for override in OverridesParser.create().parse_overrides(task_overrides):
+        key = override.get_key_element()
+        each[key] = ([f"{key}={value}" for value in override.sweep_string_iterator()] if override.is_sweep_override()
+                     else [f"{key}={override.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*each.values())]
 
 
 class SweepCheck(Callback):
@@ -31,16 +33,18 @@ class SweepCheck(Callback):
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
         from cli.config import validate_train_config  # here: it imports torch, which a callback's import should not
         from cli.errors import exit_on_user_error
-        from runtime.ranks import said_once_per_machine
+        from runtime.ranks import env_world_size, said_once_per_machine
 
-        try:
-            jobs = job_overrides(list(config.hydra.overrides.task))
-        except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
-            return
         loader = GlobalHydra.instance().hydra.config_loader  # the one Hydra's sweeper composes each job with
-        # A config Hydra would refuse (a value of the wrong type) is one line too; under torchrun
-        # (which refuses a sweep in its first job) said by one process of each machine.
+        # A config Hydra would refuse (a value of the wrong type) is one line too; under torchrun,
+        # said by one process of each machine.
         with exit_on_user_error(), said_once_per_machine():
+            if env_world_size() > 1:
+                raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
+            try:
+                jobs = job_overrides(list(config.hydra.overrides.task))
+            except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
+                return
             for number, job in enumerate(jobs):
                 cfg = loader.load_sweep_config(config, job)  # as the sweeper checks each job, before it writes
                 if cfg.resume or cfg.init_from:  # checked with the files they name, when the job starts

@@ -20,8 +20,8 @@ from tests.helpers import assert_one_error_line, run_cli
         (["model.n_layer=[1,"], "error: could not read the argument 'model.n_layer=[1,' (no viable alternative at input '[1,')"),
         (["model.n_head=2,4"], "error: model.n_head=2,4: a comma here means a sweep; add -m for one run per value"),
         (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
-        (["-m", "model.n_head=2,4", "--cfg", "job"], "error: -m and --cfg together: give one of --multirun, --cfg, --info, "
-                                                       "--run, --shell-completion at a time"),
+        (["-m", "model.n_head=2,4", "--cfg=job"], "error: --cfg and --multirun together: give one of --multirun, --cfg, "
+                                                    "--info, --run, --shell-completion at a time"),
         (["model.n_layer=${oops}"], "error: model.n_layer: Interpolation key 'oops' not found"),
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "

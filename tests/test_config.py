@@ -12,12 +12,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import cli.checkpoint_commands  # noqa: F401  (stores the schemas of configs/sample.yaml and export.yaml)
-from cli.config import plain_config, resumed_config
+from cli.config import plain_config, resumed_config, validate_train_config
 from cli.errors import config_error_line
 from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
 from cli.sweep_check import job_overrides
 from model_io.checkpoint import Checkpoint, upgrade
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, tiny_config
 from user_error import UserError
 
 
@@ -172,8 +172,18 @@ def test_a_sweeps_jobs_are_expanded_in_the_order_hydras_basic_sweeper_runs_them(
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    task = ["model.n_head=2,4", "train.batch_size=8,16,32", "optim.lr=1e-3", "+model.extra=a,b", "tokenizer=char"]
+    task = ["model.n_head=2,4", "train.batch_size=8,16,32", "optim.lr=1e-3", "+model.extra=a,b", "tokenizer=char",
+            "model.n_head=4,8"]  # a key given twice
     hydras = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)[0]
     assert job_overrides(task) == [list(job) for job in hydras]
-    assert len(hydras) == 12 and hydras[1] == ["model.n_head=2", "train.batch_size=8", "optim.lr=0.001", "+model.extra=b",
+    assert len(hydras) == 12 and hydras[1] == ["model.n_head=4", "train.batch_size=8", "optim.lr=0.001", "+model.extra=b",
                                                "tokenizer=char"]
+
+
+def test_a_window_that_hides_nothing_is_refused_for_a_new_model_and_left_to_a_resumed_one():
+    # A run saved before the check keeps its model on resume: refusing it would leave no way on.
+    cfg = tiny_config(**{"model.pos": "learned", "model.block_size": 16, "model.window": 16})
+    with pytest.raises(UserError, match=r"^model.window=16 hides nothing: no query sees more than model.block_size=16"):
+        validate_train_config(cfg)
+    validate_train_config(cfg, new_model=False)
+    validate_train_config(tiny_config(**{"model.pos": "rope", "model.block_size": 16, "model.window": 16}))

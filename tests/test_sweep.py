@@ -46,3 +46,11 @@ def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path
         assert result.stderr.rstrip().endswith("is not divisible by model.n_head=3; pick model.n_head from "
                                                "[1, 2, 4, 8, 16, 32] (or set model.head_dim); no job has run")
     assert not (tmp_path / "sweep").exists()  # not even Hydra's multirun.yaml
+
+
+def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path, monkeypatch):
+    # As torchrun starts each process: WORLD_SIZE set (here in-process, this process as the first).
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "1,2", "hydra.sweep.dir": "sweep"}), cwd=tmp_path)
+    assert_one_error_line(result, "error: a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
+    assert not (tmp_path / "sweep").exists()
