@@ -37,6 +37,7 @@ NOTEBOOK ?= look_inside
 ARGS ?=
 
 .PHONY: setup browser train test test-fast sample tensorboard bench docs notebook lint clean help
+.DEFAULT_GOAL := help  # a bare make lists the commands (each one sets up .venv first)
 
 setup: $(VENV)/.installed
 
@@ -53,7 +54,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefil
 	@echo "setup: installing the Attention tab for TensorBoard (attention_tab/, editable)"
 	@$(PY) -m pip install -qq --disable-pip-version-check --no-deps -e .
 	@touch $@
-	@echo "setup: done"
+	@echo "setup: done (make help lists the commands)"
 
 # Debian's chromium and chromium-driver (Ubuntu: chromium-browser); with apt-get as root or through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
