@@ -21,34 +21,8 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
     """UserError for the first value out of its range, naming it and a fix. new_model: False for a
     resumed run, whose model is the saved one (a check of a model's shape added since it was saved
     would refuse a run that can no longer change it)."""
-    model, optim, train = cfg.model, cfg.optim, cfg.train
-    for key in ("n_layer", "n_head", "n_embd", "block_size"):
-        require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
-    require(
-        model.head_dim is not None or model.n_embd % model.n_head == 0,
-        f"model.n_embd={model.n_embd} is not divisible by model.n_head={model.n_head}; "
-        f"pick model.n_head from {divisors(model.n_embd)} (or set model.head_dim)",
-    )
-    for key in ("n_kv_head", "head_dim", "window", "mlp_hidden"):
-        require(model[key] is None or model[key] >= 1, f"model.{key}={model[key]} must be at least 1, or null")
-    require(not new_model or model.window is None or model.window < model.block_size or model.pos == "rope",
-            f"model.window={model.window} hides nothing: no query sees more than model.block_size={model.block_size} "
-            f"tokens, and with model.pos={model.pos} generation never looks further back; pick a window under "
-            f"{model.block_size}, or null")
-    require(model.n_kv_head is None or model.n_head % model.n_kv_head == 0,
-            f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}: each key/value head serves "
-            f"n_head // n_kv_head query heads; pick model.n_kv_head from {divisors(model.n_head)}")
-    require(model.rope_theta > 0, f"model.rope_theta={model.rope_theta} must be greater than 0, e.g. 10000")
-    require(model.norm_eps is None or model.norm_eps > 0, f"model.norm_eps={model.norm_eps} must be greater than 0, or null")
-    scaling = model.rope_scaling
-    require(scaling is None or (OmegaConf.is_dict(scaling) and set(scaling) == set(ROPE_SCALING_KEYS)
-                                and all(type(value) in (int, float) and value > 0 for value in scaling.values())),
-            f"model.rope_scaling={scaling} must be null or Llama 3.1's four positive numbers, e.g. "
-            "'model.rope_scaling={factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}'")
-    require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
-    head_size = model.head_dim or model.n_embd // model.n_head
-    require(model.pos != "rope" or head_size % 2 == 0,
-            f"model.pos=rope needs an even head size; {'model.head_dim' if model.head_dim else 'n_embd // n_head'} is {head_size}")
+    optim, train = cfg.optim, cfg.train
+    validate_model_config(cfg.model, new_model)
     require(optim.lr > 0, f"optim.lr={optim.lr} must be greater than 0, e.g. optim.lr=1e-3")
     require(0 < optim.decay_fraction <= 1, f"optim.decay_fraction={optim.decay_fraction} must be in (0, 1], e.g. 0.2")
     require(0 <= optim.min_lr <= optim.lr, f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr}")
@@ -80,6 +54,37 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
                 f"data.n_chars={cfg.data.n_chars} must be a whole number of at least 10000 (the default is 1000000)")
         require(cfg.data.word_games >= 0,
                 f"data.word_games={cfg.data.word_games} must be 0 (no games) or more: the word games after each paragraph, on average (e.g. 9)")
+
+
+def validate_model_config(model: Any, new_model: bool) -> None:
+    """validate_train_config's checks of the model's shape and options (cfg.model)."""
+    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+        require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
+    require(
+        model.head_dim is not None or model.n_embd % model.n_head == 0,
+        f"model.n_embd={model.n_embd} is not divisible by model.n_head={model.n_head}; "
+        f"pick model.n_head from {divisors(model.n_embd)} (or set model.head_dim)",
+    )
+    for key in ("n_kv_head", "head_dim", "window", "mlp_hidden"):
+        require(model[key] is None or model[key] >= 1, f"model.{key}={model[key]} must be at least 1, or null")
+    require(not new_model or model.window is None or model.window < model.block_size or model.pos == "rope",
+            f"model.window={model.window} hides nothing: no query sees more than model.block_size={model.block_size} "
+            f"tokens, and with model.pos={model.pos} generation never looks further back; pick a window under "
+            f"{model.block_size}, or null")
+    require(model.n_kv_head is None or model.n_head % model.n_kv_head == 0,
+            f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}: each key/value head serves "
+            f"n_head // n_kv_head query heads; pick model.n_kv_head from {divisors(model.n_head)}")
+    require(model.rope_theta > 0, f"model.rope_theta={model.rope_theta} must be greater than 0, e.g. 10000")
+    require(model.norm_eps is None or model.norm_eps > 0, f"model.norm_eps={model.norm_eps} must be greater than 0, or null")
+    scaling = model.rope_scaling
+    require(scaling is None or (OmegaConf.is_dict(scaling) and set(scaling) == set(ROPE_SCALING_KEYS)
+                                and all(type(value) in (int, float) and value > 0 for value in scaling.values())),
+            f"model.rope_scaling={scaling} must be null or Llama 3.1's four positive numbers, e.g. "
+            "'model.rope_scaling={factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}'")
+    require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
+    head_size = model.head_dim or model.n_embd // model.n_head
+    require(model.pos != "rope" or head_size % 2 == 0,
+            f"model.pos=rope needs an even head size; {'model.head_dim' if model.head_dim else 'n_embd // n_head'} is {head_size}")
 
 
 # Each kept checkpoint is a whole copy of the weights: a list longer than this is more likely a

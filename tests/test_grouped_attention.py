@@ -237,6 +237,8 @@ def test_the_runs_log_says_a_window_as_wide_as_the_context_hides_keys_only_past_
     wide = model_line(tiny_gpt(block_size=16, pos="rope", n_head=4, n_kv_head=1, window=24))
     assert wide.endswith("4 heads x 8 dims (1 key/value head), context 16, window 24 (no query in training sees more "
                          "than 16 tokens: the window hides keys only when generating past them)"), wide
+    saved = model_line(tiny_gpt(block_size=16, pos="learned", n_head=4, window=16))  # a run saved before the refusal
+    assert saved.endswith("context 16, window 16 (it hides nothing)"), saved
     narrow = model_line(tiny_gpt(block_size=16, pos="rope", n_head=4, n_kv_head=2, window=15))
     assert narrow.endswith("4 heads x 8 dims (2 key/value heads), context 16, window 15"), narrow
 

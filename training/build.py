@@ -106,8 +106,9 @@ def model_line(model: GPT) -> str:
     shape = model.config
     kv_heads = f" ({shape.kv_heads} key/value head{'s' if shape.kv_heads > 1 else ''})" if shape.kv_heads != shape.n_head else ""
     window = f", window {shape.window}" if shape.window else ""
-    if shape.window and shape.window >= shape.block_size:  # rotary positions: the config refuses it for learned ones
-        window += f" (no query in training sees more than {shape.block_size} tokens: the window hides keys only when generating past them)"
+    if shape.window and shape.window >= shape.block_size:  # a new run has it with rotary positions alone (cli/config.py)
+        window += (f" (no query in training sees more than {shape.block_size} tokens: the window hides keys only when "
+                   "generating past them)" if model.generates_past_block_size else " (it hides nothing)")
     return (f"model: {model.num_parameters() / 1e6:.2f}M parameters, {shape.n_layer} layers x {shape.n_head} heads x "
             f"{shape.head_size} dims{kv_heads}, context {shape.block_size}{window}")
 
