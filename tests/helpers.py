@@ -22,6 +22,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -31,7 +32,6 @@ from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import ByteLevelBPETokenizer
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from cli.errors import run_cli as cli_entry
 from cli.run_spec import run_spec
@@ -46,6 +46,9 @@ from runtime.ranks import Ranks
 from training.specs import OptimSpec, RunSpec
 from training.state import capture_rng_states
 from training.tensorboard_log import RunLogger
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel
 
 ROOT = Path(__file__).resolve().parent.parent
 # One process on the CPU, as train.py runs without torchrun: for the in-process pieces (TrainStep, fit).
@@ -447,9 +450,14 @@ TINY_GPT2_VOCAB = 301  # tiny_gpt2's vocabulary unless told: <|endoftext|> is it
 
 
 def tiny_gpt2(seed: int = 0, vocab_size: int = TINY_GPT2_VOCAB, eot_id: int = TINY_GPT2_VOCAB - 1,
-              n_positions: int = 64, **options) -> GPT2LMHeadModel:
+              n_positions: int = 64, **options) -> "GPT2LMHeadModel":
     """A random GPT2LMHeadModel with GPT-2's settings (tanh GELU, eps 1e-5, biases) at a tiny size;
     its LayerNorms perturbed away from 1 and 0 so that a lost or swapped one shows."""
+    # Imported here, not at the top: conftest.py imports this module, and pytest-xdist's controller
+    # imports conftest.py before it starts the workers, so two seconds of transformers there
+    # delayed every test (the workers import it anyway, with the test files that use it).
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(seed)
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=n_positions, vocab_size=vocab_size,
                         activation_function="gelu_new", bos_token_id=eot_id, eos_token_id=eot_id, **options)
