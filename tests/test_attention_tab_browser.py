@@ -527,6 +527,12 @@ def test_a_bad_n_gets_its_one_line_under_the_sources_and_the_views_stay(tab):
     error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
     assert error.text == "n=1 is out of range: give 2 to 19 random tokens (this model reads at most 40 tokens, <eot> and the n tokens twice)"
     assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]
+    # What the browser cannot read as a number (its value is then "", the default n's) is refused too.
+    box.clear()
+    box.send_keys("1e", Keys.ENTER)
+    WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").text.startswith("n must"))
+    assert error.text == "n must be a whole number; the box holds something else"
+    assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]
 
 
 def open_tool(driver, name: str):

@@ -34,8 +34,15 @@ export class TextBox {
     this.app.readText(this.input.value);
   }
 
-  // The n and seed in the boxes (n empty: the route's default).
+  // The n and seed in the boxes (n empty: the route's default). A box holding what is no number
+  // ("1e", or letters where the browser lets them in) reads as empty: it is refused here, rather
+  // than read as the default.
   submitRepeated() {
+    const bad = [["n", this.n], ["seed", this.seed]].find(([, box]) => box.validity.badInput);
+    if (bad) {
+      this.say(`${bad[0]} must be a whole number; the box holds something else`);
+      return;
+    }
     this.app.readRepeated(this.n.value.trim() === "" ? null : this.n.value.trim(), this.seed.value.trim() || "0");
   }
 
