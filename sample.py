@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from cli.checkpoint_commands import validate_sample_config
 from cli.errors import exit_on_user_error, run_cli
 from model.decode_step import INDUCTOR_OPTIONS
-from model.generation import EOT_SHOWN, generate_text, lay_out_for_decoding
+from model.generation import EOT_SHOWN, generate_text, lay_out_for_decoding, terminal_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import resolve_checkpoint
 from runtime.devices import Machine, check_compiler, pick_device
@@ -71,7 +71,7 @@ def sample(cfg: DictConfig) -> None:
     for i, text in enumerate(texts):
         if cfg.num_samples > 1:
             print(f"--- sample {i + 1} of {cfg.num_samples} ---")
-        print(text)
+        print(terminal_text(text))
 
 
 if __name__ == "__main__":

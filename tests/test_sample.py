@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from data.tokenizer import EOT, CharTokenizer
-from model.generation import EOT_SHOWN, generate_text
+from model.generation import EOT_SHOWN, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
 from tests.helpers import ONE_PROCESS, read_events, run_cli, text_of
@@ -151,3 +151,33 @@ def test_the_training_logs_sample_shows_the_end_of_a_text_as_sample_py_does(tmp_
     logger.close()
     for shown in (text_of(read_events(tmp_path / "events"), "samples"), caplog.text):
         assert EOT not in shown and shown.count(EOT_SHOWN.strip()) > 5
+
+
+def test_control_characters_the_model_writes_are_printed_as_escapes_and_kept_in_the_text(tmp_path, caplog):
+    # A model that writes ESC and BEL as often as anything (its characters all equally likely): printed
+    # raw they would move the terminal's cursor, change its colours or ring it. sample.py and the
+    # training log show them as escapes; TensorBoard's samples keep them.
+    tokenizer = CharTokenizer(list("a\x1b\x07\n"))
+    torch.manual_seed(0)
+    model = build_model(MODEL, tokenizer.vocab_size)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    (tmp_path / "run").mkdir()
+    Checkpoint(model.state_dict(), {"model": MODEL}, tokenizer.state(), step=MIN_STEPS).save(tmp_path / "run" / BEST)
+    result = run_cli("sample.py", "run=run", "prompt=a", "max_new_tokens=60", "temperature=1.0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\\x1b" in result.stdout and "\\x07" in result.stdout and "\n" in result.stdout
+    assert not {"\x1b", "\x07"} & set(result.stdout)
+    text = generate_text(model, tokenizer, "a", 60, temperature=1.0)[0]  # sample.py's seed, 0
+    assert {"\x1b", "\x07"} <= set(text)
+    probes = ProbeSpec(attn_log_interval=0, attn_log_at_start=True, probe_tokens=16, seed=0, recall_seed=None, sample_interval=10,
+                       sample_tokens=60, sample_temperature=1.0)
+    run = SimpleNamespace(spec=SimpleNamespace(probes=probes), model=model, data=SimpleNamespace(tokenizer=tokenizer),
+                          parallel=Replicated(model, ONE_PROCESS), ranks=ONE_PROCESS)
+    logger = RunLogger(tmp_path / "events")
+    with caplog.at_level(logging.INFO):
+        Samples(run, logger)(SimpleNamespace(step=10))
+    logger.close()
+    assert "\\x1b" in caplog.text and "\\x07" in caplog.text and not {"\x1b", "\x07"} & set(caplog.text)
+    assert {"\x1b", "\x07"} <= set(text_of(read_events(tmp_path / "events"), "samples"))
+    assert terminal_text("a\x1b[31mb\x07\n\tc\r\nd\re\x85 é 日") == "a\\x1b[31mb\\x07\n\tc\r\nd\\re\\x85 é 日"

@@ -10,7 +10,7 @@ from data.batches import probe_ids
 from inspection.ablation import induction_loss_without_each_head, recall_without_each_head
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
-from model.generation import EOT_SHOWN, generate_text
+from model.generation import EOT_SHOWN, generate_text, terminal_text
 from training.build import Run
 from training.evaluation import evaluate
 from training.state import TrainState
@@ -148,4 +148,4 @@ class Samples:
         except FloatingPointError as error:  # only after train.skip_nonfinite let NaN in
             sample = f"(no sample: {error})"
         self.tb.text("samples", sample, state.step)
-        log.info(f"sample at step {state.step}:\n{sample}\n")
+        log.info(f"sample at step {state.step}:\n{terminal_text(sample)}\n")
