@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LM
 from data.hf_tokenizer import encoding_from_hf_folder
 from data.stories import generate_stories
 from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
+from model.generation import terminal_text
 from model.gpt import eval_mode
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_from_hf
@@ -111,7 +112,7 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
     sampled = run_cli("sample.py", f"run={run}", f"prompt={PROMPT}", f"max_new_tokens={NEW_TOKENS}",
                       "temperature=0", cwd=tmp_path)
     assert sampled.returncode == 0, sampled.stderr
-    assert sampled.stdout == their_tokenizer.decode(generated[0, 1:]) + "\n"
+    assert sampled.stdout == terminal_text(their_tokenizer.decode(generated[0, 1:])) + "\n"
 
     with torch.no_grad(), eval_mode(ours):
         assert (ours(generated)[0] - theirs(generated).logits).abs().max().item() < TOLERANCE
@@ -155,7 +156,7 @@ def test_sample_py_at_bf16_writes_transformers_greedy_text_at_bf16(pretrained_ru
     sample = [f"run={pretrained_run}", f"prompt={PROMPT}", f"max_new_tokens={NEW_TOKENS}"]
     greedy = run_cli("sample.py", *sample, "temperature=0", "dtype=bf16", cwd=tmp_path)
     assert greedy.returncode == 0, greedy.stderr
-    assert greedy.stdout == tokenizer.decode(generated[0, 1:].tolist()) + "\n"
+    assert greedy.stdout == terminal_text(tokenizer.decode(generated[0, 1:].tolist())) + "\n"
 
 
 def test_sample_py_computes_in_the_dtype_it_is_given_where_float16_overflows_and_fp32_does_not(

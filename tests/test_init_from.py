@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.tokenizer import EOT
+from model.generation import terminal_text
 from model.gpt import eval_mode
 from model_io.checkpoint import Checkpoint
 from tests.helpers import HARD_TEXT, read_events, run_cli, tiny_gpt2_folder
@@ -71,7 +72,7 @@ def test_sample_py_continues_greedily_as_transformers_generate(weights_as_they_c
     # Decoded by our tokenizer: a cut multi-byte character comes out as U+FFFD in a number of
     # copies that differs between the two decoders; the ids are what must agree.
     _, tokenizer = Checkpoint.load(weights_as_they_came / "ckpt_last.pt").build_model()
-    assert sampled.stdout.rstrip("\n") == tokenizer.decode(generated[0, 1:].tolist())
+    assert sampled.stdout.rstrip("\n") == terminal_text(tokenizer.decode(generated[0, 1:].tolist()))
 
 
 def test_a_short_fine_tune_from_the_weights_lowers_the_loss_in_a_cropped_context(gpt2_folder, tmp_path):
