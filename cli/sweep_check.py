@@ -16,11 +16,13 @@ from omegaconf import DictConfig
 from user_error import UserError
 
 
-def job_overrides(task_overrides: list[str]) -> list[list[str]]:
+def job_overrides(task_overrides: list[str], params: dict | None = None) -> list[list[str]]:
     """Each job's overrides, in the order Hydra's basic sweeper runs them: every combination of the
-    swept values (model.n_head=2,4 train.batch_size=8,16: four jobs)."""
+    swept values (model.n_head=2,4 train.batch_size=8,16: four jobs). params: hydra.sweeper.params,
+    the sweep a config file gives, which the sweeper puts before the command line's."""
     each: dict[str, list[str]] = {}  # a key given twice: its last values, in its first place (as Hydra does)
-    for override in OverridesParser.create().parse_overrides(task_overrides):
+    swept = [f"{key}={value}" for key, value in (params or {}).items()] + task_overrides
+    for override in OverridesParser.create().parse_overrides(swept):
         key = override.get_key_element()
         each[key] = ([f"{key}={value}" for value in override.sweep_string_iterator()] if override.is_sweep_override()
                      else [f"{key}={override.get_value_element_as_str()}"])
@@ -42,7 +44,7 @@ class SweepCheck(Callback):
             if env_world_size() > 1:
                 raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
             try:
-                jobs = job_overrides(list(config.hydra.overrides.task))
+                jobs = job_overrides(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
             except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
                 return
             for number, job in enumerate(jobs):

@@ -48,6 +48,18 @@ def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path
     assert not (tmp_path / "sweep").exists()  # not even Hydra's multirun.yaml
 
 
+def test_a_sweep_a_config_file_gives_is_checked_before_any_job_runs(tmp_path):
+    # hydra.sweeper.params, here in an experiment of the user's own config folder: Hydra's sweeper
+    # puts its values before the command line's.
+    (tmp_path / "mine" / "experiment").mkdir(parents=True)
+    (tmp_path / "mine" / "experiment" / "heads.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      model.n_head: 2,3\n")
+    tiny = [arg for arg in tiny_run(**{"hydra.sweep.dir": "sweep"}) if not arg.startswith("model.n_head=")]  # (it would win)
+    result = run_cli("train.py", "-m", "--config-dir", str(tmp_path / "mine"), "experiment=heads", *tiny, cwd=tmp_path)
+    assert_one_error_line(result, "error: job #1 of the sweep (model.n_head=3 experiment=heads model.n_layer=2 ")
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path, monkeypatch):
     # As torchrun starts each process: WORLD_SIZE set (here in-process, this process as the first).
     monkeypatch.setenv("WORLD_SIZE", "2")
