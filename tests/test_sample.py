@@ -137,18 +137,24 @@ def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_
 
 
 
-def test_the_training_logs_sample_shows_the_end_of_a_text_as_sample_py_does(tmp_path, caplog):
-    # The loop's Samples job, with a model that writes <|endoftext|> one token in three: the
-    # sample it logs and writes to TensorBoard shows each end of text as sample.py prints it.
-    model, tokenizer = Checkpoint.load(save_run(tmp_path / "run", steps=800, written=1_000)).build_model()
+def log_a_sample(model, tokenizer, events: Path, caplog) -> None:
+    """The training loop's Samples job at step 10 (60 tokens at temperature 1): its log line in
+    caplog, its TensorBoard text in the event file under events."""
     probes = ProbeSpec(attn_log_interval=0, attn_log_at_start=True, probe_tokens=16, seed=0, recall_seed=None, sample_interval=10,
                        sample_tokens=60, sample_temperature=1.0)
     run = SimpleNamespace(spec=SimpleNamespace(probes=probes), model=model, data=SimpleNamespace(tokenizer=tokenizer),
                           parallel=Replicated(model, ONE_PROCESS), ranks=ONE_PROCESS)
-    logger = RunLogger(tmp_path / "events")
+    logger = RunLogger(events)
     with caplog.at_level(logging.INFO):
         Samples(run, logger)(SimpleNamespace(step=10))
     logger.close()
+
+
+def test_the_training_logs_sample_shows_the_end_of_a_text_as_sample_py_does(tmp_path, caplog):
+    # The loop's Samples job, with a model that writes <|endoftext|> one token in three: the
+    # sample it logs and writes to TensorBoard shows each end of text as sample.py prints it.
+    model, tokenizer = Checkpoint.load(save_run(tmp_path / "run", steps=800, written=1_000)).build_model()
+    log_a_sample(model, tokenizer, tmp_path / "events", caplog)
     for shown in (text_of(read_events(tmp_path / "events"), "samples"), caplog.text):
         assert EOT not in shown and shown.count(EOT_SHOWN.strip()) > 5
 
@@ -170,14 +176,7 @@ def test_control_characters_the_model_writes_are_printed_as_escapes_and_kept_in_
     assert not {"\x1b", "\x07"} & set(result.stdout)
     text = generate_text(model, tokenizer, "a", 60, temperature=1.0)[0]  # sample.py's seed, 0
     assert {"\x1b", "\x07"} <= set(text)
-    probes = ProbeSpec(attn_log_interval=0, attn_log_at_start=True, probe_tokens=16, seed=0, recall_seed=None, sample_interval=10,
-                       sample_tokens=60, sample_temperature=1.0)
-    run = SimpleNamespace(spec=SimpleNamespace(probes=probes), model=model, data=SimpleNamespace(tokenizer=tokenizer),
-                          parallel=Replicated(model, ONE_PROCESS), ranks=ONE_PROCESS)
-    logger = RunLogger(tmp_path / "events")
-    with caplog.at_level(logging.INFO):
-        Samples(run, logger)(SimpleNamespace(step=10))
-    logger.close()
+    log_a_sample(model, tokenizer, tmp_path / "events", caplog)
     assert "\\x1b" in caplog.text and "\\x07" in caplog.text and not {"\x1b", "\x07"} & set(caplog.text)
     assert {"\x1b", "\x07"} <= set(text_of(read_events(tmp_path / "events"), "samples"))
     assert terminal_text("a\x1b[31mb\x07\n\tc\r\nd\re\x85 é 日") == "a\\x1b[31mb\\x07\n\tc\r\nd\\re\\x85 é 日"
