@@ -50,6 +50,9 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
             "e.g. tokenizer.vocab_size=2048",
         )
     if cfg.data.source == "stories":
+        require(cfg.data.get("path") is None,  # a file given without data=text would be left unread
+                f"data.path={cfg.data.path} is not read by data=stories, the built-in stories; add data=text to train on "
+                "your file (data=shakespeare to read a local copy of tiny shakespeare)")
         require(cfg.data.n_chars >= 10_000,
                 f"data.n_chars={cfg.data.n_chars} must be a whole number of at least 10000 (the default is 1000000)")
         require(cfg.data.word_games >= 0,

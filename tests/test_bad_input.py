@@ -69,6 +69,8 @@ from tests.helpers import assert_one_error_line, run_cli
         (["optim.betas=[2,0.9]"], "error: optim.betas=[2, 0.9] must be two numbers in [0, 1)"),
         (["optim.muon_momentum=1"], "error: optim.muon_momentum=1 must be in [0, 1)"),
         (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
+        (["data.path=my_book.txt"], "error: data.path=my_book.txt is not read by data=stories, the built-in stories; add "
+                                    "data=text to train on your file"),
         (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or more"),
         (["train.device=tpu9"], "error: train.device=tpu9"),
         (["tokenizer=bpe", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size=100 must be a whole number from 256"),
