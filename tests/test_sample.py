@@ -172,10 +172,10 @@ def test_control_characters_the_model_writes_are_printed_as_escapes_and_kept_in_
     Checkpoint(model.state_dict(), {"model": MODEL}, tokenizer.state(), step=MIN_STEPS).save(tmp_path / "run" / BEST)
     result = run_cli("sample.py", "run=run", "prompt=a", "max_new_tokens=60", "temperature=1.0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "\\x1b" in result.stdout and "\\x07" in result.stdout and "\n" in result.stdout
-    assert not {"\x1b", "\x07"} & set(result.stdout)
-    text = generate_text(model, tokenizer, "a", 60, temperature=1.0)[0]  # sample.py's seed, 0
+    text = generate_text(model, tokenizer, "a", 60, temperature=1.0, seed=1, eot_text=EOT_SHOWN)[0]  # sample.py's seed, 1
     assert {"\x1b", "\x07"} <= set(text)
+    assert result.stdout == terminal_text(text) + "\n"
+    assert "\\x1b" in result.stdout and "\\x07" in result.stdout and not {"\x1b", "\x07"} & set(result.stdout)
     log_a_sample(model, tokenizer, tmp_path / "events", caplog)
     assert "\\x1b" in caplog.text and "\\x07" in caplog.text and not {"\x1b", "\x07"} & set(caplog.text)
     assert {"\x1b", "\x07"} <= set(text_of(read_events(tmp_path / "events"), "samples"))

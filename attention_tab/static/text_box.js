@@ -41,6 +41,7 @@ export class TextBox {
     const bad = [["n", this.n], ["seed", this.seed]].find(([, box]) => box.validity.badInput);
     if (bad) {
       this.say(`${bad[0]} must be a whole number; the box holds something else`);
+      this.app.redraw();  // the views, and the source chosen, stay as they were (as for the server's refusals)
       return;
     }
     this.app.readRepeated(this.n.value.trim() === "" ? null : this.n.value.trim(), this.seed.value.trim() || "0");
