@@ -14,16 +14,19 @@ from model.sampling import DIVERGED, choose_next_token, uniform_noise
 # How a printed text shows an <|endoftext|> the model wrote (sample.py, the training log's
 # samples): the text it ended and the next it started, apart and readable.
 EOT_SHOWN = "\n\n--- end of text ---\n\n"
-# The control characters a printed text shows as escapes (terminal_text): all but the tab, the
-# newline and a carriage return before a newline (a Windows line end).
-UNPRINTED = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|\r(?!\n)")
+# The characters a printed text shows as escapes (terminal_text): the control characters but the
+# tab, the newline and a carriage return before a newline (a Windows line end); and the marks that
+# reorder right-to-left text, which a terminal would obey unseen (U+061C, U+200E, U+200F, U+202A to
+# U+202E, U+2066 to U+2069).
+UNPRINTED = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]|\r(?!\n)")
 
 
 def terminal_text(text: str) -> str:
     """text as sample.py prints it and the training log writes it: each control character other than
-    a tab or a line end as its escape (\\x1b, \\x07, ...). A young or random model writes any byte
-    it has a token for, and an ESC or BEL printed as it is would move the terminal's cursor, change
-    its colours or ring it. (TensorBoard's samples keep the text as the model wrote it.)"""
+    a tab or a line end, and each mark that reorders text, as its escape (\\x1b, \\x07, \\u202e, ...).
+    A young or random model writes any byte it has a token for, and an ESC or BEL printed as it is
+    would move the terminal's cursor, change its colours or ring it. (TensorBoard's samples keep the
+    text as the model wrote it.)"""
     return UNPRINTED.sub(lambda control: ascii(control.group())[1:-1], text)
 
 

@@ -179,4 +179,5 @@ def test_control_characters_the_model_writes_are_printed_as_escapes_and_kept_in_
     log_a_sample(model, tokenizer, tmp_path / "events", caplog)
     assert "\\x1b" in caplog.text and "\\x07" in caplog.text and not {"\x1b", "\x07"} & set(caplog.text)
     assert {"\x1b", "\x07"} <= set(text_of(read_events(tmp_path / "events"), "samples"))
-    assert terminal_text("a\x1b[31mb\x07\n\tc\r\nd\re\x85 é 日") == "a\\x1b[31mb\\x07\n\tc\r\nd\\re\\x85 é 日"
+    assert terminal_text("a\x1b[31mb\x07\n\tc\r\nd\re\x85 é 日 \u202eba\u2066") == \
+        "a\\x1b[31mb\\x07\n\tc\r\nd\\re\\x85 é 日 \\u202eba\\u2066"
