@@ -41,6 +41,7 @@ from model_io.run_files import AUTO, LAST, checkpoint_to_resume
 from runtime.ranks import (
     Ranks,
     env_rank,
+    forget_dtensor_shardings,
     leave_process_group,
     lost_contact,
     restart_count,
@@ -66,10 +67,13 @@ def main(cfg: DictConfig) -> float:
                 best_val_loss = train(cfg, HydraConfig.get())
             except SystemExit as stop:  # stopped by a signal, the run saved (training/fit.py)
                 stopped = SystemExit(stop.code)  # the same exit, without the traceback
-            # DistributedDataParallel holds the process group from inside reference cycles: free it
-            # now (the stop's traceback, which held the loop's frames, is gone), so that leaving the
-            # group ends the group's threads before the process exits. Left to the exit, they now
-            # and then kept a rank of a stopped torchrun run alive until torchrun killed it 30 s later.
+            # DistributedDataParallel holds the process group from inside reference cycles, and
+            # DTensor's caches hold FSDP's device mesh, which holds it: free both now (the stop's
+            # traceback, which held the loop's frames, is gone), so that leaving the group ends the
+            # group's threads before the process exits. Left to the exit, they now and then kept a
+            # rank of a stopped torchrun run alive until torchrun killed it 30 s later. (A run that
+            # failed leaves them to the exit: the other ranks then see the connection drop and say so.)
+            forget_dtensor_shardings()
             gc.collect()
             if stopped is not None:
                 raise stopped

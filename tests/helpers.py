@@ -223,6 +223,21 @@ class Finished:
     stdout: str
 
 
+@dataclass
+class StoppedAndResumed:
+    """A torchrun run stopped by Ctrl-C, then resumed to its end: its run dir, the step it stopped
+    after, and what each of its two starts printed."""
+    dir: Path
+    stopped_after: int
+    stopped_output: str
+    resumed_output: str
+
+
+def gloo_threads_left(output: str) -> list[tuple[str, str]]:
+    """(rank, the Gloo threads it had left) for each process of a run of THEN_NAME_GLOO_THREADS."""
+    return sorted(re.findall(r"rank (\d) ended with these gloo threads: (\[.*?\])", output))  # (may share a line)
+
+
 def two_ranks_left_alone(workdir: Path) -> Finished:
     """TWO_RANKS on 2 processes under DDP, in the default run dir (outputs/<date>/<time>), never
     stopped; each process then names the Gloo threads it has left."""

@@ -22,6 +22,7 @@ from tests.helpers import (
     Finished,
     ctrl_c_under_torchrun,
     curves,
+    gloo_threads_left,
     limit_file_size,
     logged_losses,
     read_events,
@@ -62,8 +63,7 @@ def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):
 def test_a_finished_run_ends_its_gloo_threads_before_its_process_exits(run_left_alone):
     # Left running, they are torn down with the process, which now and then aborts it
     # ("terminate called without an active exception"). Linux's /proc names every thread.
-    left = re.findall(r"rank (\d) ended with these gloo threads: (\[.*?\])", run_left_alone.stdout)  # (may share a line)
-    assert sorted(left) == [("0", "[]"), ("1", "[]")], run_left_alone.stdout
+    assert gloo_threads_left(run_left_alone.stdout) == [("0", "[]"), ("1", "[]")], run_left_alone.stdout
 
 
 # One optimizer step, then the saved weights. The first AdamW step moves every weight by
@@ -198,8 +198,7 @@ def test_ctrl_c_under_torchrun_saves_once_at_the_step_it_names_and_leaves_no_glo
     assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
     # A stopped run leaves the group as a finished one does: gloo's threads left to the process's exit
     # now and then held a rank there until torchrun killed it, 30 s after the Ctrl-C.
-    left = re.findall(r"rank (\d) ended with these gloo threads: (\[.*?\])", output)
-    assert sorted(left) == [("0", "[]"), ("1", "[]")], output
+    assert gloo_threads_left(output) == [("0", "[]"), ("1", "[]")], output
     step = int(stopped.group(1))
     assert torch.load(tmp_path / "stopped" / "ckpt_last.pt", weights_only=True)["step"] == step < 30
 

@@ -15,9 +15,13 @@ from torch.distributed.tensor import DTensor
 from model_io.checkpoint import Checkpoint, build_model
 from runtime.ranks import Ranks
 from tests.helpers import (
+    ROOT,
+    THEN_NAME_GLOO_THREADS,
     TWO_RANKS,
+    StoppedAndResumed,
     ctrl_c_under_torchrun,
     curves,
+    gloo_threads_left,
     optim_spec,
     read_events,
     tiny_gpt,
@@ -47,19 +51,22 @@ def ddp_run(run_left_alone) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fsdp_stopped_and_resumed(made_once) -> tuple[Path, int]:
-    """RUN under FSDP, stopped by Ctrl-C after step 10 or so, then resumed to the end: its run
-    dir and the step it stopped after."""
-    def stop_and_resume(workdir: Path) -> tuple[Path, int]:
+def fsdp_stopped_and_resumed(made_once) -> StoppedAndResumed:
+    """RUN under FSDP, stopped by Ctrl-C after step 10 or so, then resumed to the end; each process
+    of both starts names the Gloo threads it has left."""
+    def stop_and_resume(workdir: Path) -> StoppedAndResumed:
+        wrapper = workdir / "then_name_gloo_threads.py"
+        wrapper.write_text(THEN_NAME_GLOO_THREADS)
+        script = (str(wrapper), str(ROOT / "train.py"))
         output = ctrl_c_under_torchrun(2, *RUN, "train.parallel=fsdp", "hydra.run.dir=run", cwd=workdir,
-                                       after="step 10/30")
+                                       after="step 10/30", script=script)
         assert "| 2 processes (gloo), each holding a shard (fsdp)" in output, output
         stopped = re.search(r"stopped by SIGINT after step (\d+); saved run/ckpt_last.pt", output)
         assert stopped, output
-        resumed = torchrun(2, "resume=run", cwd=workdir)
+        resumed = torchrun(2, "resume=run", cwd=workdir, script=script)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         assert "each holding a shard (fsdp)" in resumed.stdout  # the saved train.parallel
-        return workdir / "run", int(stopped.group(1))
+        return StoppedAndResumed(workdir / "run", int(stopped.group(1)), output, resumed.stdout)
     return made_once("fsdp_stopped_and_resumed", stop_and_resume)
 
 
@@ -75,8 +82,17 @@ def assert_close(got: list[tuple[int, float]], expected: list[tuple[int, float]]
     assert worst < TOLERANCE, f"largest loss difference {worst:.2e}"
 
 
+def test_a_stopped_and_a_finished_fsdp_process_end_their_gloo_threads_before_they_exit(fsdp_stopped_and_resumed):
+    # DTensor's caches hold FSDP's device mesh, and with it the process group, unless emptied
+    # (runtime/ranks.py); threads left to the process's exit now and then abort it or hold it.
+    stopped = fsdp_stopped_and_resumed
+    assert gloo_threads_left(stopped.stopped_output) == [("0", "[]"), ("1", "[]")], stopped.stopped_output
+    assert gloo_threads_left(stopped.resumed_output) == [("0", "[]"), ("1", "[]")], stopped.resumed_output
+    assert stopped.stopped_output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
+
+
 def test_under_fsdp_the_steps_before_the_stop_give_ddps_losses(ddp_run, fsdp_stopped_and_resumed):
-    run, stopped_after = fsdp_stopped_and_resumed
+    run, stopped_after = fsdp_stopped_and_resumed.dir, fsdp_stopped_and_resumed.stopped_after
     fsdp, ddp = losses(run), losses(ddp_run)
     assert 10 <= stopped_after < 30
     before = {tag: [(step, loss) for step, loss in curve if step <= stopped_after] for tag, curve in fsdp.items()}
@@ -86,7 +102,7 @@ def test_under_fsdp_the_steps_before_the_stop_give_ddps_losses(ddp_run, fsdp_sto
 
 def test_an_fsdp_run_stopped_and_resumed_ends_with_the_losses_and_weights_of_the_run_left_alone(
         ddp_run, fsdp_stopped_and_resumed):
-    run, stopped_after = fsdp_stopped_and_resumed
+    run, stopped_after = fsdp_stopped_and_resumed.dir, fsdp_stopped_and_resumed.stopped_after
     fsdp, ddp = losses(run), losses(ddp_run)
     # Each step logged once (the resumed run hides what the stopped one logged after its save).
     assert [step for step, _ in fsdp["train/batch_loss"]] == list(range(1, 31))
@@ -98,7 +114,7 @@ def test_an_fsdp_run_stopped_and_resumed_ends_with_the_losses_and_weights_of_the
 
 
 def test_an_fsdp_checkpoint_is_a_ddp_checkpoint_and_builds_the_model(ddp_run, fsdp_stopped_and_resumed):
-    run, _ = fsdp_stopped_and_resumed
+    run = fsdp_stopped_and_resumed.dir
     fsdp, ddp = Checkpoint.load(run / "ckpt_last.pt"), Checkpoint.load(ddp_run / "ckpt_last.pt")
     assert {k: (v.shape, v.dtype) for k, v in fsdp.model.items()} == {k: (v.shape, v.dtype) for k, v in ddp.model.items()}
     assert not any(type(v) is not torch.Tensor for v in fsdp.model.values())  # whole tensors, no DTensor shards
