@@ -35,13 +35,14 @@ def main(cfg: DictConfig) -> None:
 def sample(cfg: DictConfig) -> None:
     machine = Machine.this_one()
     device = pick_device(cfg.device, machine, key="device")
+    validate_sample_config(cfg)
+    dtype, warning = weights_dtype(str(cfg.dtype), device, machine)
     if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
         check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     path = resolve_checkpoint(str(cfg.run))
     if str(cfg.run) == "latest":
         print(f"run=latest: {path}", file=sys.stderr, flush=True)  # which run it picked, beside the text
     model, tokenizer = Checkpoint.load(path).build_model()
-    dtype, warning = weights_dtype(str(cfg.dtype), device, machine)
     model.to(device, dtype)
     validate_sample_config(cfg, tokenizer.vocab_size)
     if warning:

@@ -12,7 +12,7 @@ import torch
 
 import bench
 from bench.attention import bench_attention
-from bench.common import ROOT, STEADY_THREADS, torch_threads
+from bench.common import ROOT, STEADY_THREADS, tiny_shakespeare, torch_threads
 from bench.corpora import bench_data
 from bench.gpt2_finetune import bench_gpt2_finetune
 from bench.gpt2_sampling import bench_gpt2_sampling
@@ -32,6 +32,7 @@ SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "kv_
             "tab", "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune", "gpu", "gpu_sampling",
             "nanogpt_gpu")
 GPU_SECTIONS = ("gpu", "gpu_sampling")
+CORPUS_SECTIONS = ("training", "quality", "recipe", "compile", "nanogpt", "nanogpt_gpu")  # train on tiny shakespeare
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "kv_cache", "attention", "startup", "text")
 
 
@@ -49,6 +50,8 @@ def main() -> None:
     gpu_device = gpu_section_device(args.gpu_device, [s for s in sections if s in GPU_SECTIONS])
     gpu_sizes = QUICK if args.gpu_quick else Sizes()
     recipe_steps(args.gpu_recipe_steps)  # its bad value stops the run before any section
+    if any(s in CORPUS_SECTIONS for s in sections):
+        args.corpus = tiny_shakespeare(args.corpus)  # found, or fetched, before any section runs
 
     stamp = datetime.now()
     out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
@@ -83,8 +86,9 @@ def command_line() -> argparse.ArgumentParser:
                         "on 10 batches instead of 200 (the quality figure then no longer measures time to quality)")
     parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")
     parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
-    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/corpora/tinyshakespeare.txt",
-                        help="tiny shakespeare's input.txt, for the training, quality and recipe sections")
+    parser.add_argument("--corpus", type=Path, help="tiny shakespeare's input.txt, for the training, quality, recipe, "
+                        "compile and nanogpt sections (default: ../shared/corpora/tinyshakespeare.txt if there, else "
+                        "the copy data=shakespeare downloads into .cache/corpora/, fetched once)")
     parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt and gpt2_finetune sections")
     parser.add_argument("--gpu-device", default="cuda", help="the device of the gpu and gpu_sampling sections (default cuda; "
                         "cpu with --gpu-quick checks their code on a machine without a GPU)")
@@ -106,14 +110,14 @@ def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_
         results["peak"] = bench_peak(args.repeats)
     if "training" in sections:
         peak = results.get("peak", {}).get("matmul_gflops")
-        results["training"] = bench_training(args.repeats, args.steps, args.corpus.resolve(), peak, work)
+        results["training"] = bench_training(args.repeats, args.steps, args.corpus, peak, work)
     if "quality" in sections:
-        results["quality"] = bench_quality(args.repeats, args.corpus.resolve(), work, args.preset_steps)
+        results["quality"] = bench_quality(args.repeats, args.corpus, work, args.preset_steps)
     if "recipe" in sections:
-        results["recipe"] = bench_recipe(args.repeats, args.corpus.resolve(), work)
+        results["recipe"] = bench_recipe(args.repeats, args.corpus, work)
     if "compile" in sections:
         peak = results.get("peak", {}).get("matmul_gflops")
-        results["compile"] = bench_compile(args.repeats, args.steps, args.corpus.resolve(), peak, work)
+        results["compile"] = bench_compile(args.repeats, args.steps, args.corpus, peak, work)
     if "sampling" in sections:
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
     if "kv_cache" in sections:
@@ -126,7 +130,7 @@ def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_
     if "data" in sections:
         results["data"] = bench_data(args.repeats, work, args.data_mb)
     if "nanogpt" in sections:
-        results["nanogpt"] = bench_nanogpt(args.repeats, args.steps, args.corpus.resolve(), args.nanogpt, work)
+        results["nanogpt"] = bench_nanogpt(args.repeats, args.steps, args.corpus, args.nanogpt, work)
     if "tab" in sections:
         results["tab"] = bench_tab(args.repeats, work)
     if "text" in sections:
@@ -145,7 +149,7 @@ def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_
     if "gpu_sampling" in sections:
         results["gpu_sampling"] = bench_gpu_sampling(args.repeats, gpu_device, gpu_sizes)
     if "nanogpt_gpu" in sections:
-        results["nanogpt_gpu"] = bench_nanogpt_gpu(args.corpus.resolve(), args.nanogpt, work,
+        results["nanogpt_gpu"] = bench_nanogpt_gpu(args.corpus, args.nanogpt, work,
                                                    recipe_steps(args.gpu_recipe_steps))
 
     return results

@@ -1,19 +1,48 @@
-"""What the sections share: the project's folder, a median timer, and a run's logged figures."""
+"""What the sections share: the project's folder, tiny shakespeare, a median timer, and a run's logged figures."""
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from data.corpus import cached_copy
+from data.specs import CorpusSpec
+from user_error import UserError
 
 ROOT = Path(__file__).resolve().parent.parent  # the project's folder, where train.py is
 # The torch threads of the sections that time one token at a time (kv_cache, gpt2_sampling) unless
 # --threads says otherwise: on a machine other jobs share, a second thread waits at each of a
 # step's parallel loops while another process holds its core, and a run's time moves tenfold.
 STEADY_THREADS = 1
+# Where the training, quality, recipe and nanogpt sections look for tiny shakespeare before they
+# download it: a copy beside the project's folder, as this project's own machines keep one.
+SHARED_SHAKESPEARE = ROOT.parent / "shared/corpora/tinyshakespeare.txt"
+
+
+def tiny_shakespeare(given: Path | None) -> Path:
+    """The corpus of the sections that train on tiny shakespeare: --corpus if given, else the copy
+    beside the project, else the one `data=shakespeare` downloads into .cache/corpora/ (its hash
+    checked), fetched now if it is not there yet; or one line saying how to give it."""
+    if given is not None:
+        if not given.is_file():
+            sys.exit(f"error: --corpus {given} does not exist; give tiny shakespeare's input.txt")
+        return given.resolve()
+    if SHARED_SHAKESPEARE.is_file():
+        return SHARED_SHAKESPEARE
+    config = yaml.safe_load((ROOT / "configs/data/shakespeare.yaml").read_text())
+    corpus = CorpusSpec(source="shakespeare", val_fraction=config["val_fraction"], url=config["url"],
+                        sha256=config["sha256"], cache_dir=str(ROOT / config["cache_dir"]))
+    advice = 'with a copy of it, give --corpus <file> (make bench ARGS="--corpus <file>")'
+    try:
+        return cached_copy(corpus, offline_advice=advice, mismatch_advice=advice.capitalize())
+    except UserError as err:
+        sys.exit(f"error: tiny shakespeare, which the training sections train on: {err}")
 
 
 @contextmanager

@@ -38,8 +38,6 @@ def prepared_copy(corpus: Path, checkout: Path | None, work: Path, section: str 
     if not all((checkout / name).exists() for name in NANOGPT_FILES):
         sys.exit(f"error: --nanogpt {checkout} is not a nanoGPT checkout (it needs {', '.join(NANOGPT_FILES)}); "
                  "clone karpathy/nanoGPT and give its folder")
-    if not corpus.is_file():
-        sys.exit(f"error: --corpus {corpus} does not exist; give tiny shakespeare's input.txt")
     copy = work / "nanogpt"
     for name in NANOGPT_FILES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)

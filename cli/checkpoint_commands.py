@@ -39,13 +39,17 @@ class ExportSchema:
     force: bool = MISSING
 
 
-def validate_sample_config(cfg: Any, vocab_size: int) -> None:
-    """sample.py's counterpart of validate_train_config; top_k's range is the checkpoint's vocabulary."""
+def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:
+    """sample.py's counterpart of validate_train_config, called before the checkpoint is read (so a
+    bad value is the only line printed), then again with its vocabulary, top_k's range."""
     require(cfg.max_new_tokens >= 0, f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
     require(cfg.temperature >= 0, f"temperature={cfg.temperature} must be 0 (greedy) or more")
     require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
-    require(not cfg.top_k or 0 < cfg.top_k <= vocab_size,
-            f"top_k={cfg.top_k} must be between 1 and the vocabulary size {vocab_size} (or 0: off)")
+    if vocab_size is None:
+        require(not cfg.top_k or cfg.top_k > 0, f"top_k={cfg.top_k} must be 1 or more (or 0: off)")
+    else:
+        require(not cfg.top_k or 0 < cfg.top_k <= vocab_size,
+                f"top_k={cfg.top_k} must be between 1 and the vocabulary size {vocab_size} (or 0: off)")
     require(cfg.top_p is None or 0 < cfg.top_p <= 1, f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
     require(cfg.use_kv_cache or not cfg.compile,
             "compile=true compiles the cached one-token step: drop use_kv_cache=false, or compile=true")

@@ -88,15 +88,19 @@ def checked_download(corpus: CorpusSpec) -> str:
             raise UserError(f"data.path={corpus.path} does not exist; give the path of a local copy of {corpus.url}")
         check_sha256(local.read_bytes(), expected, f"data.path={corpus.path}", "give an unchanged copy, or use data=text to train on it anyway")
         return read_utf8(local)
-    cached = Path(corpus.cache_dir) / "corpora" / f"{expected[:16]}-{Path(corpus.url).name}"
-    if not cached.is_file() or sha256_of(cached.read_bytes()) != expected:
-        fetch_verified(
-            corpus.url, expected, cached,
-            offline_advice="with a local copy of the file, use data=text data.path=<file> "
-            "(or data.path=<file> here, which checks its hash)",
-            mismatch_advice="Check data.url, or use data=text data.path=<a local copy>",
-        )
-    return read_utf8(cached)
+    return read_utf8(cached_copy(corpus, offline_advice="with a local copy of the file, use data=text data.path=<file> "
+                                             "(or data.path=<file> here, which checks its hash)",
+                                 mismatch_advice="Check data.url, or use data=text data.path=<a local copy>"))
+
+
+def cached_copy(corpus: CorpusSpec, offline_advice: str, mismatch_advice: str) -> Path:
+    """The file at corpus.url in the cache (cache_dir/corpora/), checked against corpus.sha256:
+    downloaded first when it is not there, or not that file. The advice ends the error of a
+    download that failed, or that brought another file."""
+    cached = Path(corpus.cache_dir) / "corpora" / f"{corpus.sha256[:16]}-{Path(corpus.url).name}"
+    if not cached.is_file() or sha256_of(cached.read_bytes()) != corpus.sha256:
+        fetch_verified(corpus.url, corpus.sha256, cached, offline_advice, mismatch_advice)
+    return cached
 
 
 def check_sha256(payload: bytes, expected: str, where: str, advice: str) -> None:

@@ -128,6 +128,11 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
         (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false"),
         (["compile=true", "use_kv_cache=false"], "error: compile=true compiles the cached one-token step"),
+        # Checked before any checkpoint is looked for (here there is none): run=latest would print which
+        # run it picked first, a second line.
+        (["run=latest", "num_samples=0"], "error: num_samples=0 must be at least 1"),
+        (["run=latest", "top_k=-3"], "error: top_k=-3 must be 1 or more (or 0: off)"),
+        (["run=latest", "dtype=fp8"], "error: dtype=fp8 is not a precision; use auto, fp32, bf16 or fp16"),
     ],
 )
 def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tmp_path, args, message):

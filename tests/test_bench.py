@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import bench.attention
+import bench.common
 import bench.gpt2_finetune
 import bench.gpt2_sampling
 import bench.gpu
@@ -21,7 +23,9 @@ import bench.loading
 import bench.sampling
 import bench.text
 from bench.cli import main
+from bench.common import tiny_shakespeare
 from bench.training import training_flops_per_token
+from data.download import sha256_of
 from model import GPT, GPTConfig
 from tests.helpers import ROOT
 
@@ -63,6 +67,52 @@ def test_recipe_steps_that_are_not_counts_are_one_clear_line_before_any_section_
     assert refused.value.code == (f"error: --gpu-recipe-steps {steps} must be whole numbers of steps above 0, "
                                   "comma-separated, e.g. 600,1000")
     assert not (tmp_path / "bench.json").exists()
+
+
+def a_project_whose_shakespeare_is_at(url: str, text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """bench.common looking at a project folder of its own, whose configs/data/shakespeare.yaml
+    downloads text from url, with no copy beside it: that folder."""
+    root = tmp_path / "project"
+    (root / "configs/data").mkdir(parents=True)
+    config = {"url": url, "sha256": sha256_of(text.encode()), "val_fraction": 0.1, "cache_dir": ".cache"}
+    (root / "configs/data/shakespeare.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(bench.common, "ROOT", root)
+    monkeypatch.setattr(bench.common, "SHARED_SHAKESPEARE", tmp_path / "shared/corpora/tinyshakespeare.txt")
+    return root
+
+
+def test_without_corpus_the_training_sections_download_tiny_shakespeare_once_into_the_cache(tmp_path, monkeypatch,
+                                                                                            file_server):
+    served, base = file_server  # a real HTTP server on 127.0.0.1
+    text = SHAKESPEARE * 3
+    (served / "input.txt").write_text(text)
+    root = a_project_whose_shakespeare_is_at(f"{base}/input.txt", text, tmp_path, monkeypatch)
+    fetched = tiny_shakespeare(None)
+    assert fetched.parent == root / ".cache" / "corpora" and fetched.read_text() == text  # where data=shakespeare keeps it
+    (served / "input.txt").unlink()
+    assert tiny_shakespeare(None) == fetched  # read from the cache: the server has nothing now
+    shared = tmp_path / "shared/corpora/tinyshakespeare.txt"  # a copy beside the project comes first
+    shared.parent.mkdir(parents=True)
+    shared.write_text(text)
+    assert tiny_shakespeare(None) == shared
+    given = tmp_path / "mine.txt"  # and --corpus before both
+    given.write_text(text)
+    assert tiny_shakespeare(given) == given.resolve()
+
+
+def test_without_corpus_or_network_the_benchmark_says_how_to_give_it_before_any_section_runs(
+        tmp_path, monkeypatch, capsys, closed_port_url):
+    a_project_whose_shakespeare_is_at(f"{closed_port_url}/input.txt", SHAKESPEARE, tmp_path, monkeypatch)
+    with pytest.raises(SystemExit) as refused:  # peak would run first: the line comes before it
+        run_bench("--only", "peak,training", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert refused.value.code.startswith("error: tiny shakespeare, which the training sections train on: "
+                                         f"could not download {closed_port_url}/input.txt (")
+    assert refused.value.code.endswith('; with a copy of it, give --corpus <file> (make bench ARGS="--corpus <file>")')
+    assert "\n" not in refused.value.code and "peak" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        run_bench("--only", "quality", "--corpus", str(tmp_path / "nope.txt"), out=tmp_path / "bench.json",
+                  monkeypatch=monkeypatch, capsys=capsys)
+    assert refused.value.code == f"error: --corpus {tmp_path / 'nope.txt'} does not exist; give tiny shakespeare's input.txt"
 
 
 @pytest.mark.slow

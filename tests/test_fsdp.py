@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from model_io.checkpoint import Checkpoint, build_model
 from runtime.ranks import Ranks
 from tests.helpers import (
+    QUICK,
     ROOT,
     THEN_NAME_GLOO_THREADS,
     TWO_RANKS,
@@ -24,6 +25,7 @@ from tests.helpers import (
     gloo_threads_left,
     optim_spec,
     read_events,
+    run_cli,
     tiny_gpt,
     tiny_run,
     torchrun,
@@ -182,3 +184,12 @@ def test_the_forwards_rank_0_ran_alone_leave_fsdp_no_record_and_every_unit_shard
     assert len(records) == len(units)
     loss.backward()
     assert all(parameter.grad is not None for parameter in model.parameters())
+
+
+def test_fsdp_on_one_process_says_that_the_model_is_held_whole(tmp_path):
+    result = run_cli("train.py", *tiny_run(QUICK, **{"train.max_steps": 2, "train.parallel": "fsdp", "hydra.run.dir": "run"}),
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ("note: train.parallel=fsdp shards the model over torchrun's processes; this is one process, which holds "
+            "it whole") in result.stdout
+    assert "each holding a shard" not in result.stdout
