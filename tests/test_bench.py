@@ -241,12 +241,16 @@ def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_i
 def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_path, monkeypatch, capsys):
     # The section itself needs nanoGPT's code, which this project does not ship (see the README).
     # sys.exit's message is what the process prints to stderr, with exit status 1.
+    corpus = tmp_path / "corpus.txt"  # given, so that the corpus is found here on any machine, offline too
+    corpus.write_text(SHAKESPEARE)
     with pytest.raises(SystemExit) as missing:
-        run_bench("--only", "nanogpt", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+        run_bench("--only", "nanogpt", "--corpus", str(corpus), out=tmp_path / "bench.json", monkeypatch=monkeypatch,
+                  capsys=capsys)
     assert missing.value.code == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder"
     (tmp_path / "train.py").write_text("")
     with pytest.raises(SystemExit) as not_nanogpt:
-        run_bench("--only", "nanogpt", "--nanogpt", str(tmp_path), out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+        run_bench("--only", "nanogpt", "--nanogpt", str(tmp_path), "--corpus", str(corpus), out=tmp_path / "bench.json",
+                  monkeypatch=monkeypatch, capsys=capsys)
     assert "\n" not in not_nanogpt.value.code
     assert not_nanogpt.value.code.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
 
