@@ -38,9 +38,9 @@ def tiny_shakespeare(given: Path | None) -> Path:
     config = yaml.safe_load((ROOT / "configs/data/shakespeare.yaml").read_text())
     corpus = CorpusSpec(source="shakespeare", val_fraction=config["val_fraction"], url=config["url"],
                         sha256=config["sha256"], cache_dir=str(ROOT / config["cache_dir"]))
-    advice = 'with a copy of it, give --corpus <file> (make bench ARGS="--corpus <file>")'
+    give = 'give --corpus <file> (make bench ARGS="--corpus <file>")'
     try:
-        return cached_copy(corpus, offline_advice=advice, mismatch_advice=advice.capitalize())
+        return cached_copy(corpus, offline_advice=f"with a copy of it, {give}", mismatch_advice=f"With a copy of it, {give}")
     except UserError as err:
         sys.exit(f"error: tiny shakespeare, which the training sections train on: {err}")
 

@@ -85,8 +85,14 @@ def test_without_corpus_the_training_sections_download_tiny_shakespeare_once_int
                                                                                             file_server):
     served, base = file_server  # a real HTTP server on 127.0.0.1
     text = SHAKESPEARE * 3
-    (served / "input.txt").write_text(text)
+    (served / "input.txt").write_text(text.upper())  # another file at the URL first: refused, nothing kept
     root = a_project_whose_shakespeare_is_at(f"{base}/input.txt", text, tmp_path, monkeypatch)
+    with pytest.raises(SystemExit) as refused:
+        tiny_shakespeare(None)
+    assert refused.value.code.endswith('nothing was kept. With a copy of it, give --corpus <file> '
+                                       '(make bench ARGS="--corpus <file>")')
+    assert not (root / ".cache" / "corpora").exists() or not any((root / ".cache" / "corpora").iterdir())
+    (served / "input.txt").write_text(text)
     fetched = tiny_shakespeare(None)
     assert fetched.parent == root / ".cache" / "corpora" and fetched.read_text() == text  # where data=shakespeare keeps it
     (served / "input.txt").unlink()
