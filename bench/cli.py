@@ -26,7 +26,7 @@ from bench.startup import bench_startup
 from bench.tab import bench_tab
 from bench.table import print_table
 from bench.text import bench_gpt2_text, bench_text
-from bench.training import bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
+from bench.training import LOG_INTERVAL, bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "kv_cache", "attention", "startup", "data", "nanogpt",
             "tab", "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune", "gpu", "gpu_sampling",
@@ -50,6 +50,9 @@ def main() -> None:
     gpu_device = gpu_section_device(args.gpu_device, [s for s in sections if s in GPU_SECTIONS])
     gpu_sizes = QUICK if args.gpu_quick else Sizes()
     recipe_steps(args.gpu_recipe_steps)  # its bad value stops the run before any section
+    if args.steps <= LOG_INTERVAL and any(s in ("training", "compile") for s in sections):
+        sys.exit(f"error: --steps {args.steps} must be more than {LOG_INTERVAL}: the training sections leave the "
+                 f"first {LOG_INTERVAL} steps' tokens/s out (start-up and compiling), and need a window after them")
     if any(s in CORPUS_SECTIONS for s in sections):
         args.corpus = tiny_shakespeare(args.corpus)  # found, or fetched, before any section runs
 
@@ -81,7 +84,7 @@ def command_line() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--threads", type=int, help="torch threads for the sections that run in this process (default: "
                         f"torch's, one per core, and {STEADY_THREADS} for kv_cache and gpt2_sampling, steady on a shared machine)")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per throughput run")
+    parser.add_argument("--steps", type=int, default=300, help=f"training steps per throughput run (more than {LOG_INTERVAL})")
     parser.add_argument("--preset-steps", type=int, help="a quick check: the preset for this many steps, evaluated "
                         "on 10 batches instead of 200 (the quality figure then no longer measures time to quality)")
     parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")

@@ -52,6 +52,11 @@ def training_flops_per_token(model: GPT) -> float:
     return 6 * matmul_params(model) + 12 * c.n_layer * c.block_size * c.n_embd
 
 
+# train.py logs tokens/s over windows of this many steps; the first, which holds the start-up and
+# any compiling, is left out, so a throughput run needs more steps than one window (--steps).
+LOG_INTERVAL = 50
+
+
 def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | None, work: Path,
                    extra: tuple[str, ...] = (), name: str = "throughput") -> dict:
     """train.py on nanoGPT's CPU shape: tokens/s as it logged them (the first window, which
@@ -61,7 +66,7 @@ def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | 
         run_dir = work / f"{name}-{i}"
         args = [
             *NANOGPT_CPU_SHAPE, "data=text", f"data.path={corpus}", f"train.max_steps={steps}",
-            f"train.eval_interval={steps}", "train.eval_iters=1", "train.log_interval=50",
+            f"train.eval_interval={steps}", "train.eval_iters=1", f"train.log_interval={LOG_INTERVAL}",
             "train.attn_log_interval=0", "train.sample_interval=0", f"hydra.run.dir={run_dir}", *extra,
         ]
         # Each run compiles from scratch (an empty kernel cache), as a first run does.

@@ -59,6 +59,17 @@ def test_threads_below_one_is_one_clear_line(tmp_path, monkeypatch, capsys):
     assert refused.value.code == "error: --threads 0 must be at least 1"
 
 
+@pytest.mark.parametrize("section", ["training", "compile"])
+def test_steps_within_the_first_logged_window_are_one_clear_line_before_any_section_runs(section, tmp_path, monkeypatch,
+                                                                                        capsys):
+    with pytest.raises(SystemExit) as refused:  # peak would run first: the line comes before it
+        run_bench("--only", f"peak,{section}", "--steps", "50", out=tmp_path / "bench.json", monkeypatch=monkeypatch,
+                  capsys=capsys)
+    assert refused.value.code == ("error: --steps 50 must be more than 50: the training sections leave the first 50 "
+                                  "steps' tokens/s out (start-up and compiling), and need a window after them")
+    assert not (tmp_path / "bench.json").exists()
+
+
 @pytest.mark.parametrize("steps", ["600,abc", "0", "-5", "1.5"])
 def test_recipe_steps_that_are_not_counts_are_one_clear_line_before_any_section_runs(steps, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as refused:  # peak would run first: the line comes before it
