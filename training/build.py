@@ -124,7 +124,7 @@ def describe(run: Run) -> None:
         + (", each holding a shard (fsdp)" if run.parallel.collective_forwards else "")
     )
     log.info(f"precision: {run.precision.name} ({run.precision.why})")
-    if spec.device.parallel == "fsdp" and not run.ranks.distributed:
+    if spec.device.parallel == "fsdp" and not run.parallel.collective_forwards:  # wrap() shards under torchrun alone
         log.info("note: train.parallel=fsdp shards the model over torchrun's processes; this is one process, which "
                  "holds it whole (docs/fsdp.md: torchrun --nproc_per_node=N train.py train.parallel=fsdp)")
     learned = tokenizer.vocab_size - 1  # BPE's byte tokens: all but <|endoftext|>
