@@ -4,7 +4,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from bench.tab import bench_tab
 from bench.table import print_table
 from bench.text import bench_gpt2_text, bench_text
 from bench.training import LOG_INTERVAL, bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
+from cli.errors import exit_on_user_error
+from user_error import UserError
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "kv_cache", "attention", "startup", "data", "nanogpt",
             "tab", "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune", "gpu", "gpu_sampling",
@@ -37,22 +38,29 @@ DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "kv_cache", "atte
 
 
 def main() -> None:
-    args = command_line().parse_args()
+    """`python -m bench`. What it is given is refused in one line with exit status 2, as train.py
+    refuses a config; a section whose own run fails stops it with that run's output and status 1."""
+    with exit_on_user_error():
+        benchmark(command_line().parse_args())
+
+
+def benchmark(args: argparse.Namespace) -> None:
+    """The sections asked for, their table, then the JSON record."""
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown or args.repeats < 1:
-        sys.exit(f"error: --only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
-                 if unknown else f"error: --repeats {args.repeats} must be at least 1")
+        raise UserError(f"--only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
+                        if unknown else f"--repeats {args.repeats} must be at least 1")
     if args.threads is not None:
         if args.threads < 1:
-            sys.exit(f"error: --threads {args.threads} must be at least 1")
+            raise UserError(f"--threads {args.threads} must be at least 1")
         torch.set_num_threads(args.threads)
     gpu_device = gpu_section_device(args.gpu_device, [s for s in sections if s in GPU_SECTIONS])
     gpu_sizes = QUICK if args.gpu_quick else Sizes()
     recipe_steps(args.gpu_recipe_steps)  # its bad value stops the run before any section
     if args.steps <= LOG_INTERVAL and any(s in ("training", "compile") for s in sections):
-        sys.exit(f"error: --steps {args.steps} must be more than {LOG_INTERVAL}: the training sections leave the "
-                 f"first {LOG_INTERVAL} steps' tokens/s out (start-up and compiling), and need a window after them")
+        raise UserError(f"--steps {args.steps} must be more than {LOG_INTERVAL}: the training sections leave the "
+                        f"first {LOG_INTERVAL} steps' tokens/s out (start-up and compiling), and need a window after them")
     if any(s in CORPUS_SECTIONS for s in sections):
         args.corpus = tiny_shakespeare(args.corpus)  # found, or fetched, before any section runs
 
@@ -162,7 +170,7 @@ def recipe_steps(text: str) -> list[int]:
     """--gpu-recipe-steps as train.max_steps values, or one line saying what is wrong."""
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if not all(part.isdigit() and int(part) > 0 for part in parts):
-        sys.exit(f"error: --gpu-recipe-steps {text} must be whole numbers of steps above 0, comma-separated, e.g. 600,1000")
+        raise UserError(f"--gpu-recipe-steps {text} must be whole numbers of steps above 0, comma-separated, e.g. 600,1000")
     return [int(part) for part in parts]
 
 
@@ -173,12 +181,12 @@ def gpu_section_device(name: str, gpu_sections: list[str]) -> torch.device | Non
     try:
         device = torch.device(name)
     except RuntimeError:
-        sys.exit(f"error: --gpu-device {name} is not a device; use cuda, cuda:<index> or cpu")
+        raise UserError(f"--gpu-device {name} is not a device; use cuda, cuda:<index> or cpu") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit(f"error: --only {','.join(gpu_sections)} needs a CUDA GPU; PyTorch {torch.__version__} sees none here. "
-                 "Run it on a machine with one, or check its code here with --gpu-device cpu --gpu-quick")
+        raise UserError(f"--only {','.join(gpu_sections)} needs a CUDA GPU; PyTorch {torch.__version__} sees none here. "
+                        "Run it on a machine with one, or check its code here with --gpu-device cpu --gpu-quick")
     if device.type not in ("cuda", "cpu"):
-        sys.exit(f"error: --gpu-device {name} is neither a CUDA GPU nor the CPU; use cuda, cuda:<index> or cpu")
+        raise UserError(f"--gpu-device {name} is neither a CUDA GPU nor the CPU; use cuda, cuda:<index> or cpu")
     return device
 
 

@@ -1,7 +1,6 @@
 """What the sections share: the project's folder, tiny shakespeare, a median timer, and a run's logged figures."""
 
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ def tiny_shakespeare(given: Path | None) -> Path:
     checked), fetched now if it is not there yet; or one line saying how to give it."""
     if given is not None:
         if not given.is_file():
-            sys.exit(f"error: --corpus {given} does not exist; give tiny shakespeare's input.txt")
+            raise UserError(f"--corpus {given} does not exist; give tiny shakespeare's input.txt")
         return given.resolve()
     if SHARED_SHAKESPEARE.is_file():
         return SHARED_SHAKESPEARE
@@ -42,7 +41,7 @@ def tiny_shakespeare(given: Path | None) -> Path:
     try:
         return cached_copy(corpus, offline_advice=f"with a copy of it, {give}", mismatch_advice=f"With a copy of it, {give}")
     except UserError as err:
-        sys.exit(f"error: tiny shakespeare, which the training sections train on: {err}")
+        raise UserError(f"tiny shakespeare, which the training sections train on: {err}") from None
 
 
 @contextmanager

@@ -5,7 +5,6 @@ import contextlib
 import importlib.util
 import io
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,6 +24,7 @@ from runtime.ranks import Ranks
 from training.optimizer import build_optimizer
 from training.specs import StepSpec
 from training.step import TrainStep
+from user_error import UserError
 
 BATCH_SIZE, SEQUENCE_LENGTH = 1, 256  # tokens per step: a fine-tune's batch on a CPU
 STEPS = 3  # timed steps of each model per repeat, after one untimed step each
@@ -38,10 +38,10 @@ CPU = torch.device("cpu")
 def nanogpt_model_module(checkout: Path | None) -> ModuleType:
     """nanoGPT's model.py from the checkout, imported as a module (nothing of it is copied here)."""
     if checkout is None:
-        sys.exit("error: --only gpt2_finetune needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
+        raise UserError("--only gpt2_finetune needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
     path = checkout / "model.py"
     if not path.is_file():
-        sys.exit(f"error: --nanogpt {checkout} has no model.py; clone karpathy/nanoGPT and give its folder")
+        raise UserError(f"--nanogpt {checkout} has no model.py; clone karpathy/nanoGPT and give its folder")
     spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

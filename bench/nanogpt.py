@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench.training import TOKENS_PER_STEP
+from user_error import UserError
 
 # nanoGPT's README CPU recipe, as its own command line (its config file plus these flags).
 NANOGPT_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -34,10 +35,10 @@ def prepared_copy(corpus: Path, checkout: Path | None, work: Path, section: str 
     """A copy of nanoGPT's files in work, its char data prepared from corpus (its prepare.py reads
     input.txt when present, so nothing is downloaded)."""
     if checkout is None:
-        sys.exit(f"error: --only {section} needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
+        raise UserError(f"--only {section} needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
     if not all((checkout / name).exists() for name in NANOGPT_FILES):
-        sys.exit(f"error: --nanogpt {checkout} is not a nanoGPT checkout (it needs {', '.join(NANOGPT_FILES)}); "
-                 "clone karpathy/nanoGPT and give its folder")
+        raise UserError(f"--nanogpt {checkout} is not a nanoGPT checkout (it needs {', '.join(NANOGPT_FILES)}); "
+                        "clone karpathy/nanoGPT and give its folder")
     copy = work / "nanogpt"
     for name in NANOGPT_FILES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)

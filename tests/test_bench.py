@@ -28,6 +28,7 @@ from bench.training import training_flops_per_token
 from data.download import sha256_of
 from model import GPT, GPTConfig
 from tests.helpers import ROOT
+from user_error import UserError
 
 SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 
@@ -42,40 +43,48 @@ def run_bench(*args: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     return json.loads(out.read_text()), capsys.readouterr().out
 
 
+def bench_refusal(*args: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
+    """The line `python -m bench <args>` refuses them with, in this process: exit status 2 and one
+    line on stderr, as train.py refuses a config."""
+    with pytest.raises(SystemExit) as refused:
+        run_bench(*args, out=out, monkeypatch=monkeypatch, capsys=capsys)
+    printed = capsys.readouterr()
+    assert refused.value.code == 2 and printed.err.count("\n") == 1 and printed.err.startswith("error: "), printed.err
+    return printed.err.removesuffix("\n")
+
+
 @pytest.mark.slow
 def test_an_unknown_section_is_one_clear_line():
     # A real `python -m bench`, as make bench runs it: the package's entry point, and the line on stderr.
     result = subprocess.run([sys.executable, "-m", "bench", "--only", "speed"], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr == (
         "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, kv_cache, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune, gpu, gpu_sampling, nanogpt_gpu)\n"
     )
 
 
 def test_threads_below_one_is_one_clear_line(tmp_path, monkeypatch, capsys):
-    with pytest.raises(SystemExit) as refused:
-        run_bench("--only", "kv_cache", "--threads", "0", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
-    assert refused.value.code == "error: --threads 0 must be at least 1"
+    line = bench_refusal("--only", "kv_cache", "--threads", "0", out=tmp_path / "bench.json", monkeypatch=monkeypatch,
+                         capsys=capsys)
+    assert line == "error: --threads 0 must be at least 1"
 
 
 @pytest.mark.parametrize("section", ["training", "compile"])
 def test_steps_within_the_first_logged_window_are_one_clear_line_before_any_section_runs(section, tmp_path, monkeypatch,
                                                                                         capsys):
-    with pytest.raises(SystemExit) as refused:  # peak would run first: the line comes before it
-        run_bench("--only", f"peak,{section}", "--steps", "50", out=tmp_path / "bench.json", monkeypatch=monkeypatch,
-                  capsys=capsys)
-    assert refused.value.code == ("error: --steps 50 must be more than 50: the training sections leave the first 50 "
+    line = bench_refusal("--only", f"peak,{section}", "--steps", "50", out=tmp_path / "bench.json",  # peak would run first
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert line == ("error: --steps 50 must be more than 50: the training sections leave the first 50 "
                                   "steps' tokens/s out (start-up and compiling), and need a window after them")
     assert not (tmp_path / "bench.json").exists()
 
 
 @pytest.mark.parametrize("steps", ["600,abc", "0", "-5", "1.5"])
 def test_recipe_steps_that_are_not_counts_are_one_clear_line_before_any_section_runs(steps, tmp_path, monkeypatch, capsys):
-    with pytest.raises(SystemExit) as refused:  # peak would run first: the line comes before it
-        run_bench("--only", "peak,nanogpt_gpu", "--gpu-recipe-steps", steps, out=tmp_path / "bench.json",
-                  monkeypatch=monkeypatch, capsys=capsys)
-    assert refused.value.code == (f"error: --gpu-recipe-steps {steps} must be whole numbers of steps above 0, "
+    line = bench_refusal("--only", "peak,nanogpt_gpu", "--gpu-recipe-steps", steps, out=tmp_path / "bench.json",
+                         monkeypatch=monkeypatch, capsys=capsys)  # peak would run first: the line comes before it
+    assert line == (f"error: --gpu-recipe-steps {steps} must be whole numbers of steps above 0, "
                                   "comma-separated, e.g. 600,1000")
     assert not (tmp_path / "bench.json").exists()
 
@@ -98,9 +107,9 @@ def test_without_corpus_the_training_sections_download_tiny_shakespeare_once_int
     text = SHAKESPEARE * 3
     (served / "input.txt").write_text(text.upper())  # another file at the URL first: refused, nothing kept
     root = a_project_whose_shakespeare_is_at(f"{base}/input.txt", text, tmp_path, monkeypatch)
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(UserError) as refused:
         tiny_shakespeare(None)
-    assert refused.value.code.endswith('nothing was kept. With a copy of it, give --corpus <file> '
+    assert str(refused.value).endswith('nothing was kept. With a copy of it, give --corpus <file> '
                                        '(make bench ARGS="--corpus <file>")')
     assert not (root / ".cache" / "corpora").exists() or not any((root / ".cache" / "corpora").iterdir())
     (served / "input.txt").write_text(text)
@@ -120,16 +129,15 @@ def test_without_corpus_the_training_sections_download_tiny_shakespeare_once_int
 def test_without_corpus_or_network_the_benchmark_says_how_to_give_it_before_any_section_runs(
         tmp_path, monkeypatch, capsys, closed_port_url):
     a_project_whose_shakespeare_is_at(f"{closed_port_url}/input.txt", SHAKESPEARE, tmp_path, monkeypatch)
-    with pytest.raises(SystemExit) as refused:  # peak would run first: the line comes before it
-        run_bench("--only", "peak,training", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
-    assert refused.value.code.startswith("error: tiny shakespeare, which the training sections train on: "
-                                         f"could not download {closed_port_url}/input.txt (")
-    assert refused.value.code.endswith('; with a copy of it, give --corpus <file> (make bench ARGS="--corpus <file>")')
-    assert "\n" not in refused.value.code and "peak" not in capsys.readouterr().out
-    with pytest.raises(SystemExit) as refused:
-        run_bench("--only", "quality", "--corpus", str(tmp_path / "nope.txt"), out=tmp_path / "bench.json",
-                  monkeypatch=monkeypatch, capsys=capsys)
-    assert refused.value.code == f"error: --corpus {tmp_path / 'nope.txt'} does not exist; give tiny shakespeare's input.txt"
+    line = bench_refusal("--only", "peak,training", out=tmp_path / "bench.json", monkeypatch=monkeypatch,
+                         capsys=capsys)  # peak would run first: the line comes before it
+    assert line.startswith("error: tiny shakespeare, which the training sections train on: "
+                           f"could not download {closed_port_url}/input.txt (")
+    assert line.endswith('; with a copy of it, give --corpus <file> (make bench ARGS="--corpus <file>")')
+    assert not (tmp_path / "bench.json").exists()
+    line = bench_refusal("--only", "quality", "--corpus", str(tmp_path / "nope.txt"), out=tmp_path / "bench.json",
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert line == f"error: --corpus {tmp_path / 'nope.txt'} does not exist; give tiny shakespeare's input.txt"
 
 
 @pytest.mark.slow
@@ -257,19 +265,15 @@ def test_the_data_section_tokenises_a_corpus_streamed_and_at_once_into_as_many_i
 
 def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_path, monkeypatch, capsys):
     # The section itself needs nanoGPT's code, which this project does not ship (see the README).
-    # sys.exit's message is what the process prints to stderr, with exit status 1.
     corpus = tmp_path / "corpus.txt"  # given, so that the corpus is found here on any machine, offline too
     corpus.write_text(SHAKESPEARE)
-    with pytest.raises(SystemExit) as missing:
-        run_bench("--only", "nanogpt", "--corpus", str(corpus), out=tmp_path / "bench.json", monkeypatch=monkeypatch,
-                  capsys=capsys)
-    assert missing.value.code == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder"
+    line = bench_refusal("--only", "nanogpt", "--corpus", str(corpus), out=tmp_path / "bench.json", monkeypatch=monkeypatch,
+                         capsys=capsys)
+    assert line == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder"
     (tmp_path / "train.py").write_text("")
-    with pytest.raises(SystemExit) as not_nanogpt:
-        run_bench("--only", "nanogpt", "--nanogpt", str(tmp_path), "--corpus", str(corpus), out=tmp_path / "bench.json",
-                  monkeypatch=monkeypatch, capsys=capsys)
-    assert "\n" not in not_nanogpt.value.code
-    assert not_nanogpt.value.code.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
+    line = bench_refusal("--only", "nanogpt", "--nanogpt", str(tmp_path), "--corpus", str(corpus),
+                         out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert line.startswith(f"error: --nanogpt {tmp_path} is not a nanoGPT checkout (it needs train.py, model.py")
 
 
 @pytest.mark.slow
@@ -389,9 +393,8 @@ class GPT(OurGPT):
 
 
 def test_the_gpt2_finetune_section_times_train_steps_of_both_models_at_gpt2s_shape(tmp_path, monkeypatch, capsys):
-    with pytest.raises(SystemExit) as missing:
-        run_bench("--only", "gpt2_finetune", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
-    assert missing.value.code == ("error: --only gpt2_finetune needs --nanogpt <a checkout of karpathy/nanoGPT>; "
+    line = bench_refusal("--only", "gpt2_finetune", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert line == ("error: --only gpt2_finetune needs --nanogpt <a checkout of karpathy/nanoGPT>; "
                                   "clone it and give its folder")
 
     checkout = tmp_path / "nanogpt"
@@ -415,9 +418,8 @@ def test_the_gpt2_finetune_section_times_train_steps_of_both_models_at_gpt2s_sha
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
 def test_the_gpu_sections_without_a_cuda_gpu_are_one_clear_line(tmp_path, monkeypatch, capsys):
-    with pytest.raises(SystemExit) as refused:
-        run_bench("--only", "gpu,gpu_sampling", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
-    assert refused.value.code == (f"error: --only gpu,gpu_sampling needs a CUDA GPU; PyTorch {torch.__version__} sees none "
+    line = bench_refusal("--only", "gpu,gpu_sampling", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert line == (f"error: --only gpu,gpu_sampling needs a CUDA GPU; PyTorch {torch.__version__} sees none "
                                   "here. Run it on a machine with one, or check its code here with --gpu-device cpu --gpu-quick")
 
 
