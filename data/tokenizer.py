@@ -71,6 +71,11 @@ class Tokenizer(Protocol):
     def state(self) -> dict[str, Any]: ...
 
 
+def special_ids(tokenizer: Tokenizer) -> set[int]:
+    """The ids plain text never encodes to: the end of text and the start token (one id, or Llama 3's two)."""
+    return {tokenizer.eot_id, tokenizer.bos_id}
+
+
 class CharTokenizer:
     """One token per character; the vocabulary is every character of the corpus, sorted,
     then <|endoftext|> as the last id."""

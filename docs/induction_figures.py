@@ -21,6 +21,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli.errors import exit_on_user_error  # noqa: E402
+from data.tokenizer import special_ids  # noqa: E402
 from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, one_above_another  # noqa: E402
 from docs.figures import draw_maps  # noqa: E402
 from inspection.head_metrics import induction_probe  # noqa: E402
@@ -162,7 +163,7 @@ def scores_figure(record: dict, scalars: dict[str, dict[int, float]], path: Path
 
 def map_figure(checkpoint: Checkpoint, record: dict, path: Path) -> None:
     model, tokenizer = checkpoint.build_model()
-    ids = induction_probe(tokenizer.vocab_size, SHOWN_TOKENS, seed=0, avoid=tokenizer.eot_id)  # (2n,)
+    ids = induction_probe(tokenizer.vocab_size, SHOWN_TOKENS, seed=0, avoid=special_ids(tokenizer))  # (2n,)
     weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, 2n, 2n)
     (l1, h1), (l0, h0) = record["induction_head"], record["previous_token_head"]
     maps = [weights[l1, h1].numpy(), weights[l0, h0].numpy()]

@@ -11,12 +11,14 @@ A heatmap shows one head at one step; these numbers follow every head through tr
                          looks, on average. 0: each token attends to itself.
         previous_token   mean over queries t >= 1 of w[t, t - 1]: 1 for a head that always
                          looks at the token just before.
-    induction_probe(vocab_size, n, seed)  n random token ids, then the same n again: (2n,)
+    induction_probe(vocab_size, n, seed, avoid)  n random token ids (none in avoid), then the same n again: (2n,)
     induction_score(weights, n)           weights (L, H, 2n, 2n) of that probe -> (L, H):
                          the mean weight a query in the second copy puts on the token just
                          after its own token's earlier occurrence (the token to copy next).
                          1 for an ideal induction head; near 0 for the others.
 """
+
+from collections.abc import Collection
 
 import torch
 
@@ -40,10 +42,10 @@ def head_metrics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def induction_probe(vocab_size: int, n: int, seed: int = 0, avoid: int | None = None) -> list[int]:
-    """n random ids (never `avoid`, e.g. the end-of-text token), then the same n again."""
+def induction_probe(vocab_size: int, n: int, seed: int = 0, avoid: Collection[int] = ()) -> list[int]:
+    """n random ids (none of `avoid`: the special tokens, data.tokenizer.special_ids), then the same n again."""
     generator = torch.Generator().manual_seed(seed)
-    choices = torch.tensor([i for i in range(vocab_size) if i != avoid])
+    choices = torch.tensor([i for i in range(vocab_size) if i not in avoid])
     first = choices[torch.randint(len(choices), (n,), generator=generator)]  # (n,)
     return first.repeat(2).tolist()  # (2n,)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data.tokenizer import Tokenizer
+from data.tokenizer import Tokenizer, special_ids
 from inspection.head_metrics import induction_probe, induction_score
 from inspection.tab_format import REPEATED_N
 from inspection.text_forward import Predictions, TextForward, forward_ids
@@ -38,7 +38,7 @@ def default_n(block_size: int) -> int:
 
 
 def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> list[int]:
-    """The start token (tokenizer.bos_id), n random ids (never <|endoftext|>), the same n again;
+    """The start token (tokenizer.bos_id), n random ids (never a special token), the same n again;
     UserError for an n the model cannot read or a seed out of range."""
     most = largest_n(block_size)
     if not 2 <= n <= most:
@@ -46,7 +46,7 @@ def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> li
                         f"{block_size} tokens, <eot> and the n tokens twice)")
     if not 0 <= seed <= MAX_SEED:
         raise UserError(f"seed={seed} is out of range: give a whole number from 0 to {MAX_SEED}")
-    return [tokenizer.bos_id, *induction_probe(tokenizer.vocab_size, n, seed, avoid=tokenizer.eot_id)]
+    return [tokenizer.bos_id, *induction_probe(tokenizer.vocab_size, n, seed, avoid=special_ids(tokenizer))]
 
 
 def forward_repeated(model: GPT, tokenizer: Tokenizer, n: int, seed: int,

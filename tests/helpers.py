@@ -36,7 +36,7 @@ from torch import nn
 from cli.errors import run_cli as cli_entry
 from cli.run_spec import run_spec
 from data.stories import generate_stories
-from data.tokenizer import EOT, CharTokenizer
+from data.tokenizer import EOT, CharTokenizer, special_ids
 from inspection.head_metrics import induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model import GPT, CausalSelfAttention, GPTConfig
@@ -333,7 +333,7 @@ def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
     checkpoint = Checkpoint.load(run_dir / "ckpt_last.pt")
     cfg, (model, tokenizer) = checkpoint.config, checkpoint.build_model()
     n = min(cfg["train"]["probe_tokens"], cfg["model"]["block_size"]) // 2
-    probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, cfg["train"]["seed"], avoid=tokenizer.eot_id)])
+    probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, cfg["train"]["seed"], avoid=special_ids(tokenizer))])
     induction = induction_score(model.attention_weights(probe)[:, 0], n)  # (L, H)
     recall_probe = RecallProbe.build(tokenizer, cfg["model"]["block_size"], seed=cfg["data"]["seed"] + 1)
     recall = recall_probe.evaluate(model)
@@ -560,7 +560,7 @@ CIRCUIT_N = 16  # random tokens, then the same 16 again: 33 tokens with <eot>
 # A seed whose 16 tokens all differ: a token twice in the first copy has two earlier occurrences,
 # and even an ideal induction head splits its weight between the tokens after them.
 CIRCUIT_SEED = next(seed for seed in range(100) if len(set(
-    induction_probe(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_N, seed, CIRCUIT_TOKENIZER.eot_id)[:CIRCUIT_N])) == CIRCUIT_N)
+    induction_probe(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_N, seed, special_ids(CIRCUIT_TOKENIZER))[:CIRCUIT_N])) == CIRCUIT_N)
 
 
 def save_circuit(run_dir: Path) -> GPT:
@@ -658,7 +658,7 @@ def circuit_run_with_maps(logdir: Path, request: pytest.FixtureRequest) -> None:
     """circuit_run, and its attention maps on repeated tokens logged at step 0."""
     circuit = save_circuit(logdir / "circuit")
     keep_circuit_checkpoints(logdir / "circuit")
-    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, 8, 0, CIRCUIT_TOKENIZER.eot_id)]
+    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, 8, 0, special_ids(CIRCUIT_TOKENIZER))]
     logger = RunLogger(logdir / "circuit")
     logger.attention_weights(0, circuit.attention_weights(torch.tensor([ids]))[:, 0], CIRCUIT_TOKENIZER.token_strings(ids))
     logger.close()

@@ -22,6 +22,7 @@ from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, tensorboard_server
 from attention_tab.page_settings import page_settings
+from data.tokenizer import special_ids
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import readable_token
 from inspection.logit_attribution import logit_attribution
@@ -311,7 +312,7 @@ def read_repeated(base: str, run: str, knocked_out: str = "", n: int = N, seed: 
 def circuit(logdir):
     """The hand-built circuit as the test loads it, not the tab: (model, the ids it reads)."""
     model, tokenizer = Checkpoint.load(logdir / "circuit" / BEST).build_model()
-    ids = [tokenizer.eot_id, *induction_probe(tokenizer.vocab_size, N, DISTINCT, avoid=tokenizer.eot_id)]
+    ids = [tokenizer.eot_id, *induction_probe(tokenizer.vocab_size, N, DISTINCT, avoid=special_ids(tokenizer))]
     return model.eval(), torch.tensor([ids])  # (1, 2N + 1)
 
 

@@ -24,6 +24,7 @@ from tensorboard.util.tensor_util import make_ndarray
 
 from attention_tab.browser import attention_runs, choose_run, headless_chromium, open_tab, tensorboard_server
 from attention_tab.page_settings import MIN_LINE_WEIGHT
+from data.tokenizer import special_ids
 from inspection.head_metrics import induction_probe
 from inspection.heatmap import COLORMAP
 from inspection.logit_attribution import logit_attribution
@@ -556,7 +557,7 @@ def circuit_model(logdir, step: int | None = None):
     """The circuit as the test loads it (its best checkpoint, or the one kept at step), and the repeated tokens."""
     path = logdir / "circuit" / "ckpt_best.pt" if step is None else kept_checkpoint_path(logdir / "circuit", step)
     model, _ = Checkpoint.load(path).build_model()
-    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_N, CIRCUIT_SEED, CIRCUIT_TOKENIZER.eot_id)]
+    ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_N, CIRCUIT_SEED, special_ids(CIRCUIT_TOKENIZER))]
     return model.eval(), torch.tensor([ids])  # (1, 2N + 1)
 
 

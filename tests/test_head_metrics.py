@@ -67,10 +67,10 @@ def test_an_ideal_induction_head_scores_1_and_other_heads_do_not():
 
 
 def test_the_induction_probe_is_a_random_sequence_repeated_twice():
-    probe = induction_probe(vocab_size=50, n=10, seed=3, avoid=0)
+    probe = induction_probe(vocab_size=50, n=10, seed=3, avoid={0})
     assert len(probe) == 20 and probe[:10] == probe[10:]
     assert 0 not in probe and len(set(probe)) > 5
-    assert probe == induction_probe(vocab_size=50, n=10, seed=3, avoid=0)  # fixed by the seed
+    assert probe == induction_probe(vocab_size=50, n=10, seed=3, avoid={0})  # fixed by the seed
 
 
 def test_metrics_of_a_real_model_have_one_value_per_layer_and_head_in_range():

@@ -236,21 +236,22 @@ def composed(*overrides: str):
 TINY_SHAPE = ["model.n_layer=2", "model.n_embd=32", "model.block_size=32"]  # 4 heads (the default), 2 key/value heads
 
 
-# Llama 3's rotary base and scaling, set here: `model.rope_scaling={...}` on the command line is not read yet.
-LLAMA3_ROPE = {"rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                        "original_max_position_embeddings": 16}}
+# Llama 3's rotary base and scaling, as a command line sets them.
+LLAMA3_ROPE = ["model.rope_theta=500000.0", "model.rope_scaling={factor:8.0,low_freq_factor:1.0,high_freq_factor:4.0,"
+               "original_max_position_embeddings:16}"]
 
 
 @pytest.mark.parametrize(("preset", "options", "hf_class"), [("llama_shape", LLAMA3_ROPE, LlamaForCausalLM),
-                                                             ("qwen3_shape", {}, Qwen3ForCausalLM)],
+                                                             ("qwen3_shape", [], Qwen3ForCausalLM)],
                          ids=["llama_shape,llama3_rope", "qwen3_shape"])
 def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
-    preset: str, options: dict, hf_class: type, tmp_path: Path
+    preset: str, options: list[str], hf_class: type, tmp_path: Path
 ) -> None:
-    cfg = composed(f"experiment={preset}", *TINY_SHAPE)
+    cfg = composed(f"experiment={preset}", *TINY_SHAPE, *options)
     assert OmegaConf.missing_keys(cfg) == set()
     tokenizer = CharTokenizer(sorted(set("".join(generate_stories(seed=1, n_chars=20_000)))))
-    model = lively(build_model(OmegaConf.to_container(cfg.model) | options, tokenizer.vocab_size))
+    model = lively(build_model(OmegaConf.to_container(cfg.model), tokenizer.vocab_size))
+    assert (model.config.rope_theta, bool(model.config.rope_scaling)) == ((500000.0, True) if options else (10000.0, False))
     assert (model.config.kv_heads, model.config.qk_norm) == (2, preset == "qwen3_shape")
     run = tmp_path / "run"
     run.mkdir()

@@ -492,6 +492,8 @@ def test_the_inspection_tools_start_each_text_with_the_start_token(family_tokeni
     bos = tokenizer.bos_id
     assert text_ids(tokenizer, "Once upon a time", 64) == [bos, *tokenizer.encode("Once upon a time")]
     assert repeated_ids(tokenizer, 4, seed=0, block_size=64)[0] == bos
+    for seed in range(50):  # and the random tokens after it are never a special one, the start token included
+        assert not {bos, tokenizer.eot_id} & set(repeated_ids(tokenizer, 31, seed=seed, block_size=64)[1:])
     swap = name_swap(tokenizer, *one_token_names(tokenizer)[:2])
     assert swap.clean[0, 0] == swap.corrupted[0, 0] == bos
     probe = RecallProbe.build(tokenizer, block_size=64, seed=1, max_windows=1)

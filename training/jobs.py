@@ -7,6 +7,7 @@ import math
 import torch
 
 from data.batches import probe_ids
+from data.tokenizer import special_ids
 from inspection.ablation import induction_loss_without_each_head, recall_without_each_head
 from inspection.head_metrics import head_metrics, induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
@@ -87,7 +88,7 @@ class AttentionMaps:
         # gives the induction scores, all rows the loss on the second copy that the ablation reads.
         n_induction = n_probe // 2
         self.repeated = torch.tensor(
-            [induction_probe(tokenizer.vocab_size, n_induction, probes.seed + i, avoid=tokenizer.eot_id)
+            [induction_probe(tokenizer.vocab_size, n_induction, probes.seed + i, avoid=special_ids(tokenizer))
              for i in range(INDUCTION_ROWS)], device=device,
         ) if n_induction >= 2 else None  # (INDUCTION_ROWS, 2n)
         self.induction = self.repeated[:1] if self.repeated is not None else None  # (1, 2n)
