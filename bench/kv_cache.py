@@ -17,7 +17,7 @@ from model_io.checkpoint import build_model
 
 CONTEXTS = (1024, 4096, 16384)
 NEW_TOKENS = 32
-# The default model (configs/model/gpt.yaml: 128 wide, 4 layers, rope, QK-norm, ReLU², smear) with
+# The default model (configs/model/gpt.yaml, whatever it holds: today 128 wide, 4 layers, Qwen3's shape) with
 # 8 heads instead of 4, so that GQA 4:1 has 2 key/value heads. Full attention gets block_size =
 # the context, whose slots its cache holds; the window model keeps block_size 1024 and generates
 # past it in its ring of 256 slots.
