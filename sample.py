@@ -50,8 +50,8 @@ def sample(cfg: DictConfig) -> None:
     if device.type == "cpu" and not cfg.compile:
         lay_out_for_decoding(model)  # float32's one-row matmuls read faster from (in, out) there
     if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
-        print("compile=true: compiling the decode step first (about 20 s the first time, 6 s once "
-              "Inductor has cached its kernels)", file=sys.stderr, flush=True)
+        print("compile=true: compiling the decode step first (seconds; longer the first time on this machine, "
+              "before Inductor has cached its kernels)", file=sys.stderr, flush=True)
 
     try:
         texts = generate_text(

@@ -25,8 +25,8 @@ from runtime.precision import WEIGHT_DTYPES
 from user_error import UserError, quoted
 
 # torch threads in TensorBoard's process. The tab's models are small, and a run training beside
-# TensorBoard keeps the cores busy: one thread answers 128 tokens of the default model in about
-# 30 ms there, where two threads fighting the trainer's took 700 ms (2 cores; make bench's text section).
+# TensorBoard keeps the cores busy: there one thread answers many times faster than two threads
+# fighting the trainer's for the cores (docs/speed.md, "The Attention tab", measures both).
 THREADS = 1
 
 

@@ -23,7 +23,7 @@ from model import GPT, GPTConfig
 from model_io.checkpoint import build_model
 
 ANSWERS_PER_RUN = 10
-TOOL_ANSWERS_PER_RUN = 3  # each takes 30 to 100 ms: three are enough to time, and keep the bench's test short
+TOOL_ANSWERS_PER_RUN = 3  # each takes a tenth of a second or less: three are enough to time, and keep the bench's test short
 
 
 def default_run_data(cache_dir: Path):

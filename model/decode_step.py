@@ -27,8 +27,8 @@ from model.sampling import DIVERGED, choose_next_token
 # norm's output, an activation) stored once rather than recomputed inside each loop that reads it:
 # a one-row matmul (one_row_linear) reads its input once per row of its weight. No pattern matcher:
 # it swaps attend_one's bmm, softmax, bmm for a fused attention kernel, whose call costs more than
-# one query row's work (on a CPU, 1 of GPT-2 small's 13.7 ms a token at bf16, in 12 calls that also
-# split the step's one fused loop nest into five), and whose shape checks on CUDA cannot take a slot
+# one query row's work (on a CPU its 12 calls a token also split the step's one fused loop nest
+# into five: docs/speed.md, "Without Inductor's pattern matcher"), and whose shape checks on CUDA cannot take a slot
 # count read at run time (torch 2.11 stops the compile there).
 INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "realize_opcount_threshold": 4, "pattern_matcher": False}
 
@@ -150,9 +150,9 @@ class NextTokenStep(nn.Module):
 
 class CompiledDecodeStep:
     """NextTokenStep for one model, batch size and choice of sampling settings, captured with
-    torch.export and compiled by Inductor. Building it takes seconds (the first time on a
-    machine about 20 s, then about 6 s: Inductor caches its kernels); each call then costs
-    about a third of the eager step (docs/speed.md, "Sampling"). generate_tokens checks with
+    torch.export and compiled by Inductor. Building it takes seconds, more the first time on a
+    machine (Inductor caches its kernels); each call then costs a fraction of the eager step
+    (docs/speed.md, "Sampling", has both figures). generate_tokens checks with
     check_fits that it is used for what it was built for: the model as it is, so neither
     building nor using one is allowed while functions are attached to its hook points
     (GPT.hooks: knock-outs, caches), which compiled code would not call."""
