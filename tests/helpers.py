@@ -67,9 +67,11 @@ TINY_RUN = {
 def tiny_run(*presets: dict[str, object], **overrides: object) -> list[str]:
     """TINY_RUN, then each preset, then overrides, as Hydra's key=value overrides: a later value of a
     key replaces the earlier one (Hydra would take the last anyway; here each key is given once), a
-    new key is added. E.g. tiny_run(QUICK, **{"train.max_steps": 40, "hydra.run.dir": "run"})."""
+    new key is added, and a key given None is left out (a config file's value, or the default, then holds).
+    E.g. tiny_run(QUICK, **{"train.max_steps": 40, "hydra.run.dir": "run"})."""
     merged = {key: value for preset in (TINY_RUN, *presets, overrides) for key, value in preset.items()}
-    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in merged.items()]
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in merged.items()
+            if value is not None]
 
 
 def tiny_config(*presets: dict[str, object], **overrides: object) -> DictConfig:

@@ -14,8 +14,10 @@ import pytest
 
 from tests.helpers import ROOT
 
-PACKAGES = ("model", "data", "training", "cli", "inspection", "model_io", "attention_tab")
+# The project's packages, every folder of it with an __init__.py but the tests' own, and its top-level modules.
+PACKAGES = tuple(sorted(path.parent.name for path in ROOT.glob("*/__init__.py") if path.parent.name != "tests"))
 SCRIPTS = ("train", "sample", "export")
+MODULES = ("user_error",)
 # An import statement inside a string: the code a test runs in a new Python process.
 IMPORT_IN_CODE = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+([\w, ]+)|import\s+([\w., ]+))", re.MULTILINE)
 
@@ -26,9 +28,11 @@ def fast_tests() -> str:
 
 
 def project_modules() -> set[str]:
-    """Every module of the project: "model.gpt", the package "model" for model/__init__.py, "train"."""
-    modules = {f"{package}.{path.stem}" for package in PACKAGES for path in (ROOT / package).glob("*.py")}
-    return {module.removesuffix(".__init__") for module in modules} | set(SCRIPTS)
+    """Every module of the project: "model.gpt", the package "model" for model/__init__.py, "train".
+    A package's __main__ (bench's) is left out: it only calls its cli module's main."""
+    modules = {f"{package}.{path.stem}" for package in PACKAGES for path in (ROOT / package).glob("*.py")
+               if path.stem != "__main__"}
+    return {module.removesuffix(".__init__") for module in modules} | set(SCRIPTS) | set(MODULES)
 
 
 def named(source: str) -> set[str]:
@@ -115,7 +119,8 @@ def uncovered(files: set[str], modules: set[str]) -> dict[str, list[str]]:
 @pytest.mark.slow  # pytest's collection of the whole suite (alone, this file imports torch, transformers and every test file)
 def test_the_fast_tier_runs_every_module_of_the_project(pytestconfig):
     modules = project_modules()
-    assert {"model.gpt", "model", "data.stories", "attention_tab.plugin", "cli.schema", "train", "export"} <= modules
+    assert {"model.gpt", "model", "data.stories", "attention_tab.plugin", "cli.schema", "runtime.ranks", "bench.cli",
+            "user_error", "train", "export"} <= modules
     # The files this session ignores stay out of the count too: a machine without a package one of
     # them imports (selenium, nbformat) ignores it, and pytest could not collect it there.
     ignored = [str(pytestconfig.invocation_params.dir / path) for path in pytestconfig.getoption("ignore") or []]

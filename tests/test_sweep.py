@@ -54,7 +54,7 @@ def test_a_sweep_a_config_file_gives_is_checked_before_any_job_runs(tmp_path):
     (tmp_path / "mine" / "experiment").mkdir(parents=True)
     (tmp_path / "mine" / "experiment" / "heads.yaml").write_text(
         "# @package _global_\nhydra:\n  sweeper:\n    params:\n      model.n_head: 2,3\n")
-    tiny = [arg for arg in tiny_run(**{"hydra.sweep.dir": "sweep"}) if not arg.startswith("model.n_head=")]  # (it would win)
+    tiny = tiny_run(**{"hydra.sweep.dir": "sweep", "model.n_head": None})  # (the command line's n_head would win)
     result = run_cli("train.py", "-m", "--config-dir", str(tmp_path / "mine"), "experiment=heads", *tiny, cwd=tmp_path)
     assert_one_error_line(result, "error: job #1 of the sweep (model.n_head=3 experiment=heads model.n_layer=2 ")
     assert not (tmp_path / "sweep").exists()
