@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT, pythonpath_with_root
 
 # In one fresh interpreter (each its own would cost seconds of start-up): sample.py, then
@@ -45,6 +47,7 @@ print("IMPORTED", json.dumps(seen), file=sys.stderr)
 """
 
 
+@pytest.mark.slow  # three new Python processes: sample.py, export.py and the tab's loader
 def test_sampling_exporting_and_the_tab_import_runtime_and_nothing_of_the_training_loop(trained_run: Path, tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", THREE_COMMANDS, str(trained_run), str(ROOT)], cwd=tmp_path, capture_output=True,
                             text=True, timeout=300, env={"PYTHONPATH": pythonpath_with_root(), "PATH": "/usr/bin:/bin"})
