@@ -39,10 +39,13 @@ MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # Config keys added after runs were saved without them, with the value that does what the
 # versions before them did, so that such a run samples and resumes unchanged.
 ADDED_KEYS = {"model.smear": False, "train.eval_train": True, "optim.ns_dtype": "bfloat16",
-              "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp", "data.names": "common",
-              "data.word_games": 0, "train.keep_checkpoints": [], "model.n_kv_head": None, "model.head_dim": None,
+              "optim.muon_momentum": 0.95, "train.save_interval": 0, "train.parallel": "ddp",
+              "train.keep_checkpoints": [], "model.n_kv_head": None, "model.head_dim": None,
               "model.window": None, "model.mlp_hidden": None, "model.rope_theta": 10000.0, "model.rope_scaling": None,
               "model.norm_eps": None, "train.attn_log_at_start": True}
+# Keys of one corpus alone (configs/data/<source>.yaml), added only to a run of that corpus: a run of
+# text files or of tiny shakespeare has no names or word games, and resuming it would be refused.
+ADDED_CORPUS_KEYS = {"stories": {"data.names": "common", "data.word_games": 0}}
 
 
 @dataclass
@@ -81,10 +84,11 @@ class Checkpoint:
 
 
 def upgrade(checkpoint: Checkpoint) -> Checkpoint:
-    """An older checkpoint in today's form: config keys added since (ADDED_KEYS), one RNG state
-    per rank (older runs saved one dict), the number of processes that saved it (older: 1), and
-    no fp16 loss scale."""
-    for dotted, value in ADDED_KEYS.items():
+    """An older checkpoint in today's form: config keys added since (ADDED_KEYS, and its corpus's
+    ADDED_CORPUS_KEYS), one RNG state per rank (older runs saved one dict), the number of processes
+    that saved it (older: 1), and no fp16 loss scale."""
+    corpus_keys = ADDED_CORPUS_KEYS.get(checkpoint.config.get("data", {}).get("source"), {})
+    for dotted, value in {**ADDED_KEYS, **corpus_keys}.items():
         group, key = dotted.split(".")
         if group in checkpoint.config and key not in checkpoint.config[group]:
             checkpoint.config[group][key] = value

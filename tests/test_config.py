@@ -153,6 +153,17 @@ def test_a_checkpoint_saved_before_smear_eval_train_muons_options_and_data_names
     assert resumed.optim.ns_dtype == "auto" and changes == ["optim.ns_dtype bfloat16 -> auto"]
 
 
+@pytest.mark.parametrize("corpus", [["data=stories"], ["data=text", "data.path=book.txt"], ["data=shakespeare"]])
+def test_a_run_of_every_corpus_resumes_as_it_was_trained(corpus):
+    # The keys added for older checkpoints (model_io/checkpoint.py) are the keys of the run's own corpus:
+    # the stories' data.names given to a run of text files was refused, and no such run could resume.
+    cfg = composed("train", *corpus)
+    cfg.resume = "run"
+    saved = upgrade(Checkpoint(model={}, config=saved_config(*corpus), tokenizer={})).config  # as Checkpoint.load hands it over
+    resumed, changes = resumed_config(cfg, saved, ["resume=run"])
+    assert changes == [] and plain_config(resumed) == {**saved_config(*corpus), "resume": "run"}
+
+
 def test_a_checkpoint_whose_config_lacks_a_newer_key_is_refused_naming_the_key():
     cfg = composed("train")
     cfg.resume = "old"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from data.stories import generate_stories
 from model_io.checkpoint import Checkpoint
 from tests.helpers import ROOT, limit_file_size, read_events, run_cli, signal_after_line, stop_while, tiny_run
 from training.interrupt import StopSignals
@@ -263,6 +264,18 @@ def test_resume_auto_goes_on_with_the_run_in_its_dir_or_starts_one_there(ten_ste
     again = run_cli("train.py", *fresh, cwd=workdir)
     assert again.returncode == 0 and "no ckpt_last.pt in new yet: a new run there" in again.stdout
     assert [step for step, _ in scalars(workdir / "new", "loss/val")] == [0, 2]  # each once, from the new start
+
+
+def test_a_run_on_your_own_text_resumes_where_it_stopped(tmp_path):
+    # The stories' own keys (data.names, data.word_games) were once added to every resumed run's
+    # config, and a run of text files, refused, could not go on at all.
+    (tmp_path / "book.txt").write_text("".join(generate_stories(7, 30_000)))
+    own_text = {**SHORT_RUN, "data": "text", "data.path": "book.txt", "data.n_chars": None, "hydra.run.dir": "run"}
+    assert run_cli("train.py", *tiny_run(own_text), cwd=tmp_path).returncode == 0
+    resumed = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run at step 10; train.max_steps 10 -> 12" in resumed.stdout
+    assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").step == 12
 
 
 def checkpoint_bytes(run_dir: Path) -> dict[str, bytes]:
