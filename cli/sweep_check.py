@@ -6,6 +6,7 @@ the sweep after two whole trainings. Here each job's config is composed as the s
 it, and checked, first; and a sweep under torchrun (one run of several processes) is refused."""
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
@@ -13,6 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from model_io.run_files import LAST
 from user_error import UserError
 
 
@@ -47,8 +49,13 @@ class SweepCheck(Callback):
                 jobs = job_overrides(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
             except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
                 return
+            held = sorted(Path(config.hydra.sweep.dir).glob(f"**/{LAST}"))  # the runs of a sweep there before
             for number, job in enumerate(jobs):
                 cfg = loader.load_sweep_config(config, job)  # as the sweeper checks each job, before it writes
+                if held and cfg.resume is None:
+                    raise UserError(f"hydra.sweep.dir={config.hydra.sweep.dir} already holds runs ({held[0]}, ...), "
+                                    "which the sweep's new runs would overwrite; give the sweep another hydra.sweep.dir, "
+                                    "or add resume=auto to go on with them; no job has run")
                 if cfg.resume or cfg.init_from:  # checked with the files they name, when the job starts
                     continue
                 try:

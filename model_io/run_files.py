@@ -5,6 +5,7 @@ kept, checkpoints/step_000250.pt. Found without loading torch (the Attention tab
 TensorBoard's start); only "latest" reads a checkpoint's step, and what is inside a file is
 model_io/checkpoint.py's business."""
 
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -121,9 +122,14 @@ def run_facts(run_dir: Path) -> tuple[int, str | None]:
 
 def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:
     """The checkpoint a run goes on from; None: a new run. With resume=auto, and in processes
-    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one."""
+    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one. A new
+    run is refused a run dir that holds another run's: it would overwrite that run's checkpoints."""
     if (resume == AUTO or restarted) and (run_dir / LAST).is_file():
         return run_dir / LAST
+    if resume is None and (run_dir / LAST).is_file():
+        shown = os.path.relpath(run_dir)
+        raise UserError(f"{shown} already holds a run ({LAST}), which a new run there would overwrite; go on with "
+                        f"it with resume={shown} (or resume=auto), or give the new run another hydra.run.dir")
     if resume in (None, AUTO):
         return None
     return resolve_resume(resume)

@@ -352,6 +352,16 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_and_the_code_never_runs(ten
         assert not marker.exists(), script
 
 
+def test_a_new_run_is_refused_a_run_dir_that_holds_a_run(ten_step_run):
+    # hydra.run.dir=<a run> without resume= (resume.md's command with resume=auto forgotten) overwrote its checkpoints.
+    before = {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()}
+    refused = run_cli("train.py", *tiny_run(SHORT_RUN, **{"hydra.run.dir": "run"}), cwd=ten_step_run.parent)
+    assert refused.returncode == 2
+    assert refused.stderr == ("error: run already holds a run (ckpt_last.pt), which a new run there would overwrite; "
+                              "go on with it with resume=run (or resume=auto), or give the new run another hydra.run.dir\n")
+    assert {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()} == before
+
+
 def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_run):
     before = {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()}
     refused = run_cli("train.py", "resume=run", "model.n_layer=3", "train.max_steps=20", cwd=ten_step_run.parent)

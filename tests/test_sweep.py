@@ -9,10 +9,14 @@ from tests.helpers import assert_one_error_line, read_events, run_cli, tiny_run
 pytestmark = pytest.mark.slow  # a multirun of training runs
 
 
-def test_a_sweep_makes_one_run_dir_per_value(tmp_path):
-    result = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "1,2", "train.max_steps": 4, "train.eval_interval": 4,
-                                                    "hydra.sweep.dir": "sweep"}), cwd=tmp_path)
+def test_a_sweep_makes_one_run_dir_per_value_and_a_second_sweep_there_is_refused(tmp_path):
+    sweep = tiny_run(**{"model.n_head": "1,2", "train.max_steps": 4, "train.eval_interval": 4, "hydra.sweep.dir": "sweep"})
+    result = run_cli("train.py", "-m", *sweep, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+    saved = {path: path.read_bytes() for path in (tmp_path / "sweep").rglob("*") if path.is_file()}
+    again = run_cli("train.py", "-m", *sweep, cwd=tmp_path)  # the same sweep dir: its runs would be overwritten
+    assert_one_error_line(again, "error: hydra.sweep.dir=sweep already holds runs (sweep/0/ckpt_last.pt, ...), which ")
+    assert {path: path.read_bytes() for path in (tmp_path / "sweep").rglob("*") if path.is_file()} == saved
     runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert runs == ["0", "1"]
     for run, n_head in (("0", 1), ("1", 2)):
