@@ -24,7 +24,7 @@ from data.tokenizer import Tokenizer
 from model import GPT
 from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
-from model_io.run_files import resolve_checkpoint
+from model_io.run_files import BEST, LAST, resolve_checkpoint
 from user_error import UserError
 
 
@@ -66,7 +66,7 @@ def write_hf_folder(model: GPT, tokenizer: Tokenizer, folder: Path) -> None:
 
 def check_out(out: Path, checkpoint: Path, force: bool) -> None:
     """UserError unless out may be written: a new or empty folder, or (force) one that holds neither
-    the checkpoint nor the working folder."""
+    the checkpoint, nor the working folder, nor a run (another run's dir is a likely slip of the finger)."""
     if out.exists() and not out.is_dir():
         raise UserError(f"out={out} is a file; give a folder that is new or empty")
     if Path.cwd().is_relative_to(out.resolve()):
@@ -75,6 +75,9 @@ def check_out(out: Path, checkpoint: Path, force: bool) -> None:
         return
     if checkpoint.resolve().is_relative_to(out.resolve()):
         raise UserError(f"out={out} holds the checkpoint being exported ({checkpoint}); give another folder")
+    if run := next((path for name in (LAST, BEST) for path in out.rglob(name)), None):
+        raise UserError(f"out={out} holds a run ({run}), which force=true would delete with it; give a folder of "
+                        "its own to the export")
     if not force:
         raise UserError(f"out={out} is not empty; give a new or empty folder, or add force=true to replace it "
                         f"and everything in it")

@@ -21,7 +21,7 @@ from model.generation import terminal_text
 from model.gpt import eval_mode
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_from_hf
-from model_io.run_files import BEST
+from model_io.run_files import BEST, LAST
 from tests.helpers import TINY_GPT2_VOCAB, run_cli, tiny_gpt2, tiny_run
 
 pytestmark = pytest.mark.slow  # every test exports runs trained (or built) by the module's fixtures
@@ -237,6 +237,13 @@ def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_f
     result = run_cli("export.py", f"run={run}", "out=.", "force=true", cwd=work)
     assert result.returncode == 2 and "holds the working folder" in result.stderr, result.stdout + result.stderr
     assert [p.name for p in work.iterdir()] == ["notes.txt"]
+    # Nor another run's dir, nor a folder of runs (out=outputs/<date> where out=exported/<name> was meant).
+    other = tmp_path / "runs" / "other"
+    other.mkdir(parents=True)
+    shutil.copy(pretrained_run / BEST, other / LAST)
+    for out in (other, other.parent):
+        assert f"out={out} holds a run ({other / LAST}), which force=true would delete" in refusal(run, out, "force=true")
+    assert [p.name for p in other.iterdir()] == [LAST]
 
 
 def test_an_export_that_fails_midway_leaves_the_old_folder_and_no_half_written_one(pretrained_run: Path, tmp_path: Path) -> None:
