@@ -349,7 +349,7 @@ def resolve_pretrained(name_or_folder: str | Path, cache_dir: Path | None = None
     folder = Path(name_or_folder).expanduser()
     try:
         validate_repo_id(str(name_or_folder))
-        is_repo_id = not folder.is_dir()
+        is_repo_id = not folder.exists()  # a file here (init_from=book.txt) is a slip, not a name on the Hub
     except HFValidationError:
         is_repo_id = False
     if not is_repo_id:

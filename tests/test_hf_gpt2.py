@@ -227,10 +227,14 @@ def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_weights_folder: Path, tmp_
     assert f"{folder / 'config.json'} has {words}" in one_line_error(gpt_from_hf, folder)
 
 
-def test_a_local_folder_resolves_to_itself_and_a_missing_path_is_named(gpt2_weights_folder: Path, tmp_path: Path) -> None:
+def test_a_local_folder_resolves_to_itself_and_a_missing_path_or_a_file_is_named(gpt2_weights_folder: Path, tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_pretrained(str(gpt2_weights_folder)) == gpt2_weights_folder
     message = one_line_error(resolve_pretrained, str(tmp_path / "nowhere"))
     assert "is neither a folder here nor a Hugging Face Hub repo id" in message and message.endswith("; check the path")
+    monkeypatch.chdir(tmp_path)
+    Path("book.txt").write_text("Once upon a time")  # a name a Hub repo id could have: a file here all the same
+    assert one_line_error(resolve_pretrained, "book.txt").startswith("book.txt is not a folder: a Hugging Face model folder holds")
 
 
 @pytest.mark.parametrize("no_hub", ["HF_HUB_OFFLINE=1", "an endpoint that refuses"])
