@@ -34,6 +34,7 @@ from cli.run_dir import RunRecord
 from cli.run_spec import run_spec
 from data.batches import get_batch
 from data.token_cache import TokenData
+from data.tokenizer import Tokenizer
 from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import Checkpoint
@@ -101,6 +102,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
         if finished(spec, checkpoint):  # resume=auto, or a restart, found nothing left to do
             return checkpoint.best_val_loss
         ranks, precision, data, model = build_data_and_model(spec)
+        if checkpoint is not None:
+            check_same_tokenizer(data.tokenizer, checkpoint, cfg.resume)
         if spec.debug == "shapes":  # the shape walk of this model instead of a run
             show_shapes(spec, ranks, data, model)
             return math.nan
@@ -139,6 +142,17 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
     say_where_it_starts(spec, cfg.resume, checkpoint, changes, os.path.relpath(run_dir), restarted)
     return spec, plain_config(cfg), checkpoint
+
+
+def check_same_tokenizer(tokenizer: Tokenizer, checkpoint: Checkpoint, resume: str | None) -> None:
+    """A resumed run's corpus is tokenised again (or read from the token cache): UserError, before the
+    run is written to, if that gives another tokenizer than the run's, whose ids its weights learnt."""
+    with said_once_per_machine():
+        if tokenizer.state() != checkpoint.build_tokenizer().state():
+            asked = f"resume={resume}" if resume else "resume"  # (a torchrun restart resumes without resume=)
+            raise UserError(f"{asked}: the tokenizer the corpus gives now differs from the one this run was trained "
+                            "with (the text of data.path, or the folder its tokenizer came from, changed since); give "
+                            "the run its corpus as it was, or start a new run")
 
 
 def finished(spec: RunSpec, checkpoint: Checkpoint | None) -> bool:

@@ -266,7 +266,7 @@ def test_resume_auto_goes_on_with_the_run_in_its_dir_or_starts_one_there(ten_ste
     assert [step for step, _ in scalars(workdir / "new", "loss/val")] == [0, 2]  # each once, from the new start
 
 
-def test_a_run_on_your_own_text_resumes_where_it_stopped(tmp_path):
+def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text(tmp_path):
     # The stories' own keys (data.names, data.word_games) were once added to every resumed run's
     # config, and a run of text files, refused, could not go on at all.
     (tmp_path / "book.txt").write_text("".join(generate_stories(7, 30_000)))
@@ -276,6 +276,13 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming run at step 10; train.max_steps 10 -> 12" in resumed.stdout
     assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").step == 12
+    # The text changed since: its tokenizer would be another (other merges, other ids), and was taken silently.
+    (tmp_path / "book.txt").write_text("".join(generate_stories(8, 30_000)).replace("b", "q"))
+    before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
+    changed = run_cli("train.py", "resume=run", "train.max_steps=14", cwd=tmp_path)
+    assert changed.returncode == 2
+    assert changed.stderr.startswith("error: resume=run: the tokenizer the corpus gives now differs from the one this run")
+    assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
 
 
 def checkpoint_bytes(run_dir: Path) -> dict[str, bytes]:
