@@ -105,8 +105,9 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
     assert ids == tokenizer.encode(text)
     assert their_tokenizer.decode(ids) == text
 
-    # sample.py starts after <|endoftext|> and writes past one; generate stops at one unless told not to.
-    idx = torch.tensor([[tokenizer.eot_id, *tokenizer.encode(PROMPT)]])  # (1, T)
+    # sample.py starts after the start token (<|endoftext|> here) and writes past an <|endoftext|>; generate
+    # stops at one unless told not to. As docs/export.md gives it, with the exported tokenizer's ids alone.
+    idx = torch.tensor([[their_tokenizer.bos_token_id, *their_tokenizer(PROMPT, add_special_tokens=False).input_ids]])
     generated = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=NEW_TOKENS,
                                 do_sample=False, eos_token_id=None)  # (1, T + NEW_TOKENS)
     sampled = run_cli("sample.py", f"run={run}", f"prompt={PROMPT}", f"max_new_tokens={NEW_TOKENS}",
