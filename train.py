@@ -34,7 +34,7 @@ from cli.run_dir import RunRecord
 from cli.run_spec import run_spec
 from data.batches import get_batch
 from data.token_cache import TokenData
-from data.tokenizer import Tokenizer
+from data.tokenizer import Tokenizer, encoded_if_writable
 from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import Checkpoint
@@ -191,7 +191,9 @@ def report(run: Run, figures: Figures) -> None:
     shown = run.shown_dir
     log.info(f"done: best val loss {figures.best_val_loss:.4f}; checkpoints, logs and TensorBoard events in {shown}")
     log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown) or '.'}")
-    log.info(f"  sample: .venv/bin/python sample.py run={shown} prompt='Once upon a time'")
+    example = "Once upon a time"  # unless a character tokenizer's corpus lacks one of its letters
+    prompt = f" prompt='{example}'" if encoded_if_writable(run.data.tokenizer, example) else ""
+    log.info(f"  sample: .venv/bin/python sample.py run={shown}{prompt}")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,14 @@ class Tokenizer(Protocol):
     def state(self) -> dict[str, Any]: ...
 
 
+def encoded_if_writable(tokenizer: Tokenizer, text: str) -> list[int]:
+    """text's ids, or [] where tokenizer cannot write it (a character tokenizer, a character it never saw)."""
+    try:
+        return tokenizer.encode(text)
+    except UserError:
+        return []
+
+
 def special_ids(tokenizer: Tokenizer) -> set[int]:
     """The ids plain text never encodes to: the end of text and the start token (one id, or Llama 3's two)."""
     return {tokenizer.eot_id, tokenizer.bos_id}

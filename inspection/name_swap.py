@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from data.stories import FEMALE_NAMES
-from data.tokenizer import Tokenizer
+from data.tokenizer import Tokenizer, encoded_if_writable
 from inspection.patching import Metric, logit_difference
 from user_error import UserError
 
@@ -39,14 +39,6 @@ def one_token_names(tokenizer: Tokenizer, names: Iterable[str] = FEMALE_NAMES) -
     """The names that are one token each with a space before them, as they stand in a sentence (none
     that the tokenizer cannot write: a character tokenizer of a corpus without their letters)."""
     return [name for name in names if len(encoded_if_writable(tokenizer, " " + name)) == 1]
-
-
-def encoded_if_writable(tokenizer: Tokenizer, text: str) -> list[int]:
-    """text's ids, or [] where tokenizer cannot write it (a character tokenizer, a character it never saw)."""
-    try:
-        return tokenizer.encode(text)
-    except UserError:
-        return []
 
 
 def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY) -> NameSwap:

@@ -196,6 +196,7 @@ def test_ctrl_c_under_torchrun_saves_once_at_the_step_it_names_and_leaves_no_glo
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
     assert stopped, output
     assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
+    assert "Resume with: the same torchrun command (2 processes), with resume=stopped" in output  # not one process's
     # A stopped run leaves the group as a finished one does: gloo's threads left to the process's exit
     # now and then held a rank there until torchrun killed it, 30 s after the Ctrl-C.
     assert gloo_threads_left(output) == [("0", "[]"), ("1", "[]")], output

@@ -4,6 +4,7 @@ and a run on character tokens that logs, learns and samples as the default BPE r
 import pytest
 import torch
 
+from data.stories import generate_stories
 from tests.helpers import (
     assert_one_error_line,
     last_values,
@@ -64,3 +65,13 @@ def test_a_tiny_char_run_trains_logs_labelled_maps_and_samples(tmp_path):
     assert sampled.stdout.startswith("Once upon") and len(sampled.stdout.rstrip("\n")) >= len("Once upon") + 20
     unknown = run_cli("sample.py", f"run={run_dir}", "prompt='Once upon a time ☃'", cwd=tmp_path)
     assert_one_error_line(unknown, "never saw in training: '☃'")  # a character outside the char vocabulary
+    assert "  sample: .venv/bin/python sample.py run=run prompt='Once upon a time'\n" in result.stdout  # the last lines
+
+
+def test_the_closing_hint_leaves_out_a_prompt_the_runs_characters_cannot_write(tmp_path):
+    (tmp_path / "book.txt").write_text("".join(generate_stories(3, 30_000)).lower())  # no capital O
+    lower = {"tokenizer": "char", "data": "text", "data.path": "book.txt", "data.n_chars": None, "train.max_steps": 2,
+             "train.eval_interval": 2, "train.attn_log_interval": 0, "train.sample_interval": 0, "hydra.run.dir": "run"}
+    result = run_cli("train.py", *tiny_run(lower), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("  sample: .venv/bin/python sample.py run=run\n")  # a command that runs as printed

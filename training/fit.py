@@ -73,8 +73,10 @@ def fit(run: Run, state: TrainState) -> Figures:
                 book.catch_up()
                 saver.save(LAST, state, evaluated=False)
                 tb.close()
+                again = (f".venv/bin/python train.py resume={run.shown_dir}" if ranks.world_size == 1 else
+                         f"the same torchrun command ({ranks.world_size} processes), with resume={run.shown_dir}")
                 log.info(f"stopped by {signal.Signals(stop_signal).name} after step {state.step}; saved "
-                         f"{run.shown_dir}/{LAST}. Resume with: .venv/bin/python train.py resume={run.shown_dir}")
+                         f"{run.shown_dir}/{LAST}. Resume with: {again}")
                 raise SystemExit(128 + stop_signal)
     tb.hparams(hyperparameters(saver.config, ranks.world_size), {"hparams/best_val_loss": state.best_val_loss})
     tb.close()
