@@ -64,6 +64,14 @@ def test_a_sweep_a_config_file_gives_is_checked_before_any_job_runs(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
+def test_resume_auto_in_a_sweep_needs_a_named_sweep_dir(tmp_path):
+    # The default hydra.sweep.dir is new at every start: resume=auto would start every job afresh each time.
+    result = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "1,2", "resume": "auto"}), cwd=tmp_path)
+    assert_one_error_line(result, "error: resume=auto in a sweep goes on with the runs in hydra.sweep.dir, a new folder "
+                                  "each time unless you name it: add hydra.sweep.dir=<folder>")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path, monkeypatch):
     # As torchrun starts each process: WORLD_SIZE set (here in-process, this process as the first).
     monkeypatch.setenv("WORLD_SIZE", "2")
