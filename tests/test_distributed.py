@@ -140,7 +140,7 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
                       preexec_fn=limit_file_size(150_000))
     assert result.returncode != 0
     assert "error: could not save run/ckpt_best.pt (File too large)" in result.stderr
-    assert "rank 1 lost contact with the other processes: one of them stopped" in result.stderr
+    assert "rank 1 lost contact with the other processes: one of them stopped" in result.stderr, result.stderr
     assert "[rank" not in result.stderr  # no rank died of an uncaught exception (torch prefixes their tracebacks)
     assert not (tmp_path / "run" / "ckpt_best.pt").exists()
 
