@@ -152,12 +152,19 @@ def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits
     torch.testing.assert_close(bf16.predictions.log_probs.float(), fp32.predictions.log_probs, atol=0.15, rtol=0.03)
 
 
-@pytest.mark.slow
-def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_numbers(trained_run):
+def counting_forwards(trained_run):
+    """The run's best model as the tab holds it, and a list that grows by one at each of its forwards."""
     model, tokenizer = Checkpoint.load(trained_run / "ckpt_best.pt").build_model()
     loaded = LoadedModel(model, tokenizer, trained_run / "ckpt_best.pt", 0, (0, 0), model_bytes(model))
     forwards = []
     model.lm_head.register_forward_hook(lambda *_: forwards.append(1))
+    return loaded, forwards
+
+
+@pytest.mark.slow
+def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_numbers(trained_run):
+    loaded, forwards = counting_forwards(trained_run)
+    model, tokenizer = loaded.model, loaded.tokenizer
     text = "Once upon a time, there was a boy named Leo. One day, Leo"
     loaded.read(text, [])
     assert len(forwards) == 1
@@ -173,10 +180,8 @@ def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_
 
 @pytest.mark.slow
 def test_knocking_heads_out_on_the_repeated_tokens_also_runs_one_forward_with_the_same_numbers(trained_run):
-    model, tokenizer = Checkpoint.load(trained_run / "ckpt_best.pt").build_model()
-    loaded = LoadedModel(model, tokenizer, trained_run / "ckpt_best.pt", 0, (0, 0), model_bytes(model))
-    forwards = []
-    model.lm_head.register_forward_hook(lambda *_: forwards.append(1))
+    loaded, forwards = counting_forwards(trained_run)
+    model, tokenizer = loaded.model, loaded.tokenizer
     loaded.read_repeated(8, 3, [])
     knocked = loaded.read_repeated(8, 3, [(1, 0)])
     assert len(forwards) == 2  # the knocked-out model's forward only: the intact numbers were kept
