@@ -20,7 +20,7 @@ from user_error import UserError
 
 # Patching's layers x positions grid runs a forward of the prompt per layer and position: 64 tokens
 # take about 1 s on the default model (docs/speed.md), and the tab answers one request at a time.
-MAX_PATCH_TOKENS = 64
+MAX_PATCH_TOKENS = 64  # the prompt's own tokens, as the user counts them: <eot> before them is one more
 Source = dict  # the tokens a tool reads: {"text": str}, or {"n": int | None, "seed": int} for the repeated tokens
 
 
@@ -111,13 +111,14 @@ def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_ou
 
 def prompt_ids(loaded: LoadedModel, text: str, which: str) -> torch.Tensor:
     """(1, T): the start token and the prompt's ids; UserError naming the prompt, and for more than
-    MAX_PATCH_TOKENS (patching runs a forward of the prompt for each layer and position)."""
+    MAX_PATCH_TOKENS of its own (patching runs a forward of the prompt for each layer and position).
+    Every message counts the prompt's tokens without the start token, as the user typed them."""
     try:
         ids = text_ids(loaded.tokenizer, text, loaded.model.config.block_size)
     except UserError as err:
         raise UserError(f"the {which} prompt: {err}") from None
-    if len(ids) > MAX_PATCH_TOKENS:
-        raise UserError(f"the {which} prompt is {len(ids)} tokens, <eot> included; the tab patches at most {MAX_PATCH_TOKENS} "
+    if len(ids) - 1 > MAX_PATCH_TOKENS:
+        raise UserError(f"the {which} prompt is {len(ids) - 1} tokens; the tab patches at most {MAX_PATCH_TOKENS} "
                         "(a forward of the prompt for each layer and position): shorten it, or call "
                         "inspection.patching.patch_residual from Python")
     return torch.tensor([ids], device=next(loaded.model.parameters()).device)
@@ -157,7 +158,7 @@ def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, toke
                       position) taken from the clean run restores: 0 nothing, 1 all
         residual      [L][T]: the same for the residual stream entering layer l, at one position"""
     clean_idx, corrupted_idx = prompt_ids(loaded, clean, "clean"), prompt_ids(loaded, corrupted, "corrupted")
-    if clean_idx.shape != corrupted_idx.shape:  # counted as the user sees them: without the start token before each
+    if clean_idx.shape != corrupted_idx.shape:  # counted as prompt_ids counts them: without the start token
         raise UserError(f"the clean prompt is {clean_idx.shape[1] - 1} tokens and the corrupted one {corrupted_idx.shape[1] - 1}: "
                         "patching swaps activations position by position, so give prompts of the same length")
     target = typed_token(loaded, token, "token")

@@ -80,9 +80,15 @@ def token_direction(model: GPT, token: Tokens, other: Tokens | None, B: int) -> 
     """The LM head's row of token, less other's when given: (B, C), one per row of the batch.
     A logit (difference) is this direction's dot product with the final norm's output."""
     W_U = model.lm_head.weight  # (V, C)
-    direction = W_U[token_ids(token, W_U.shape[0], B).to(W_U.device)]  # (B, C)
+    tokens = token_ids(token, W_U.shape[0], B)  # (B,)
+    direction = W_U[tokens.to(W_U.device)]  # (B, C)
     if other is not None:
-        direction = direction - W_U[token_ids(other, W_U.shape[0], B, "other").to(W_U.device)]  # (B, C)
+        others = token_ids(other, W_U.shape[0], B, "other")  # (B,)
+        if bool((others == tokens).any()):
+            same = int(tokens[others == tokens][0])
+            raise UserError(f"token and other are both id {same}: a logit less itself is 0, whoever wrote it; "
+                            "give other the token the answer competes with")
+        direction = direction - W_U[others.to(W_U.device)]  # (B, C)
     return direction
 
 
@@ -126,6 +132,7 @@ def logit_attribution(model: GPT, idx: torch.Tensor, position: int, token: Token
     """Each part's direct share of the logit of `token` at `position` of idx (B, T), or of the
     difference token - other: the part through the final norm (its scale frozen at the
     forward's) and the LM head. The final norm's own bias joins "bias"."""
+    model.check_token_ids(idx)
     B, T = idx.shape
     position = check_position(position, T)
     direction = token_direction(model, token, other, B)  # (B, C)

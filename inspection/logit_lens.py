@@ -46,6 +46,10 @@ class LensSummary:
 def lens_summary(model: GPT, idx: torch.Tensor, k: int = 5) -> LensSummary:
     """The lens on one sequence idx (1, T), layer by layer, for the token that really came next
     at each position and the top k."""
+    model.check_token_ids(idx)
+    if idx.shape[0] != 1:
+        raise ValueError(f"lens_summary reads one sequence, idx of shape (1, T); got {tuple(idx.shape)}: "
+                         "give one row, idx[i:i + 1], or logit_lens for the whole batch")
     next_ids = idx[0, 1:]  # (T - 1,)
     log_probs, ranks, top_ids, top_probs = [], [], [], []
     for layer_log_probs in lens_layers(model, idx):

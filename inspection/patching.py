@@ -94,10 +94,12 @@ def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
     if clean.dim() != 2 or corrupted.dim() != 2:
         raise UserError(f"clean and corrupted are token ids of shape (B, T), not {tuple(clean.shape)} and "
                         f"{tuple(corrupted.shape)}")
-    if clean.shape != corrupted.shape:
-        raise UserError(f"the clean prompt has {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}"
-                        f"{'' if clean.shape[0] == corrupted.shape[0] else f' (rows: {clean.shape[0]} and {corrupted.shape[0]})'}: "
+    if clean.shape[1] != corrupted.shape[1]:
+        raise UserError(f"the clean prompt has {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}: "
                         "patching swaps activations position by position, so give prompts of the same length")
+    if clean.shape[0] != corrupted.shape[0]:
+        rows = [f"{n} prompt{'' if n == 1 else 's'}" for n in (clean.shape[0], corrupted.shape[0])]
+        raise UserError(f"clean holds {rows[0]} and corrupted {rows[1]}: row i of each makes a pair, so give as many of each")
 
 
 @torch.no_grad()

@@ -289,13 +289,16 @@ class GPT(HookedModel):
 
     def check_token_ids(self, idx: torch.Tensor) -> None:
         """ValueError, in one line, for what a learner may hand the model by mistake: not a (B, T)
-        batch, no tokens, an id outside the vocabulary. The shape costs nothing to check; the ids
-        are checked where they are on the CPU (on a GPU the check would wait for it) and outside a
-        compile (whose graph it would break)."""
+        batch, no tokens, not integers, an id outside the vocabulary. The shape and dtype cost nothing
+        to check; the ids are checked where they are on the CPU (on a GPU the check would wait for
+        it) and outside a compile (whose graph it would break)."""
         if idx.dim() != 2 or idx.shape[1] == 0:
             hint = ": one text is idx[None], a batch of 1" if idx.dim() == 1 and idx.numel() else ""
             raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1; got shape {tuple(idx.shape)}{hint}")
-        if idx.device.type == "cpu" and not torch.compiler.is_compiling() and not idx.is_floating_point():
+        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            raise ValueError(f"idx must be integer token ids (torch.long); got {idx.dtype}: "
+                             "tokenizer ids go in as torch.tensor(ids)")
+        if idx.device.type == "cpu" and not torch.compiler.is_compiling():
             low, high = torch.aminmax(idx)
             if low < 0 or high >= self.config.vocab_size:
                 bad = int(low) if low < 0 else int(high)
@@ -340,8 +343,9 @@ class GPT(HookedModel):
         """fwd_hooks that knock out each (layer, head) of heads: its output z is zeroed before
         its layer merges the heads, so the model runs as if the head were not there. Use them
         with hooks(), run_with_hooks() or run_with_cache(); every pair is checked here."""
-        heads = set(heads)
+        heads = list(heads)
         self.check_heads(heads)
+        heads = {(int(layer), int(head)) for layer, head in heads}  # a pair given twice is knocked out once
         by_layer: dict[int, list[int]] = {}
         for layer, head in sorted(heads):
             by_layer.setdefault(layer, []).append(head)
@@ -349,16 +353,22 @@ class GPT(HookedModel):
 
     def check_heads(self, heads: Iterable[tuple[int, int]],
                     spelt: Callable[[int, int], str] = lambda layer, head: f"({layer}, {head})") -> None:
-        """ValueError unless every element of heads is a (layer, head) pair of this model. The
-        message names the first that is not, spelt as its caller writes a pair (the tab: 2:0)."""
+        """ValueError unless every element of heads is a (layer, head) pair of whole numbers (a
+        tuple, or a list as JSON gives it) of this model. The message names the first that is not,
+        spelt as its caller writes a pair (the tab: 2:0)."""
         n_layer, n_head = self.config.n_layer, self.config.n_head
         for pair in heads:
-            if not (isinstance(pair, tuple) and len(pair) == 2):
-                raise ValueError(f"heads are (layer, head) pairs, e.g. {{(0, 1)}}; got {pair!r}")
+            if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(map(is_whole_number, pair))):
+                raise ValueError(f"heads are (layer, head) pairs of whole numbers, e.g. {{(0, 1)}}; got {pair!r}")
             layer, head = pair
             if layer not in range(n_layer) or head not in range(n_head):
                 missing = f"no layer {layer} (in {spelt(layer, head)})" if layer not in range(n_layer) else f"no head {head} in layer {layer}"
                 raise ValueError(f"{missing}: this model has layers 0 to {n_layer - 1} and heads 0 to {n_head - 1}")
+
+
+def is_whole_number(value: object) -> bool:
+    """An int (a tensor's or numpy's too), not a bool or a float: what a layer or head number is."""
+    return not isinstance(value, bool) and hasattr(value, "__index__") and getattr(value, "ndim", 0) == 0
 
 
 def zero_heads(heads: list[int]) -> HookFn:

@@ -50,6 +50,10 @@ class HookPoint:
                     got = f"shape {tuple(replaced.shape)}" if isinstance(replaced, torch.Tensor) else type(replaced).__name__
                     raise ValueError(f"the function at {self.name} returned {got}: it must return None or a tensor "
                                      f"of the activation's shape {tuple(activation.shape)}")
+                if (replaced.dtype, replaced.device) != (activation.dtype, activation.device):
+                    raise ValueError(f"the function at {self.name} returned a {replaced.dtype} tensor on "
+                                     f"{replaced.device}: the model goes on with {activation.dtype} on "
+                                     f"{activation.device}, so return .to(activation)")
                 activation = replaced
         return activation
 
@@ -186,7 +190,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if layer is None:
             candidates = [f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
         else:
-            layer = layer % len(self.model.blocks) if layer < 0 else layer
+            n_layer = len(self.model.blocks)
+            if not -n_layer <= layer < n_layer:  # as a list's index: -1 is the last layer, -n_layer the first
+                raise KeyError(f"layer {layer} of {key!r} is not in this model: its {n_layer} layers are 0 to "
+                               f"{n_layer - 1} (or -{n_layer} to -1 from the end)")
+            layer = layer % n_layer
             candidates = [f"blocks.{layer}.{part}hook_{short}" for part in ("", "attn.", "mlp.", "ln1.", "ln2.")]
         for name in candidates:
             if name in known:

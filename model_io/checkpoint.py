@@ -165,6 +165,11 @@ class WriteErrorKeeper:
 def read_file(path: Path, map_location: str | torch.device, mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist: give the path of a checkpoint file (ckpt_best.pt or ckpt_last.pt "
+                        "in a run dir)") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a checkpoint file: give the ckpt_best.pt or ckpt_last.pt in it") from None
     except PermissionError as err:  # the file is there, but not for us to read
         raise UserError(f"could not read {path} ({err.strerror or err})") from None
     except Exception as err:  # a broken file fails in many ways (zip, unpickler, storage): all mean the same

@@ -64,10 +64,17 @@ def where_runs_are(key: str, folder: Path, needs: tuple[str, ...] = (BEST, LAST)
         runs = sorted((child for child in folder.iterdir() if any((child / name).is_file() for name in needs)), key=in_order)
     except OSError:  # a folder this user may not read
         runs = []
+    if not runs and is_run_dir(folder):
+        return "it is a run dir that has saved none yet: a run saves them at its first evaluation (train.eval_interval)"
     if not runs:
         return f"point {key}= at a training run dir or a .pt file"
     names = ", ".join(child.name for child in runs[:4]) + (", ..." if len(runs) > 4 else "")
     return f"it holds {len(runs)} run dir{'s' if len(runs) > 1 else ''} ({names}): give one, e.g. {key}={runs[0]}"
+
+
+def is_run_dir(folder: Path) -> bool:
+    """Whether folder is a training run's dir (train.py writes its config there first), saved or not."""
+    return (folder / ".hydra" / "config.yaml").is_file()
 
 
 def is_trained(steps: int, init_from: str | None) -> bool:
@@ -93,6 +100,11 @@ def resolve_checkpoint(run: str) -> Path:
     if run == "latest":
         found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
         if not found:
+            started = [p.parent.parent for root in RUN_ROOTS for p in Path(root).glob("**/.hydra/config.yaml")]
+            if started:
+                newest = max(started, key=lambda run_dir: run_dir.stat().st_mtime)
+                raise UserError(f"run=latest found no checkpoint under outputs/ or multirun/: the newest run, {newest}, has "
+                                "saved none yet (a run saves one at its first evaluation, train.eval_interval)")
             raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
         written = {}  # run dir -> when its newest checkpoint was written
         for path in found:

@@ -4,6 +4,7 @@ to date; and loading a model for sampling, the tab or an export needs the weight
 the tokenizer, never the loop or the config schema."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -93,6 +94,10 @@ def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
     torch.save({"weights": torch.zeros(2)}, foreign)
     with pytest.raises(UserError, match="not a checkpoint of this project"):
         Checkpoint.load(foreign)
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path / 'none.pt'} does not exist: give the path of a checkpoint file")):
+        Checkpoint.load(tmp_path / "none.pt")  # not "truncated": there is no file
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path} is a folder, not a checkpoint file: give the ckpt_best.pt")):
+        Checkpoint.load(tmp_path)
 
 
 def test_an_older_checkpoints_run_state_is_brought_up_to_date_in_one_place():

@@ -141,3 +141,22 @@ def test_the_hooks_pages_example_runs_on_a_trained_run(trained_run, tmp_path, mo
     assert names["results"].shape[0] == len(names["labels"]) == 4  # 2 layers x 2 heads
     assert set(names["cache"]) == {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"}
     assert not names["model"].has_hooks()
+
+
+def test_a_cache_refuses_a_layer_the_model_lacks_counting_from_either_end():
+    model = tiny_gpt()  # 2 layers
+    _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long))
+    assert cache["pattern", -1] is cache["pattern", 1] and cache["pattern", -2] is cache["pattern", 0]  # as a list's index
+    for layer in (2, -3):  # -3 once wrapped round to layer 1
+        with pytest.raises(KeyError, match=re.escape(f"layer {layer} of ('pattern', {layer}) is not in this model: its 2 "
+                                                     "layers are 0 to 1 (or -2 to -1 from the end)")):
+            cache["pattern", layer]
+
+
+def test_a_function_that_returns_another_dtype_is_one_line_naming_its_point():
+    model = tiny_gpt()
+    to_double = lambda z, hook: z.double()  # noqa: E731
+    with pytest.raises(ValueError, match="^" + re.escape("the function at blocks.0.attn.hook_z returned a torch.float64 tensor on "
+                                                         "cpu: the model goes on with torch.float32 on cpu, so return .to(activation)")):
+        model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[("blocks.0.attn.hook_z", to_double)])
+    assert not model.has_hooks()

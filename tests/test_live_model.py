@@ -199,9 +199,9 @@ def test_the_tab_patches_prompts_of_at_most_its_bound_and_says_so_in_one_line(tm
     save_circuit(tmp_path / "circuit")
     loaded = ModelCache(2**30).get(tmp_path / "circuit", "circuit")
     monkeypatch.setattr(tools, "MAX_PATCH_TOKENS", 7)  # the circuit reads 40 tokens: the bound, made smaller
-    assert tools.patch_answer("circuit", loaded, "abcdab", "abXdab", "c", "X")["heads"]  # 7 tokens with <eot>: patched
+    assert tools.patch_answer("circuit", loaded, "abcdeab", "abXdeab", "c", "X")["heads"]  # 7 tokens (8 with <eot>): patched
     with pytest.raises(UserError) as caught:
-        tools.patch_answer("circuit", loaded, "abcdeab", "abXdeab", "c", "X")
-    assert str(caught.value) == ("the clean prompt is 8 tokens, <eot> included; the tab patches at most 7 (a forward of the "
+        tools.patch_answer("circuit", loaded, "abcdefab", "abXdefab", "c", "X")
+    assert str(caught.value) == ("the clean prompt is 8 tokens; the tab patches at most 7 (a forward of the "
                                  "prompt for each layer and position): shorten it, or call inspection.patching.patch_residual "
                                  "from Python")

@@ -1,6 +1,8 @@
 """Direct logit attribution (inspection/logit_attribution.py): the parts add up to the model's own
 logit on every architecture, and on the hand-built circuit the head that copies writes the answer."""
 
+import re
+
 import pytest
 import torch
 
@@ -56,13 +58,16 @@ def test_on_the_circuit_the_induction_head_writes_the_copied_tokens_logit_and_no
     (0, [1, 2, 3], "token gives 3 token ids for a batch of 2: give one id, or one per row"),
     (0, " Leo", "token=' Leo' is text: give its token id, e.g. tokenizer.encode(' Leo')[0] for a text of one token"),
     (0, [3, " Leo"], "token=' Leo' is text: give its token id"),
+    (0, (3, 3), "token and other are both id 3: a logit less itself is 0, whoever wrote it"),  # (token, other)
 ])
 def test_a_bad_request_is_one_line_naming_the_value(position, token, message):
     with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")) as caught:
-        logit_attribution(tiny_gpt(), TOKENS, position, token)
+        logit_attribution(tiny_gpt(), TOKENS, position, *(token if isinstance(token, tuple) else (token,)))
     assert "\n" not in str(caught.value)
 
 
 def test_an_empty_sequence_is_one_line_saying_so():
-    with pytest.raises(UserError, match="^the sequence is empty: give at least one token$"):
+    with pytest.raises(ValueError, match=re.escape("idx must be token ids of shape (B, T) with T >= 1; got shape (2, 0)")):
         logit_attribution(tiny_gpt(), TOKENS[:, :0], -1, 3)
+    with pytest.raises(ValueError, match=re.escape("got shape (12,): one text is idx[None], a batch of 1")):
+        logit_attribution(tiny_gpt(), TOKENS[0], -1, 3)  # the model's own line, before the position is read

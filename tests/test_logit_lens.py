@@ -1,6 +1,8 @@
 """The logit lens (inspection/logit_lens.py): after the last layer it is the model's own output to
 the bit; after layer l it is what a model cut after layer l would say."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,3 +57,11 @@ def test_the_summary_gives_each_layers_rank_probability_and_top_tokens_of_the_ne
         assert torch.equal(summary.top_ids[layer], order)
         torch.testing.assert_close(summary.top_probs[layer], lens[layer].gather(1, order).exp())
     assert set(summary.next_rank.flatten().tolist()) != {1}  # not every token is top: ranks are really counted
+
+
+def test_the_summary_of_anything_but_one_row_of_ids_is_one_line():
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match=re.escape("lens_summary reads one sequence, idx of shape (1, T); got (2, 12)")):
+        lens_summary(model, TOKENS)  # every row but the first would be left out
+    with pytest.raises(ValueError, match=re.escape("got shape (12,): one text is idx[None]")):
+        lens_summary(model, TOKENS[0])

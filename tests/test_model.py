@@ -236,7 +236,8 @@ def test_a_sequence_longer_than_block_size_is_refused():
     (torch.tensor([1, 2, 3]), "idx must be token ids of shape (B, T) with T >= 1; got shape (3,): one text is idx[None], a batch of 1"),
     (torch.tensor([[1, 65]]), "token id 65 is not in this model's vocabulary: ids run from 0 to 64"),
     (torch.tensor([[-1, 2]]), "token id -1 is not in this model's vocabulary: ids run from 0 to 64"),
-], ids=["no tokens", "no batch", "past the vocabulary", "negative"])
+    (torch.tensor([[1.0, 2.0]]), "idx must be integer token ids (torch.long); got torch.float32: tokenizer ids go in as torch.tensor(ids)"),
+], ids=["no tokens", "no batch", "past the vocabulary", "negative", "floats"])
 def test_ids_the_model_cannot_read_are_one_line_naming_them(idx, message):
     # What a learner hands model(), run_with_cache() or the tools by mistake; torch's own errors
     # for these come from deep inside (an IndexError of the embedding, of idx.shape[1]).
@@ -422,13 +423,25 @@ def test_hooks_detach_every_function_after_the_block_even_on_error_and_save_noth
 @pytest.mark.parametrize(("heads", "message"), [
     ({(2, 0)}, "no layer 2 (in (2, 0)): this model has layers 0 to 1 and heads 0 to 1"),
     ({(0, 0), (0, -1)}, "no head -1 in layer 0: this model has layers 0 to 1 and heads 0 to 1"),
-    ((0, 1), "heads are (layer, head) pairs, e.g. {(0, 1)}; got 0"),
+    ((0, 1), "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got 0"),
+    ({(0.0, 1)}, "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (0.0, 1)"),  # 0.0 in range(2) holds
+    ([(True, 0)], "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (True, 0)"),
 ])
 def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_range(heads, message):
     model = tiny_gpt()
     with pytest.raises(ValueError, match=re.escape(message)):
         model.knock_out(heads)
     assert not model.has_hooks()
+
+
+def test_a_pair_of_heads_may_come_as_a_list_as_json_gives_it_and_twice_is_once():
+    model = tiny_gpt()
+    assert [name for name, _ in model.knock_out([[1, 0], (1, 0), (torch.tensor(1), 1)])] == ["blocks.1.attn.hook_z"]
+    idx = torch.arange(6).view(1, 6)
+    with model.hooks(model.knock_out([[1, 0]])):
+        from_list = model(idx)[0]
+    with model.hooks(model.knock_out({(1, 0)})):
+        torch.testing.assert_close(from_list, model(idx)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])

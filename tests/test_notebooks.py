@@ -4,11 +4,17 @@ as make notebook opens them, and are stored without outputs."""
 import re
 from pathlib import Path
 
+import matplotlib
 import nbformat
 import pytest
+import torch
 from nbclient import NotebookClient
 
-from tests.helpers import ROOT
+from inspection.heatmap import render_attention_map
+from tests.helpers import ROOT, tiny_gpt
+
+matplotlib.use("Agg")  # pictures drawn off screen: plt.show() then shows nothing
+from matplotlib import pyplot  # noqa: E402  (after the backend is chosen)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # What each notebook prints, and how many pictures it draws at least, when it ran to its end.
@@ -42,3 +48,22 @@ def test_each_notebook_runs_top_to_bottom_on_a_trained_run(path: Path, trained_r
     if path.name == "name_swap.ipynb":  # the direct shares add up to the metric they split, as the notebook prints them
         metric, total = re.search(r"metric (\S+); the shares add up to (\S+)", printed).groups()
         assert metric == total
+
+
+@pytest.mark.parametrize("options", [{}, {"n_kv_head": 1, "window": 3}, {"n_kv_head": 2, "n_head": 4, "window": 5, "pos": "rope",
+                                                                      "qk_norm": True}],
+                         ids=["every head its keys", "one key head, a window of 3", "grouped queries, rotary, QK-norm"])
+def test_look_insides_attention_by_hand_is_the_modules_with_grouped_queries_and_a_window(options):
+    # Section 2's cell as the notebook holds it, on the cache section 1 makes, for model shapes the
+    # notebook's own run (tests above) may not have: its assert compares the two.
+    notebook = nbformat.read(ROOT / "notebooks" / "look_inside.ipynb", as_version=4)
+    by_hand = next(cell.source for cell in notebook.cells if "by hand vs the module" in cell.source)
+    model = tiny_gpt(**options).eval()
+    idx = torch.randint(0, 65, (1, 14), generator=torch.Generator().manual_seed(0))  # (1, T), T past each window
+    with torch.no_grad():
+        _, cache = model.run_with_cache(idx)
+    names = {"model": model, "config": model.config, "cache": cache, "labels": [str(i) for i in idx[0].tolist()],
+             "torch": torch, "plt": pyplot, "render_attention_map": render_attention_map}
+    exec(compile(by_hand, "look_inside.ipynb, section 2", "exec"), names)
+    assert names["weights"].shape == (14, 14)
+    pyplot.close("all")

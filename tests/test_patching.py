@@ -101,11 +101,15 @@ def test_a_knock_outs_effect_is_what_the_metric_loses_without_the_head(circuit):
     (torch.zeros(1, 30, dtype=torch.long), None, "the clean prompt has 31 tokens and the corrupted one 30: patching "
      "swaps activations position by position, so give prompts of the same length"),
     ("same", None, "the metric is 12 on both prompts: there is nothing to restore"),
+    ("two rows", None, "clean holds 1 prompt and corrupted 2 prompts: row i of each makes a pair, so give as many of each"),
     (None, lambda logits: logits[:, -1, :2], "the metric gave a tensor of shape (1, 2), not one number"),
 ])
 def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
     model, clean, default_corrupted, default_metric = circuit
-    corrupted = clean if isinstance(corrupted, str) else default_corrupted if corrupted is None else corrupted
+    if isinstance(corrupted, str):
+        corrupted = clean if corrupted == "same" else default_corrupted.repeat(2, 1)  # "two rows"
+    elif corrupted is None:
+        corrupted = default_corrupted
     with pytest.raises(UserError) as caught:
         patch_heads(model, clean, corrupted, metric or default_metric)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
@@ -113,6 +117,7 @@ def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
 
 @pytest.mark.parametrize(("names", "message"), [
     (("", "B"), "a name is '': give two names, each one token for this run's tokenizer"),
+    (("A", "A"), "both names are 'A': swapped, the prompt is the same, so give two different names"),
     (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: no name of the stories is one token for it "
                   "(a char tokenizer spells every name out): use a BPE run"),
 ])

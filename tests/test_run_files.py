@@ -36,3 +36,20 @@ def test_a_sweeps_folder_given_as_a_run_names_the_run_dirs_inside_it(tmp_path):
     resumable = f"it holds 3 run dirs (0, 1, 10): give one, e.g. resume={sweep / '0'}"
     with pytest.raises(UserError, match="^" + re.escape(f"resume={sweep} has no ckpt_last.pt; {resumable}") + "$"):
         resolve_resume(str(sweep))
+
+
+def test_a_run_that_has_saved_nothing_yet_is_named_as_one_not_as_a_wrong_folder(tmp_path, monkeypatch):
+    # A run still before its first evaluation: train.py has written its config, no checkpoint yet.
+    monkeypatch.chdir(tmp_path)
+    young = tmp_path / "outputs" / "2026-01-01" / "10-00-00"
+    (young / ".hydra").mkdir(parents=True)
+    (young / ".hydra" / "config.yaml").write_text("model: {}\n")
+    saves = "saved none yet: a run saves them at its first evaluation (train.eval_interval)"
+    with pytest.raises(UserError, match="^" + re.escape(f"run={young} has no ckpt_best.pt or ckpt_last.pt; it is a run dir that has {saves}")):
+        resolve_checkpoint(str(young))
+    with pytest.raises(UserError, match="^" + re.escape("run=latest found no checkpoint under outputs/ or multirun/: the newest run, "
+                                                        "outputs/2026-01-01/10-00-00, has saved none yet")):
+        resolve_checkpoint("latest")
+    (young / ".hydra" / "config.yaml").unlink()  # no run at all: the first run is still to train
+    with pytest.raises(UserError, match=re.escape("found no checkpoint under outputs/ or multirun/; train one first (make train)")):
+        resolve_checkpoint("latest")
