@@ -39,7 +39,8 @@ def export(cfg: DictConfig) -> None:
         raise UserError("out= is missing: give the folder to write, e.g. out=exported/my_model")
     out = Path(cfg.out).expanduser()
     path = resolve_checkpoint(str(cfg.run))
-    model, tokenizer = Checkpoint.load(path).build_model()
+    checkpoint = Checkpoint.load(path)
+    model, tokenizer = checkpoint.build_model()
     model_type = export_model_type(model.config)
     if model_type is None:
         raise UserError(f"{path} {export_refusal(model.config)}")
@@ -47,7 +48,7 @@ def export(cfg: DictConfig) -> None:
     replace_folder(out, lambda folder: write_hf_folder(model, tokenizer, folder))
 
     files = ", ".join(sorted(p.name for p in out.iterdir()))
-    print(f"wrote {out} as a {ARCHITECTURES[model_type].hf_class}, from {path}: {files}")
+    print(f"wrote {out} as a {ARCHITECTURES[model_type].hf_class}, from {path} (step {checkpoint.step}): {files}")
     print("Load it in Python:")
     print("    from transformers import AutoModelForCausalLM, AutoTokenizer")
     print(f"    model, tokenizer = AutoModelForCausalLM.from_pretrained({str(out)!r}), "

@@ -18,6 +18,15 @@ def quoted(value: str, limit: int = 80) -> str:
     return f"{value[:limit]!r}... ({len(value):,} characters)"
 
 
+def as_typed(value: object) -> str:
+    """A config value as the command line spells it: true, false and null, not Python's True, False, None."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def require(ok: bool, message: str) -> None:
     """A check of what a user asked for: UserError(message) unless ok."""
     if not ok:

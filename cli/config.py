@@ -14,7 +14,7 @@ from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, divisors
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
-from user_error import UserError, require
+from user_error import UserError, as_typed, require
 
 
 def validate_train_config(cfg: Any, new_model: bool = True) -> None:
@@ -87,7 +87,9 @@ def validate_model_config(model: Any, new_model: bool) -> None:
     require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
     head_size = model.head_dim or model.n_embd // model.n_head
     require(model.pos != "rope" or head_size % 2 == 0,
-            f"model.pos=rope needs an even head size; {'model.head_dim' if model.head_dim else 'n_embd // n_head'} is {head_size}")
+            f"model.pos=rope needs an even head size (it turns each pair of dimensions); "
+            f"{'model.head_dim' if model.head_dim else 'n_embd // n_head'} is {head_size}: make it even, e.g. "
+            f"{f'model.head_dim={head_size + 1}' if model.head_dim else f'model.n_embd={(head_size + 1) * model.n_head}'}")
 
 
 # Each kept checkpoint is a whole copy of the weights: a list longer than this is more likely a
@@ -169,8 +171,8 @@ def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
     for key in SHAPE_FROM_WEIGHTS:
         weights_value = getattr(shape, key)
         require(not asked(key) or plain(cfg.model[key]) == weights_value,
-                f"model.{key}={plain(cfg.model[key])} contradicts the weights of init_from={cfg.init_from}, "
-                f"which have model.{key}={weights_value}; drop it: the shape comes from the weights")
+                f"model.{key}={as_typed(plain(cfg.model[key]))} contradicts the weights of init_from={cfg.init_from}, "
+                f"which have model.{key}={as_typed(weights_value)}; drop it: the shape comes from the weights")
         cfg.model[key] = weights_value
     cfg.model.block_size = shape.block_size
     cfg.tokenizer = {"kind": "pretrained", "path": str(folder), "files_sha256": tokenizer_files_sha256(folder)}

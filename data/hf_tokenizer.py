@@ -259,12 +259,14 @@ def check_readable(spec: Mapping[str, Any], config: Mapping[str, Any], folder: P
         if wrong:
             raise UserError(f"{folder}: {problem}")
     vocab = model.get("vocab") or {}
+    if "ByteLevel" not in pre_tokenizers and not model.get("byte_fallback"):  # e.g. export.py's form of a char run
+        raise UserError(f"{folder}: tokenizer.json cannot spell every text: it has neither a byte-level pre-tokenizer "
+                        "nor byte_fallback, so a character outside its vocabulary is lost; only a byte-level BPE or one "
+                        "with byte_fallback can be read (export.py writes a tokenizer=char run's tokenizer this way, for transformers)")
     if "ByteLevel" in pre_tokenizers:
         missing = [char for char in BYTE_CHAR.values() if char not in vocab]
-    elif model.get("byte_fallback"):
-        missing = [f"<0x{byte:02X}>" for byte in range(256) if f"<0x{byte:02X}>" not in vocab]
     else:
-        missing = ["(no byte-level pre-tokenizer and no byte fallback)"]
+        missing = [f"<0x{byte:02X}>" for byte in range(256) if f"<0x{byte:02X}>" not in vocab]
     if missing:
         raise UserError(f"{folder}: tokenizer.json cannot spell every text: its vocabulary lacks {len(missing)} "
                         f"byte token(s) (the first: {missing[0]}); only a byte-level BPE or one with byte_fallback "

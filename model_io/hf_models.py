@@ -347,12 +347,18 @@ def resolve_pretrained(name_or_folder: str | Path, cache_dir: Path | None = None
     from huggingface_hub.utils import HFValidationError, validate_repo_id  # the Hub's library only when needed
 
     folder = Path(name_or_folder).expanduser()
+    # A file here (init_from=book.txt) is a slip, not a name on the Hub; so is owner/name where owner
+    # is a folder here (init_from=hf/lama beside hf/llama).
+    owner_here = len(folder.parts) > 1 and folder.parent.is_dir()
     try:
         validate_repo_id(str(name_or_folder))
-        is_repo_id = not folder.exists()  # a file here (init_from=book.txt) is a slip, not a name on the Hub
+        is_repo_id = not folder.exists() and not owner_here
     except HFValidationError:
         is_repo_id = False
     if not is_repo_id:
+        if not folder.exists() and owner_here:
+            raise UserError(f"init_from={name_or_folder} is not a folder here: {folder.parent} is, but holds no "
+                            f"{folder.name}; check the path")
         if not folder.exists():
             raise UserError(f"init_from={name_or_folder} is neither a folder here nor a Hugging Face Hub repo id "
                             f"(like gpt2 or HuggingFaceTB/SmolLM2-135M); check the path")

@@ -45,7 +45,8 @@ from tests.helpers import assert_one_error_line, run_cli
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
         (["optim.lr=0"], "error: optim.lr=0"),
         (["model.pos=alibi"], "error: model.pos=alibi must be one of learned, rope"),
-        (["model.pos=rope", "model.n_embd=36", "model.n_head=4"], "error: model.pos=rope needs an even head size"),
+        (["model.pos=rope", "model.n_embd=36", "model.n_head=4"], "error: model.pos=rope needs an even head size (it turns each "
+         "pair of dimensions); n_embd // n_head is 9: make it even, e.g. model.n_embd=40"),
         (["model.mlp=swish"], "error: model.mlp=swish must be one of gelu, gelu_tanh, relu2"),
         (["optim.name=sgd"], "error: optim.name=sgd must be one of adamw, muon"),
         (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),

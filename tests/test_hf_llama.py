@@ -259,7 +259,7 @@ def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
     Checkpoint(model=model.state_dict(), config={"model": model_cfg}, tokenizer=tokenizer.state()).save(run / BEST)
     result = run_cli("export.py", f"run={run}", f"out={tmp_path / 'exported'}", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"as a {hf_class.__name__}, from {run / BEST}:" in result.stdout  # the class, and the checkpoint it read
+    assert f"as a {hf_class.__name__}, from {run / BEST} (step 0):" in result.stdout  # the class, the checkpoint it read, its step
 
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
     assert type(theirs) is hf_class

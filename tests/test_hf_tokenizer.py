@@ -6,6 +6,7 @@ folder that transformers' AutoTokenizer loads and that gives our ids."""
 
 import json
 import random
+import re
 import shutil
 
 import pytest
@@ -33,8 +34,17 @@ from data.hf_tokenizer import (
     pretrained_tokenizer,
     write_hf_tokenizer,
 )
+from data.specs import TokenizerSpec
 from data.stories import ITEMS, generate_stories
-from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, bpe_encoding, tokenizer_from_state, train_bpe_fast
+from data.tokenizer import (
+    EOT,
+    CharTokenizer,
+    TiktokenTokenizer,
+    bpe_encoding,
+    build_tokenizer,
+    tokenizer_from_state,
+    train_bpe_fast,
+)
 from inspection.name_swap import name_swap, one_token_names
 from inspection.recall_probe import NAME_PATTERN, RecallProbe
 from inspection.repeated_tokens import repeated_ids
@@ -552,10 +562,19 @@ def folder_we_do_not_read(case: str, family_folders, tmp_path):
     ("whitespace pre-tokenizer", "pre-tokenizer Whitespace is not one we read"),
     ("an end token after each text", "puts <|end_of_text|> after every text"),
     ("two start tokens", r"puts 2 tokens \(<\|begin_of_text\|>, <\|reserved_special_token_0\|>\) before every text"),
-    ("no byte fallback", "cannot spell every text"),
+    ("no byte fallback", "cannot spell every text: it has neither a byte-level pre-tokenizer nor byte_fallback, so a "
+                         "character outside its vocabulary is lost"),
     ("no end of text", r"no end-of-text token: .* names no eos_token"),
 ])
 def test_a_tokenizer_json_we_do_not_read_gets_one_line_naming_why(case, message, family_folders, tmp_path):
     with pytest.raises(UserError, match=message) as caught:
         pretrained_tokenizer(folder_we_do_not_read(case, family_folders, tmp_path))
     assert "\n" not in str(caught.value)
+
+
+def test_a_run_whose_tokenizer_folder_is_gone_says_it_needs_that_folder_back(tmp_path):
+    # A resumed init_from run reads its corpus again (its token cache gone) with the folder's tokenizer.
+    spec = TokenizerSpec(kind="pretrained", path=str(tmp_path / "moved"))
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path / 'moved'} is not a folder: this run's tokenizer comes from "
+                                                        "the folder init_from started it from")):
+        build_tokenizer(spec, "", lambda: [], tmp_path / "cache", "corpus")

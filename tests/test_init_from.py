@@ -91,6 +91,8 @@ def test_a_short_fine_tune_from_the_weights_lowers_the_loss_in_a_cropped_context
     (["tokenizer=char"], "brings its own tokenizer (from {folder}); drop tokenizer=char"),
     (["model.n_layer=3"], "model.n_layer=3 contradicts the weights of init_from={folder}, which have model.n_layer=2"),
     (["model.pos=rope"], "model.pos=rope contradicts the weights"),
+    (["model.qk_norm=true"], "model.qk_norm=true contradicts the weights of init_from={folder}, which have model.qk_norm=false"),
+    (["model.window=8"], "model.window=8 contradicts the weights of init_from={folder}, which have model.window=null"),
     (["model.block_size=100"], "model.block_size=100 is longer than the 64 positions the weights in {folder} learned"),
     (["train.max_steps=-1"], "train.max_steps=-1 must be at least 1 (0 only with init_from"),
 ])
