@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
-from model_io.run_files import kept_checkpoints
+from model_io.run_files import RUN_CONFIG, kept_checkpoints
 from user_error import UserError, quoted
 
 
@@ -45,7 +45,7 @@ def is_inside(path: str, root: str) -> bool:
 def init_from(folder: Path) -> str | None:
     """The pretrained weights a run started from (init_from in the config Hydra saved), or None."""
     try:
-        config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        config = yaml.safe_load((folder / RUN_CONFIG).read_text())
     except (OSError, yaml.YAMLError):
         return None  # not a run train.py made, or its config is unreadable: nothing says it was pretrained
     return config.get("init_from") if isinstance(config, dict) else None

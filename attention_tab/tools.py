@@ -92,6 +92,9 @@ def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_ou
     else:
         target = {"id": ids[position + 1], "label": labels_of(loaded, [ids[position + 1]])[0]}
     against = typed_token(loaded, other, "against") if other else None
+    if against and against["id"] == target["id"]:
+        raise UserError(f"against: {against['label']!r} is the token scored, and a logit less itself is 0; type another "
+                        "token, or leave against empty")
     other_id = against["id"] if against else None
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
     with model.hooks(model.knock_out(heads)):

@@ -260,9 +260,8 @@ def check_readable(spec: Mapping[str, Any], config: Mapping[str, Any], folder: P
             raise UserError(f"{folder}: {problem}")
     vocab = model.get("vocab") or {}
     if "ByteLevel" not in pre_tokenizers and not model.get("byte_fallback"):  # e.g. export.py's form of a char run
-        raise UserError(f"{folder}: tokenizer.json cannot spell every text: it has neither a byte-level pre-tokenizer "
-                        "nor byte_fallback, so a character outside its vocabulary is lost; only a byte-level BPE or one "
-                        "with byte_fallback can be read (export.py writes a tokenizer=char run's tokenizer this way, for transformers)")
+        raise UserError(f"{folder}: tokenizer.json has neither byte-level pieces nor byte_fallback, so it cannot spell "
+                        "every text; only a BPE with one of them can be read (a tokenizer=char run's export has neither)")
     if "ByteLevel" in pre_tokenizers:
         missing = [char for char in BYTE_CHAR.values() if char not in vocab]
     else:

@@ -45,8 +45,6 @@ class LogitAttribution:
 
 def check_position(position: int, T: int) -> int:
     """position as an index 0 .. T - 1 (a negative one counts from the end); UserError outside."""
-    if T == 0:
-        raise UserError("the sequence is empty: give at least one token")
     if not -T <= position < T:
         raise UserError(f"position {position} is out of range: the sequence has {T} tokens "
                         f"(positions 0 to {T - 1}, or -{T} to -1 from the end)")
@@ -86,8 +84,8 @@ def token_direction(model: GPT, token: Tokens, other: Tokens | None, B: int) -> 
         others = token_ids(other, W_U.shape[0], B, "other")  # (B,)
         if bool((others == tokens).any()):
             same = int(tokens[others == tokens][0])
-            raise UserError(f"token and other are both id {same}: a logit less itself is 0, whoever wrote it; "
-                            "give other the token the answer competes with")
+            raise UserError(f"token and other are both id {same}: their difference is 0 whatever the model does; "
+                            "give other a token that competes with it")
         direction = direction - W_U[others.to(W_U.device)]  # (B, C)
     return direction
 

@@ -15,6 +15,7 @@ Nothing here reads files or config: train.py and sample.py build a GPTConfig and
 """
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -295,9 +296,8 @@ class GPT(HookedModel):
         if idx.dim() != 2 or idx.shape[1] == 0:
             hint = ": one text is idx[None], a batch of 1" if idx.dim() == 1 and idx.numel() else ""
             raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1; got shape {tuple(idx.shape)}{hint}")
-        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
-            raise ValueError(f"idx must be integer token ids (torch.long); got {idx.dtype}: "
-                             "tokenizer ids go in as torch.tensor(ids)")
+        if idx.dtype not in (torch.long, torch.int32):  # what the embedding reads
+            raise ValueError(f"idx must be token ids of dtype torch.long (or torch.int32); got {idx.dtype}: use idx.long()")
         if idx.device.type == "cpu" and not torch.compiler.is_compiling():
             low, high = torch.aminmax(idx)
             if low < 0 or high >= self.config.vocab_size:
@@ -367,8 +367,14 @@ class GPT(HookedModel):
 
 
 def is_whole_number(value: object) -> bool:
-    """An int (a tensor's or numpy's too), not a bool or a float: what a layer or head number is."""
-    return not isinstance(value, bool) and hasattr(value, "__index__") and getattr(value, "ndim", 0) == 0
+    """An int (a 0-d integer tensor's or numpy's too), not a bool or a float: what a layer or head number is."""
+    if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool or getattr(value, "ndim", 0) != 0:
+        return False
+    try:
+        operator.index(value)  # what a list index takes: no floats, no float tensors or arrays
+    except TypeError:
+        return False
+    return True
 
 
 def zero_heads(heads: list[int]) -> HookFn:

@@ -50,7 +50,9 @@ class HookPoint:
                     got = f"shape {tuple(replaced.shape)}" if isinstance(replaced, torch.Tensor) else type(replaced).__name__
                     raise ValueError(f"the function at {self.name} returned {got}: it must return None or a tensor "
                                      f"of the activation's shape {tuple(activation.shape)}")
-                if (replaced.dtype, replaced.device) != (activation.dtype, activation.device):
+                # Under autocast the next layer casts what it reads, as it casts the activation itself.
+                autocast = torch.is_autocast_enabled(activation.device.type) and replaced.is_floating_point()
+                if replaced.device != activation.device or (replaced.dtype != activation.dtype and not autocast):
                     raise ValueError(f"the function at {self.name} returned a {replaced.dtype} tensor on "
                                      f"{replaced.device}: the model goes on with {activation.dtype} on "
                                      f"{activation.device}, so return .to(activation)")

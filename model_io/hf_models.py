@@ -347,28 +347,26 @@ def resolve_pretrained(name_or_folder: str | Path, cache_dir: Path | None = None
     from huggingface_hub.utils import HFValidationError, validate_repo_id  # the Hub's library only when needed
 
     folder = Path(name_or_folder).expanduser()
-    # A file here (init_from=book.txt) is a slip, not a name on the Hub; so is owner/name where owner
-    # is a folder here (init_from=hf/lama beside hf/llama).
-    owner_here = len(folder.parts) > 1 and folder.parent.is_dir()
     try:
         validate_repo_id(str(name_or_folder))
-        is_repo_id = not folder.exists() and not owner_here
+        is_repo_id = not folder.exists()  # a file here (init_from=book.txt) is a slip, not a name on the Hub
     except HFValidationError:
         is_repo_id = False
     if not is_repo_id:
-        if not folder.exists() and owner_here:
-            raise UserError(f"init_from={name_or_folder} is not a folder here: {folder.parent} is, but holds no "
-                            f"{folder.name}; check the path")
         if not folder.exists():
             raise UserError(f"init_from={name_or_folder} is neither a folder here nor a Hugging Face Hub repo id "
                             f"(like gpt2 or HuggingFaceTB/SmolLM2-135M); check the path")
         check_hf_folder(folder)
         return folder
-    return _download(str(name_or_folder), cache_dir)
+    # owner/name where owner is a folder here may be a slip of the path (hf/lama beside hf/llama), or
+    # a Hub id beside a folder of its owner's downloads: the Hub decides, and its refusals say both.
+    slip = f" ({folder.parent} is a folder here, but holds no {folder.name})" if folder.parent.is_dir() and folder.parent != Path(".") else ""
+    return _download(str(name_or_folder), cache_dir, slip)
 
 
-def _download(repo_id: str, cache_dir: Path | None) -> Path:
-    """The folder in huggingface_hub's cache holding repo_id's files, downloaded if need be."""
+def _download(repo_id: str, cache_dir: Path | None, slip: str = "") -> Path:
+    """The folder in huggingface_hub's cache holding repo_id's files, downloaded if need be. slip: what
+    to add where the Hub cannot give it, when repo_id may be a mistyped path."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.utils import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -379,7 +377,7 @@ def _download(repo_id: str, cache_dir: Path | None) -> Path:
         raise UserError(f"init_from={repo_id} is a gated model on the Hugging Face Hub: accept its terms on "
                         f"huggingface.co, then log in with `hf auth login`") from None
     except RepositoryNotFoundError:
-        raise UserError(f"init_from={repo_id}: no such model on the Hugging Face Hub (or it is private: "
+        raise UserError(f"init_from={repo_id}: no such model on the Hugging Face Hub{slip} (or it is private: "
                         f"log in with `hf auth login`)") from None
     except Exception:  # no connection, a timeout, the Hub down or HF_HUB_OFFLINE=1: the cache may still hold it
         online = False
@@ -388,7 +386,7 @@ def _download(repo_id: str, cache_dir: Path | None) -> Path:
                                       local_files_only=not online))
     except LocalEntryNotFoundError:
         raise UserError(
-            f"init_from={repo_id} is not a folder here and needs the Hugging Face Hub once, which cannot be reached "
+            f"init_from={repo_id} is not a folder here{slip} and needs the Hugging Face Hub once, which cannot be reached "
             f"(and its cache does not hold {repo_id}); nothing was written. Get the folder another way: on a machine "
             f"with internet, `hf download {repo_id} --include '*.json' '*.safetensors' merges.txt --local-dir "
             f"<folder>`, copy <folder> here, then init_from=<folder>"

@@ -492,6 +492,8 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     ("patch", {"clean": "ab", "corrupted": "ba"}, "missing form field 'token'"),
     ("attribution", {**REPEATED, "position": "33"}, "position 33 is out of range: the sequence has 33 tokens"),
     ("attribution", {**REPEATED, "position": "32"}, "token 32 is the last one: nothing came after it"),
+    ("attribution", {**REPEATED, "position": "5", "token": "a", "other": "a"}, "against: 'a' is the token scored, and a logit "
+     "less itself is 0; type another token, or leave against empty"),
     ("attribution", {**REPEATED, "position": "5", "knocked_out": "2:0"}, "no layer 2 (in 2:0): this model has layers 0 to 1"),
     ("attribution", {**REPEATED, "position": "five"}, "position must be a whole number, not 'five'"),
     ("lens", {**REPEATED, "knocked_out": "0:5"}, "no head 5 in layer 0"),

@@ -562,8 +562,7 @@ def folder_we_do_not_read(case: str, family_folders, tmp_path):
     ("whitespace pre-tokenizer", "pre-tokenizer Whitespace is not one we read"),
     ("an end token after each text", "puts <|end_of_text|> after every text"),
     ("two start tokens", r"puts 2 tokens \(<\|begin_of_text\|>, <\|reserved_special_token_0\|>\) before every text"),
-    ("no byte fallback", "cannot spell every text: it has neither a byte-level pre-tokenizer nor byte_fallback, so a "
-                         "character outside its vocabulary is lost"),
+    ("no byte fallback", "tokenizer.json has neither byte-level pieces nor byte_fallback, so it cannot spell every text"),
     ("no end of text", r"no end-of-text token: .* names no eos_token"),
 ])
 def test_a_tokenizer_json_we_do_not_read_gets_one_line_naming_why(case, message, family_folders, tmp_path):

@@ -159,4 +159,12 @@ def test_a_function_that_returns_another_dtype_is_one_line_naming_its_point():
     with pytest.raises(ValueError, match="^" + re.escape("the function at blocks.0.attn.hook_z returned a torch.float64 tensor on "
                                                          "cpu: the model goes on with torch.float32 on cpu, so return .to(activation)")):
         model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[("blocks.0.attn.hook_z", to_double)])
+    with pytest.raises(ValueError, match="^" + re.escape("the function at blocks.0.hook_resid_mid returned a torch.float32 tensor on meta")):
+        model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, hook: x.to("meta"))])
+    # Under autocast a layer's activations are bf16 and the stream float32: a function that hands
+    # back float32 (from a float32 run's cache, say) is cast by the next layer, as before.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        clean = model(torch.zeros(1, 3, dtype=torch.long))[0]
+        patched = model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z.float())])[0]
+    assert torch.equal(patched, clean)
     assert not model.has_hooks()

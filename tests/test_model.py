@@ -236,8 +236,10 @@ def test_a_sequence_longer_than_block_size_is_refused():
     (torch.tensor([1, 2, 3]), "idx must be token ids of shape (B, T) with T >= 1; got shape (3,): one text is idx[None], a batch of 1"),
     (torch.tensor([[1, 65]]), "token id 65 is not in this model's vocabulary: ids run from 0 to 64"),
     (torch.tensor([[-1, 2]]), "token id -1 is not in this model's vocabulary: ids run from 0 to 64"),
-    (torch.tensor([[1.0, 2.0]]), "idx must be integer token ids (torch.long); got torch.float32: tokenizer ids go in as torch.tensor(ids)"),
-], ids=["no tokens", "no batch", "past the vocabulary", "negative", "floats"])
+    (torch.tensor([[1.0, 2.0]]), "idx must be token ids of dtype torch.long (or torch.int32); got torch.float32: use idx.long()"),
+    (torch.tensor([[1, 2]], dtype=torch.uint16), "idx must be token ids of dtype torch.long (or torch.int32); got torch.uint16: "
+                                                 "use idx.long()"),  # the token cache's dtype
+], ids=["no tokens", "no batch", "past the vocabulary", "negative", "floats", "uint16"])
 def test_ids_the_model_cannot_read_are_one_line_naming_them(idx, message):
     # What a learner hands model(), run_with_cache() or the tools by mistake; torch's own errors
     # for these come from deep inside (an IndexError of the embedding, of idx.shape[1]).
@@ -426,6 +428,7 @@ def test_hooks_detach_every_function_after_the_block_even_on_error_and_save_noth
     ((0, 1), "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got 0"),
     ({(0.0, 1)}, "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (0.0, 1)"),  # 0.0 in range(2) holds
     ([(True, 0)], "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (True, 0)"),
+    ([(torch.tensor(1.0), 0)], "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (tensor(1.), 0)"),
 ])
 def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_range(heads, message):
     model = tiny_gpt()
