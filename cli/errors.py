@@ -19,10 +19,15 @@ from user_error import UserError
 @contextmanager
 def exit_on_user_error(full_errors_asked: bool = False) -> Iterator[None]:
     """Wraps a command's work: a UserError, or a config Hydra or OmegaConf refused, prints
-    "error: <message>" and exits 2; Ctrl-C exits 130. full_errors_asked (HYDRA_FULL_ERROR=1):
+    "error: <message>" and exits 2; Ctrl-C exits 130; a reader of the output that left
+    (`sample.py | head`) ends it quietly, exit 1. full_errors_asked (HYDRA_FULL_ERROR=1):
     Hydra's and OmegaConf's own errors go on with their tracebacks."""
     try:
         yield
+        sys.stdout.flush()  # here, not at the exit, where a pipe's reader that left would be a traceback
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere
+        sys.exit(1)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

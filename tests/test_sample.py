@@ -6,6 +6,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +18,7 @@ from data.tokenizer import EOT, CharTokenizer
 from model.generation import EOT_SHOWN, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
-from tests.helpers import ONE_PROCESS, read_events, run_cli, text_of
+from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, text_of
 from training.data_parallel import Replicated
 from training.jobs import Samples
 from training.specs import ProbeSpec
@@ -181,3 +183,15 @@ def test_control_characters_the_model_writes_are_printed_as_escapes_and_kept_in_
     assert {"\x1b", "\x07"} <= set(text_of(read_events(tmp_path / "events"), "samples"))
     assert terminal_text("a\x1b[31mb\x07\n\tc\r\nd\re\x85 é 日 \u202eba\u2066") == \
         "a\\x1b[31mb\\x07\n\tc\r\nd\\re\\x85 é 日 \\u202eba\\u2066"
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_the_pipe_ends_sample_py_quietly(trained_run, tmp_path):
+    # `sample.py | head -n 1`: head leaves after a line. Here the reader leaves before anything is
+    # written, so every write meets the closed pipe, whenever Python flushes its buffer.
+    process = subprocess.Popen([sys.executable, str(ROOT / "sample.py"), f"run={trained_run}", "device=cpu", "num_samples=3"],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=120) == 1, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr, stderr
