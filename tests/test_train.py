@@ -75,3 +75,14 @@ def test_the_closing_hint_leaves_out_a_prompt_the_runs_characters_cannot_write(t
     result = run_cli("train.py", *tiny_run(lower), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("  sample: .venv/bin/python sample.py run=run\n")  # a command that runs as printed
+
+
+def test_a_run_shorter_than_its_warmup_says_its_learning_rate_never_peaks(tmp_path):
+    quick = {"train.eval_interval": 3, "train.attn_log_interval": 0, "train.sample_interval": 0, "hydra.run.dir": "run"}
+    short = run_cli("train.py", *tiny_run(quick, **{"train.max_steps": 3, "optim.warmup_steps": 5}), cwd=tmp_path)
+    assert short.returncode == 0, short.stderr
+    assert ("note: optim.warmup_steps=5 is more than train.max_steps=3: the learning rate never reaches optim.lr=0.01; "
+            "lower optim.warmup_steps for so short a run") in short.stdout
+    enough = run_cli("train.py", *tiny_run(quick, **{"train.max_steps": 3, "optim.warmup_steps": 3, "hydra.run.dir": "run2"}),
+                     cwd=tmp_path)
+    assert enough.returncode == 0 and "optim.warmup_steps" not in enough.stdout

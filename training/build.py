@@ -135,6 +135,9 @@ def describe(run: Run) -> None:
         log.info("note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it) runs Muon's "
                  "Newton-Schulz matmuls in bfloat16, very slow on a CPU without AVX-512 BF16; optim.ns_dtype=auto "
                  "runs them in float32")
+    if 0 < spec.loop.max_steps < spec.optim.warmup_steps:
+        log.info(f"note: optim.warmup_steps={spec.optim.warmup_steps} is more than train.max_steps={spec.loop.max_steps}: "
+                 f"the learning rate never reaches optim.lr={spec.optim.lr:g}; lower optim.warmup_steps for so short a run")
     log.info(f"run dir: {run.shown_dir}")
     if spec.device.compile:
         log.info("train.compile=true: the first training step and the first evaluation compile first")
