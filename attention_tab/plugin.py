@@ -394,8 +394,10 @@ def head_pairs(value: str) -> list[tuple[int, int]]:
 
 
 def integer(value: str, name: str) -> int:
-    if not re.fullmatch(r"-?\d{1,18}", value):  # a longer one is no step, n or seed, and int() of 5,000 digits refuses
+    if not re.fullmatch(r"-?\d+", value):
         raise errors.InvalidArgumentError(f"{name} must be a whole number, not {quoted(value)}")
+    if len(value.lstrip("-")) > 100:  # past any step, n or seed (each caller says its range), and int() of 5,000 digits refuses
+        raise errors.InvalidArgumentError(f"{name}={quoted(value)} is out of range: it has {len(value.lstrip('-')):,} digits")
     return int(value)
 
 

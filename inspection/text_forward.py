@@ -50,8 +50,8 @@ def text_ids(tokenizer: Tokenizer, text: str, block_size: int) -> list[int]:
                         f"{block_size} tokens (its block_size); shorten it")
     ids = [tokenizer.bos_id, *tokenizer.encode(text)]
     if len(ids) > block_size:
-        raise UserError(f"the text is too long: {len(ids) - 1} tokens, and this model reads at most "
-                        f"{block_size} (its block_size), <eot> before the text included; shorten it")
+        raise UserError(f"the text is too long: {len(ids) - 1} tokens, and this model reads at most {block_size - 1} "
+                        f"after the <eot> it starts with ({block_size} in all, its block_size); shorten it")
     return ids
 
 

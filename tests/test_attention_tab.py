@@ -364,7 +364,8 @@ def test_knocking_out_either_head_of_the_circuit_brings_the_second_copy_loss_bac
     ("n=1", "n=1 is out of range: give 2 to 19 random tokens (this model reads at most 40 tokens, <eot> and the n tokens twice)"),
     ("n=20", "n=20 is out of range: give 2 to 19 random tokens"),
     ("n=sixteen", "n must be a whole number, not 'sixteen'"),
-    ("n=" + "9" * 5000, "n must be a whole number, not '" + "9" * 80 + "'... (5,000 characters)"),
+    ("n=" + "9" * 5000, "n='" + "9" * 80 + "'... (5,000 characters) is out of range: it has 5,000 digits"),
+    ("n=4&seed=" + "9" * 20, "seed=" + "9" * 20 + " is out of range: give a whole number from 0 to 2147483647"),
     ("n=4&seed=-1", "seed=-1 is out of range: give a whole number from 0 to 2147483647"),
     ("n=4&knocked_out=2:0", "no layer 2 (in 2:0): this model has layers 0 to 1"),
 ])

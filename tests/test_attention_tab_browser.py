@@ -393,13 +393,29 @@ def test_a_too_long_text_gets_its_error_under_the_box_and_the_views_stay_as_they
     labels = js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)")
     type_text(tab, SENTENCE * 3)
     error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
-    assert error.text.startswith("the text is too long: ") and "this model reads at most 32 (its block_size)" in error.text
+    assert error.text.startswith("the text is too long: ") and "this model reads at most 31 after the <eot> it starts with (32 in all" in error.text
     assert error.is_displayed() and error.location["y"] > tab.find_element(By.CSS_SELECTOR, "input[aria-label='your text']").location["y"]
     with pytest.raises(NoAlertPresentException):
         tab.switch_to.alert.text  # noqa: B018  # in place, not in an alert
     assert js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)") == labels
     type_text(tab, SENTENCE)  # a good text again: the error goes
     WebDriverWait(tab, 30).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
+
+
+def test_a_keyboard_cursor_past_a_shorter_text_is_dropped_and_the_shorter_text_is_drawn_whole(tab):
+    tab.get_log("browser")  # what earlier tests left there (a refused text's 400, say)
+    type_text(tab, SENTENCE)
+    wait_for_text(tab)
+    tab.find_element(By.CSS_SELECTOR, "canvas.matrix").send_keys(Keys.ARROW_UP)  # the cursor on the last query but one
+    readout = tab.find_element(By.CSS_SELECTOR, ".readout")
+    assert int(readout.get_attribute("data-query")) == len(text_route(tab, SENTENCE)["labels"]) - 2
+    short = text_route(tab, "Once upon")
+    type_text(tab, "Once upon")  # fewer tokens than that query's number
+    WebDriverWait(tab, 30).until(lambda d: js(d, "return document.querySelector('canvas.matrix').width") == len(short["labels"]))
+    assert js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)") == short["labels"]
+    assert readout.text == "Point at a cell: its query, key and weight." and readout.get_attribute("data-query") == ""
+    assert not tab.find_element(By.CSS_SELECTOR, ".source-error").is_displayed()
+    assert [entry for entry in tab.get_log("browser") if entry["level"] == "SEVERE"] == []
 
 
 def test_the_error_line_pushes_the_panels_down_and_covers_no_title(tab):

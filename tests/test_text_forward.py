@@ -105,8 +105,8 @@ def test_knocking_out_the_copy_head_takes_the_copied_token_from_the_top_and_its_
 @pytest.mark.parametrize(("text", "message"), [
     ("", "the text is empty: type a sentence"),
     (" \n ", "the text is empty: type a sentence"),
-    ("abcdefgh", "the text is too long: 8 tokens, and this model reads at most 8 (its block_size), "
-                 "<eot> before the text included; shorten it"),  # <eot>, as the tab labels that token
+    ("abcdefgh", "the text is too long: 8 tokens, and this model reads at most 7 after the <eot> it starts with "
+                 "(8 in all, its block_size); shorten it"),  # <eot>, as the tab labels that token
     # longer than 32 characters per token it may hold: refused before tokenizing (é is not in the vocabulary)
     ("é" * 257, "the text is too long: 257 characters, and this model reads at most 8 tokens (its block_size); shorten it"),
     ("aé", "the text has characters the model never saw in training: 'é'"),

@@ -5,6 +5,7 @@ import {paintMap} from "./colours.js";
 import {el} from "./dom.js";
 
 const SIZE = 352;  // px the map takes at most
+const ASK = "Point at a cell: its query, key and weight.";
 
 export class MatrixView {
   constructor(app, headMetrics) {
@@ -15,7 +16,7 @@ export class MatrixView {
       onmousemove: (event) => this.pointAt(event), onmouseleave: () => this.read(null),
       onclick: (event) => this.pinAt(event), onkeydown: (event) => this.key(event)});
     this.row = el("div", {class: "matrix-row", "aria-hidden": "true"});
-    this.readout = el("p", {class: "readout", "aria-live": "polite"}, "Point at a cell: its query, key and weight.");
+    this.readout = el("p", {class: "readout", "aria-live": "polite"}, ASK);
     this.root = el("section", {class: "panel matrix-view", "aria-label": "Matrix view"}, this.title,
       el("div", {class: "matrix-frame"}, this.canvas, this.row),
       el("p", {class: "hint"}, "rows: queries · columns: keys · grey: the future, masked"), this.readout,
@@ -33,7 +34,8 @@ export class MatrixView {
     const query = token.side === "query" ? token.index : null;
     this.row.hidden = query === null;
     Object.assign(this.row.style, {top: `${(query ?? 0) * this.cell}px`, height: `${this.cell}px`, width: `${T * this.cell}px`});
-    this.read(this.cursor);
+    // The cell read before may be past a shorter text now: the readout then asks again.
+    this.read(this.cursor && Math.max(...this.cursor) < T ? this.cursor : null);
   }
 
   cellAt(event) {
@@ -63,7 +65,11 @@ export class MatrixView {
 
   read(cell) {
     this.cursor = cell;
-    if (!cell) return;
+    if (!cell) {  // the pointer left, or the cell is gone: no stale numbers under another map
+      this.readout.textContent = ASK;
+      Object.assign(this.readout.dataset, {query: "", key: "", weight: ""});
+      return;
+    }
     const [query, key] = cell;
     const {weights, layer, head, labels} = this.state;
     const weight = key > query ? null : weights.at(layer, head, query, key);
