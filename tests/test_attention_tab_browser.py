@@ -649,3 +649,9 @@ def test_patching_two_prompts_fills_both_grids_with_patch_heads_and_patch_residu
     assert root.find_element(By.CSS_SELECTOR, ".tool-error").text == ("the clean prompt is 15 tokens and the corrupted one 16: "
                                                                       "patching swaps activations position by position, so give prompts of the same length")
     assert not root.find_element(By.CSS_SELECTOR, ".tool-grids").is_displayed()
+    choose_run(tab, "run")  # another run: nothing of the circuit's patch is sent there or shown
+    assert root.get_attribute("data-state") == ""  # not busy with a patch nobody asked of this run
+    assert root.find_element(By.CSS_SELECTOR, "h2").text == "Activation patching"  # no checkpoint of the circuit's
+    assert not root.find_element(By.CSS_SELECTOR, ".tool-error").is_displayed()
+    assert not root.find_element(By.CSS_SELECTOR, ".tool-grids").is_displayed()
+    choose_run(tab, "circuit")

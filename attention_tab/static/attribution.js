@@ -37,6 +37,7 @@ export class Attribution extends Tool {
   }
 
   draw({reading, source, token, pinned}) {
+    this.followRun();
     this.title.textContent = `Direct logit attribution · ${answeredBy(this.answer, source)}`;
     const position = pinned && token.side === "query" ? token.index : null;
     this.hint.textContent = !reading ? "It reads your text or the repeated tokens: show one of them above."

@@ -29,6 +29,7 @@ export class Lens extends Tool {
   }
 
   draw({reading, source, token}) {
+    this.followRun();
     this.title.textContent = `Logit lens · ${answeredBy(this.answer, source)}`;
     if (!reading) {
       this.hint.textContent = "The lens reads your text or the repeated tokens: show one of them above.";

@@ -49,11 +49,12 @@ export class Patching extends Tool {
     } catch (error) {
       this.exampleNote.textContent = `No example for this run: ${error.message}`;
     }
-    if (this.app.run !== run || !example || example.why) return;
+    if (this.app.run !== run) return;
+    const usable = example && !example.why ? example : null;  // none: the last run's example leaves the boxes too
     for (const [name, input] of Object.entries(this.fields)) {
-      if (input.value === "" || input.value === this.example?.[name]) input.value = example[name];
+      if (input.value === "" || input.value === this.example?.[name]) input.value = usable?.[name] ?? "";
     }
-    this.example = example;
+    this.example = usable;
   }
 
   patch() {
@@ -64,6 +65,8 @@ export class Patching extends Tool {
 
   // Asks at the checkpoint the slider is at (null: the run's best, else last), and again when it moves.
   draw({checkpoint}) {
+    if (this.run !== this.app.run) this.submitted = null;  // another run: no patch until asked for there
+    this.followRun();
     if (this.exampleFor !== this.app.run.run) this.askExample();
     this.title.textContent = `Activation patching${this.answer ? ` · ${answeredBy(this.answer)}` : ""}`;
     this.summary.hidden = this.grids.hidden = !this.answer;

@@ -57,11 +57,19 @@ export class Tool {
     this.app.redraw();
   }
 
+  // Called first by each draw: an answer or a refusal of another run is not shown under this one.
+  followRun() {
+    if (this.run === this.app.run) return;
+    this.run = this.app.run;
+    this.forget();
+  }
+
   // Forgets the question, so that the same one is asked again (a new run, a new reading).
   forget() {
     this.requests++;
     [this.asked, this.answer] = [null, null];
     this.say("");
+    this.root.dataset.state = "";  // nothing asked: neither busy, ready nor refused
   }
 
   say(message) {
