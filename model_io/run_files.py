@@ -17,8 +17,8 @@ KEPT = "checkpoints"  # the run dir's folder of model-only checkpoints, one per 
 LOG_SPACED = "log"  # train.keep_checkpoints=log: step 0, every power of two, and the last step
 AUTO = "auto"  # resume=auto: the run in hydra.run.dir if it saved one, else a new run there
 RUN_CONFIG = Path(".hydra") / "config.yaml"  # what train.py writes first into a run dir, before any checkpoint
-NOT_SAVED_YET = ("has saved none yet: a run saves its first checkpoint at its first evaluation (train.eval_interval); "
-                 "wait for it")
+WHEN_SAVED = ("a run saves its first checkpoint at its first evaluation after step 0 (every train.eval_interval "
+              "steps); wait for it")
 RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the working folder
 # "The newest run" is the newest that trained at least MIN_STEPS steps or started from pretrained
 # weights (init_from, even at step 0: GPT-2 as it came), so that a 1-step test run started after
@@ -68,7 +68,7 @@ def where_runs_are(key: str, folder: Path, needs: tuple[str, ...] = (BEST, LAST)
     except OSError:  # a folder this user may not read
         runs = []
     if not runs and is_run_dir(folder):
-        return f"it is a run dir that {NOT_SAVED_YET}"
+        return f"it is a run dir that has saved none yet: {WHEN_SAVED}"
     if not runs:
         return f"point {key}= at a training run dir or a .pt file"
     names = ", ".join(child.name for child in runs[:4]) + (", ..." if len(runs) > 4 else "")
@@ -107,7 +107,7 @@ def resolve_checkpoint(run: str) -> Path:
             if started:
                 newest = max(started, key=lambda run_dir: run_dir.stat().st_mtime)
                 raise UserError(f"run=latest found no checkpoint under outputs/ or multirun/: the newest run, {newest}, "
-                                f"{NOT_SAVED_YET}")
+                                f"has saved none yet: {WHEN_SAVED}")
             raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
         written = {}  # run dir -> when its newest checkpoint was written
         for path in found:

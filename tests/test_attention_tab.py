@@ -271,7 +271,7 @@ def test_your_text_with_heads_knocked_out_has_the_knocked_out_models_numbers_bes
     ({"run": "{run}", "text": "x" * 100_000}, "the text is too long: 100,000 characters"),
     ({"run": "nope", "text": "Hi"}, "no run 'nope'; the runs are those /runs lists"),
     ({"run": "../run", "text": "Hi"}, "no run '../run'"),
-    ({"run": "{young}", "text": "Hi"}, "has no checkpoint yet (ckpt_best.pt or ckpt_last.pt)"),
+    ({"run": "{young}", "text": "Hi"}, "has no checkpoint yet (ckpt_best.pt or ckpt_last.pt, or one it keeps)"),
     ({"run": "{run}", "text": "Hi", "knocked_out": "1-0"}, "knocked_out takes layer:head pairs, e.g. 1:0,2:3; not '1-0'"),
     ({"run": "{run}", "text": "Hi", "knocked_out": "2:0"}, "no layer 2 (in 2:0): this model has layers 0 to 1"),
     ({"run": "{run}"}, "missing form field 'text'"),

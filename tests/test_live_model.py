@@ -3,6 +3,7 @@ only to a folder under TensorBoard's logdir, and its model is cached within a bo
 
 import argparse
 import os
+import re
 import shutil
 
 import pytest
@@ -110,9 +111,15 @@ def test_a_step_loads_the_checkpoint_the_run_kept_there_beside_its_best_within_t
 def test_a_run_with_no_checkpoint_yet_is_refused_saying_when_it_will_have_one(trained_run, tmp_path):
     (tmp_path / "young").mkdir()
     (tmp_path / "young" / "ckpt_best.pt").symlink_to(trained_run / "ckpt_best.pt")  # a link out of the run is no checkpoint
-    with pytest.raises(UserError, match=r"run 'young' has no checkpoint yet \(ckpt_best.pt or ckpt_last.pt\); "
-                                        r"a run saves one at its first evaluation \(train.eval_interval\)"):
+    with pytest.raises(UserError, match=re.escape("run 'young' has no checkpoint yet (ckpt_best.pt or ckpt_last.pt, or one it "
+                                                  "keeps); a run saves its first checkpoint at its first evaluation "
+                                                  "after step 0")):
         ModelCache(2**30).get(tmp_path / "young", "young")
+    # Before its first save a run may have kept checkpoints (train.keep_checkpoints=[0, ...]): the newest answers.
+    for step in (0, 10):
+        kept_checkpoint_path(tmp_path / "young", step).parent.mkdir(exist_ok=True)
+        shutil.copy(trained_run / "ckpt_best.pt", kept_checkpoint_path(tmp_path / "young", step))
+    assert ModelCache(2**30).get(tmp_path / "young", "young").checkpoint == kept_checkpoint_path(tmp_path / "young", 10)
 
 
 def tensorboard_flags(*args: str) -> argparse.Namespace:

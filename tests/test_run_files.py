@@ -44,7 +44,8 @@ def test_a_run_that_has_saved_nothing_yet_is_named_as_one_not_as_a_wrong_folder(
     young = tmp_path / "outputs" / "2026-01-01" / "10-00-00"
     (young / ".hydra").mkdir(parents=True)
     (young / ".hydra" / "config.yaml").write_text("model: {}\n")
-    saves = "saved none yet: a run saves its first checkpoint at its first evaluation (train.eval_interval); wait for it"
+    saves = ("saved none yet: a run saves its first checkpoint at its first evaluation after step 0 (every train.eval_interval "
+             "steps); wait for it")
     with pytest.raises(UserError, match="^" + re.escape(f"run={young} has no ckpt_best.pt or ckpt_last.pt; it is a run dir that has {saves}")):
         resolve_checkpoint(str(young))
     with pytest.raises(UserError, match="^" + re.escape("run=latest found no checkpoint under outputs/ or multirun/: the newest run, "
