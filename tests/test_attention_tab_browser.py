@@ -200,6 +200,24 @@ def test_the_step_slider_draws_the_weights_logged_at_that_step(tab, logged):
         assert top_marks(tab, "key") == {h: int(np.argmax(logged[step][0, h, 20, :21])) for h in range(2)}
 
 
+def test_the_head_metrics_beside_your_text_are_the_ones_of_the_checkpoint_that_read_it(tab):
+    def metrics_table() -> tuple[str, list[str]]:
+        return (tab.find_element(By.CSS_SELECTOR, ".head-metrics h3").text,
+                js(tab, "return [...document.querySelectorAll('.head-metrics td.number')].map(c => c.textContent)"))
+
+    slider = tab.find_element(By.CSS_SELECTOR, "input[type=range]")
+    slider.send_keys(Keys.END)
+    WebDriverWait(tab, 10).until(lambda d: drawn_step(d) == 20)
+    title, at_20 = metrics_table()
+    assert title == "Heads of layer 0 at step 20"
+    slider.send_keys(Keys.HOME)  # the probe at step 0, whose metrics differ
+    WebDriverWait(tab, 10).until(lambda d: drawn_step(d) == 0)
+    assert metrics_table()[1] != at_20
+    type_text(tab, SENTENCE)  # read by ckpt_best.pt, saved at step 20
+    wait_for_text(tab)
+    assert metrics_table() == ("Heads of layer 0 at step 20", at_20)
+
+
 def test_the_matrix_view_reads_out_the_weight_under_the_pointer(tab, logged):
     weights = logged[drawn_step(tab)]
     canvas = tab.find_element(By.CSS_SELECTOR, "canvas.matrix")

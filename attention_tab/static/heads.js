@@ -54,8 +54,8 @@ export class HeadMetrics {
     this.body.replaceChildren(...this.rows.map(({row}) => row));
   }
 
-  draw({layer, head, step, metricAt}) {
-    this.title.textContent = `Heads of layer ${layer} at step ${step}`;
+  draw({layer, head, metricStep, metricAt}) {
+    this.title.textContent = `Heads of layer ${layer} at step ${metricStep}`;
     this.rows.forEach(({row, values}, h) => {
       row.classList.toggle("selected", h === head);
       Object.keys(this.metrics).forEach((metric, i) => { values[i].textContent = formatValue(metricAt(metric, layer, h)); });

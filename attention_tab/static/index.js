@@ -256,7 +256,9 @@ class AttentionTab {
     const shown = reading ? {weights: reading.weights, labels: reading.labels} : {weights: this.state.weights, labels: this.run.labels};
     this.state.token.index = Math.min(this.state.token.index, shown.labels.length - 1);
     const source = {text: "your text", repeated: "repeated tokens"}[reading?.source] ?? null;
-    const state = {...this.state, ...shown, reading, source, metricAt: this.metricAt()};
+    // The head metrics of the step the maps are from: the checkpoint's that read the text, else the slider's.
+    const metricStep = reading ? reading.step : this.state.step;
+    const state = {...this.state, ...shown, reading, source, metricStep, metricAt: this.metricAt(metricStep)};
     for (const part of [this.textBox, this.toggles, this.headMetrics, this.tokens, this.matrix, this.side]) part.draw(state);
     this.drawSlider();
     Object.assign(document.body.dataset, {drawnRun: this.run.run, drawnStep: state.step, drawnMode: this.state.mode,
@@ -266,9 +268,8 @@ class AttentionTab {
     this.say("");
   }
 
-  // (metric, layer, head) -> the value logged at the step shown, or null.
-  metricAt() {
-    const {step} = this.state;
+  // (metric, layer, head) -> the value logged at step, or null.
+  metricAt(step) {
     const at = (metric, layer, head) => {
       const series = this.metrics[metric];
       const i = series ? series.steps.indexOf(step) : -1;
