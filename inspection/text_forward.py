@@ -64,7 +64,7 @@ def single_token(tokenizer: Tokenizer, text: str) -> int:
         raise UserError(f"{quoted(text, 32)} is not one token: {len(text):,} characters; type a single token, e.g. ' Mary'")
     ids = tokenizer.encode(text)
     if len(ids) != 1:
-        pieces = ", ".join(repr(readable_token(piece)) for piece in tokenizer.token_strings(ids))
+        pieces = ", ".join(f"'{readable_token(piece)}'" for piece in tokenizer.token_strings(ids))  # escaped once, as labels are
         raise UserError(f"{quoted(text)} is {len(ids)} tokens to this model ({pieces}), not one: type a single token")
     return ids[0]
 

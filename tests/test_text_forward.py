@@ -2,6 +2,7 @@
 tiny models: its numbers are the model's own, and a knocked-out head gives knock_out's hooks'."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -130,6 +131,8 @@ def test_a_typed_token_is_its_one_id_and_more_than_one_token_is_refused_naming_t
     assert single_token(TOKENIZER, " ") == TOKENIZER.encode(" ")[0]
     with pytest.raises(UserError, match=r"^' a' is 2 tokens to this model \('·', 'a'\), not one: type a single token$"):
         single_token(TOKENIZER, " a")
+    with pytest.raises(UserError, match="^" + re.escape("'a\\n' is 2 tokens to this model ('a', '\\n'), not one")):
+        single_token(CharTokenizer(list("a\n")), "a\n")  # the newline's piece escaped once, as the tab's labels show it
     with pytest.raises(UserError, match=r"^the token is empty"):
         single_token(TOKENIZER, "")
     with pytest.raises(UserError, match=r"^'a{32}'\.\.\. \(5,000 characters\) is not one token"):
