@@ -209,8 +209,9 @@ def build_tokenizer(spec: TokenizerSpec, corpus_chars: Iterable[str], train_text
         from data.hf_tokenizer import pretrained_tokenizer  # the tokenizers library only when needed
 
         if not Path(spec.path).is_dir():  # a resumed init_from run whose folder moved, with its token cache gone
-            raise UserError(f"{spec.path} is not a folder: this run's tokenizer comes from the folder init_from started it "
-                            "from, and tokenising the corpus again needs it; put it back at this path (a Hub model's download puts it there)")
+            raise UserError(f"{spec.path} is not a folder: this run's tokenizer comes from the folder init_from "
+                            "started it from, and tokenising the corpus again needs it; put it back at this path "
+                            "(a Hub model's download puts it there)")
         return pretrained_tokenizer(spec.path)
     raise UserError(f"tokenizer.kind={spec.kind!r} is not known; use tokenizer=char, tokenizer=bpe or tokenizer=gpt2")
 

@@ -343,9 +343,9 @@ class GPT(HookedModel):
         """fwd_hooks that knock out each (layer, head) of heads: its output z is zeroed before
         its layer merges the heads, so the model runs as if the head were not there. Use them
         with hooks(), run_with_hooks() or run_with_cache(); every pair is checked here."""
-        heads = list(heads)
-        self.check_heads(heads)
-        heads = {(int(layer), int(head)) for layer, head in heads}  # a pair given twice is knocked out once
+        pairs = list(heads)  # heads may be an iterator: read once
+        self.check_heads(pairs)
+        heads = {(int(layer), int(head)) for layer, head in pairs}  # a pair given twice is knocked out once
         by_layer: dict[int, list[int]] = {}
         for layer, head in sorted(heads):
             by_layer.setdefault(layer, []).append(head)

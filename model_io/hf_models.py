@@ -360,7 +360,8 @@ def resolve_pretrained(name_or_folder: str | Path, cache_dir: Path | None = None
         return folder
     # owner/name where owner is a folder here may be a slip of the path (hf/lama beside hf/llama), or
     # a Hub id beside a folder of its owner's downloads: the Hub decides, and its refusals say both.
-    slip = f" ({folder.parent} is a folder here, but holds no {folder.name})" if folder.parent.is_dir() and folder.parent != Path(".") else ""
+    owner_here = folder.parent != Path(".") and folder.parent.is_dir()
+    slip = f" ({folder.parent} is a folder here, but holds no {folder.name})" if owner_here else ""
     return _download(str(name_or_folder), cache_dir, slip)
 
 
