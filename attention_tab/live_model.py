@@ -133,8 +133,9 @@ class ModelCache:
 
 
 def checkpoint_fields(run: str, loaded: LoadedModel) -> dict:
-    """What every answer says of the model that gave it: run, checkpoint (the file's name), step (the checkpoint's)."""
-    return {"run": run, "checkpoint": loaded.checkpoint.name, "step": loaded.step}
+    """What every answer says of the model that gave it: run, checkpoint (the file's name), step
+    (the checkpoint's), window (the model's: a query sees its W most recent keys; null: all)."""
+    return {"run": run, "checkpoint": loaded.checkpoint.name, "step": loaded.step, "window": loaded.model.config.window}
 
 
 def text_answer(run: str, loaded: LoadedModel, text: str, knocked_out: Collection[tuple[int, int]]) -> dict:

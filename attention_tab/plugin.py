@@ -6,6 +6,7 @@ data/plugin/tinyattn_attention/:
     settings                        JSON: what the page is told once, at load: the colour map, the metrics'
                                     labels, the token view's row height... (attention_tab/page_settings.py)
     runs                            JSON: each run with attention data, its steps, shape and labels,
+                                    its model's window (null: none; the page greys the keys it hides),
                                     whether it counts as trained (model_io/run_files.py: the tab opens
                                     the newest such run first), and kept: the steps of the checkpoints
                                     it kept along the way (train.keep_checkpoints)
@@ -58,7 +59,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from attention_tab.run_folders import init_from, kept_checkpoint_steps, logdir_roots, run_folder
-from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG, head_scalar_of, read_labels
+from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG, head_scalar_of, read_probe
 from model_io.run_files import is_trained
 from user_error import UserError, quoted
 
@@ -148,8 +149,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
             for tag, series in sorted(tags.items()):
                 steps = self.steps(ctx, experiment, run, tag, series)
                 shape = next(iter(steps.values())).shape
-                runs.append({"run": run, "tag": tag, "steps": sorted(steps), "shape": list(shape),
-                             "labels": read_labels(series.plugin_content), "trained": trained, "kept": kept})
+                labels, window = read_probe(series.plugin_content)
+                runs.append({"run": run, "tag": tag, "steps": sorted(steps), "shape": list(shape), "labels": labels,
+                             "window": window, "trained": trained, "kept": kept})
         return json_response(request, {"runs": runs})
 
     @wrappers.Request.application

@@ -1,14 +1,15 @@
 """Attention weights as a labelled heatmap image, drawn with Pillow (a few ms per map).
 
-    render_attention_map(weights, labels, title) -> (H, W, 3) uint8 array
-    render_head_grid(weights, title) -> (H, W, 3) uint8 array: every head of every layer,
+    render_attention_map(weights, labels, title, window=None) -> (H, W, 3) uint8 array
+    render_head_grid(weights, title, window=None) -> (H, W, 3) uint8 array: every head of every layer,
         one small unlabelled map each, layers as rows and heads as columns
 
 Rows are queries (the token doing the looking), columns are keys (the tokens looked at),
 both labelled with their token text. Colour is the weight on a fixed viridis scale, the
 same for every head and step so maps compare; the scale is square-root (the colour bar is
 ticked in true weights), because most weights are small and a linear scale hides them.
-Cells a query cannot see (the future) are pale grey: "cannot look" is not "chose not to".
+Cells a query cannot see (the future, and with a window W the keys W or more tokens back) are
+pale grey: "cannot look" is not "chose not to".
 """
 
 from functools import lru_cache
@@ -63,11 +64,12 @@ def readable_token(piece: str, unicode_ok: bool = True) -> str:
 
 
 def render_attention_map(
-    weights: np.ndarray, labels: list[str], title: str, causal: bool = True, cell: int | None = None
+    weights: np.ndarray, labels: list[str], title: str, causal: bool = True, cell: int | None = None,
+    window: int | None = None,
 ) -> np.ndarray:
     """weights: (T, T), rows = queries, columns = keys; labels: T token strings. causal: the
-    future (above the diagonal) is drawn as hidden. cell: pixels per weight (default: up to 16,
-    the map at most about 720 px)."""
+    future (above the diagonal) is drawn as hidden, and with a window (the model's window) the
+    keys too far back. cell: pixels per weight (default: up to 16, the map at most about 720 px)."""
     T = weights.shape[0]
     font, unicode_ok = label_font()
     labels = [readable_token(label, unicode_ok)[:12] for label in labels]
@@ -84,7 +86,7 @@ def render_attention_map(
     # The grid: each weight becomes a cell x cell block of its colour.
     shade = COLORMAP[colour_level(weights)]  # (T, T, 3)
     if causal:
-        shade[np.triu(np.ones((T, T), dtype=bool), k=1)] = FUTURE
+        shade[hidden_cells(T, window)] = FUTURE
     cells = shade.repeat(cell, axis=0).repeat(cell, axis=1)  # (T * cell, T * cell, 3)
 
     image = Image.new("RGB", (width, height), BACKGROUND)
@@ -106,7 +108,7 @@ def render_attention_map(
     return np.asarray(image)
 
 
-def render_head_grid(weights: np.ndarray, title: str) -> np.ndarray:
+def render_head_grid(weights: np.ndarray, title: str, window: int | None = None) -> np.ndarray:
     """weights: (L, H, T, T). The same colours as render_attention_map, without token labels."""
     L, H, T, _ = weights.shape
     font, _ = label_font()
@@ -117,7 +119,7 @@ def render_head_grid(weights: np.ndarray, title: str) -> np.ndarray:
     image = Image.new("RGB", (left + H * (side + gap), top + L * (side + gap)), BACKGROUND)
     draw = ImageDraw.Draw(image)
     draw.text((pad, pad), title, font=font, fill=INK)
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    hidden = hidden_cells(T, window)
     for head in range(H):
         draw.text((left + head * (side + gap) + side // 2, top - pad), f"head {head}", font=font, fill=INK, anchor="mb")
     for layer in range(L):
@@ -125,10 +127,19 @@ def render_head_grid(weights: np.ndarray, title: str) -> np.ndarray:
         draw.text((left - pad, y + side // 2), f"layer {layer}", font=font, fill=INK, anchor="rm")
         for head in range(H):
             shade = COLORMAP[colour_level(weights[layer, head])]  # (T, T, 3)
-            shade[future] = FUTURE
+            shade[hidden] = FUTURE
             cells = shade.repeat(cell, axis=0).repeat(cell, axis=1)  # (T * cell, T * cell, 3)
             image.paste(Image.fromarray(cells), (left + head * (side + gap), y))
     return np.asarray(image)
+
+
+def hidden_cells(T: int, window: int | None = None) -> np.ndarray:
+    """(T, T) bool, True where query t cannot see key s: the future (s > t), and with a window W
+    the keys W or more back (s <= t - W), as the model's band mask hides them (model/attention.py)."""
+    hidden = np.triu(np.ones((T, T), dtype=bool), k=1)  # (T, T): above the diagonal
+    if window is not None:
+        hidden |= np.tril(np.ones((T, T), dtype=bool), k=-window)  # (T, T): W or more below it
+    return hidden
 
 
 def colour_level(weights: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 
     tag attention/weights, plugin tinyattn_attention
     tensor   (n_layer, n_head, T, T) float16: the probe's attention weights, rows are queries
-    content  JSON {"version": 1, "labels": [T token labels, as the heatmaps print them]}
+    content  JSON {"version": 1, "labels": [T token labels, as the heatmaps print them],
+                   "window": the model's window W (a query sees the W most recent keys), or null}
 
 and one scalar per head for each metric the tab shows, under {prefix}/layer_{l}/head_{h}
 (head_scalar_tag writes the name, head_scalar_of reads it back); TAB_METRICS names them.
@@ -77,9 +78,9 @@ def head_scalar_of(tag: str) -> tuple[str, int, int] | None:
     return METRIC_OF_PREFIX[parts[0]], parts[1], parts[2]
 
 
-def weights_summary(weights: np.ndarray, labels: list[str]) -> Summary:
-    """weights: (n_layer, n_head, T, T); labels: the T probe tokens."""
-    content = json.dumps({"version": FORMAT_VERSION, "labels": labels}).encode()
+def weights_summary(weights: np.ndarray, labels: list[str], window: int | None = None) -> Summary:
+    """weights: (n_layer, n_head, T, T); labels: the T probe tokens; window: the model's."""
+    content = json.dumps({"version": FORMAT_VERSION, "labels": labels, "window": window}).encode()
     metadata = SummaryMetadata(
         plugin_data=SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=content),
         data_class=DATA_CLASS_TENSOR,  # without it TensorBoard's data provider does not list the tensor
@@ -88,6 +89,7 @@ def weights_summary(weights: np.ndarray, labels: list[str]) -> Summary:
     return Summary(value=[Summary.Value(tag=WEIGHTS_TAG, metadata=metadata, tensor=tensor)])
 
 
-def read_labels(content: bytes) -> list[str]:
-    """The probe's token labels from a summary's plugin content."""
-    return json.loads(content)["labels"]
+def read_probe(content: bytes) -> tuple[list[str], int | None]:
+    """(the probe's token labels, the model's window or None) from a summary's plugin content."""
+    probe = json.loads(content)
+    return probe["labels"], probe.get("window")  # event files written before the window have none

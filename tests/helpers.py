@@ -635,7 +635,8 @@ def young_run(logdir: Path, request: pytest.FixtureRequest) -> None:
 
 def made_up_runs(logdir: Path, request: pytest.FixtureRequest) -> None:
     """Runs of made-up weights: "big", a 12 x 12 model on 128 tokens; "uniform", heads that weigh every
-    visible token the same; "a-trained", the only one that trained 100 steps (to step 150)."""
+    visible token the same; "windowed", the same within a window of 3 (each query sees its 3 most
+    recent keys); "a-trained", the only one that trained 100 steps (to step 150)."""
     big = RunLogger(logdir / "big")
     for step in (0, 5, 10):
         big.attention_weights(step, made_up_attention(step, 12, 12, 128), [f"t{i}" for i in range(128)])
@@ -643,6 +644,10 @@ def made_up_runs(logdir: Path, request: pytest.FixtureRequest) -> None:
     uniform = RunLogger(logdir / "uniform")
     uniform.attention_weights(0, torch.ones(2, 2, 6, 6).tril() / torch.arange(1, 7).view(6, 1), list("abcdef"))
     uniform.close()
+    windowed = RunLogger(logdir / "windowed")
+    band = torch.ones(6, 6).tril() - torch.ones(6, 6).tril(-3)  # (6, 6): 1 on the 3 most recent keys
+    windowed.attention_weights(0, (band / band.sum(-1, keepdim=True)).expand(2, 2, 6, 6), list("abcdef"), window=3)
+    windowed.close()
     trained = RunLogger(logdir / "a-trained")
     trained.scalars(150, {"loss/train": 2.0})
     trained.attention_weights(150, made_up_attention(150, 2, 2, 6), list("abcdef"))

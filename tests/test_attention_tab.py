@@ -107,7 +107,7 @@ def test_runs_lists_the_logged_steps_shape_probe_labels_and_kept_checkpoints(ser
     (run,) = attention_runs(base)
     labels = json.loads(events.SummaryMetadata(WEIGHTS_TAG).plugin_data.content)["labels"]
     assert run == {"run": name, "tag": WEIGHTS_TAG, "steps": [0, 10, 20], "shape": [2, 2, 24, 24], "labels": labels,
-                   "trained": False, "kept": [10]}  # 20 steps: a test run (model_io/run_files.py, MIN_STEPS); the fixture kept step 10
+                   "window": None, "trained": False, "kept": [10]}  # 20 steps: a test run (model_io/run_files.py, MIN_STEPS); the fixture kept step 10
 
 
 def test_each_steps_weights_come_back_byte_for_byte(served, trained_run):
@@ -177,18 +177,19 @@ def test_every_step_is_kept_and_a_run_still_writing_shows_its_new_steps(tmp_path
     logger.close()
 
 
-def test_runs_say_which_count_as_trained_100_steps_or_from_pretrained_weights(tmp_path):
+def test_runs_say_which_count_as_trained_100_steps_or_from_pretrained_weights_and_each_models_window(tmp_path):
     """The tab opens the newest such run first (tests/test_attention_tab_browser.py), as run=latest picks."""
-    for name, steps in (("short", 1), ("long", 150), ("pretrained", 0)):
+    for name, steps, window in (("short", 1, None), ("long", 150, 3), ("pretrained", 0, None)):
         logger = RunLogger(tmp_path / name)
         logger.scalars(steps, {"loss/train": 3.0})
-        logger.attention_weights(steps, weights_at(0), list("abcde"))
+        logger.attention_weights(steps, weights_at(0), list("abcde"), window)
         logger.close()
     (tmp_path / "pretrained" / ".hydra").mkdir()
     (tmp_path / "pretrained" / ".hydra" / "config.yaml").write_text("init_from: gpt2\ntrain:\n  max_steps: 0\n")
     with tensorboard_server("--logdir", str(tmp_path)) as base:
         runs = attention_runs(base, lambda runs: len(runs) == 3)
     assert {run["run"]: run["trained"] for run in runs} == {"short": False, "long": True, "pretrained": True}
+    assert {run["run"]: run["window"] for run in runs} == {"short": None, "long": 3, "pretrained": None}
 
 
 SENTENCE = "Once upon a time, a girl named Alice met a dog. Alice"

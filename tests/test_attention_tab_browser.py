@@ -26,7 +26,7 @@ from attention_tab.browser import attention_runs, choose_run, headless_chromium,
 from attention_tab.page_settings import MIN_LINE_WEIGHT
 from data.tokenizer import special_ids
 from inspection.head_metrics import induction_probe
-from inspection.heatmap import COLORMAP
+from inspection.heatmap import COLORMAP, FUTURE, colour_level, hidden_cells
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
@@ -77,7 +77,7 @@ SHORT_TIMERS = """if (location.pathname.endsWith("/plugin_entry.html")) {
 @pytest.fixture(scope="module")
 def browser(logdir, live):
     with tensorboard_server("--logdir", str(logdir)) as base, headless_chromium(1280, 800) as driver:
-        attention_runs(base, until=lambda runs: len(runs) == 6)
+        attention_runs(base, until=lambda runs: len(runs) == 7)
         driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SHORT_TIMERS})
         open_tab(driver, base)
         driver.opened_first = js(driver, "return document.body.dataset.drawnRun")
@@ -279,6 +279,25 @@ def test_among_equal_weights_the_earliest_key_is_the_top_one(tab):
     assert top_marks(tab, "key") == {0: 0, 1: 0}
     point_at(tab, "key", 2)
     assert top_marks(tab, "query") == {0: 2, 1: 2}
+
+
+def test_a_window_models_maps_grey_the_keys_too_far_back_and_the_readout_says_why(tab):
+    choose_run(tab, "windowed")  # each query weighs its 3 most recent keys 1 / 3 (fewer at the start)
+    assert "the keys 3 or more back (the model's window)" in tab.find_element(By.CSS_SELECTOR, ".matrix-view .hint").text
+    pixels = js(tab, """const c = document.querySelector("canvas.matrix");
+      return Array.from(c.getContext("2d").getImageData(0, 0, c.width, c.height).data);""")
+    image = np.array(pixels, dtype=np.uint8).reshape(6, 6, 4)[..., :3]
+    visible_weight = 1 / np.minimum(np.arange(1, 7), 3)  # (6,): each query's weight on each key it sees
+    for query, key in np.ndindex(6, 6):
+        expected = FUTURE if hidden_cells(6, 3)[query, key] else COLORMAP[colour_level(np.float16(visible_weight[query]))]
+        assert tuple(image[query, key]) == tuple(expected), (query, key)
+    canvas = tab.find_element(By.CSS_SELECTOR, "canvas.matrix")
+    cell = canvas.size["width"] / 6
+    for (query, key), said in {(5, 1): "masked (3 or more back: outside the window)", (1, 4): "masked (the future)"}.items():
+        x, y = (key + 0.5) * cell - canvas.size["width"] / 2, (query + 0.5) * cell - canvas.size["height"] / 2
+        ActionChains(tab).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+        readout = tab.find_element(By.CSS_SELECTOR, ".readout")
+        assert readout.text.endswith(said) and readout.get_attribute("data-weight") == ""
 
 
 def test_a_run_still_training_shows_its_new_steps_and_the_slider_follows(tab, live):

@@ -1,8 +1,18 @@
 """inspection/heatmap.py: the attention maps TensorBoard shows, token labels and colours."""
 
 import numpy as np
+import torch
 
-from inspection.heatmap import COLORMAP, FUTURE, colour_level, readable_token, render_attention_map
+from inspection.heatmap import (
+    COLORMAP,
+    FUTURE,
+    colour_level,
+    hidden_cells,
+    readable_token,
+    render_attention_map,
+    render_head_grid,
+)
+from tests.helpers import tiny_gpt
 
 
 def test_readable_token_marks_spaces_and_newlines():
@@ -36,3 +46,19 @@ def test_heatmap_colours_each_cell_by_its_weight_and_greys_the_future():
     ys, xs = np.nonzero((image == bright).all(-1))
     fy, fx = np.nonzero((image == future).all(-1))
     assert fx.mean() > xs.min() and fy.mean() < ys.max()  # the future sits up and to the right
+
+
+def test_a_window_greys_exactly_the_keys_the_model_gives_no_weight_as_it_greys_the_future():
+    T, W = 8, 3
+    model = tiny_gpt(window=W).eval()
+    with torch.no_grad():
+        weights = model.attention_weights(torch.randint(0, 65, (1, T), generator=torch.Generator().manual_seed(0)))[:, 0].numpy()
+    hidden = hidden_cells(T, W)  # (T, T)
+    assert ((weights == 0) == hidden).all()  # the model's band: no weight beyond it, some on every key within it
+    assert (hidden == hidden_cells(T) | np.tril(np.ones((T, T), dtype=bool), k=-W)).all() and hidden[W, 0] and not hidden[W, 1]
+    # Each cell the window hides adds cell x cell grey pixels to each head's map (20 px a cell at T = 8).
+    grey = {window: int((render_head_grid(weights, "t", window) == FUTURE).all(-1).sum()) for window in (None, W)}
+    assert grey[W] - grey[None] == (hidden.sum() - hidden_cells(T).sum()) * 20 * 20 * 4  # 2 layers x 2 heads
+    drawn = {window: int((render_attention_map(weights[0, 0], list("abcdefgh"), "t", cell=4, window=window) == FUTURE)
+                         .all(-1).sum()) for window in (None, W)}
+    assert drawn[W] - drawn[None] == (hidden.sum() - hidden_cells(T).sum()) * 4 * 4

@@ -1,5 +1,8 @@
 """training/jobs.py: when the loop's periodic jobs are due."""
 
+from tensorboard.util.tensor_util import make_ndarray
+
+from inspection.tab_format import WEIGHTS_TAG, read_probe
 from tests.helpers import read_events, run_cli, tiny_run
 from training.jobs import Every
 
@@ -12,14 +15,17 @@ def test_a_job_is_due_every_interval_and_at_the_last_step():
     assert not Every(0)(0, last=False) and not Every(0)(20, last=True)  # 0: off, even at the end
 
 
-def test_attn_log_at_start_false_draws_no_maps_or_head_numbers_of_the_untrained_model(tmp_path):
+def test_attn_log_at_start_false_draws_no_maps_of_the_untrained_model_and_the_maps_say_the_models_window(tmp_path):
     # (Every's at_start is checked above; this is the option's way from the command line to the job.)
     result = run_cli("train.py", *tiny_run(**{
         "train.max_steps": 2, "train.eval_interval": 2, "train.attn_log_interval": 2, "train.sample_interval": 0,
-        "train.attn_log_at_start": False, "hydra.run.dir": "run"}), cwd=tmp_path)
+        "train.attn_log_at_start": False, "model.window": 4, "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     events = read_events(tmp_path / "run")
     head_tags = [tag for tag in events.Tags()["scalars"] if tag.startswith("head_")]
     assert head_tags
     assert {event.step for event in events.Images("attention/all_heads")} == {2}
     assert {event.step for tag in head_tags for event in events.Scalars(tag)} == {2}
+    (maps,) = events.Tensors(WEIGHTS_TAG)
+    labels, window = read_probe(events.SummaryMetadata(WEIGHTS_TAG).plugin_data.content)
+    assert window == 4 and len(labels) == make_ndarray(maps.tensor_proto).shape[-1] == 24  # the tab greys keys 4 or more back

@@ -2,23 +2,27 @@
 only to a folder under TensorBoard's logdir, and its model is cached within a bound."""
 
 import argparse
+import base64
 import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
-from attention_tab.live_model import LoadedModel, ModelCache, model_bytes
+from attention_tab.live_model import LoadedModel, ModelCache, model_bytes, text_answer
 from attention_tab.plugin import DTYPES, AttentionLoader
 from attention_tab.run_folders import logdir_roots, run_folder
+from data.tokenizer import CharTokenizer
+from inspection.heatmap import hidden_cells
 from inspection.repeated_tokens import forward_repeated
 from inspection.text_forward import forward_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import kept_checkpoint_path
 from runtime.precision import WEIGHT_DTYPES
-from tests.helpers import hydra_run_folders, save_circuit
+from tests.helpers import hydra_run_folders, save_circuit, tiny_gpt
 from user_error import UserError
 
 # Hydra's run folders, a secret beside them and a link out to it: tests/helpers.py's builder.
@@ -157,6 +161,18 @@ def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits
     fp32, bf16 = read["fp32"], read["bf16"]
     assert not torch.equal(bf16.predictions.log_probs.float(), fp32.predictions.log_probs)
     torch.testing.assert_close(bf16.predictions.log_probs.float(), fp32.predictions.log_probs, atol=0.15, rtol=0.03)
+
+
+def test_an_answer_names_the_models_window_so_the_page_greys_the_keys_it_hides(tmp_path):
+    tokenizer = CharTokenizer(list("abcdefgh"))
+    for window in (None, 3):
+        model = tiny_gpt(vocab_size=tokenizer.vocab_size, window=window).eval()
+        loaded = LoadedModel(model, tokenizer, tmp_path / "ckpt_best.pt", 0, (0, 0), model_bytes(model))
+        answer = text_answer("run", loaded, "abcdefg", [])
+        assert answer["window"] == window
+        T = len(answer["labels"])
+        weights = np.frombuffer(base64.b64decode(answer["weights"]), dtype="<f2").reshape(answer["shape"])
+        assert ((weights == 0) == hidden_cells(T, window)).all()  # what the page greys is what the model hid
 
 
 def counting_forwards(trained_run):

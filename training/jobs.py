@@ -111,9 +111,10 @@ class AttentionMaps:
 
     def draw(self, state: TrainState) -> None:
         weights = self.model.attention_weights(self.probe)[:, 0]  # (L, H, T, T)
-        self.tb.attention_maps(state.step, weights, self.labels)
-        self.tb.head_grid(state.step, weights)
-        self.tb.attention_weights(state.step, weights, self.labels)
+        window = self.model.config.window
+        self.tb.attention_maps(state.step, weights, self.labels, window)
+        self.tb.head_grid(state.step, weights, window)
+        self.tb.attention_weights(state.step, weights, self.labels, window)
         metrics = head_metrics(weights)
         if self.induction is not None:
             induction_weights = self.model.attention_weights(self.induction)[:, 0]  # (L, H, 2n, 2n)

@@ -68,27 +68,30 @@ class RunLogger:
         if self.writer:
             self.writer.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
 
-    def attention_maps(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
-        """weights: (n_layer, n_head, T, T) for one probe sequence; labels: T token strings."""
+    def attention_maps(self, step: int, weights: torch.Tensor, labels: list[str], window: int | None = None) -> None:
+        """weights: (n_layer, n_head, T, T) for one probe sequence; labels: T token strings;
+        window: the model's (the keys it hides are drawn grey, as the future is)."""
         if not self.writer:
             return
         weights_np = weights.float().cpu().numpy()
         for layer in range(weights_np.shape[0]):
             for head in range(weights_np.shape[1]):
                 title = f"layer {layer} · head {head} · step {step}    rows: queries, columns: keys"
-                image = render_attention_map(weights_np[layer, head], labels, title)
+                image = render_attention_map(weights_np[layer, head], labels, title, window=window)
                 self.writer.add_image(attention_tag(layer, head), image, step, dataformats="HWC")
 
-    def attention_weights(self, step: int, weights: torch.Tensor, labels: list[str]) -> None:
+    def attention_weights(self, step: int, weights: torch.Tensor, labels: list[str], window: int | None = None) -> None:
         """weights: (n_layer, n_head, T, T), for the Attention tab (inspection/tab_format.py)."""
         if self.writer:
             numbers = weights.detach().to(torch.float16).cpu().numpy()
-            self.writer.file_writer.add_summary(weights_summary(numbers, [readable_token(s) for s in labels]), step)
+            summary = weights_summary(numbers, [readable_token(s) for s in labels], window)
+            self.writer.file_writer.add_summary(summary, step)
 
-    def head_grid(self, step: int, weights: torch.Tensor) -> None:
+    def head_grid(self, step: int, weights: torch.Tensor, window: int | None = None) -> None:
         """weights: (n_layer, n_head, T, T): all heads in one image, to scrub through time."""
         if self.writer:
-            image = render_head_grid(weights.float().cpu().numpy(), f"all heads · step {step}    rows: queries, columns: keys")
+            image = render_head_grid(weights.float().cpu().numpy(), f"all heads · step {step}    rows: queries, columns: keys",
+                                     window)
             self.writer.add_image("attention/all_heads", image, step, dataformats="HWC")
 
     def head_metrics(self, step: int, metrics: dict[str, torch.Tensor]) -> None:

@@ -1,5 +1,5 @@
 // The colours of the tab: weights on the heatmap images' scale (inspection/heatmap.py: viridis on
-// the square root of the weight, 256 levels; future cells grey), one colour per head, and a
+// the square root of the weight, 256 levels; cells a query cannot see grey), one colour per head, and a
 // diverging scale (blue, white, red) for signed numbers: shares of a logit, what a patch restores.
 
 let LEVELS = null;  // [256][3]: level i is viridis at i / 255, as the settings route sends the heatmaps' table
@@ -13,8 +13,14 @@ export function useColours({colormap, future}) {
   PACKED_FUTURE = new Uint32Array(new Uint8Array([...future, 255]).buffer)[0];
 }
 
-// A head's T x T map into a canvas, one pixel per cell (CSS scales it up, unsmoothed).
-export function paintMap(canvas, map, T) {
+// Whether a query cannot see a key: the future, and with the model's window W (null: none) the
+// keys W or more back, as inspection/heatmap.py's hidden_cells draws them.
+export function hidden(query, key, windowSize) {
+  return key > query || (windowSize !== null && windowSize !== undefined && query - key >= windowSize);
+}
+
+// A head's T x T map into a canvas, one pixel per cell (CSS scales it up, unsmoothed); windowSize: the model's.
+export function paintMap(canvas, map, T, windowSize = null) {
   if (canvas.width !== T || canvas.height !== T) [canvas.width, canvas.height] = [T, T];
   const context = canvas.getContext("2d");
   const image = context.createImageData(T, T);
@@ -22,7 +28,7 @@ export function paintMap(canvas, map, T) {
   for (let query = 0; query < T; query++) {
     for (let key = 0; key < T; key++) {
       const weight = map[query * T + key];
-      pixels[query * T + key] = key > query ? PACKED_FUTURE
+      pixels[query * T + key] = hidden(query, key, windowSize) ? PACKED_FUTURE
         : PACKED[Math.round(Math.sqrt(Math.min(1, Math.max(0, weight || 0))) * 255)];  // NaN (a model gone non-finite) as 0
     }
   }

@@ -73,7 +73,7 @@ async function modelAnswer(response) {
   if (!response.ok) throw new Error(await refusal(response));
   const answer = await response.json();
   const bytes = Uint8Array.from(atob(answer.weights), (c) => c.charCodeAt(0));
-  return {...answer, weights: halfWeights(answer.shape, bytes.buffer)};
+  return {...answer, weights: halfWeights(answer.shape, bytes.buffer, answer.window)};
 }
 
 // float16 bits -> float32, for all 65536 bit patterns at once.
@@ -92,20 +92,22 @@ function halfToFloat() {
   return halfTable;
 }
 
-// float16 bytes (n_layer, n_head, T, T) -> StepWeights.
-function halfWeights(shape, buffer) {
+// float16 bytes (n_layer, n_head, T, T) -> StepWeights of a model with that window (null: none).
+function halfWeights(shape, buffer, windowSize) {
   const bits = new Uint16Array(buffer);
   const table = halfToFloat();
   const values = new Float32Array(bits.length);
   for (let i = 0; i < bits.length; i++) values[i] = table[bits[i]];
-  return new StepWeights(shape, values);
+  return new StepWeights(shape, values, windowSize ?? null);
 }
 
-// One logged step (or your text): weights of every layer and head.
+// One logged step (or your text): weights of every layer and head, and the model's window (null:
+// none), which hides the keys W or more back from each query.
 export class StepWeights {
-  constructor(shape, values) {
+  constructor(shape, values, windowSize = null) {
     [this.nLayer, this.nHead, this.T] = shape;
     this.values = values;  // Float32Array (n_layer * n_head * T * T)
+    this.window = windowSize;
   }
 
   at(layer, head, query, key) {
@@ -136,7 +138,7 @@ export class RunWeights {
   }
 
   async step(step) {
-    return halfWeights(this.run.shape, await this.load(step));
+    return halfWeights(this.run.shape, await this.load(step), this.run.window);
   }
 
   // Every step ahead of time, when all of them are small enough to keep (the step slider is then

@@ -1,7 +1,7 @@
 // Matrix view: one head's weights as a heatmap, queries down, keys across, on the heatmap
 // images' colour scale. The pointer (or the arrow keys, once the map has focus) reads out the
 // exact weight with its query and key; a click sends that query to the token view.
-import {paintMap} from "./colours.js";
+import {hidden, paintMap} from "./colours.js";
 import {el} from "./dom.js";
 
 const SIZE = 352;  // px the map takes at most
@@ -17,9 +17,10 @@ export class MatrixView {
       onclick: (event) => this.pinAt(event), onkeydown: (event) => this.key(event)});
     this.row = el("div", {class: "matrix-row", "aria-hidden": "true"});
     this.readout = el("p", {class: "readout", "aria-live": "polite"}, ASK);
+    this.hint = el("p", {class: "hint"});  // what grey means: the model's window, if any, hides more than the future
     this.root = el("section", {class: "panel matrix-view", "aria-label": "Matrix view"}, this.title,
       el("div", {class: "matrix-frame"}, this.canvas, this.row),
-      el("p", {class: "hint"}, "rows: queries · columns: keys · grey: the future, masked"), this.readout,
+      this.hint, this.readout,
       headMetrics.root);
   }
 
@@ -29,7 +30,10 @@ export class MatrixView {
     this.cell = Math.max(2, Math.floor(SIZE / T));
     const out = reading?.knocked_out.some(([l, h]) => l === layer && h === head);
     this.title.textContent = `Matrix view · layer ${layer} · head ${head}${out ? " · knocked out: where it would look" : ""}`;
-    paintMap(this.canvas, weights.map(layer, head), T);
+    const windowSize = weights.window;
+    this.hint.textContent = `rows: queries · columns: keys · grey: masked, the future${windowSize === null ? ""
+      : ` and the keys ${windowSize} or more back (the model's window)`}`;
+    paintMap(this.canvas, weights.map(layer, head), T, windowSize);
     this.canvas.style.width = this.canvas.style.height = `${T * this.cell}px`;
     const query = token.side === "query" ? token.index : null;
     this.row.hidden = query === null;
@@ -72,8 +76,9 @@ export class MatrixView {
     }
     const [query, key] = cell;
     const {weights, layer, head, labels} = this.state;
-    const weight = key > query ? null : weights.at(layer, head, query, key);
-    const shown = weight === null ? "masked (the future)" : weight.toPrecision(4);
+    const weight = hidden(query, key, weights.window) ? null : weights.at(layer, head, query, key);
+    const shown = weight !== null ? weight.toPrecision(4) : key > query ? "masked (the future)"
+      : `masked (${weights.window} or more back: outside the window)`;
     this.readout.textContent = `query ${query} “${labels[query]}” → key ${key} “${labels[key]}”: ${shown}`;
     Object.assign(this.readout.dataset, {query, key, weight: weight ?? ""});
   }

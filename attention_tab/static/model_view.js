@@ -51,7 +51,7 @@ export class ModelView {
     this.hint.textContent = reading ? "Click a head to open it; its ✕ knocks it out (again: back), and the model reads again without it."
       : "Click a head to open it. To knock heads out, show your text or repeated random tokens: the run's model reads them.";
     for (const {cell, open, knock, canvas, badge, layer: l, head: h} of this.cells) {
-      paintMap(canvas, weights.map(l, h), weights.T);
+      paintMap(canvas, weights.map(l, h), weights.T, weights.window);
       const value = this.metric.value ? metricAt(this.metric.value, l, h) : null;
       const knocked = out.has(`${l}:${h}`);
       badge.textContent = knocked ? "out" : this.metric.value ? formatValue(value, 2) : "";
