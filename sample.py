@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from cli.checkpoint_commands import validate_sample_config
-from cli.errors import exit_on_user_error, run_cli
+from cli.errors import compile_failure, exit_on_user_error, run_cli
 from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, generate_text, lay_out_for_decoding, terminal_text
 from model_io.checkpoint import Checkpoint
@@ -37,7 +37,8 @@ def sample(cfg: DictConfig) -> None:
     device = pick_device(cfg.device, machine, key="device")
     validate_sample_config(cfg)
     dtype, warning = weights_dtype(str(cfg.dtype), device, machine)
-    if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
+    compiles = cfg.compile and cfg.max_new_tokens > 1  # one new token needs no decode step
+    if compiles:
         check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     path = resolve_checkpoint(str(cfg.run))
     if str(cfg.run) == "latest":
@@ -49,7 +50,7 @@ def sample(cfg: DictConfig) -> None:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     if device.type == "cpu" and not cfg.compile:
         lay_out_for_decoding(model)  # float32's one-row matmuls read faster from (in, out) there
-    if cfg.compile and cfg.max_new_tokens > 1:  # one new token needs no decode step
+    if compiles:
         print("compile=true: compiling the decode step first (seconds; longer the first time on this machine, "
               "before Inductor has cached its kernels)", file=sys.stderr, flush=True)
 
@@ -65,9 +66,10 @@ def sample(cfg: DictConfig) -> None:
             raise UserError(f"{path}: the model's next-token logits are NaN or inf at dtype={cfg.dtype} (float16, "
                             "whose largest number is 65,504); sample with dtype=bf16 or fp32") from None
         raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None
-    except torch._dynamo.exc.BackendCompilerFailed as error:  # only compile=true gets here
-        reason = str(error).strip().splitlines()[0]
-        raise UserError(f"compile=true: Inductor could not compile the decode step ({reason}); "
+    except RuntimeError as error:
+        if (reason := compile_failure(error)) is None:
+            raise
+        raise UserError(f"compile=true: Inductor could not compile the decode step ({reason}); "  # only compile=true gets here
                         "run with compile=false") from None
     for i, text in enumerate(texts):
         if cfg.num_samples > 1:

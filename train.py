@@ -24,12 +24,11 @@ from pathlib import Path
 
 import hydra
 import numpy as np
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
-from cli.errors import exit_on_user_error, run_cli
+from cli.errors import compile_failure, exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from cli.run_spec import run_spec
 from data.batches import get_batch
@@ -79,11 +78,10 @@ def main(cfg: DictConfig) -> float:
             if stopped is not None:
                 raise stopped
             return best_val_loss
-        except torch._dynamo.exc.BackendCompilerFailed as error:  # only train.compile=true gets here
-            reason = str(error).strip().splitlines()[0]
-            raise UserError(f"train.compile=true: torch.compile could not build the model ({reason}); "
-                            "run with train.compile=false") from None
         except RuntimeError as error:
+            if (reason := compile_failure(error)) is not None:  # only train.compile=true gets here
+                raise UserError(f"train.compile=true: torch.compile could not build the model ({reason}); "
+                                "run with train.compile=false") from None
             if not lost_contact(error):
                 raise
             raise UserError(f"rank {env_rank()} lost contact with the other processes: one of them stopped "

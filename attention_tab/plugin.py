@@ -66,7 +66,8 @@ from user_error import UserError, quoted
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 HEAD_PAIR = re.compile(r"(\d{1,9}):(\d{1,9})")  # knocked_out=1:0,2:3
-DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
+TAB_DEVICE_TYPES = ("cpu", "cuda", "mps")  # runtime/devices.py's DEVICE_TYPES, written without torch (a test keeps them equal)
+DEVICE = re.compile(rf"({'|'.join(TAB_DEVICE_TYPES)})(:\d+)?")
 DTYPES = ("fp32", "bf16", "fp16")  # runtime.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
 
 

@@ -42,6 +42,17 @@ def exit_on_user_error(full_errors_asked: bool = False) -> Iterator[None]:
         sys.exit(130)
 
 
+def compile_failure(error: BaseException) -> str | None:
+    """The first line of what torch.compile said, if error is its failure to build (Inductor's
+    C++ compiler refused, say); None for any other error. torch._dynamo is looked up, not imported:
+    only a compile loads it, and an error of a run that compiled nothing is said without its second
+    of import."""
+    dynamo_errors = sys.modules.get("torch._dynamo.exc")
+    if dynamo_errors is None or not isinstance(error, dynamo_errors.BackendCompilerFailed):
+        return None
+    return str(error).strip().splitlines()[0]
+
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the scripts' config folder
 
 # The command-line flags Hydra itself reads (besides key=value overrides).

@@ -77,6 +77,7 @@ def served(request, logdir):
         deadline = time.monotonic() + 30
         while len(json.loads(get(f"{base}/data/runs")[2])) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)  # "young" and "circuit" too
+        assert len(json.loads(get(f"{base}/data/runs")[2])) == 3, "TensorBoard listed fewer than 3 runs in 30 s"
         yield base, name
 
 

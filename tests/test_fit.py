@@ -59,6 +59,7 @@ def test_fit_logs_each_steps_lr_loss_and_speed_as_it_returns_them(fitted):
     expected_lr = [lr_at(step - 1, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, 12, cfg.optim.schedule,
                          cfg.optim.decay_fraction) for step in range(1, 13)]
     assert [e.value for e in events.Scalars("train/lr")] == pytest.approx(expected_lr, rel=1e-6)
+    assert len(set(expected_lr)) == 4  # two warmup steps, flat, decay: an update one step off would log other values
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
 from attention_tab.live_model import LoadedModel, ModelCache, model_bytes, text_answer
-from attention_tab.plugin import DTYPES, AttentionLoader
+from attention_tab.plugin import DTYPES, TAB_DEVICE_TYPES, AttentionLoader
 from attention_tab.run_folders import logdir_roots, run_folder
 from data.tokenizer import CharTokenizer
 from inspection.heatmap import hidden_cells
@@ -21,6 +21,7 @@ from inspection.repeated_tokens import forward_repeated
 from inspection.text_forward import forward_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import kept_checkpoint_path
+from runtime.devices import DEVICE_TYPES
 from runtime.precision import WEIGHT_DTYPES
 from tests.helpers import hydra_run_folders, save_circuit, tiny_gpt
 from user_error import UserError
@@ -143,8 +144,10 @@ def test_the_text_box_runs_on_the_cpu_in_fp32_with_512_mb_of_models_unless_told_
     assert tuple(WEIGHT_DTYPES) == DTYPES  # the flag's choices, written without torch, are the precisions runtime/ knows
     flags = tensorboard_flags("--attention_tab_device", "cuda:1", "--attention_tab_cache_mb", "0")
     assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cuda:1", 0)
-    with pytest.raises(FlagsError, match="--attention_tab_device=gpu is not a device; give cpu, cuda, cuda:<index> or mps"):
-        tensorboard_flags("--attention_tab_device", "gpu")
+    for device in ("gpu", "xpu"):  # xpu: a torch device this project does not run on (runtime/devices.py)
+        with pytest.raises(FlagsError, match=f"--attention_tab_device={device} is not a device; give cpu, cuda, cuda:<index> or mps"):
+            tensorboard_flags("--attention_tab_device", device)
+    assert TAB_DEVICE_TYPES == DEVICE_TYPES
     with pytest.raises(FlagsError, match="--attention_tab_cache_mb=-1 must be at least 0"):
         tensorboard_flags("--attention_tab_cache_mb", "-1")
 

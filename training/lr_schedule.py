@@ -2,7 +2,8 @@
 
     cosine  a half cosine from lr to min_lr over all the steps after warmup
     wsd     warmup-stable-decay: lr held flat, then a straight line to min_lr over the last
-            decay_fraction of the steps; the flat part learns fast, the decay settles it (the default)
+            decay_fraction of the steps; the flat part learns fast, the decay settles it
+            (configs/optim/default.yaml's choice)
 """
 
 import math
@@ -11,8 +12,7 @@ SCHEDULES = ("cosine", "wsd")
 
 
 def lr_at(
-    step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int,
-    schedule: str = "cosine", decay_fraction: float = 0.2,
+    step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int, schedule: str, decay_fraction: float,
 ) -> float:
     """The lr for update number step (0 to max_steps - 1). Warmup rises linearly from
     lr / warmup_steps to lr at step warmup_steps - 1; then the schedule falls to min_lr,
