@@ -11,7 +11,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from cli.errors import CONFIGS, refused_value_line
 from cli.schema import typed_train_config
-from model.attention import ROPE_SCALING_KEYS, divisors
+from model.attention import ROPE_SCALING_KEYS, head_split_problem
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
 from user_error import UserError, as_typed, require
@@ -63,20 +63,14 @@ def validate_model_config(model: Any, new_model: bool) -> None:
     """validate_train_config's checks of the model's shape and options (cfg.model)."""
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         require(model[key] >= 1, f"model.{key}={model[key]} must be at least 1")
-    require(
-        model.head_dim is not None or model.n_embd % model.n_head == 0,
-        f"model.n_embd={model.n_embd} is not divisible by model.n_head={model.n_head}; "
-        f"pick model.n_head from {divisors(model.n_embd)} (or set model.head_dim)",
-    )
     for key in ("n_kv_head", "head_dim", "window", "mlp_hidden"):
         require(model[key] is None or model[key] >= 1, f"model.{key}={model[key]} must be at least 1, or null")
+    problem = head_split_problem(model.n_embd, model.n_head, model.n_kv_head, model.head_dim, key="model.")
+    require(problem is None, problem or "")
     require(not new_model or model.window is None or model.window < model.block_size or model.pos == "rope",
             f"model.window={model.window} hides nothing: no query sees more than model.block_size={model.block_size} "
             f"tokens, and with model.pos={model.pos} generation never looks further back; pick a window under "
             f"{model.block_size}, or null")
-    require(model.n_kv_head is None or model.n_head % model.n_kv_head == 0,
-            f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}: each key/value head serves "
-            f"n_head // n_kv_head query heads; pick model.n_kv_head from {divisors(model.n_head)}")
     require(model.rope_theta > 0, f"model.rope_theta={model.rope_theta} must be greater than 0, e.g. 10000")
     require(model.norm_eps is None or model.norm_eps > 0, f"model.norm_eps={model.norm_eps} must be greater than 0, or null")
     scaling = model.rope_scaling

@@ -157,14 +157,8 @@ class CausalSelfAttention(nn.Module):
         keys a query sees, itself included (None: all)."""
         super().__init__()
         n_kv_head = n_head if n_kv_head is None else n_kv_head
-        if head_dim is None and n_embd % n_head != 0:
-            raise ValueError(
-                f"n_embd={n_embd} is not divisible by n_head={n_head}: each head needs "
-                f"n_embd // n_head dimensions; pick n_head among {divisors(n_embd)}"
-            )
-        if n_kv_head < 1 or n_head % n_kv_head != 0:
-            raise ValueError(f"n_kv_head={n_kv_head} does not divide n_head={n_head}: each key/value head serves "
-                             f"n_head // n_kv_head query heads; pick n_kv_head among {divisors(n_head)}")
+        if (problem := head_split_problem(n_embd, n_head, n_kv_head, head_dim)) is not None:
+            raise ValueError(problem)
         if window is not None and window < 1:
             raise ValueError(f"window={window} must be at least 1 (the query's own token), or None")
         if attention not in ATTENTION_PATHS:
@@ -427,6 +421,20 @@ def rope_speeds(head_dim: int, theta: float = 10000.0, scaling: dict[str, float]
     blend = (context / wavelengths - low) / (high - low)  # (D/2,): 0 at the slow edge, 1 at the fast one
     between = (1 - blend) * speeds / factor + blend * speeds  # (D/2,)
     return torch.where(slow, speeds / factor, torch.where(fast, speeds, between))  # (D/2,)
+
+
+def head_split_problem(n_embd: int, n_head: int, n_kv_head: int | None = None, head_dim: int | None = None,
+                       key: str = "") -> str | None:
+    """What is wrong with splitting n_embd channels into n_head query heads that share n_kv_head
+    key/value heads, in one sentence naming each value as key + its name (key "model." on the
+    command line); None when nothing is."""
+    if head_dim is None and n_embd % n_head != 0:
+        return (f"{key}n_embd={n_embd} is not divisible by {key}n_head={n_head}: each head needs n_embd // n_head "
+                f"channels; pick {key}n_head from {divisors(n_embd)} (or set {key}head_dim)")
+    if n_kv_head is not None and (n_kv_head < 1 or n_head % n_kv_head != 0):
+        return (f"{key}n_kv_head={n_kv_head} does not divide {key}n_head={n_head}: each key/value head serves "
+                f"n_head // n_kv_head query heads; pick {key}n_kv_head from {divisors(n_head)}")
+    return None
 
 
 def divisors(n: int) -> list[int]:

@@ -152,7 +152,7 @@ def test_a_window_of_w_is_full_attention_over_the_last_w_tokens_and_never_reads_
 
 
 def test_n_head_not_a_multiple_of_n_kv_head_is_one_clear_line():
-    with pytest.raises(ValueError, match=r"^n_kv_head=3 does not divide n_head=4: .* pick n_kv_head among \[1, 2, 4\]$"):
+    with pytest.raises(ValueError, match=r"^n_kv_head=3 does not divide n_head=4: .* pick n_kv_head from \[1, 2, 4\]$"):
         CausalSelfAttention(32, 4, n_kv_head=3)
     with pytest.raises(ValueError, match=r"^n_kv_head=3 does not divide n_head=4"):
         GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=4, n_embd=32, n_kv_head=3))

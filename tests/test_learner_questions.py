@@ -449,7 +449,7 @@ def test_q13_transpose_swaps_two_dims_and_permute_names_them_all_and_neither_cop
 
 
 def test_q14_heads_must_divide_the_width_and_every_other_size_is_read_from_the_input():
-    with pytest.raises(ValueError, match=r"n_embd=10 is not divisible by n_head=3: .* pick n_head among \[1, 2, 5, 10\]"):
+    with pytest.raises(ValueError, match=r"n_embd=10 is not divisible by n_head=3: .* pick n_head from \[1, 2, 5, 10\]"):
         CausalSelfAttention(10, 3)
     torch.manual_seed(0)
     module = CausalSelfAttention(12, 3, attention="manual")  # H and D = 12 // 3 come from the module's sizes...

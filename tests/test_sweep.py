@@ -47,8 +47,9 @@ def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path
     result = run_cli("train.py", "-m", *tiny_run(**sweep, **{"hydra.sweep.dir": "sweep"}), cwd=tmp_path)
     assert_one_error_line(result, message)
     if "model.n_head" in sweep:
-        assert result.stderr.rstrip().endswith("is not divisible by model.n_head=3; pick model.n_head from "
-                                               "[1, 2, 4, 8, 16, 32] (or set model.head_dim); no job has run")
+        assert result.stderr.rstrip().endswith("is not divisible by model.n_head=3: each head needs n_embd // n_head "
+                                               "channels; pick model.n_head from [1, 2, 4, 8, 16, 32] (or set model.head_dim); "
+                                               "no job has run")
     assert not (tmp_path / "sweep").exists()  # not even Hydra's multirun.yaml
 
 
