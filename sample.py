@@ -20,7 +20,7 @@ from cli.errors import compile_failure, exit_on_user_error, run_cli
 from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, generate_text, lay_out_for_decoding, terminal_text
 from model_io.checkpoint import Checkpoint
-from model_io.run_files import resolve_checkpoint
+from model_io.run_files import KEPT, resolve_checkpoint
 from runtime.devices import Machine, check_compiler, pick_device
 from runtime.precision import weights_dtype
 from user_error import UserError
@@ -41,8 +41,8 @@ def sample(cfg: DictConfig) -> None:
     if compiles:
         check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
     path = resolve_checkpoint(str(cfg.run))
-    if str(cfg.run) == "latest":
-        print(f"run=latest: {path}", file=sys.stderr, flush=True)  # which run it picked, beside the text
+    if str(cfg.run) == "latest" or path.parent.name == KEPT:  # which run, or which kept step, it picked
+        print(f"run={cfg.run}: {path}", file=sys.stderr, flush=True)
     model, tokenizer = Checkpoint.load(path).build_model()
     model.to(device, dtype)
     validate_sample_config(cfg, tokenizer.vocab_size)

@@ -20,7 +20,7 @@ from inspection.repeated_tokens import RepeatedForward, copy_losses, default_n, 
 from inspection.text_forward import Predictions, TextForward, forward_text
 from model import GPT
 from model_io.checkpoint import Checkpoint
-from model_io.run_files import BEST, LAST, WHEN_SAVED, kept_checkpoints, model_checkpoint
+from model_io.run_files import BEST, LAST, WHEN_SAVED, kept_checkpoints, model_checkpoints
 from runtime.precision import WEIGHT_DTYPES
 from user_error import UserError, quoted
 
@@ -31,9 +31,8 @@ THREADS = 1
 
 
 def checkpoint_in(folder: Path, run: str, step: int | None = None) -> Path:
-    """The run's ckpt_best.pt, else its ckpt_last.pt, as sample.py picks, else (a run still before
-    its first save) the newest checkpoint it kept; with a step, the model-only checkpoint the run
-    kept at that step (train.keep_checkpoints)."""
+    """The run's model_checkpoint (its ckpt_best.pt, else ..., as sample.py picks), of those inside
+    its folder; with a step, the model-only checkpoint the run kept at that step (train.keep_checkpoints)."""
     if step is not None:
         kept = kept_checkpoints(folder)
         path = kept.get(step)
@@ -41,8 +40,7 @@ def checkpoint_in(folder: Path, run: str, step: int | None = None) -> Path:
             steps = f"its kept steps are {sorted(kept)}" if kept else "it kept none (train.keep_checkpoints keeps them)"
             raise UserError(f"run {quoted(run)} kept no checkpoint at step {step}; {steps}")
         return path
-    candidates = [model_checkpoint(folder), *reversed(kept_checkpoints(folder).values())]  # newest kept first
-    found = [path for path in candidates if path is not None and is_inside(str(path), str(folder))]
+    found = [path for path in model_checkpoints(folder) if is_inside(str(path), str(folder))]
     if found:
         return found[0]
     raise UserError(f"run {quoted(run)} has no checkpoint yet ({BEST} or {LAST}, or one it keeps); {WHEN_SAVED}")

@@ -29,9 +29,17 @@ Run = TypeVar("Run")
 
 
 def model_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint a run's model is read from: its ckpt_best.pt, else its ckpt_last.pt; None
-    before its first save."""
-    return next((Path(run_dir) / name for name in (BEST, LAST) if (Path(run_dir) / name).is_file()), None)
+    """The checkpoint a run's model is read from (sample.py, export.py, the tab): the first of
+    model_checkpoints; None before the run has saved any."""
+    return next(iter(model_checkpoints(run_dir)), None)
+
+
+def model_checkpoints(run_dir: Path) -> list[Path]:
+    """A run's checkpoints in the order its model is read from them: its ckpt_best.pt, its
+    ckpt_last.pt, then (a run before its first evaluation's save) the checkpoints it kept
+    (train.keep_checkpoints), newest first."""
+    saved = [Path(run_dir) / name for name in (BEST, LAST) if (Path(run_dir) / name).is_file()]
+    return [*saved, *reversed(kept_checkpoints(run_dir).values())]
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
@@ -97,7 +105,7 @@ def newest_trained(newest_first: Iterable[Run], facts: Callable[[Run], tuple[int
 
 
 def resolve_checkpoint(run: str) -> Path:
-    """A checkpoint file as given; in a run dir its ckpt_best.pt (else ckpt_last.pt); "latest":
+    """A checkpoint file as given; in a run dir its model_checkpoint (ckpt_best.pt, ...); "latest":
     of the run dirs under outputs/ and multirun/, newest checkpoint first, the first that trained
     at least MIN_STEPS steps or started from pretrained weights, else the newest."""
     if run == "latest":
@@ -118,7 +126,7 @@ def resolve_checkpoint(run: str) -> Path:
     if path.is_dir():
         if found := model_checkpoint(path):
             return found
-        raise UserError(f"run={run} has no {BEST} or {LAST}; {where_runs_are('run', path)}")
+        raise UserError(f"run={run} has no checkpoint ({BEST}, {LAST} or one it kept); {where_runs_are('run', path)}")
     if not path.is_file():
         raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     return path

@@ -608,6 +608,8 @@ def small_checkpoint(tmp_path, name="ckpt_last.pt"):
 # What a test module's logdir fixture (tests/conftest.py) holds: the module lists builders such as
 # these in LOGDIR, and each puts its runs into the logdir given.
 LogdirBuilder = Callable[[Path, pytest.FixtureRequest], None]
+
+
 def whole_tiny_run(logdir: Path, request: pytest.FixtureRequest) -> None:
     """The tiny run (trained_run) as "run", with its best checkpoint kept as if at step 10 too."""
     trained_run = request.getfixturevalue("trained_run")

@@ -111,7 +111,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
     ("args", "message"),
     [
         (["run=nowhere"], "error: run=nowhere does not exist"),
-        (["run=empty_run"], "error: run=empty_run has no ckpt_best.pt or ckpt_last.pt"),
+        (["run=empty_run"], "error: run=empty_run has no checkpoint (ckpt_best.pt, ckpt_last.pt or one it kept)"),
         (["run=truncated.pt"], "error: truncated.pt is not a readable checkpoint"),
         (["run=notes.pt"], "error: notes.pt is not a readable checkpoint"),
         (["run=mismatched.pt"], "error: the checkpoint's weights do not fit the model its config describes"),

@@ -18,7 +18,7 @@ def test_resolve_checkpoint_prefers_best_in_a_run_dir(tmp_path):
         resolve_checkpoint(str(tmp_path / "missing"))
     empty = tmp_path / "empty_run"
     empty.mkdir()
-    with pytest.raises(UserError, match="has no ckpt_best.pt or ckpt_last.pt"):
+    with pytest.raises(UserError, match=re.escape("has no checkpoint (ckpt_best.pt, ckpt_last.pt or one it kept)")):
         resolve_checkpoint(str(empty))
 
 
@@ -31,7 +31,7 @@ def test_a_sweeps_folder_given_as_a_run_names_the_run_dirs_inside_it(tmp_path):
     (sweep / "best_only").mkdir()  # sampled from, not resumed
     small_checkpoint(sweep / "best_only", "ckpt_best.pt")
     runs = f"it holds 4 run dirs (0, 1, 10, best_only): give one, e.g. run={sweep / '0'}"
-    with pytest.raises(UserError, match="^" + re.escape(f"run={sweep} has no ckpt_best.pt or ckpt_last.pt; {runs}") + "$"):
+    with pytest.raises(UserError, match="^" + re.escape(f"run={sweep} has no checkpoint (ckpt_best.pt, ckpt_last.pt or one it kept); {runs}") + "$"):
         resolve_checkpoint(str(sweep))
     resumable = f"it holds 3 run dirs (0, 1, 10): give one, e.g. resume={sweep / '0'}"
     with pytest.raises(UserError, match="^" + re.escape(f"resume={sweep} has no ckpt_last.pt; {resumable}") + "$"):
@@ -46,7 +46,7 @@ def test_a_run_that_has_saved_nothing_yet_is_named_as_one_not_as_a_wrong_folder(
     (young / ".hydra" / "config.yaml").write_text("model: {}\n")
     saves = ("saved none yet: a run saves its first checkpoint at its first evaluation after step 0 (every train.eval_interval "
              "steps); wait for it")
-    with pytest.raises(UserError, match="^" + re.escape(f"run={young} has no ckpt_best.pt or ckpt_last.pt; it is a run dir that has {saves}")):
+    with pytest.raises(UserError, match="^" + re.escape(f"run={young} has no checkpoint (ckpt_best.pt, ckpt_last.pt or one it kept); it is a run dir that has {saves}")):
         resolve_checkpoint(str(young))
     with pytest.raises(UserError, match="^" + re.escape("run=latest found no checkpoint under outputs/ or multirun/: the newest run, "
                                                         "outputs/2026-01-01/10-00-00, has saved none yet")):

@@ -17,7 +17,7 @@ import torch
 from data.tokenizer import EOT, CharTokenizer
 from model.generation import EOT_SHOWN, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
-from model_io.run_files import BEST, LAST, MIN_STEPS, resolve_checkpoint
+from model_io.run_files import BEST, LAST, MIN_STEPS, kept_checkpoint_path, resolve_checkpoint
 from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, text_of
 from training.data_parallel import Replicated
 from training.jobs import Samples
@@ -135,6 +135,16 @@ def test_sample_accepts_a_run_dir_a_checkpoint_file_and_latest(trained_run, tmp_
     assert latest.returncode == 0, latest.stderr
     assert latest.stdout == by_file.stdout
     assert "run=latest: outputs/2026-01-01/12-00-00/ckpt_best.pt\n" in latest.stderr  # which run it picked
+
+    # A run before its first evaluation's save, with a checkpoint kept (train.keep_checkpoints): that
+    # one, as the Attention tab reads it (attention_tab/live_model.py), and said.
+    young = tmp_path / "young"
+    for step in (5, 10):
+        kept_checkpoint_path(young, step).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(trained_run / (BEST if step == 10 else LAST), kept_checkpoint_path(young, step))
+    kept = run_cli("sample.py", f"run={young}", *greedy, cwd=tmp_path)
+    assert kept.returncode == 0 and kept.stdout == by_file.stdout, kept.stderr  # the newest kept: the best's copy
+    assert f"run={young}: {kept_checkpoint_path(young, 10)}\n" in kept.stderr
 
 
 
