@@ -24,6 +24,9 @@ LAYOUT = (f"a Hugging Face model folder holds {CONFIG} and {WEIGHTS} (or {INDEX}
           "give one that transformers' save_pretrained wrote")
 HUB_FILES = [CONFIG, WEIGHTS, INDEX, "model-*-of-*.safetensors", "vocab.json", "merges.txt", "tokenizer.json",
              "tokenizer_config.json", "generation_config.json"]
+# What `hf download` fetches for a folder init_from reads: every HUB_FILES name matches one. (One
+# --include per pattern: the hf command line takes one value each, and reads more as file names.)
+DOWNLOAD_PATTERNS = ("*.json", "*.safetensors", "merges.txt")
 HUB_TIMEOUT_S = 10  # huggingface_hub waits without limit for a Hub that does not answer
 SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 # Our tables that a file may hold longer: their first rows are read. Positions past model.block_size, and
@@ -341,6 +344,12 @@ def save_hf_model(model: GPT, folder: Path, bos_id: int, eos_id: int) -> None:
     (folder / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
 
 
+def download_command(repo_id: str, folder: str) -> str:
+    """The `hf download` command line that fetches what init_from needs of repo_id into folder."""
+    includes = " ".join(f"--include '{pattern}'" for pattern in DOWNLOAD_PATTERNS)
+    return f"hf download {repo_id} {includes} --local-dir {folder}"
+
+
 def resolve_pretrained(name_or_folder: str | Path, cache_dir: Path | None = None) -> Path:
     """A local Hugging Face folder as it is (checked), or a Hub repo id's files, downloaded once into
     huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE respected) and the folder they are in."""
@@ -389,6 +398,5 @@ def _download(repo_id: str, cache_dir: Path | None, slip: str = "") -> Path:
         raise UserError(
             f"init_from={repo_id} is not a folder here{slip} and needs the Hugging Face Hub once, which cannot be reached "
             f"(and its cache does not hold {repo_id}); nothing was written. Get the folder another way: on a machine "
-            f"with internet, `hf download {repo_id} --include '*.json' '*.safetensors' merges.txt --local-dir "
-            f"<folder>`, copy <folder> here, then init_from=<folder>"
+            f"with internet, `{download_command(repo_id, '<folder>')}`, copy <folder> here, then init_from=<folder>"
         ) from None

@@ -2,8 +2,13 @@
 with transformers' GPT2LMHeadModel as the reference: tiny random GPT-2s written by save_pretrained, never the Hub."""
 
 import json
+import os
+import shlex
+import subprocess
+import sys
 import time
 from dataclasses import replace
+from fnmatch import fnmatch
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -15,6 +20,9 @@ from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 from model.generation import generate_tokens, lay_out_for_decoding
 from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.hf_models import (
+    DOWNLOAD_PATTERNS,
+    HUB_FILES,
+    download_command,
     export_blockers,
     gpt_config_from_hf,
     gpt_from_hf,
@@ -23,7 +31,7 @@ from model_io.hf_models import (
     resolve_pretrained,
     save_hf_model,
 )
-from tests.helpers import tiny_gpt2
+from tests.helpers import ROOT, tiny_gpt2
 from user_error import UserError
 
 VOCAB, POSITIONS, EOT = 301, 64, 300
@@ -251,7 +259,7 @@ def test_a_hub_repo_id_without_the_hub_fails_at_once_and_writes_nothing(
     message = one_line_error(resolve_pretrained, "openai-community/gpt2", cache_dir=cache)
     assert time.perf_counter() - start < 5
     assert message.startswith("init_from=openai-community/gpt2 is not a folder here and needs the Hugging Face Hub once")
-    assert "nothing was written" in message and "hf download openai-community/gpt2 --include '*.json'" in message
+    assert "nothing was written" in message and f"`{download_command('openai-community/gpt2', '<folder>')}`" in message
     assert not cache.exists() or not any(cache.rglob("*"))
     # Beside a folder of the owner's name, still a Hub id (a folder of SmolLM2's downloads must not
     # stop another), and the line also says the path it may have been meant as.
@@ -260,3 +268,15 @@ def test_a_hub_repo_id_without_the_hub_fails_at_once_and_writes_nothing(
     message = one_line_error(resolve_pretrained, "openai-community/gpt3", cache_dir=cache)
     assert message.startswith("init_from=openai-community/gpt3 is not a folder here (openai-community is a folder here, but "
                               "holds no gpt3) and needs the Hugging Face Hub once")
+
+
+def test_the_download_command_the_refusal_and_the_readme_give_fetches_every_file_a_folder_needs(tmp_path):
+    assert all(any(fnmatch(name, pattern) for pattern in DOWNLOAD_PATTERNS) for name in HUB_FILES)
+    command = download_command("gpt2", "gpt2-small")
+    assert f".venv/bin/{command}" in (ROOT / "README.md").read_text()
+    # The real hf command line, offline: it refuses for want of the Hub, having read each pattern as
+    # one (hf takes one value per --include, and reads more as file names, dropping the patterns).
+    result = subprocess.run([str(Path(sys.executable).parent / "hf"), *shlex.split(command)[1:-1], str(tmp_path / "g")],
+                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert result.returncode != 0 and "offline mode is enabled" in result.stderr + result.stdout
+    assert "Ignoring" not in result.stderr and "--include" in command
