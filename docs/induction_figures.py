@@ -26,7 +26,7 @@ from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, one_
 from docs.figures import draw_maps  # noqa: E402
 from inspection.head_metrics import induction_probe  # noqa: E402
 from inspection.heatmap import INK as INK_LINE  # noqa: E402
-from inspection.tab_format import head_metric_prefix, head_scalar_parts  # noqa: E402
+from inspection.tab_format import INDUCTION_ABLATION, head_metric_prefix, head_scalar_parts  # noqa: E402
 from model_io.checkpoint import Checkpoint  # noqa: E402
 from model_io.run_files import resolve_checkpoint  # noqa: E402
 from user_error import UserError  # noqa: E402
@@ -68,8 +68,8 @@ def circuit(scalars: dict[str, dict[int, float]]) -> tuple[tuple[int, int], tupl
     induction = heads_of(scalars, head_metric_prefix("induction"))
     last = max(next(iter(induction.values())))
     head = max((h for h in induction if h[0] > 0), key=lambda h: induction[h][last])  # it reads a layer below
-    without = heads_of(scalars, "ablation/induction_loss")
-    intact = scalars["ablation/induction_loss/intact"][last]
+    without = heads_of(scalars, INDUCTION_ABLATION)
+    intact = scalars[f"{INDUCTION_ABLATION}/intact"][last]
     previous = heads_of(scalars, head_metric_prefix("previous_token"))
     below = [h for h in without if h[0] < head[0]]
     needed = [h for h in below if without[h][last] >= intact + 1.0]
@@ -104,8 +104,8 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
                         f"head {head[1]}, {max(induction.values()):.3f}); draw a run of the preset's whole "
                         f"{PRESET_STEPS:,} steps")
     previous_score = heads_of(scalars, head_metric_prefix("previous_token"))[previous]
-    without = heads_of(scalars, "ablation/induction_loss")
-    intact = scalars["ablation/induction_loss/intact"]
+    without = heads_of(scalars, INDUCTION_ABLATION)
+    intact = scalars[f"{INDUCTION_ABLATION}/intact"]
     last = max(induction)
     before, after = rise(induction)
     jump = rise(induction, start=JUMP)

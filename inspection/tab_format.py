@@ -24,6 +24,9 @@ FORMAT_VERSION = 1
 REPEATED_N = 32  # the repeated random tokens' n when none is asked for (fewer where the model reads less)
 
 RECALL_HEADS = "recall_heads"  # the recall probe's weight on the earlier mention (inspection/recall_probe.py)
+# The repeated tokens' copy loss with each head knocked out alone, under {INDUCTION_ABLATION}/layer_{l}/head_{h},
+# and with every head at {INDUCTION_ABLATION}/intact (inspection/ablation.py).
+INDUCTION_ABLATION = "ablation/induction_loss"
 
 
 def head_metric_prefix(metric: str) -> str:

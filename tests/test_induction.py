@@ -20,6 +20,7 @@ from data.tokenizer import CharTokenizer
 from docs.drawing import SHOWN_WIDTH
 from inspection.ablation import induction_loss_without_each_head, second_copy_loss
 from inspection.head_metrics import induction_score
+from inspection.tab_format import INDUCTION_ABLATION, head_scalar_tag
 from model.attention import CausalSelfAttention
 from model_io.checkpoint import Checkpoint, upgrade
 from runtime.precision import Precision
@@ -161,7 +162,7 @@ def test_every_run_logs_the_in_context_score_and_the_induction_ablation_beside_t
     events = read_events(trained_run)
     tags = set(events.Tags()["scalars"])
     assert [event.step for event in events.Scalars("loss/in_context")] == [0, 10, 20]  # at each evaluation
-    heads = {f"ablation/induction_loss/layer_{layer}/head_{head}" for layer in range(2) for head in range(2)}
+    heads = {head_scalar_tag(INDUCTION_ABLATION, layer, head) for layer in range(2) for head in range(2)}
     assert heads | {"ablation/induction_loss/intact", "loss/train", "loss/val"} <= tags
     assert [event.step for event in events.Scalars("ablation/induction_loss/intact")] == [0, 10, 20]  # at the attention steps
 

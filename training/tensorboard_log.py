@@ -40,7 +40,14 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from inspection.ablation import InductionAblation, RecallAblation
 from inspection.heatmap import readable_token, render_attention_map, render_head_grid
 from inspection.recall_probe import RecallScores
-from inspection.tab_format import RECALL_HEADS, ablation_prefix, head_metric_prefix, head_scalar_tag, weights_summary
+from inspection.tab_format import (
+    INDUCTION_ABLATION,
+    RECALL_HEADS,
+    ablation_prefix,
+    head_metric_prefix,
+    head_scalar_tag,
+    weights_summary,
+)
 
 
 def attention_tag(layer: int, head: int) -> str:
@@ -127,8 +134,8 @@ class RunLogger:
         self.text("ablation/top_heads", f"{ablation.kind} recall {ablation.intact:.2f} with every head; without {worst}", step)
 
     def induction_ablation(self, step: int, ablation: InductionAblation) -> None:
-        self.scalars(step, {"ablation/induction_loss/intact": ablation.intact})
-        self.per_head(step, "ablation/induction_loss", ablation.without)
+        self.scalars(step, {f"{INDUCTION_ABLATION}/intact": ablation.intact})
+        self.per_head(step, INDUCTION_ABLATION, ablation.without)
 
     def probe_tokens(self, labels: list[str]) -> None:
         """The probe text, token by token, so a heatmap's axes can be read in full."""
