@@ -2,6 +2,7 @@
 Hydra, against cli/schema.py), and a resumed run's config."""
 
 import hashlib
+from dataclasses import fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 from cli.errors import CONFIGS, refused_value_line
 from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, head_split_problem
+from model.gpt import GPTConfig
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
 from user_error import UserError, as_typed, require
@@ -140,8 +142,8 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
 
 # What the weights fix, and what a run starting from them may still choose (model.block_size
 # crops the context; model.dropout and model.attention change no weight).
-SHAPE_FROM_WEIGHTS = ("n_layer", "n_head", "n_embd", "bias", "pos", "norm", "mlp", "tie_head", "qk_norm", "smear",
-                      "n_kv_head", "head_dim", "window", "mlp_hidden", "rope_theta", "rope_scaling", "norm_eps")
+SHAPE_FROM_WEIGHTS = tuple(field.name for field in fields(GPTConfig)
+                           if field.name not in ("vocab_size", "block_size", "dropout", "attention"))
 MODEL_DEFAULTS = CONFIGS / "model" / "gpt.yaml"
 
 

@@ -3,6 +3,7 @@ type or choice refused in today's words, and choices kept as plain strings where
 
 import itertools
 import re
+from dataclasses import fields
 from importlib.metadata import version
 
 import pytest
@@ -16,6 +17,8 @@ from cli.config import plain_config, resumed_config, validate_train_config
 from cli.errors import config_error_line
 from cli.schema import DATA_SCHEMAS, TOKENIZER_SCHEMAS, LoopSchema, ModelSchema, OptimSchema, Position
 from cli.sweep_check import job_overrides
+from data.corpus import SOURCES
+from data.specs import KIND_KEYS
 from model_io.checkpoint import Checkpoint, upgrade
 from tests.helpers import ROOT, run_cli, tiny_config
 from user_error import UserError
@@ -47,6 +50,10 @@ TOKENIZER_OPTIONS = sorted(path.stem for path in (ROOT / "configs" / "tokenizer"
 
 def test_every_tokenizer_schema_is_an_option_but_the_one_init_from_sets():
     assert set(TOKENIZER_SCHEMAS) == {*TOKENIZER_OPTIONS, "pretrained"}
+    # The token cache's key (data/specs.py) holds each option's keys, every one: a key added to a
+    # schema and not there would leave two different vocabularies one cache entry.
+    assert {kind: tuple(field.name for field in fields(schema)) for kind, schema in TOKENIZER_SCHEMAS.items()} == KIND_KEYS
+    assert set(DATA_SCHEMAS) == set(SOURCES)
 
 
 @pytest.mark.parametrize(("data", "tokenizer"), list(itertools.product(DATA_SCHEMAS, TOKENIZER_OPTIONS)))
