@@ -193,6 +193,7 @@ def tiktoken_problems(spec: Mapping[str, Any]) -> list[str]:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file of a Hugging Face folder (config.json, tokenizer.json, ...); one line if it is not JSON."""
     return read_json_and_text(path)[0]
 
 
@@ -201,7 +202,7 @@ def read_json_and_text(path: Path) -> tuple[Any, str]:
         text = path.read_text(encoding="utf-8")
         return json.loads(text), text
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}); the folder's tokenizer files may be damaged") from None
+        raise UserError(f"{path} is not valid JSON ({err}); the folder's files may be damaged: download it again") from None
 
 
 def pretrained_tokenizer(folder: Path | str) -> Tokenizer:

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from data.hf_tokenizer import read_json
 from model.gpt import GPT, GPTConfig
 from model_io import hf_gpt2, hf_llama
 from user_error import UserError
@@ -79,13 +80,6 @@ def read_hf_config(folder: Path) -> tuple[dict[str, Any], str]:
         raise UserError(f"{path} has model_type={json.dumps(model_type)}: this project reads {classes}; "
                         "start from one of those, or train from scratch without init_from")
     return config, model_type
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UserError(f"{path} is not valid JSON ({error})") from None
 
 
 def gpt_config_from_hf(

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
+from data.hf_tokenizer import pretrained_tokenizer
 from model.generation import generate_tokens, lay_out_for_decoding
 from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.hf_models import (
@@ -31,7 +32,7 @@ from model_io.hf_models import (
     resolve_pretrained,
     save_hf_model,
 )
-from tests.helpers import ROOT, tiny_gpt2
+from tests.helpers import ROOT, tiny_gpt2, tiny_gpt2_folder
 from user_error import UserError
 
 VOCAB, POSITIONS, EOT = 301, 64, 300
@@ -280,3 +281,13 @@ def test_the_download_command_the_refusal_and_the_readme_give_fetches_every_file
                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=60)
     assert result.returncode != 0 and "offline mode is enabled" in result.stderr + result.stdout
     assert "Ignoring" not in result.stderr and "--include" in command
+
+
+def test_a_folder_whose_json_is_damaged_is_one_line_that_says_to_download_it_again(tmp_path):
+    for name, text in (("config.json", b'{"model_type": "gpt2",'), ("tokenizer.json", b"\xff\xfe")):
+        folder = tiny_gpt2_folder(tmp_path / name)
+        (folder / name).write_bytes(text)
+        read = gpt_config_from_hf if name == "config.json" else pretrained_tokenizer
+        message = one_line_error(read, folder)
+        assert message.startswith(f"{folder / name} is not valid JSON (")
+        assert message.endswith("); the folder's files may be damaged: download it again")
