@@ -11,11 +11,17 @@ Every option is in configs/export.yaml.
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
+from user_error import UserError, not_installed
+
+try:  # what make setup installs into .venv: another python gets one line, not a traceback
+    import hydra
+    from omegaconf import DictConfig
+except ModuleNotFoundError as missing:
+    sys.exit(not_installed(missing, "export.py"))
 
 import cli.checkpoint_commands  # noqa: F401  (stores export_schema, which configs/export.yaml extends)
 from cli.errors import exit_on_user_error, run_cli
@@ -25,7 +31,6 @@ from model import GPT
 from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
 from model_io.run_files import BEST, LAST, resolve_checkpoint
-from user_error import UserError
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="export", version_base="1.3")

@@ -11,9 +11,14 @@ Every option is in configs/sample.yaml. Nothing is written anywhere.
 import sys
 from pathlib import Path
 
-import hydra
-import torch
-from omegaconf import DictConfig
+from user_error import UserError, not_installed
+
+try:  # what make setup installs into .venv: another python gets one line, not a traceback
+    import hydra
+    import torch
+    from omegaconf import DictConfig
+except ModuleNotFoundError as missing:
+    sys.exit(not_installed(missing, "sample.py"))
 
 from cli.checkpoint_commands import validate_sample_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
@@ -23,7 +28,6 @@ from model_io.checkpoint import Checkpoint
 from model_io.run_files import KEPT, resolve_checkpoint
 from runtime.devices import Machine, check_compiler, pick_device
 from runtime.precision import weights_dtype
-from user_error import UserError
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")

@@ -20,12 +20,18 @@ import gc
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 
-import hydra
-import numpy as np
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from user_error import UserError, not_installed
+
+try:  # what make setup installs into .venv: another python gets one line, not a traceback
+    import hydra
+    import numpy as np
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+except ModuleNotFoundError as missing:
+    sys.exit(not_installed(missing, "train.py"))
 
 from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
@@ -51,7 +57,6 @@ from training.build import Run, build_data_and_model, build_run, describe, resto
 from training.fit import Figures, fit
 from training.specs import RunSpec
 from training.state import TrainState
-from user_error import UserError
 
 log = logging.getLogger("train")
 

@@ -6,6 +6,9 @@ so that data/ and model/ can raise it without importing the training loop's pack
 """
 
 
+import sys
+
+
 class UserError(Exception):
     """Something the user asked for cannot be done; the message says what and how to fix it."""
 
@@ -31,3 +34,9 @@ def require(ok: bool, message: str) -> None:
     """A check of what a user asked for: UserError(message) unless ok."""
     if not ok:
         raise UserError(message)
+
+
+def not_installed(missing: ModuleNotFoundError, script: str) -> str:
+    """The one line a script says when run by a python without the packages `make setup` installs."""
+    return (f"error: {missing.name} is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
+            "(make setup makes .venv), or activate .venv first")

@@ -2,11 +2,13 @@
 is wrong and what to do, with exit status 2, no traceback, and nothing written."""
 
 import gzip
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from tests.helpers import assert_one_error_line, run_cli
+from tests.helpers import ROOT, assert_one_error_line, run_cli
 
 
 @pytest.mark.parametrize(
@@ -149,3 +151,13 @@ def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tm
     result = run_cli("sample.py", *run, *args, cwd=tmp_path)
     assert_one_error_line(result, message)
     assert sorted(p.name for p in trained_run.rglob("*")) == before  # nothing written into the run dir
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])
+def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_venv(tmp_path, script):
+    # A python where hydra is not installed (as a system python is): the script, run as Python runs it.
+    run = f"import runpy, sys; sys.modules['hydra'] = None; sys.argv = [{script!r}]; runpy.run_path({script!r}, run_name='__main__')"
+    result = subprocess.run([sys.executable, "-c", run], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == (f"error: hydra is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
+                             "(make setup makes .venv), or activate .venv first\n")
