@@ -47,13 +47,13 @@ from model_io.run_files import AUTO, LAST, checkpoint_to_resume
 from runtime.ranks import (
     Ranks,
     env_rank,
-    forget_dtensor_shardings,
     leave_process_group,
     lost_contact,
     restart_count,
     said_once_per_machine,
 )
 from training.build import Run, build_data_and_model, build_run, describe, restore
+from training.data_parallel import forget_dtensor_shardings
 from training.fit import Figures, fit
 from training.specs import RunSpec
 from training.state import TrainState

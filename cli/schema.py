@@ -26,7 +26,7 @@ from data.stories import NAME_KINDS
 from model.attention import ATTENTION_PATHS
 from model.gpt import MLPS, NORMS, POSITIONS
 from runtime.precision import DTYPES
-from runtime.ranks import PARALLELS
+from training.data_parallel import PARALLELS
 from training.lr_schedule import SCHEDULES
 from training.optimizer import NS_DTYPES, OPTIMIZERS
 

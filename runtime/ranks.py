@@ -9,7 +9,6 @@ DistributedDataParallel (training/build.py) averages the gradients over ranks du
 so every rank takes the same optimizer step, and the ranks stay identical copies of one model.
 """
 
-import functools
 import os
 import sys
 import time
@@ -28,8 +27,6 @@ import torch.distributed.nn  # noqa: F401
 
 from runtime.devices import Machine, pick_device
 from user_error import UserError
-
-PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training (training/data_parallel.py)
 
 
 def env_rank() -> int:
@@ -158,29 +155,6 @@ def leave_process_group() -> None:
     it ends here, and its threads with it."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def forget_dtensor_shardings() -> None:
-    """Empty the caches that train.parallel=fsdp fills through DTensor (then a gc.collect() frees what
-    they held, in reference cycles): the shardings worked out for
-    each op (in Python and in torch's C++ fast path), the plans and steps for moving a tensor from one
-    sharding to another, and the mesh's topology. Their entries hold FSDP's device mesh, which holds
-    the process group: kept, the group and its Gloo threads outlive destroy_process_group, as they would
-    with torch.distributed.nn's default arguments above. The caches are torch's private ones, so each
-    is looked up and skipped where a torch version lacks it; tests/test_fsdp.py checks that a stopped
-    and a resumed FSDP run end with no Gloo thread left."""
-    if "torch.distributed.tensor" not in sys.modules:  # no DTensor was ever made
-        return
-    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute, _sharding_prop
-    for owner, name in ((torch._C, "_clear_DTensor_sharding_propagator_cache"),  # the C++ fast path's
-                        (DTensor, "_op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear"),
-                        (_sharding_prop, "ShardingPropagator._propagate_tensor_meta_cached.cache_clear"),
-                        (_redistribute, "_gen_transform_infos.cache_clear"),
-                        (_redistribute, "clear_redistribute_planner_cache"),
-                        (_collective_utils, "MeshTopoInfo.build_from_mesh.cache_clear")):
-        clear = functools.reduce(lambda found, part: getattr(found, part, None), name.split("."), owner)
-        if clear is not None:
-            clear()
 
 
 @contextmanager

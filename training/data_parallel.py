@@ -6,6 +6,7 @@ whole model, the whole optimizer state), so either resumes the other's runs. doc
 says what each costs.
 """
 
+import functools
 import inspect
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -30,6 +31,8 @@ from model import GPT
 from model_io.checkpoint import load_weights
 from runtime.ranks import Ranks
 from training.optimizer import Optimizers
+
+PARALLELS = ("ddp", "fsdp")  # train.parallel: how the ranks share the training
 
 # The whole tensors, on rank 0 alone, in CPU memory: the checkpoint's form.
 WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -199,3 +202,24 @@ def memory_line(model: nn.Module, optimizer: Optimizers, ranks: Ranks) -> str:
     most = {what: ranks.max(n) for what, n in held.items()}
     return (f"memory: the most one process holds is {', '.join(f'{n / 2**20:.2f} MiB of {what}' for what, n in most.items())} "
             f"({sum(most.values()) / 2**20:.2f} MiB)")
+
+
+def forget_dtensor_shardings() -> None:
+    """Empty the caches that train.parallel=fsdp fills through DTensor (then a gc.collect() frees what
+    they held, in reference cycles): the shardings worked out for
+    each op (in Python and in torch's C++ fast path), the plans and steps for moving a tensor from one
+    sharding to another, and the mesh's topology. Their entries hold FSDP's device mesh, which holds
+    the process group: kept, the group and its Gloo threads outlive destroy_process_group, as they would
+    with torch.distributed.nn's default arguments (runtime/ranks.py). The caches are torch's private ones, so each
+    is looked up and skipped where a torch version lacks it; tests/test_fsdp.py checks that a stopped
+    and a resumed FSDP run end with no Gloo thread left."""
+    from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop  # torch's private modules
+    for owner, name in ((torch._C, "_clear_DTensor_sharding_propagator_cache"),  # the C++ fast path's
+                        (DTensor, "_op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear"),
+                        (_sharding_prop, "ShardingPropagator._propagate_tensor_meta_cached.cache_clear"),
+                        (_redistribute, "_gen_transform_infos.cache_clear"),
+                        (_redistribute, "clear_redistribute_planner_cache"),
+                        (_collective_utils, "MeshTopoInfo.build_from_mesh.cache_clear")):
+        clear = functools.reduce(lambda found, part: getattr(found, part, None), name.split("."), owner)
+        if clear is not None:
+            clear()
