@@ -40,12 +40,14 @@ from data.tokenizer import EOT, CharTokenizer, special_ids
 from inspection.head_metrics import induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model import GPT, CausalSelfAttention, GPTConfig
+from model.gpt import eval_mode
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import BEST, kept_checkpoint_path
 from runtime.ranks import Ranks
 from training.specs import OptimSpec, RunSpec
 from training.state import capture_rng_states
 from training.tensorboard_log import RunLogger
+from user_error import UserError
 
 if TYPE_CHECKING:
     from transformers import GPT2LMHeadModel
@@ -178,7 +180,8 @@ class QuietHandler(SimpleHTTPRequestHandler):
 # by 5e-6), and their tolerance of 1e-6 holds.
 GPT2_BLOCKS = {"model.pos": "learned", "model.qk_norm": False, "model.mlp": "gelu", "model.smear": False}
 # tiny_run(QUICK): char tokens, GPT-2's blocks, no attention maps or samples.
-QUICK = {"tokenizer": "char", **GPT2_BLOCKS, "train.attn_log_interval": 0, "train.sample_interval": 0}
+NO_PROBES = {"train.attn_log_interval": 0, "train.sample_interval": 0}  # no maps, head numbers or samples
+QUICK = {"tokenizer": "char", **GPT2_BLOCKS, **NO_PROBES}
 
 
 def torchrun_command(n: int, *args: str, script: tuple[str, ...] = (str(ROOT / "train.py"),)) -> list[str]:
@@ -353,6 +356,20 @@ def recomputed_last_step_scalars(run_dir: Path) -> dict[str, float]:
 def logged_losses(stdout: str) -> list[float]:
     """The train and val losses of each evaluation, in the order train.py printed them."""
     return [float(v) for pair in re.findall(r"step \d+: train loss ([\d.]+), val loss ([\d.]+)", stdout) for v in pair]
+
+
+def one_line_error(call: Callable[..., object], *args: object, **kwargs: object) -> str:
+    """The message of the UserError call(*args, **kwargs) raises, checked to be one line."""
+    with pytest.raises(UserError) as raised:
+        call(*args, **kwargs)
+    assert "\n" not in str(raised.value)
+    return str(raised.value)
+
+
+def max_logit_gap(ours: GPT, theirs: nn.Module, idx: torch.Tensor) -> float:
+    """The largest difference between our logits and a transformers model's on idx (B, T), ours in eval mode."""
+    with torch.no_grad(), eval_mode(ours):
+        return (ours(idx)[0] - theirs(idx).logits).abs().max().item()
 
 
 def assert_one_error_line(result, message: str) -> None:

@@ -6,15 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import assert_one_error_line, logged_losses, run_cli, spawn_cli, tiny_run
+from tests.helpers import NO_PROBES, assert_one_error_line, logged_losses, run_cli, spawn_cli, tiny_run
 
 pytestmark = pytest.mark.compile  # torch.compile of a training run and of the decode step
 
 
 def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
-    quick = {"train.attn_log_interval": 0, "train.sample_interval": 0}
-    eager = run_cli("train.py", *tiny_run(quick, **{"hydra.run.dir": "eager"}), cwd=tmp_path)
-    compiled = spawn_cli("train.py", *tiny_run(quick, **{"train.compile": True, "hydra.run.dir": "compiled"}), cwd=tmp_path,
+    eager = run_cli("train.py", *tiny_run(NO_PROBES, **{"hydra.run.dir": "eager"}), cwd=tmp_path)
+    compiled = spawn_cli("train.py", *tiny_run(NO_PROBES, **{"train.compile": True, "hydra.run.dir": "compiled"}), cwd=tmp_path,
                          timeout=600)
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stdout + compiled.stderr
     assert "train.compile=true: the first training step and the first evaluation compile first" in compiled.stdout

@@ -22,7 +22,7 @@ from model.gpt import eval_mode
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_from_hf
 from model_io.run_files import BEST, LAST
-from tests.helpers import TINY_GPT2_VOCAB, run_cli, tiny_gpt2, tiny_run
+from tests.helpers import NO_PROBES, TINY_GPT2_VOCAB, run_cli, tiny_gpt2, tiny_run
 
 pytestmark = pytest.mark.slow  # every test exports runs trained (or built) by the module's fixtures
 
@@ -31,11 +31,10 @@ PROMPT = "Once upon a time"
 NEW_TOKENS = 12  # the prompt and these fit the tiny runs' 32 positions: no sliding window in either
 # Any text for the byte-level tokenizers: non-ASCII letters, runs of spaces, tabs, a typed-out "<|endo".
 HARD_TEXT = "Café naïve, Straße, 日本語 🙂\n\n\ttabs\t\tand   runs of    spaces don't <|endo"
-QUIET_RUN = {"train.attn_log_interval": 0, "train.sample_interval": 0}  # what export reads is the checkpoint
 
 
 def train_gpt2_shaped(workdir: Path, tokenizer: str) -> Path:
-    result = run_cli("train.py", *tiny_run(QUIET_RUN, experiment="gpt2_shape", tokenizer=tokenizer, **{"hydra.run.dir": "run"}),
+    result = run_cli("train.py", *tiny_run(NO_PROBES, experiment="gpt2_shape", tokenizer=tokenizer, **{"hydra.run.dir": "run"}),
                      cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir / "run"

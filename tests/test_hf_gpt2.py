@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
 from data.hf_tokenizer import pretrained_tokenizer
 from model.generation import generate_tokens, lay_out_for_decoding
-from model.gpt import GPT, GPTConfig, eval_mode
+from model.gpt import GPT, GPTConfig
 from model_io.hf_models import (
     DOWNLOAD_PATTERNS,
     HUB_FILES,
@@ -32,8 +32,7 @@ from model_io.hf_models import (
     resolve_pretrained,
     save_hf_model,
 )
-from tests.helpers import ROOT, tiny_gpt2, tiny_gpt2_folder
-from user_error import UserError
+from tests.helpers import ROOT, max_logit_gap, one_line_error, tiny_gpt2, tiny_gpt2_folder
 
 VOCAB, POSITIONS, EOT = 301, 64, 300
 TOLERANCE = 1e-5  # fp32: the same math in another order is ~2e-6 apart here, exact GELU ~2e-3
@@ -56,10 +55,6 @@ def tokens(length: int = 40, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))  # (2, length)
 
 
-def max_logit_gap(ours: GPT, theirs: GPT2LMHeadModel, idx: torch.Tensor) -> float:
-    with torch.no_grad(), eval_mode(ours):
-        return (ours(idx)[0] - theirs(idx).logits).abs().max().item()
-
 
 def copy_folder(source: Path, destination: Path, leave_out: str = "") -> Path:
     destination.mkdir()
@@ -68,13 +63,6 @@ def copy_folder(source: Path, destination: Path, leave_out: str = "") -> Path:
             (destination / path.name).write_bytes(path.read_bytes())
     return destination
 
-
-def one_line_error(call, *args, **kwargs) -> str:
-    with pytest.raises(UserError) as raised:
-        call(*args, **kwargs)
-    message = str(raised.value)
-    assert "\n" not in message
-    return message
 
 
 def test_gpt2_folder_gives_transformers_logits(gpt2_weights_folder: Path, reference: GPT2LMHeadModel) -> None:

@@ -33,8 +33,7 @@ from model.gpt import GPT, eval_mode
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_config_from_hf, gpt_from_hf, load_hf_weights
 from model_io.run_files import BEST
-from tests.helpers import ROOT, run_cli
-from user_error import UserError
+from tests.helpers import ROOT, max_logit_gap, one_line_error, run_cli
 
 VOCAB = 300  # the tiny BPE's tokens, <|endoftext|> included, and the models' vocabulary
 TOLERANCE = 1e-5  # fp32: the same math in another order is ~1e-6 apart here
@@ -92,16 +91,6 @@ def tokens(length: int = 40, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))  # (2, length)
 
 
-def max_logit_gap(ours: GPT, theirs: PreTrainedModel, idx: torch.Tensor) -> float:
-    with torch.no_grad(), eval_mode(ours):
-        return (ours(idx)[0] - theirs(idx).logits).abs().max().item()
-
-
-def one_line_error(call, *args, **kwargs) -> str:
-    with pytest.raises(UserError) as raised:
-        call(*args, **kwargs)
-    assert "\n" not in str(raised.value)
-    return str(raised.value)
 
 
 def test_each_shape_gives_transformers_logits_with_its_heads_sizes_and_norms(shape) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli, tiny_run
+from tests.helpers import NO_PROBES, ROOT, run_cli, tiny_run
 
 pytestmark = pytest.mark.slow  # a real training run under a pseudo-terminal
 
@@ -39,7 +39,7 @@ def run_on_a_terminal(args: list[str], cwd: Path) -> tuple[int, str]:
 
 
 def test_a_terminal_gets_a_progress_bar_instead_of_step_lines_and_a_pipe_gets_the_lines(tmp_path):
-    args = tiny_run(**{"train.attn_log_interval": 0, "train.sample_interval": 0})
+    args = tiny_run(NO_PROBES)
     status, shown = run_on_a_terminal([*args, "hydra.run.dir=tty"], tmp_path)
     assert status == 0, shown
     assert re.search(r"step 20/20 \|█{24}\| loss [\d.]+ \| [\d.]+k tok/s \| 00:00 left", shown), shown
