@@ -108,6 +108,11 @@ def logged(trained_run) -> dict[int, np.ndarray]:
     return {event.step: make_ndarray(event.tensor_proto).astype(np.float32) for event in events.Tensors(WEIGHTS_TAG)}
 
 
+def shown(value: float, digits: int) -> str:
+    """value as the tab writes it: with a minus sign (U+2212) rather than a hyphen when negative."""
+    return f"{value:.{digits}f}".replace("-", "−")
+
+
 def js(driver, script: str):
     return driver.execute_script(script)
 
@@ -626,7 +631,7 @@ def test_the_lens_and_attribution_show_the_python_numbers_at_the_pinned_query_an
     np.testing.assert_allclose([v for *_, v in picture], lens.next_log_prob.flatten(), atol=1e-6)
     cell = tab.find_element(By.CSS_SELECTOR, f".lens-picture .cell[data-layer='1'][data-query='{query}']")
     log_prob = lens.next_log_prob[1, query].item()
-    assert cell.get_attribute("title").endswith(f"log p {log_prob:.4f} (p {math.exp(log_prob):.4f}), rank 1")
+    assert cell.get_attribute("title").endswith(f"log p {shown(log_prob, 4)} (p {math.exp(log_prob):.4f}), rank 1")
     cell.click()  # pins that query
     assert "pinned" in tab.find_element(By.CSS_SELECTOR, f".token[data-side=query][data-index='{query}']").get_attribute("class")
     rows = js(tab, "return [...document.querySelectorAll('.lens-table tr[data-layer]')].map(r => [Number(r.children[1].dataset.rank), "
@@ -678,7 +683,7 @@ def test_patching_two_prompts_fills_both_grids_with_patch_heads_and_patch_residu
              for c in root.find_elements(By.CSS_SELECTOR, ".patch-heads td.cell")}
     assert cells[("1", "0")] == "1.00" and cells[("0", "1")] == "0.00"  # the induction head: all of it; a head that writes nothing
     assert root.find_element(By.CSS_SELECTOR, ".tool-summary").text == (
-        f"logit of “h” − “a” at the last token: clean {heads.clean:.2f}, corrupted {heads.corrupted:.2f}")
+        f"logit of “h” − “a” at the last token: clean {shown(heads.clean, 2)}, corrupted {shown(heads.corrupted, 2)}")
     box = tab.find_element(By.CSS_SELECTOR, "input[aria-label='corrupted prompt']")
     box.clear()
     box.send_keys("abcdefXXhabcdefg", Keys.ENTER)  # a token longer than the clean prompt

@@ -18,7 +18,8 @@ export function formatChange(value, digits = 2) {
   return Number(shown) === 0 ? shown : `${value > 0 ? "+" : "−"}${shown}`;
 }
 
-// "0.8312"-style numbers, or a dash where a value is missing.
+// "0.8312"-style numbers, negative ones with a minus sign ("−2.30", as formatChange writes them), or
+// a dash where a value is missing.
 export function formatValue(value, digits = 3) {
-  return value === null || value === undefined || Number.isNaN(value) ? "–" : value.toFixed(digits);
+  return value === null || value === undefined || Number.isNaN(value) ? "–" : value.toFixed(digits).replace(/^-/, "−");
 }
