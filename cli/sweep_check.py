@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from model_io.run_files import AUTO, LAST
+from model_io.run_files import AUTO, BEST, LAST
 from user_error import UserError
 
 
@@ -49,7 +49,8 @@ class SweepCheck(Callback):
                 jobs = job_overrides(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
             except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
                 return
-            held = sorted(Path(config.hydra.sweep.dir).glob(f"**/{LAST}"))  # the runs of a sweep there before
+            sweep_dir = Path(config.hydra.sweep.dir)  # the runs of a sweep there before:
+            held = sorted({*sweep_dir.glob(f"**/{LAST}"), *sweep_dir.glob(f"**/{BEST}")})
             named = any(override.split("=", 1)[0] == "hydra.sweep.dir" for override in config.hydra.overrides.hydra)
             for number, job in enumerate(jobs):
                 cfg = loader.load_sweep_config(config, job)  # as the sweeper checks each job, before it writes
@@ -57,7 +58,7 @@ class SweepCheck(Callback):
                     raise UserError("resume=auto in a sweep goes on with the runs in hydra.sweep.dir, a new folder each "
                                     "time unless you name it: add hydra.sweep.dir=<folder>, the same folder every time; "
                                     "no job has run")
-                if held and cfg.resume is None:
+                if held and cfg.resume != AUTO:  # a new run, or one going on from another checkpoint, would overwrite them
                     raise UserError(f"hydra.sweep.dir={config.hydra.sweep.dir} already holds runs ({held[0]}, ...), "
                                     "which the sweep's new runs would overwrite; give the sweep another hydra.sweep.dir, "
                                     "or add resume=auto to go on with them; no job has run")

@@ -145,22 +145,36 @@ def run_facts(run_dir: Path) -> tuple[int, str | None]:
 
 def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> Path | None:
     """The checkpoint a run goes on from; None: a new run. With resume=auto, and in processes
-    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one. A new
-    run is refused a run dir that holds another run's: it would overwrite that run's checkpoints."""
-    if (resume == AUTO or restarted) and (run_dir / LAST).is_file():
-        return run_dir / LAST
-    if resume is None and (run_dir / LAST).is_file():
-        shown = os.path.relpath(run_dir)
-        raise UserError(f"{shown} already holds a run ({LAST}), which a new run there would overwrite; go on with "
-                        f"it with resume={shown} (or resume=auto), or give the new run another hydra.run.dir")
+    torchrun restarted, it is the run dir's ckpt_last.pt (the run's latest) if there is one. A run
+    is refused a run dir whose checkpoints it would overwrite: a new run's, or one going on from
+    another checkpoint than that dir's ckpt_last.pt (another run's, or an earlier point of this one)."""
+    last = run_dir / LAST
+    if (resume == AUTO or restarted) and last.is_file():
+        return last
+    held = next((path for path in (last, run_dir / BEST) if path.is_file()), None)  # what a run there would write over
+    shown = os.path.relpath(run_dir)
     if resume in (None, AUTO):
+        if held == last:  # (resume=auto has gone on from it above)
+            raise UserError(f"{shown} already holds a run ({LAST}), which a new run there would overwrite; go on with "
+                            f"it with resume={shown} (or resume=auto), or give the new run another hydra.run.dir")
+        if held is not None:
+            raise UserError(f"{shown} holds {BEST} but no {LAST}, and a new run there would overwrite it; give the new "
+                            f"run another hydra.run.dir (to go on from that model: resume={held} hydra.run.dir=<a new folder>)")
         return None
-    return resolve_resume(resume)
+    source = resolve_resume(resume)
+    if held is not None and source.resolve() != last.resolve():
+        go_on = f", or resume={shown} to go on from its {LAST}" if last.is_file() else ""
+        raise UserError(f"resume={resume} would go on in {shown} and overwrite its {held.name} (a later point of the run, "
+                        f"or another run); to branch from {source.name} there, add hydra.run.dir=<a new folder>{go_on}")
+    return source
 
 
 def resolve_resume(resume: str) -> Path:
     path = Path(resume).expanduser()
     if path.is_dir():
+        if (path / BEST).is_file() and not (path / LAST).is_file():
+            raise UserError(f"resume={resume} has no {LAST}, only {BEST}; to go on from that one, give "
+                            f"resume={path / BEST} hydra.run.dir=<a new folder>")
         if not (path / LAST).is_file():
             raise UserError(f"resume={resume} has no {LAST}; {where_runs_are('resume', path, needs=(LAST,))}")
         return path / LAST

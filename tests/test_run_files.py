@@ -1,10 +1,11 @@
 """model_io/run_files.py: which checkpoint file a run's name means."""
 
+import os
 import re
 
 import pytest
 
-from model_io.run_files import resolve_checkpoint, resolve_resume
+from model_io.run_files import checkpoint_to_resume, resolve_checkpoint, resolve_resume
 from tests.helpers import small_checkpoint
 from user_error import UserError
 
@@ -54,3 +55,33 @@ def test_a_run_that_has_saved_nothing_yet_is_named_as_one_not_as_a_wrong_folder(
     (young / ".hydra" / "config.yaml").unlink()  # no run at all: the first run is still to train
     with pytest.raises(UserError, match=re.escape("found no checkpoint under outputs/ or multirun/; train one first (make train)")):
         resolve_checkpoint("latest")
+
+
+def test_a_run_is_refused_a_run_dir_whose_checkpoints_it_would_overwrite(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    for run_dir in (here, there):
+        run_dir.mkdir()
+        small_checkpoint(run_dir, "ckpt_last.pt")
+        small_checkpoint(run_dir, "ckpt_best.pt")
+    assert checkpoint_to_resume(str(here), here, restarted=False) == here / "ckpt_last.pt"  # going on where it is
+    assert checkpoint_to_resume(str(here / "ckpt_last.pt"), here, restarted=False) == here / "ckpt_last.pt"
+    assert checkpoint_to_resume("auto", here, restarted=False) == here / "ckpt_last.pt"
+    # Another run's checkpoint, or an earlier point of this one (its best), going on in this dir: refused.
+    for resume, source in ((there, "ckpt_last.pt"), (here / "ckpt_best.pt", "ckpt_best.pt")):
+        with pytest.raises(UserError, match="^" + re.escape(
+                f"resume={resume} would go on in {os.path.relpath(here)} and overwrite its ckpt_last.pt (a later point of "
+                f"the run, or another run); to branch from {source} there, add hydra.run.dir=<a new folder>, or "
+                f"resume={os.path.relpath(here)} to go on from its ckpt_last.pt") + "$"):
+            checkpoint_to_resume(str(resume), here, restarted=False)
+    new = tmp_path / "new"
+    assert checkpoint_to_resume(str(here / "ckpt_best.pt"), new, restarted=False) == here / "ckpt_best.pt"  # a branch
+    # A dir that kept its best model alone (its ckpt_last.pt deleted): a new run, or resume=auto, would overwrite it.
+    (there / "ckpt_last.pt").unlink()
+    for resume in (None, "auto"):
+        with pytest.raises(UserError, match=re.escape("holds ckpt_best.pt but no ckpt_last.pt, and a new run there would "
+                                                      "overwrite it")):
+            checkpoint_to_resume(resume, there, restarted=False)
+    with pytest.raises(UserError, match="^" + re.escape(f"resume={there} has no ckpt_last.pt, only ckpt_best.pt; to go on "
+                                                        f"from that one, give resume={there / 'ckpt_best.pt'} "
+                                                        "hydra.run.dir=<a new folder>") + "$"):
+        resolve_resume(str(there))

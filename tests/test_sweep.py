@@ -15,7 +15,10 @@ def test_a_sweep_makes_one_run_dir_per_value_and_a_second_sweep_there_is_refused
     assert result.returncode == 0, result.stdout + result.stderr
     saved = {path: path.read_bytes() for path in (tmp_path / "sweep").rglob("*") if path.is_file()}
     again = run_cli("train.py", "-m", *sweep, cwd=tmp_path)  # the same sweep dir: its runs would be overwritten
-    assert_one_error_line(again, "error: hydra.sweep.dir=sweep already holds runs (sweep/0/ckpt_last.pt, ...), which ")
+    assert_one_error_line(again, "error: hydra.sweep.dir=sweep already holds runs (sweep/0/ckpt_best.pt, ...), which ")
+    # ...and so would runs going on there from another run's checkpoint.
+    branched = run_cli("train.py", "-m", *sweep, "resume=sweep/0", cwd=tmp_path)
+    assert_one_error_line(branched, "error: hydra.sweep.dir=sweep already holds runs (sweep/0/ckpt_best.pt, ...), which ")
     assert {path: path.read_bytes() for path in (tmp_path / "sweep").rglob("*") if path.is_file()} == saved
     runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert runs == ["0", "1"]
