@@ -3,6 +3,7 @@ key (stored in Hydra's ConfigStore when this module is imported, as cli/schema.p
 train.py's) and sample.py's ranges. Apart from train.py's schema, so that sampling and exporting
 import nothing of the training loop's (its schema names the optimizers and schedules it knows)."""
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,8 @@ def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:
     """sample.py's counterpart of validate_train_config, called before the checkpoint is read (so a
     bad value is the only line printed), then again with its vocabulary, top_k's range."""
     require(cfg.max_new_tokens >= 0, f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
-    require(cfg.temperature >= 0, f"temperature={cfg.temperature} must be 0 (greedy) or more")
+    require(0 <= cfg.temperature < math.inf, f"temperature={cfg.temperature} must be a number, 0 (greedy) or more")
+    require(0 <= cfg.seed < 2**63, f"seed={cfg.seed} must be a whole number from 0 to {2**63 - 1}")  # torch's generator
     require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
     if vocab_size is None:
         require(not cfg.top_k or cfg.top_k > 0, f"top_k={cfg.top_k} must be 1 or more (or 0: off)")

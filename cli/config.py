@@ -2,6 +2,7 @@
 Hydra, against cli/schema.py), and a resumed run's config."""
 
 import hashlib
+import math
 from dataclasses import fields
 from enum import Enum
 from pathlib import Path
@@ -18,6 +19,8 @@ from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
 from user_error import UserError, as_typed, require
 
+SEEDS = 2**32  # train.seed seeds numpy too, whose seeds are 0 .. 2**32 - 1
+
 
 def validate_train_config(cfg: Any, new_model: bool = True) -> None:
     """UserError for the first value out of its range, naming it and a fix. new_model: False for a
@@ -25,7 +28,7 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
     would refuse a run that can no longer change it)."""
     optim, train = cfg.optim, cfg.train
     validate_model_config(cfg.model, new_model)
-    require(optim.lr > 0, f"optim.lr={optim.lr} must be greater than 0, e.g. optim.lr=1e-3")
+    require(0 < optim.lr < math.inf, f"optim.lr={optim.lr} must be a number greater than 0, e.g. optim.lr=1e-3")
     require(0 < optim.decay_fraction <= 1, f"optim.decay_fraction={optim.decay_fraction} must be in (0, 1], e.g. 0.2")
     require(0 <= optim.min_lr <= optim.lr, f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr}")
     require(optim.weight_decay >= 0, f"optim.weight_decay={optim.weight_decay} must be 0 or more")
@@ -43,7 +46,9 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
     check_keep_checkpoints(train.keep_checkpoints)
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
-    require(train.sample_temperature >= 0, f"train.sample_temperature={train.sample_temperature} must be 0 (greedy) or more")
+    require(0 <= train.sample_temperature < math.inf,
+            f"train.sample_temperature={train.sample_temperature} must be a number, 0 (greedy) or more")
+    require(0 <= train.seed < SEEDS, f"train.seed={train.seed} must be a whole number from 0 to {SEEDS - 1}")
     require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
     if cfg.tokenizer.kind == "bpe":
         require(
@@ -73,7 +78,7 @@ def validate_model_config(model: Any, new_model: bool) -> None:
             f"model.window={model.window} hides nothing: no query sees more than model.block_size={model.block_size} "
             f"tokens, and with model.pos={model.pos} generation never looks further back; pick a window under "
             f"{model.block_size}, or null")
-    require(model.rope_theta > 0, f"model.rope_theta={model.rope_theta} must be greater than 0, e.g. 10000")
+    require(0 < model.rope_theta < math.inf, f"model.rope_theta={model.rope_theta} must be a number greater than 0, e.g. 10000")
     require(model.norm_eps is None or model.norm_eps > 0, f"model.norm_eps={model.norm_eps} must be greater than 0, or null")
     scaling = model.rope_scaling
     require(scaling is None or (OmegaConf.is_dict(scaling) and set(scaling) == set(ROPE_SCALING_KEYS)

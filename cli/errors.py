@@ -37,6 +37,11 @@ def exit_on_user_error(full_errors_asked: bool = False) -> Iterator[None]:
         leave_it_to_local_rank_zero(config_error_line(err))  # every process read the same config
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except OSError as err:  # a path given (hydra.run.dir, data.cache_dir, ...) that the command cannot make or use
+        if err.filename is None or full_errors_asked:
+            raise
+        print(f"error: {path_error_line(err)}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop's own handling
         print("stopped: interrupted (files already saved are whole)", file=sys.stderr, flush=True)
         sys.exit(130)
@@ -51,6 +56,15 @@ def compile_failure(error: BaseException) -> str | None:
     if dynamo_errors is None or not isinstance(error, dynamo_errors.BackendCompilerFailed):
         return None
     return str(error).strip().splitlines()[0]
+
+
+def path_error_line(err: OSError) -> str:
+    """One line for a file or folder the command could not make, read or write."""
+    if isinstance(err, FileExistsError | NotADirectoryError):
+        return f"{err.filename} cannot be made a folder: a file is in the way; give another path"
+    if isinstance(err, PermissionError):
+        return f"{err.filename}: permission denied; give a path this user may write to"
+    return f"{err.filename}: {err.strerror or err}; give another path"
 
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the scripts' config folder

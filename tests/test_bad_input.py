@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_one_error_line, run_cli
+from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,11 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli
         (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
         (["data.path=my_book.txt"], "error: data.path=my_book.txt is not read by data=stories, the built-in stories; add "
                                     "data=text to train on your file"),
-        (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or more"),
+        (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be a number, 0 (greedy) or more"),
+        (["train.seed=-1"], "error: train.seed=-1 must be a whole number from 0 to 4294967295"),
+        (["train.seed=4294967296"], "error: train.seed=4294967296 must be a whole number from 0 to 4294967295"),
+        (["optim.lr=inf"], "error: optim.lr=inf must be a number greater than 0"),
+        (["model.rope_theta=inf"], "error: model.rope_theta=inf must be a number greater than 0"),
         (["train.device=tpu9"], "error: train.device=tpu9"),
         (["tokenizer=bpe", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size=100 must be a whole number from 256"),
         (["tokenizer=char", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size is not an option of the tokenizer chosen; "
@@ -120,6 +124,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["top_p=0"], "error: top_p=0 must be in (0, 1]"),
         (["topk=5"], "error: topk is not an option; check its spelling (`python sample.py --help`"),
         (["temperature=-1"], "error: temperature=-1"),
+        (["temperature=inf"], "error: temperature=inf must be a number, 0 (greedy) or more"),
+        (["seed=99999999999999999999"], "error: seed=99999999999999999999 must be a whole number from 0 to 9223372036854775807"),
         (["prompt=Chapter", "1:", "x"], "error: could not read the argument '1:': each argument is key=value, and a value with"),
         (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep"),
         (["prompt='a','b'"], "error: prompt='a','b': a comma here means a sweep"),
@@ -161,3 +167,10 @@ def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_ven
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == (f"error: hydra is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
                              "(make setup makes .venv), or activate .venv first\n")
+
+
+def test_a_folder_the_run_cannot_make_is_one_line_not_a_traceback(tmp_path):
+    (tmp_path / "notes.txt").write_text("a file where the run wants a folder")
+    for key, made in (("hydra.run.dir", "notes.txt"), ("data.cache_dir", "notes.txt/bpe")):
+        result = run_cli("train.py", *tiny_run(**{"debug": "shapes", key: "notes.txt"}), cwd=tmp_path)
+        assert_one_error_line(result, f"error: {made} cannot be made a folder: a file is in the way; give another path")
