@@ -13,7 +13,7 @@ from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig,
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
-from user_error import UserError
+from user_error import UserError, as_typed
 
 
 @contextmanager
@@ -179,9 +179,12 @@ def refused_value_line(refusal: ValidationError) -> str | None:
     """'train.max_steps=abc must be a whole number' for a value its key's type refused; None
     for another ValidationError."""
     node, key, value = refusal.child_node, refusal.full_key, refusal.value
+    shown = as_typed(value)  # null, true and false as they were typed, not Python's None, True and False
     if isinstance(node, EnumNode):  # every enum of the schema is a cli.schema.Choice
-        return node.enum_type.refusal(key, value)
+        return node.enum_type.refusal(key, shown)
     must_be = MUST_BE.get(type(node))
     if must_be:
-        return f"{key}={value} must be {must_be}"
+        return f"{key}={shown} must be {must_be}"
+    if "is not Optional" in str(refusal):  # null given to a key that has no null
+        return f"{key}=null: {key} cannot be null; give it a value ({options_hint()})"
     return None

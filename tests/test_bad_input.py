@@ -75,6 +75,9 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["data.path=my_book.txt"], "error: data.path=my_book.txt is not read by data=stories, the built-in stories; add "
                                     "data=text to train on your file"),
         (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be a number, 0 (greedy) or more"),
+        (["model.n_layer=null"], "error: model.n_layer=null must be a whole number"),  # as typed: not Python's None
+        (["debug=true"], "error: debug=true is not a debug mode; the one there is: debug=shapes"),
+        (["train.device=null"], "error: train.device=null: train.device cannot be null; give it a value"),
         (["train.seed=-1"], "error: train.seed=-1 must be a whole number from 0 to 4294967295"),
         (["train.seed=4294967296"], "error: train.seed=4294967296 must be a whole number from 0 to 4294967295"),
         (["optim.lr=inf"], "error: optim.lr=inf must be a number greater than 0"),

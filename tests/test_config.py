@@ -90,12 +90,12 @@ def test_the_time_to_quality_preset_resolves_to_nanogpts_shape_with_its_levers(t
     [
         ("train", "train.max_steps=abc", "train.max_steps=abc must be a whole number"),
         ("train", "train.max_steps=1.5", "train.max_steps=1.5 must be a whole number"),
-        ("train", "train.max_steps=true", "train.max_steps=True must be a whole number"),
+        ("train", "train.max_steps=true", "train.max_steps=true must be a whole number"),
         ("train", "train.save_interval=1.5", "train.save_interval=1.5 must be a whole number"),
         ("train", "model.dropout=x", "model.dropout=x must be a number"),
-        ("train", "model.dropout=true", "model.dropout=True must be a number"),
+        ("train", "model.dropout=true", "model.dropout=true must be a number"),
         ("train", "model.dropout='0.1'", "model.dropout=0.1 must be a number"),  # a quoted string is no number
-        ("train", "model.dropout=null", "model.dropout=None must be a number"),
+        ("train", "model.dropout=null", "model.dropout=null must be a number"),
         ("train", "model.bias=maybe", "model.bias=maybe must be true or false"),
         ("train", "model.pos=alibi", "model.pos=alibi must be one of learned, rope"),
         ("train", "train.dtype=fp8", "train.dtype=fp8 must be one of auto, fp32, bf16, fp16"),
