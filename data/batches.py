@@ -33,7 +33,11 @@ def check_splits_fit(data: TokenData, block_size: int) -> None:
     """Each split must hold at least one training window of block_size + 1 tokens."""
     for split, tokens in (("train", data.train), ("val", data.val)):
         if len(tokens) <= block_size:
-            raise UserError(
-                f"model.block_size={block_size} needs more than {block_size} tokens in each split, but the "
-                f"{split} split has {len(tokens)}; use a longer corpus or a smaller model.block_size"
-            )
+            if split == "val" and len(data.train) > block_size:
+                fix = "raise data.val_fraction (the share of the text held out for it), or use a longer corpus"
+            elif len(tokens) < 2:  # no window fits, whatever its size
+                fix = "use a longer corpus"
+            else:
+                fix = f"use a longer corpus, or a model.block_size under {len(tokens)}"
+            raise UserError(f"model.block_size={block_size} needs more than {block_size} tokens in each split, but the "
+                            f"{split} split has {len(tokens)}; {fix}")

@@ -111,8 +111,14 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
     # "hello": 3 tokens to train on and none to validate on (an empty file, which mmap refuses).
     (tmp_path / "tiny.txt").write_text("hello\n")
     result = run_cli("train.py", "data=text", "data.path=tiny.txt", cwd=tmp_path)
-    assert_one_error_line(result, "error: model.block_size=128 needs more than 128 tokens in each split, but the train split has 3")
+    assert_one_error_line(result, "error: model.block_size=128 needs more than 128 tokens in each split, but the train split has 3; "
+                                  "use a longer corpus, or a model.block_size under 3")
     assert not (tmp_path / "outputs").exists()
+    # A val split too short for a window of the train split's: the share held out is the lever.
+    (tmp_path / "short.txt").write_text("hello there, how are you today? " * 40)
+    short_val = run_cli("train.py", "data=text", "data.path=short.txt", "tokenizer=char", "model.block_size=16",
+                        "data.val_fraction=0.01", cwd=tmp_path)
+    assert_one_error_line(short_val, "split has 12; raise data.val_fraction (the share of the text held out for it), or use a longer corpus")
 
 
 @pytest.mark.slow  # the shared trained run
