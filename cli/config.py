@@ -117,8 +117,10 @@ def check_keep_checkpoints(keep: Any) -> None:
 
 
 # What a resumed run may not change: the network, its tokens, the text it learns from, and
-# which optimizer holds its state.
+# which optimizer holds its state. (model.dropout and model.attention change no weight: a run may
+# go on with others, as a run from pretrained weights may choose them.)
 FIXED_ON_RESUME = ("model", "tokenizer", "data", "optim.name", "init_from")
+FREE_ON_RESUME = ("model.dropout", "model.attention")
 
 
 def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tuple[Any, list[str]]:
@@ -135,10 +137,11 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
         if new == old:
             continue
         fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
+        asked = f"{key}={as_typed(new)}" if "." in key else override  # the value that holds, where a key came twice
         require(
-            fixed is None,
-            f"resume: {override} would change the {fixed} this run was trained with"
-            f"{f' ({old})' if '.' in key else ''}; start a new run for that instead",
+            fixed is None or key in FREE_ON_RESUME,
+            f"resume: {asked} would change the {fixed} this run was trained with"
+            f"{f' ({as_typed(old)})' if '.' in key else ''}; start a new run for that instead",
         )
         OmegaConf.update(resumed, key, new, merge=False, force_add=True)
         changes.append(f"{key} {old} -> {new}")

@@ -377,6 +377,8 @@ def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_ru
         "error: resume: model.n_layer=3 would change the model this run was trained with (2); "
         "start a new run for that instead\n"
     )
+    twice = run_cli("train.py", "resume=run", "model.n_layer=3", "model.n_layer=4", "train.max_steps=20", cwd=ten_step_run.parent)
+    assert twice.stderr.startswith("error: resume: model.n_layer=4 would change the model this run was trained with (2)")
     group = run_cli("train.py", "resume=run", "tokenizer=char", cwd=ten_step_run.parent)  # a group: no old value to quote
     assert group.stderr == ("error: resume: tokenizer=char would change the tokenizer this run was trained with; "
                             "start a new run for that instead\n")
@@ -387,14 +389,17 @@ def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_ru
     assert {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()} == before
 
     longer = run_cli("train.py", "resume=run/ckpt_last.pt", "train.max_steps=20", "optim.muon_momentum=0.9",
-                     cwd=ten_step_run.parent)
+                     "model.dropout=0.1", cwd=ten_step_run.parent)  # dropout changes no weight: the run may go on with it
     assert longer.returncode == 0, longer.stderr
-    assert "resuming run at step 10; train.max_steps 10 -> 20; optim.muon_momentum 0.95 -> 0.9" in longer.stdout
+    assert ("resuming run at step 10; train.max_steps 10 -> 20; optim.muon_momentum 0.95 -> 0.9; "
+            "model.dropout 0.0 -> 0.1") in longer.stdout
     resumed = Checkpoint.load(ten_step_run / "ckpt_last.pt")
     assert resumed.step == 20 and resumed.optimizer["optimizers"][1]["param_groups"][0]["momentum"] == 0.9
+    assert resumed.config["model"]["dropout"] == 0.1
     assert [step for step, _ in scalars(ten_step_run, "loss/val")] == [0, 10, 20]
     assert (ten_step_run / ".hydra" / "config.yaml").read_text().count("max_steps: 10") == 1  # the original kept
     assert len(list((ten_step_run / ".hydra").glob("resumed-*/config.yaml"))) == 1
     log = (ten_step_run / "train.log").read_text()
-    assert re.search(r"^\[[\d:]{8}\] resuming run at step 10; train.max_steps 10 -> 20; optim.muon_momentum 0.95 -> 0.9$",
+    assert re.search(r"^\[[\d:]{8}\] resuming run at step 10; train.max_steps 10 -> 20; optim.muon_momentum 0.95 -> 0.9; "
+                     r"model.dropout 0.0 -> 0.1$",
                      log, re.M)  # logged before the record began
