@@ -144,7 +144,10 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
     say_where_it_starts(spec, cfg.resume, checkpoint, changes, os.path.relpath(run_dir), restarted)
-    return spec, plain_config(cfg), checkpoint
+    config = plain_config(cfg)
+    if checkpoint is None and config["data"]["path"]:  # its checkpoints keep the text's whole path: it goes on from any folder
+        config["data"]["path"] = str(Path(config["data"]["path"]).expanduser().absolute())
+    return spec, config, checkpoint
 
 
 def check_same_tokenizer(tokenizer: Tokenizer, checkpoint: Checkpoint, resume: str | None) -> None:

@@ -276,10 +276,18 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming run at step 10; train.max_steps 10 -> 12" in resumed.stdout
     assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").step == 12
+    # From another folder (a cluster job's): the run kept its text's whole path; the same file spelt
+    # from there is no change, and where the token cache lives may change.
+    (tmp_path / "elsewhere").mkdir()
+    moved = run_cli("train.py", "resume=../run", "train.max_steps=14", f"data.path={tmp_path / 'book.txt'}",
+                    "data.cache_dir=cache", cwd=tmp_path / "elsewhere")
+    assert moved.returncode == 0, moved.stderr
+    assert "resuming ../run at step 12; train.max_steps 12 -> 14; data.cache_dir .cache -> cache" in moved.stdout
+    assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").config["data"]["path"] == str(tmp_path / "book.txt")
     # The text changed since: its tokenizer would be another (other merges, other ids), and was taken silently.
     (tmp_path / "book.txt").write_text("".join(generate_stories(8, 30_000)).replace("b", "q"))
     before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
-    changed = run_cli("train.py", "resume=run", "train.max_steps=14", cwd=tmp_path)
+    changed = run_cli("train.py", "resume=run", "train.max_steps=16", cwd=tmp_path)
     assert changed.returncode == 2
     assert changed.stderr.startswith("error: resume=run: the tokenizer the corpus gives now differs from the one this run")
     assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
