@@ -164,8 +164,8 @@ def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> 
     source = resolve_resume(resume)
     if held is not None and source.resolve() != last.resolve():
         go_on = f", or resume={shown} to go on from its {LAST}" if last.is_file() else ""
-        raise UserError(f"resume={resume} would go on in {shown} and overwrite its {held.name} (a later point of the run, "
-                        f"or another run); to branch from {source.name} there, add hydra.run.dir=<a new folder>{go_on}")
+        raise UserError(f"resume={resume} would go on in {shown} from {source.name}, overwriting the {held.name} there; "
+                        f"to branch from it, add hydra.run.dir=<a new folder>{go_on}")
     return source
 
 

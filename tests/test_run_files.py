@@ -69,9 +69,9 @@ def test_a_run_is_refused_a_run_dir_whose_checkpoints_it_would_overwrite(tmp_pat
     # Another run's checkpoint, or an earlier point of this one (its best), going on in this dir: refused.
     for resume, source in ((there, "ckpt_last.pt"), (here / "ckpt_best.pt", "ckpt_best.pt")):
         with pytest.raises(UserError, match="^" + re.escape(
-                f"resume={resume} would go on in {os.path.relpath(here)} and overwrite its ckpt_last.pt (a later point of "
-                f"the run, or another run); to branch from {source} there, add hydra.run.dir=<a new folder>, or "
-                f"resume={os.path.relpath(here)} to go on from its ckpt_last.pt") + "$"):
+                f"resume={resume} would go on in {os.path.relpath(here)} from {source}, overwriting the ckpt_last.pt there; "
+                f"to branch from it, add hydra.run.dir=<a new folder>, or resume={os.path.relpath(here)} to go on from "
+                "its ckpt_last.pt") + "$"):
             checkpoint_to_resume(str(resume), here, restarted=False)
     new = tmp_path / "new"
     assert checkpoint_to_resume(str(here / "ckpt_best.pt"), new, restarted=False) == here / "ckpt_best.pt"  # a branch
