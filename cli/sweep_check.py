@@ -5,6 +5,7 @@ checks (validate_train_config) run inside each job, where a bad value in the thi
 the sweep after two whole trainings. Here each job's config is composed as the sweeper composes
 it, and checked, first; and a sweep under torchrun (one run of several processes) is refused."""
 
+import functools
 import itertools
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,10 @@ from typing import Any
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from model_io.run_files import AUTO, BEST, LAST
-from user_error import UserError
+from user_error import UserError, as_typed
 
 
 def job_overrides(task_overrides: list[str], params: dict | None = None) -> list[list[str]]:
@@ -49,6 +50,11 @@ class SweepCheck(Callback):
                 jobs = job_overrides(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
             except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
                 return
+            values: dict[str, set[str]] = {}
+            for override in itertools.chain(*jobs):
+                values.setdefault(override.split("=", 1)[0], set()).add(override)
+            swept = {key for key, given in values.items() if len(given) > 1}  # the keys the sweep gives several values
+            by_number = OmegaConf.to_container(config.hydra.sweep)["subdir"] == "${hydra.job.num}"  # Hydra's default, unresolved
             sweep_dir = Path(config.hydra.sweep.dir)  # the runs of a sweep there before:
             held = sorted({*sweep_dir.glob(f"**/{LAST}"), *sweep_dir.glob(f"**/{BEST}")})
             named = any(override.split("=", 1)[0] == "hydra.sweep.dir" for override in config.hydra.overrides.hydra)
@@ -62,9 +68,32 @@ class SweepCheck(Callback):
                     raise UserError(f"hydra.sweep.dir={config.hydra.sweep.dir} already holds runs ({held[0]}, ...), "
                                     "which the sweep's new runs would overwrite; give the sweep another hydra.sweep.dir, "
                                     "or add resume=auto to go on with them; no job has run")
+                if cfg.resume == AUTO and by_number:  # job n goes on with <dir>/n
+                    check_same_values(number, job, swept, cfg, sweep_dir / str(number) / LAST)
                 if cfg.resume or cfg.init_from:  # checked with the files they name, when the job starts
                     continue
                 try:
                     validate_train_config(cfg)
                 except UserError as error:
                     raise UserError(f"job #{number} of the sweep ({' '.join(job)}): {error}; no job has run") from None
+
+
+def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictConfig, last: Path) -> None:
+    """resume=auto takes job n's run by its number: refused where that run trained with another of
+    the swept values (the values given in another order, or a new one among them), which the
+    resumed run would otherwise take silently as a change of its settings."""
+    from cli.config import plain, same_file
+    from model_io.checkpoint import read_file  # torch: only for a sweep that goes on
+
+    if not last.is_file():
+        return
+    saved = read_file(last, "cpu", mmap=True)
+    for key in sorted(swept):
+        old = functools.reduce(lambda node, part: node.get(part) if isinstance(node, dict) else None, key.split("."),
+                               saved.get("config", {}) if isinstance(saved, dict) else {})
+        new = plain(OmegaConf.select(cfg, key))
+        if old != new and not (key == "data.path" and same_file(new, old)):
+            shown = " ".join(override for override in job if override.split("=", 1)[0] in swept)  # its swept values
+            raise UserError(f"job #{number} of the sweep ({shown}) would go on with {last.parent}, which trained "
+                            f"with {key}={as_typed(old)}: resume=auto takes each job's run by its number, so give the "
+                            "swept values as the first sweep had them; no job has run")

@@ -16,6 +16,11 @@ def test_a_sweep_makes_one_run_dir_per_value_and_a_second_sweep_there_is_refused
     saved = {path: path.read_bytes() for path in (tmp_path / "sweep").rglob("*") if path.is_file()}
     again = run_cli("train.py", "-m", *sweep, cwd=tmp_path)  # the same sweep dir: its runs would be overwritten
     assert_one_error_line(again, "error: hydra.sweep.dir=sweep already holds runs (sweep/0/ckpt_best.pt, ...), which ")
+    # resume=auto takes each job's run by its number: the values in another order would swap the runs' settings.
+    swapped = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "2,1", "train.max_steps": 6, "train.eval_interval": 4,
+                                                     "hydra.sweep.dir": "sweep", "resume": "auto"}), cwd=tmp_path)
+    assert_one_error_line(swapped, "error: job #0 of the sweep (model.n_head=2) would go on with sweep/0, which trained "
+                                   "with model.n_head=1: resume=auto takes each job's run by its number")
     # ...and so would runs going on there from another run's checkpoint.
     branched = run_cli("train.py", "-m", *sweep, "resume=sweep/0", cwd=tmp_path)
     assert_one_error_line(branched, "error: hydra.sweep.dir=sweep already holds runs (sweep/0/ckpt_best.pt, ...), which ")
@@ -39,6 +44,11 @@ def test_a_sweep_makes_one_run_dir_per_value_and_a_second_sweep_there_is_refused
         assert "hparams/best_val_loss" in {m.name.tag for m in experiment.metric_infos}
         best = events.Scalars("hparams/best_val_loss")[-1].value
         assert best == pytest.approx(min(e.value for e in events.Scalars("loss/val")[1:]), rel=1e-6)
+    # The values in the first sweep's order: each job goes on with its own run.
+    longer = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "1,2", "train.max_steps": 6, "train.eval_interval": 4,
+                                                    "hydra.sweep.dir": "sweep", "resume": "auto"}), cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr
+    assert [torch.load(tmp_path / "sweep" / run / "ckpt_last.pt", weights_only=True)["step"] for run in ("0", "1")] == [6, 6]
 
 
 @pytest.mark.parametrize(("sweep", "message"), [
