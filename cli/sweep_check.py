@@ -38,6 +38,7 @@ class SweepCheck(Callback):
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
         from cli.config import validate_train_config  # here: it imports torch, which a callback's import should not
         from cli.errors import exit_on_user_error
+        from data.corpus import corpus_files
         from runtime.ranks import env_world_size, said_once_per_machine
 
         loader = GlobalHydra.instance().hydra.config_loader  # the one Hydra's sweeper composes each job with
@@ -74,6 +75,8 @@ class SweepCheck(Callback):
                     continue
                 try:
                     validate_train_config(cfg)
+                    if cfg.data.source == "text":  # the files it would read: one missing is said now, not after the jobs before it
+                        corpus_files(cfg.data.path)
                 except UserError as error:
                     raise UserError(f"job #{number} of the sweep ({' '.join(job)}): {error}; no job has run") from None
 

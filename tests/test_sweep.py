@@ -78,6 +78,16 @@ def test_a_sweep_a_config_file_gives_is_checked_before_any_job_runs(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_missing_text_file_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path):
+    (tmp_path / "book.txt").write_text("Once upon a time. " * 2000)
+    result = run_cli("train.py", "-m", *tiny_run(**{"data": "text", "data.path": "book.txt,nowhere.txt", "data.n_chars": None,
+                                                    "hydra.sweep.dir": "sweep"}), cwd=tmp_path)
+    assert_one_error_line(result, "error: job #1 of the sweep (")
+    assert result.stderr.rstrip().endswith("data.path=nowhere.txt does not exist; give a .txt or .jsonl file (or .gz), "
+                                           "or a folder of them; no job has run")
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_resume_auto_in_a_sweep_needs_a_named_sweep_dir(tmp_path):
     # The default hydra.sweep.dir is new at every start: resume=auto would start every job afresh each time.
     result = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "1,2", "resume": "auto"}), cwd=tmp_path)
