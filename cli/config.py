@@ -123,9 +123,12 @@ FIXED_ON_RESUME = ("model", "tokenizer", "data", "optim.name", "init_from")
 FREE_ON_RESUME = ("model.dropout", "model.attention", "data.cache_dir")  # (the cache: where, not what)
 
 
-def same_file(path: Any, other: Any) -> bool:
-    """Whether two data.path values name one file (a run saves its path whole: train.py)."""
-    return isinstance(path, str) and isinstance(other, str) and Path(path).expanduser().resolve() == Path(other).resolve()
+def changes_setting(key: str, new: Any, old: Any) -> bool:
+    """Whether new, given for key, differs from a run's saved old: a data.path naming the same file
+    from another folder does not (a run saves its path whole: train.py)."""
+    if key == "data.path" and isinstance(new, str) and isinstance(old, str):
+        return Path(new).expanduser().resolve() != Path(old).resolve()
+    return new != old
 
 
 def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tuple[Any, list[str]]:
@@ -139,7 +142,7 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
         if key == "resume" or key.startswith("hydra"):
             continue
         new, old = plain(OmegaConf.select(cfg, key)), plain(OmegaConf.select(resumed, key))
-        if new == old or (key == "data.path" and same_file(new, old)):  # the run's text, spelt from another folder
+        if not changes_setting(key, new, old):
             continue
         fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
         asked = f"{key}={as_typed(new)}" if "." in key else override  # the value that holds, where a key came twice

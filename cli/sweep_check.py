@@ -5,7 +5,6 @@ checks (validate_train_config) run inside each job, where a bad value in the thi
 the sweep after two whole trainings. Here each job's config is composed as the sweeper composes
 it, and checked, first; and a sweep under torchrun (one run of several processes) is refused."""
 
-import functools
 import itertools
 from pathlib import Path
 from typing import Any
@@ -85,17 +84,16 @@ def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictCon
     """resume=auto takes job n's run by its number: refused where that run trained with another of
     the swept values (the values given in another order, or a new one among them), which the
     resumed run would otherwise take silently as a change of its settings."""
-    from cli.config import plain, same_file
+    from cli.config import changes_setting, plain
     from model_io.checkpoint import read_file  # torch: only for a sweep that goes on
 
     if not last.is_file():
         return
     saved = read_file(last, "cpu", mmap=True)
+    trained = OmegaConf.create(saved.get("config", {}) if isinstance(saved, dict) else {})
     for key in sorted(swept):
-        old = functools.reduce(lambda node, part: node.get(part) if isinstance(node, dict) else None, key.split("."),
-                               saved.get("config", {}) if isinstance(saved, dict) else {})
-        new = plain(OmegaConf.select(cfg, key))
-        if old != new and not (key == "data.path" and same_file(new, old)):
+        old, new = plain(OmegaConf.select(trained, key)), plain(OmegaConf.select(cfg, key))
+        if changes_setting(key, new, old):
             shown = " ".join(override for override in job if override.split("=", 1)[0] in swept)  # its swept values
             raise UserError(f"job #{number} of the sweep ({shown}) would go on with {last.parent}, which trained "
                             f"with {key}={as_typed(old)}: resume=auto takes each job's run by its number, so give the "
