@@ -11,13 +11,15 @@ Every option is in configs/export.yaml.
 import json
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from user_error import UserError, not_installed
+from user_error import UserError, ctrl_c_ends_quietly, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
+    ctrl_c_before = ctrl_c_ends_quietly()  # and Ctrl-C while importing, one line too (until the imports end)
     import hydra
     from omegaconf import DictConfig
 except ModuleNotFoundError as missing:
@@ -31,6 +33,8 @@ from model import GPT
 from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
 from model_io.run_files import BEST, LAST, resolve_checkpoint
+
+signal.signal(signal.SIGINT, ctrl_c_before)  # Ctrl-C raises KeyboardInterrupt again
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="export", version_base="1.3")

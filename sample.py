@@ -8,12 +8,14 @@ model's config, its weights and its tokenizer.
 Every option is in configs/sample.yaml. Nothing is written anywhere.
 """
 
+import signal
 import sys
 from pathlib import Path
 
-from user_error import UserError, not_installed
+from user_error import UserError, ctrl_c_ends_quietly, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
+    ctrl_c_before = ctrl_c_ends_quietly()  # and Ctrl-C while importing, one line too (until the imports end)
     import hydra
     import torch
     from omegaconf import DictConfig
@@ -28,6 +30,8 @@ from model_io.checkpoint import Checkpoint
 from model_io.run_files import KEPT, resolve_checkpoint
 from runtime.devices import Machine, check_compiler, pick_device
 from runtime.precision import weights_dtype
+
+signal.signal(signal.SIGINT, ctrl_c_before)  # Ctrl-C raises KeyboardInterrupt again
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")

@@ -20,12 +20,14 @@ import gc
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
-from user_error import UserError, not_installed
+from user_error import UserError, ctrl_c_ends_quietly, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
+    ctrl_c_before = ctrl_c_ends_quietly()  # and Ctrl-C while importing, one line too (until the imports end)
     import hydra
     import numpy as np
     from hydra.core.hydra_config import HydraConfig
@@ -57,6 +59,8 @@ from training.data_parallel import forget_dtensor_shardings
 from training.fit import Figures, fit
 from training.specs import RunSpec
 from training.state import TrainState
+
+signal.signal(signal.SIGINT, ctrl_c_before)  # Ctrl-C raises KeyboardInterrupt again
 
 log = logging.getLogger("train")
 

@@ -73,8 +73,13 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the scripts' con
 HYDRA_FLAGS = {
     "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r",
     "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn",
-    "--config-dir", "-cd", "--info", "-i", "--experimental-rerun",
+    "--config-dir", "-cd", "--info", "-i",
 }
+# Flags that only change what another flag does: with neither of those, Hydra stops with a traceback
+# (--resolve) or ignores them and trains (--package).
+NEEDS_FLAG = {"--resolve": ("--cfg", "--help"), "--package": ("--cfg",)}
+SHORT_FLAGS = {"-h": "--help", "-c": "--cfg", "-p": "--package", "-sc": "--shell-completion"}
+SHELL_COMPLETION_ACTIONS = ("install", "uninstall", "query")
 
 
 def run_cli(hydra_main: Callable[[], object]) -> None:
@@ -106,6 +111,14 @@ def check_flags(args: list[str]) -> None:
     modes = sorted({long_name[flag] for arg in args if (flag := arg.split("=", 1)[0]) in long_name})
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} together: give one of {', '.join(MODE_FLAGS)} at a time")
+    flags = {SHORT_FLAGS.get(flag, flag) for arg in args if arg.startswith("-") and (flag := arg.split("=", 1)[0])}
+    for flag, needs in NEEDS_FLAG.items():
+        if flag in flags and not flags & set(needs):
+            raise UserError(f"{flag} only works with {' or '.join(needs)}, e.g. `python {os.path.basename(sys.argv[0])} "
+                            f"--cfg job {flag}{' <group>' if flag == '--package' else ''}`")
+    if "--shell-completion" in flags and not any(arg.split("=", 1)[0] in SHELL_COMPLETION_ACTIONS for arg in args):
+        raise UserError(f"--shell-completion needs what to do: {', '.join(a + '=bash' for a in SHELL_COMPLETION_ACTIONS)} "
+                        f"(or zsh, fish), e.g. `python {os.path.basename(sys.argv[0])} --shell-completion install=bash`")
     for arg in args:
         if arg.startswith("-") and arg.split("=", 1)[0] not in HYDRA_FLAGS:
             raise UserError(f"{arg} is not a flag of this command; {options_hint()}")

@@ -88,7 +88,8 @@ def file_server(tmp_path_factory):
     """A real HTTP server on 127.0.0.1 serving a temporary folder: (folder, base URL)."""
     folder = tmp_path_factory.mktemp("served")
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # serve_forever checks for shutdown() every poll_interval: 0.5 s by default, waited at every teardown
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield folder, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

@@ -216,7 +216,12 @@ sys.path[0] = os.path.dirname(sys.argv[0])
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
-    names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read().strip())
+        except FileNotFoundError:  # the thread ended after the listing: it is not left
+            pass
     print(f"rank {os.environ['RANK']} ended with these gloo threads: {sorted(n for n in names if 'gloo' in n)}")
 """
 

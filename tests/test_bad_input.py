@@ -24,6 +24,10 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
         (["-m", "model.n_head=2,4", "--cfg=job"], "error: --cfg and --multirun together: give one of --multirun, --cfg, "
                                                     "--info, --run, --shell-completion at a time"),
+        (["--resolve"], "error: --resolve only works with --cfg or --help, e.g. `python train.py --cfg job --resolve`"),
+        (["-p", "model"], "error: --package only works with --cfg, e.g. `python train.py --cfg job --package <group>`"),
+        (["-sc"], "error: --shell-completion needs what to do: install=bash, uninstall=bash, query=bash (or zsh, fish)"),
+        (["--experimental-rerun=job.pickle"], "error: --experimental-rerun=job.pickle is not a flag of this command"),
         (["model.n_layer=${oops}"], "error: model.n_layer: Interpolation key 'oops' not found"),
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
@@ -176,6 +180,29 @@ def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_ven
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == (f"error: hydra is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
                              "(make setup makes .venv), or activate .venv first\n")
+
+
+# Ctrl-C as the script starts importing torch: a finder that Python asks first sends it, so that it
+# lands in the imports every time (a timer would land there only on a machine of the right speed).
+CTRL_C_AT_TORCH = """
+import os, runpy, signal, sys
+class CtrlCAtTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlCAtTorch())
+sys.argv = [sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])
+def test_ctrl_c_while_a_script_imports_is_one_line_not_an_imports_traceback(tmp_path, script):
+    result = subprocess.run([sys.executable, "-c", CTRL_C_AT_TORCH, script], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert (result.returncode, result.stdout) == (130, ""), result.stderr
+    assert result.stderr == "stopped: interrupted while starting; nothing was written\n"
 
 
 def test_a_folder_the_run_cannot_make_is_one_line_not_a_traceback(tmp_path):

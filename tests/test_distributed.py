@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ from tests.helpers import (
     ROOT,
     THEN_NAME_GLOO_THREADS,
     TWO_RANKS,
-    Finished,
     ctrl_c_under_torchrun,
     curves,
     gloo_threads_left,
@@ -91,16 +91,38 @@ def one_batch_of_8(tmp_path_factory):
     return stepped
 
 
+@dataclass
+class TwoNodes:
+    """A run of the README's several-machines command with both "machines" here: node 0's run dir
+    and what each node printed."""
+    dir: Path
+    stdout: str
+    node_1_folder: Path
+    node_1_stdout: str
+
+
 @pytest.fixture(scope="module")
-def two_ranks_accumulating(made_once) -> Finished:
+def two_nodes_accumulating(made_once) -> TwoNodes:
     """ONE_STEP on 2 ranks (DDP), each taking 2 micro-steps of 2 (the gradients synced in the second's
-    backward alone): its weights, and the losses it logged."""
-    def run(workdir: Path) -> Finished:
-        result = torchrun(2, *tiny_run(ONE_STEP, **{"train.batch_size": 2, "train.grad_accum_steps": 2,
-                                                    "hydra.run.dir": "run"}), cwd=workdir)
-        assert result.returncode == 0, result.stdout + result.stderr
-        return Finished(workdir / "run", result.stdout)
-    return made_once("two_ranks_accumulating", run)
+    backward alone), each rank a node of its own: the README's several-machines command, node 0 and
+    node 1 with one process each, in folders of their own, meeting at node 0's rendezvous endpoint."""
+    def run(workdir: Path) -> TwoNodes:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        nodes = []
+        for node_rank in (0, 1):
+            folder = workdir / f"machine{node_rank}"
+            folder.mkdir()
+            command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+                       "--nproc_per_node=1", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"),
+                       *tiny_run(ONE_STEP, **{"train.batch_size": 2, "train.grad_accum_steps": 2, "hydra.run.dir": "run"})]
+            nodes.append(subprocess.Popen(command, cwd=folder, env={**os.environ, "TMPDIR": str(folder)},
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outputs = [node.communicate(timeout=300) for node in nodes]
+        assert [node.returncode for node in nodes] == [0, 0], outputs
+        return TwoNodes(workdir / "machine0" / "run", outputs[0][0], workdir / "machine1", outputs[1][0])
+    return made_once("two_nodes_accumulating", run)
 
 
 def assert_took_the_step(run_dir: Path, expected_weights: dict[str, torch.Tensor]) -> None:
@@ -110,10 +132,18 @@ def assert_took_the_step(run_dir: Path, expected_weights: dict[str, torch.Tensor
     assert moved[worst] < TOLERANCE, f"largest weight difference {moved[worst]:.2e} in {worst}"
 
 
+def test_the_several_machines_command_runs_as_two_nodes_and_only_node_0_speaks_and_writes(two_nodes_accumulating):
+    assert "| 2 processes (gloo)" in two_nodes_accumulating.stdout
+    assert two_nodes_accumulating.node_1_stdout == ""  # node 1's rank prints nothing
+    assert (two_nodes_accumulating.dir / "ckpt_last.pt").is_file()
+    assert not (two_nodes_accumulating.node_1_folder / "run").exists()  # the folder Hydra made there, empty, was taken back
+
+
 def test_the_first_step_of_2_ranks_x_2_micro_steps_x_2_equals_one_process_with_the_whole_batch(
-        one_batch_of_8, two_ranks_accumulating):
-    # Both ways of splitting a batch at once: DDP averages the ranks' gradients, accumulation the micro-steps'.
-    assert_took_the_step(two_ranks_accumulating.dir, one_batch_of_8)
+        one_batch_of_8, two_nodes_accumulating):
+    # Both ways of splitting a batch at once: DDP averages the ranks' gradients (here across two
+    # nodes: nodes that trained apart would each take a step of their own half), accumulation the micro-steps'.
+    assert_took_the_step(two_nodes_accumulating.dir, one_batch_of_8)
 
 
 def test_the_first_step_of_2_micro_steps_x_4_equals_one_process_with_the_whole_batch(one_batch_of_8, tmp_path):
@@ -123,14 +153,14 @@ def test_the_first_step_of_2_micro_steps_x_4_equals_one_process_with_the_whole_b
     assert_took_the_step(tmp_path / "run", one_batch_of_8)
 
 
-def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(two_ranks_accumulating, tmp_path):
+def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(two_nodes_accumulating, tmp_path):
     # Rank 0 takes 3 of the 5 evaluation batches, rank 1 takes 2, and the sums are added. The same
     # update both ways (4 micro-steps of 2 = 2 ranks x 2 micro-steps of 2), and the same eval batches of 2.
     one = run_cli("train.py", *tiny_run(ONE_STEP, **{"train.batch_size": 2, "train.grad_accum_steps": 4, "hydra.run.dir": "one"}),
                   cwd=tmp_path)
     assert one.returncode == 0, one.stderr
     assert len(logged_losses(one.stdout)) == 4  # train and val, before and after the step
-    assert logged_losses(two_ranks_accumulating.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
+    assert logged_losses(two_nodes_accumulating.stdout) == pytest.approx(logged_losses(one.stdout), abs=1e-5)
 
 
 def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
@@ -266,31 +296,3 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
     killed_curves, alone_curves = curves(killed), curves(alone)
     del killed_curves["train/tokens_per_sec"], alone_curves["train/tokens_per_sec"]
     assert killed_curves == alone_curves
-
-
-def test_the_several_machines_command_runs_as_two_nodes_on_this_machine(tmp_path):
-    # The README's multi-machine command, with both "machines" here: node 0 and node 1, one
-    # process each, in folders of their own, meeting at node 0's rendezvous endpoint.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    nodes = []
-    for node_rank in (0, 1):
-        folder = tmp_path / f"machine{node_rank}"
-        folder.mkdir()
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
-                   "--nproc_per_node=1", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"),
-                   *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run"})]
-        nodes.append(subprocess.Popen(command, cwd=folder, env={**os.environ, "TMPDIR": str(folder)},
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [node.communicate(timeout=300) for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs
-    assert "| 2 processes (gloo)" in outputs[0][0] and outputs[1][0] == ""  # node 1's rank prints nothing
-    assert (tmp_path / "machine0" / "run" / "ckpt_last.pt").is_file()
-    assert not (tmp_path / "machine1" / "run").exists()  # the folder Hydra made there, empty, was taken back
-    # Guards nodes that train apart (gradients not averaged): node 0 logs what 1 process of 2 micro-steps x 4 does.
-    together = run_cli("train.py", *tiny_run(QUICK_ON_CPU, **{"train.grad_accum_steps": 2, "hydra.run.dir": "together"}),
-                       cwd=tmp_path)
-    assert together.returncode == 0, together.stderr
-    assert len(logged_losses(outputs[0][0])) == 6  # train and val at steps 0, 10, 20
-    assert logged_losses(outputs[0][0]) == pytest.approx(logged_losses(together.stdout), abs=2e-4)  # 4 decimals
