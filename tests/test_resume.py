@@ -3,6 +3,7 @@ losses, a full disk, and checkpoints crafted to run code."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -238,12 +239,16 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_pa
 
 
 @pytest.fixture
-def ten_step_run(tmp_path) -> Path:
-    """A finished 10-step run, with both checkpoints saved at step 10. LayerNorm and ReLU², not the
-    default's RMSNorm and SwiGLU: with those, optim.lr=1000 leaves the weights huge but finite."""
-    result = run_cli("train.py", *tiny_run(SHORT_RUN, **{"model.norm": "layernorm", "model.mlp": "relu2", "hydra.run.dir": "run"}),
-                     cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def ten_step_run(made_once, tmp_path) -> Path:
+    """A finished 10-step run, with both checkpoints saved at step 10, in tmp_path/run: a copy of its
+    own for each test (the run is trained once a session). LayerNorm and ReLU², not the default's
+    RMSNorm and SwiGLU: with those, optim.lr=1000 leaves the weights huge but finite."""
+    def train(workdir: Path) -> Path:
+        args = tiny_run(SHORT_RUN, **{"model.norm": "layernorm", "model.mlp": "relu2", "hydra.run.dir": "run"})
+        result = run_cli("train.py", *args, cwd=workdir)
+        assert result.returncode == 0, result.stderr
+        return workdir / "run"
+    shutil.copytree(made_once("ten_step_run", train), tmp_path / "run")
     return tmp_path / "run"
 
 
