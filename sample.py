@@ -22,7 +22,7 @@ try:  # what make setup installs into .venv: another python gets one line, not a
 except ModuleNotFoundError as missing:
     sys.exit(not_installed(missing, "sample.py"))
 
-from cli.checkpoint_commands import validate_sample_config
+from cli.checkpoint_commands import prompt_as_typed, validate_sample_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
 from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, generate_text, lay_out_for_decoding, terminal_text
@@ -64,7 +64,7 @@ def sample(cfg: DictConfig) -> None:
 
     try:
         texts = generate_text(
-            model, tokenizer, cfg.prompt, cfg.max_new_tokens,
+            model, tokenizer, prompt_as_typed(cfg.prompt), cfg.max_new_tokens,
             temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
             num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache, compile=cfg.compile,
             eot_text=EOT_SHOWN,

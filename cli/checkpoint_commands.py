@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import MISSING
 
 from user_error import require
@@ -55,6 +57,18 @@ def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:
     require(cfg.top_p is None or 0 < cfg.top_p <= 1, f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
     require(cfg.use_kv_cache or not cfg.compile,
             "compile=true compiles the cached one-token step: drop use_kv_cache=false, or compile=true")
+
+
+def prompt_as_typed(prompt: str) -> str:
+    """sample.py's prompt as the command line spelt it: Hydra reads prompt=0.10 as the number 0.1
+    and prompt=true as True before the schema turns them into the strings "0.1" and "True". A
+    prompt Hydra read as text (quoted or not) is its value, escapes and quotes taken off."""
+    parser, spelt = OverridesParser.create(), None
+    for text in HydraConfig.get().overrides.task:  # the last prompt= given holds, as in the config
+        override = parser.parse_override(text)
+        if override.key_or_group == "prompt":
+            spelt = None if isinstance(override.value(), str) else text.split("=", 1)[1]
+    return prompt if spelt is None else spelt
 
 
 store = ConfigStore.instance()

@@ -615,8 +615,10 @@ def keep_circuit_checkpoints(run_dir: Path, steps: tuple[int, int] = (0, 100)) -
     return dict(zip(steps, (before, after), strict=True))
 
 
-def small_checkpoint(tmp_path, name="ckpt_last.pt"):
-    tokenizer = CharTokenizer.from_text("abc \n")
+def small_checkpoint(tmp_path, name="ckpt_last.pt", text="abc \n"):
+    """A checkpoint of a 1-layer model of random weights that reads the characters of text, written
+    to tmp_path/name: (its path, the model)."""
+    tokenizer = CharTokenizer.from_text(text)
     model_cfg = dict(n_layer=1, n_head=2, n_embd=8, block_size=8, dropout=0.0, bias=False, attention="sdpa")
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **model_cfg))
     optimizer = torch.optim.AdamW(model.parameters())

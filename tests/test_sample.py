@@ -18,7 +18,7 @@ from data.tokenizer import EOT, CharTokenizer
 from model.generation import EOT_SHOWN, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, kept_checkpoint_path, resolve_checkpoint
-from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, text_of
+from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, small_checkpoint, text_of
 from training.data_parallel import Replicated
 from training.jobs import Samples
 from training.specs import ProbeSpec
@@ -107,6 +107,20 @@ def test_sample_loads_the_checkpoint_and_prints_text_without_writing(trained_run
     assert again.stdout == first.stdout  # same seed, same text
     assert sorted(p.name for p in trained_run.iterdir()) == before
     assert list(tmp_path.iterdir()) == []  # and nothing in the folder it ran from
+
+
+@pytest.mark.parametrize(("prompts", "text"), [
+    (["prompt=0.10"], "0.10"),  # Hydra reads a number: 0.1
+    (["prompt=true"], "true"),  # and a boolean: True
+    (["prompt=1e3", "prompt=hi"], "hi"),  # the last one holds
+    (["prompt=hi", "prompt=007.50"], "007.50"),
+    (["prompt='0.10'"], "0.10"),  # quoted: text already, its quotes taken off
+    (["prompt=Once\\ upon"], "Once upon"),  # an escaped space
+])
+def test_the_prompt_is_the_text_as_typed_even_where_hydra_reads_a_number_or_a_boolean(tmp_path, prompts, text):
+    checkpoint, _ = small_checkpoint(tmp_path, text="Once upon hirt.0123456789")
+    result = run_cli("sample.py", f"run={checkpoint}", *prompts, "max_new_tokens=0", cwd=tmp_path)  # the prompt alone
+    assert (result.returncode, result.stdout) == (0, text + "\n"), result.stderr
 
 
 @pytest.mark.slow
