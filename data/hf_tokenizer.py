@@ -147,6 +147,9 @@ def read_hf_bpe(folder: Path) -> tuple[dict[str, int], list[tuple[str, str]], di
     if (folder / "tokenizer.json").is_file():
         return read_tokenizer_json(folder / "tokenizer.json")
     vocab_json, merges_txt = folder / "vocab.json", folder / "merges.txt"
+    if (folder / "added_tokens.json").is_file():
+        raise UserError(f"{folder / 'added_tokens.json'}: tokens added to a vocab.json and merges.txt BPE are not read "
+                        "here; save the tokenizer with transformers' save_pretrained, which writes them into a tokenizer.json")
     if not vocab_json.is_file() and not merges_txt.is_file():
         raise UserError(f"{folder} holds no tokenizer: it needs tokenizer.json, or vocab.json and merges.txt")
     for present, absent in ((vocab_json, merges_txt), (merges_txt, vocab_json)):
@@ -219,8 +222,11 @@ def pretrained_tokenizer(folder: Path | str) -> Tokenizer:
     backend = HFTokenizer.from_str(spec_text)
     eot_id, bos_id = end_and_start_ids(backend, spec, config, folder)
     # tiktoken where it gives the same ids (read_hf_bpe refuses add_bos_token, which transformers 5 ignores
-    # beside a tokenizer.json: the tokenizers library runs such a folder).
-    if eot_id == bos_id == backend.token_to_id(EOT) and not tiktoken_problems(spec) and not config.get("add_bos_token"):
+    # beside a tokenizer.json: the tokenizers library runs such a folder). An added token that is not
+    # special is matched in plain text, which tiktoken's encode_ordinary never does.
+    only_special_added = all(token.get("special") for token in spec.get("added_tokens", []))
+    if (eot_id == bos_id == backend.token_to_id(EOT) and not tiktoken_problems(spec) and not config.get("add_bos_token")
+            and only_special_added):
         try:
             return TiktokenTokenizer("pretrained", encoding_from_hf_folder(folder))
         except NotExactInTiktoken:

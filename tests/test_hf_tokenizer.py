@@ -50,7 +50,7 @@ from inspection.recall_probe import NAME_PATTERN, RecallProbe
 from inspection.repeated_tokens import repeated_ids
 from inspection.text_forward import text_ids
 from model.generation import EOT_SHOWN, decode, generate_text
-from tests.helpers import tiny_gpt
+from tests.helpers import one_line_error, tiny_gpt
 from user_error import UserError
 
 STORIES = "".join(generate_stories(seed=11, n_chars=30_000))
@@ -395,6 +395,27 @@ def test_each_family_gives_autotokenizers_ids_and_decodes_back(name, family_toke
     for text in FAMILY_TEXTS:  # NFC already, and not starting with a space (which Metaspace may drop)
         assert ours.decode(ours.encode(text)) == text
     assert ours.vocab_size == len(reference)
+
+
+def test_a_gpt2_tokenizer_with_added_tokens_that_are_not_special_matches_them_in_text_as_transformers_does(
+        hf_folder, tmp_path):
+    # tiktoken's ordinary encoding never matches an added token, so such a folder goes to the tokenizers library.
+    reference = AutoTokenizer.from_pretrained(hf_folder)
+    reference.add_tokens(["<think>", " mango"])
+    reference.save_pretrained(tmp_path)
+    ours, reference = pretrained_tokenizer(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    text = "I like mango and<think> fruit"
+    assert ours.encode(text) == reference(text, add_special_tokens=False)["input_ids"]
+    assert reference.convert_tokens_to_ids("<think>") in ours.encode(text) and ours.vocab_size == len(reference)
+
+
+def test_tokens_added_beside_vocab_json_and_merges_txt_are_one_line_not_left_out(hf_folder, tmp_path):
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(hf_folder / name, tmp_path)
+    (tmp_path / "added_tokens.json").write_text(json.dumps({"<think>": 400}))
+    assert one_line_error(pretrained_tokenizer, tmp_path) == (
+        f"{tmp_path / 'added_tokens.json'}: tokens added to a vocab.json and merges.txt BPE are not read here; save the "
+        "tokenizer with transformers' save_pretrained, which writes them into a tokenizer.json")
 
 
 @pytest.mark.parametrize("name", [*FAMILIES, "tinyllama_saved_by_transformers"])
