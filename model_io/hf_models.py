@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any, BinaryIO, NamedTuple
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -180,7 +181,25 @@ def load_hf_weights(folder: Path, model: GPT) -> None:
             elif not in_place:
                 parameter.data.copy_(destination)
     if model.config.tie_head:
+        _check_tied_head_copy(folder, ARCHITECTURES[model_type], model.tok_emb.weight)
         model.lm_head.weight = model.tok_emb.weight
+
+
+def _check_tied_head_copy(folder: Path, architecture: Architecture, embedding: torch.Tensor) -> None:
+    """A folder whose config.json ties the head to the embedding may still hold an lm_head.weight: a copy
+    of the embedding is fine; a different one transformers leaves untied (with a warning), so it is
+    refused here rather than silently replaced by the embedding."""
+    for path in weight_files(folder):
+        header, _ = read_safetensors_header(path)
+        name = next((name for name in header if architecture.names.full_name(name) == "lm_head.weight"), None)
+        if name is None:
+            continue
+        with safe_open(path, framework="pt") as weights:
+            head = weights.get_tensor(name)[: embedding.shape[0]].to(embedding.dtype)  # (vocab_size, n_embd)
+        if not torch.equal(head, embedding.detach().cpu()):
+            raise UserError(f"{path} holds an lm_head.weight that is not the embedding, while {CONFIG}'s "
+                            "tie_word_embeddings is true (transformers then leaves them untied); set "
+                            f"tie_word_embeddings to false in {folder / CONFIG} to read both")
 
 
 def _needs_staging(read: Read, parameter: nn.Parameter) -> bool:

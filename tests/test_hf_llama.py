@@ -10,6 +10,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
 from tokenizers import ByteLevelBPETokenizer
 from transformers import (
     AutoModelForCausalLM,
@@ -137,6 +138,24 @@ def test_a_sharded_folder_loads_as_one_file_does_and_a_missing_shard_is_named(tm
     assert max_logit_gap(ours, AutoModelForCausalLM.from_pretrained(folder).eval(), tokens()) < TOLERANCE
     (folder / shards[-1]).unlink()
     assert f"has no {shards[-1]}, a shard that model.safetensors.index.json lists" in one_line_error(gpt_from_hf, folder)
+
+
+@pytest.mark.parametrize("copy", ["the embedding", "another matrix"])
+def test_a_tied_folder_that_also_holds_lm_head_reads_a_copy_of_the_embedding_and_refuses_another(tmp_path: Path, copy) -> None:
+    folder = hf_folder(tmp_path, SHAPES["llama,mqa,tied"])
+    weights = load_file(folder / "model.safetensors")
+    embedding = weights["model.embed_tokens.weight"]
+    save_file({**weights, "lm_head.weight": embedding.clone() if copy == "the embedding" else embedding.flip(0)},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    if copy == "another matrix":  # transformers leaves them untied; reading it tied would give other logits
+        assert one_line_error(gpt_from_hf, folder) == (
+            f"{folder / 'model.safetensors'} holds an lm_head.weight that is not the embedding, while config.json's "
+            f"tie_word_embeddings is true (transformers then leaves them untied); set tie_word_embeddings to false in "
+            f"{folder / 'config.json'} to read both")
+        return
+    ours, _ = gpt_from_hf(folder)
+    idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert max_logit_gap(ours, AutoModelForCausalLM.from_pretrained(folder).eval(), idx) < TOLERANCE
 
 
 def test_vocabulary_rows_past_the_tokenizers_last_id_are_left_out(llama_folder: Path) -> None:
