@@ -57,6 +57,8 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
                             ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
         if hf[key] is not gpt2_value:
             raise refuse(key, hf[key], f"this project's attention is GPT-2's, which has {key}={json.dumps(gpt2_value)}")
+    if not isinstance(hf["tie_word_embeddings"], bool):
+        raise refuse("tie_word_embeddings", hf["tie_word_embeddings"], "it must be true or false")
     notes = []
     if dropout is None:
         dropout = hf["resid_pdrop"]
@@ -65,7 +67,7 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
     config = GPTConfig(
         vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"],
         n_embd=n_embd, dropout=dropout, bias=True, attention="sdpa", pos="learned", norm="layernorm",
-        mlp=ACTIVATIONS[hf["activation_function"]], tie_head=bool(hf["tie_word_embeddings"]), qk_norm=False,
+        mlp=ACTIVATIONS[hf["activation_function"]], tie_head=hf["tie_word_embeddings"], qk_norm=False,
         smear=False,
     )
     return config, notes

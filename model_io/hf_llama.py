@@ -3,6 +3,7 @@ Qwen3ForCausalLM): config.json's settings and the tensors' names, both ways. mod
 and writes the files. In this project's terms both are rotary positions, RMSNorm, a SwiGLU MLP, no
 biases and often fewer key/value heads than query heads; Qwen3 adds QK-norm and may set its own head size."""
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -51,14 +52,18 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
         if not (isinstance(hf[key], int) and hf[key] >= 1):
             raise refuse(key, hf[key], "it must be a whole number of at least 1")
     n_head, n_embd = hf["num_attention_heads"], hf["hidden_size"]
-    n_kv_head = hf["num_key_value_heads"] or n_head
-    if not isinstance(n_kv_head, int) or n_head % n_kv_head:
+    n_kv_head = n_head if hf["num_key_value_heads"] is None else hf["num_key_value_heads"]  # null: one per query head
+    if not is_count(n_kv_head) or n_head % n_kv_head:
         raise refuse("num_key_value_heads", n_kv_head, f"it must divide num_attention_heads={n_head}")
     if hf["head_dim"] is None and n_embd % n_head:
         raise refuse("num_attention_heads", n_head, f"it must divide hidden_size={n_embd}, or head_dim be set")
-    head_dim = hf["head_dim"] or n_embd // n_head
-    if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+    head_dim = n_embd // n_head if hf["head_dim"] is None else hf["head_dim"]
+    if not is_count(head_dim) or head_dim % 2:
         raise refuse("head_dim", head_dim, "rotary positions turn pairs of dims: it must be even")
+    if not is_number(hf["rms_norm_eps"]) or not 0 < hf["rms_norm_eps"] < 1:
+        raise refuse("rms_norm_eps", hf["rms_norm_eps"], "it must be a small positive number, e.g. 1e-05")
+    if not isinstance(hf["tie_word_embeddings"], bool):
+        raise refuse("tie_word_embeddings", hf["tie_word_embeddings"], "it must be true or false")
     if hf["hidden_act"] != "silu":
         raise refuse("hidden_act", hf["hidden_act"], "this project's SwiGLU MLP gates with SiLU (silu)")
     for key in ("attention_bias", "mlp_bias"):
@@ -70,7 +75,7 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
     config = GPTConfig(
         vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
         n_head=n_head, n_embd=n_embd, dropout=hf["attention_dropout"] if dropout is None else dropout, bias=False,
-        attention="sdpa", pos="rope", norm="rmsnorm", mlp="swiglu", tie_head=bool(hf["tie_word_embeddings"]),
+        attention="sdpa", pos="rope", norm="rmsnorm", mlp="swiglu", tie_head=hf["tie_word_embeddings"],
         qk_norm=model_type == "qwen3", smear=False, n_kv_head=n_kv_head, head_dim=head_dim, window=None,
         mlp_hidden=hf["intermediate_size"], rope_theta=rope_theta, rope_scaling=rope_scaling,
         norm_eps=float(hf["rms_norm_eps"]),
@@ -78,11 +83,21 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
     return config, []
 
 
+def is_count(value: Any) -> bool:
+    """A whole number of at least 1, as JSON writes one (not true, which Python counts as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def is_number(value: Any) -> bool:
+    """A finite JSON number (not true or false)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_full_attention(hf: dict[str, Any], refuse: Refuse) -> None:
     """Refuse a Qwen3 with sliding-window layers: this project has one window for every layer, or none."""
     layer_types = hf["layer_types"]
     if layer_types is None and hf["use_sliding_window"]:  # Qwen3Config's rule: layers from max_window_layers on slide
-        if hf["max_window_layers"] < hf["num_hidden_layers"]:
+        if not isinstance(hf["max_window_layers"], int) or hf["max_window_layers"] < hf["num_hidden_layers"]:
             raise refuse("use_sliding_window", True, "sliding-window layers do not map to this project's model, "
                                                      "which reads full attention in every layer")
     elif layer_types is not None and any(kind != "full_attention" for kind in layer_types):
@@ -97,7 +112,9 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
     rope = hf.get(key) or {}
     if not isinstance(rope, dict) or any(isinstance(value, dict) for value in rope.values()):
         raise refuse(key, rope, "this project reads one rotary setting for every layer")
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", ROPE_THETA)))
+    theta = rope.get("rope_theta", hf.get("rope_theta", ROPE_THETA))
+    if not is_number(theta) or theta <= 0:
+        raise refuse("rope_theta", theta, "the rotary base must be a positive number, e.g. 10000.0")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
         raise refuse(f"{key}.rope_type", rope_type, 'this project\'s rotary positions take no scaling ("default") '
@@ -105,12 +122,15 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise refuse(f"{key}.partial_rotary_factor", rope["partial_rotary_factor"], "this project turns every dim of a head")
     if rope_type == "default":
-        return theta, None
+        return float(theta), None
     scaling = {"original_max_position_embeddings": hf["max_position_embeddings"]} | rope  # transformers' default
     missing = [name for name in ROPE_SCALING_KEYS if name not in scaling]
     if missing:
         raise refuse(key, rope, f"Llama 3.1's scaling needs {', '.join(missing)}")
-    return theta, {name: scaling[name] for name in ROPE_SCALING_KEYS}
+    for name in ROPE_SCALING_KEYS:
+        if not is_number(scaling[name]) or scaling[name] <= 0:
+            raise refuse(f"{key}.{name}", scaling[name], "it must be a positive number")
+    return float(theta), {name: scaling[name] for name in ROPE_SCALING_KEYS}
 
 
 def hf_names(config: GPTConfig) -> dict[str, tuple[str, slice]]:

@@ -217,6 +217,7 @@ def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
     ({"n_inner": 100}, "n_inner=100: this project's MLP is 4 * n_embd = 128 wide"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),
     ({"activation_function": "silu"}, 'activation_function="silu": this project\'s MLP has gelu_new, gelu_pytorch_tanh, gelu, relu2'),
+    ({"tie_word_embeddings": "false"}, 'tie_word_embeddings="false": it must be true or false'),  # not read as true
 ], ids=lambda value: next(iter(value)) if isinstance(value, dict) else "")
 def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_weights_folder: Path, tmp_path: Path, change: dict, words: str) -> None:
     folder = copy_folder(gpt2_weights_folder, tmp_path / "edited")

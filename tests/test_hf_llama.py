@@ -182,8 +182,19 @@ def test_vocabulary_rows_past_the_tokenizers_last_id_are_left_out(llama_folder: 
     ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]},
      'layer_types=["full_attention", "sliding_attention"]: sliding-window layers do not map'),
     ("qwen3", {"model_type": "qwen2"}, 'model_type="qwen2": this project reads GPT2LMHeadModel (gpt2), LlamaForCausalLM'),
+    # Values of the wrong kind: one line each, not a traceback, nor a default put in their place.
+    ("llama", {"rms_norm_eps": None}, "rms_norm_eps=null: it must be a small positive number, e.g. 1e-05"),
+    ("llama", {"rope_parameters": None, "rope_theta": "abc"}, 'rope_theta="abc": the rotary base must be a positive number'),
+    ("llama", {"num_key_value_heads": 0}, "num_key_value_heads=0: it must divide num_attention_heads=4"),
+    ("llama", {"head_dim": 0}, "head_dim=0: rotary positions turn pairs of dims: it must be even"),
+    ("llama", {"tie_word_embeddings": "false"}, 'tie_word_embeddings="false": it must be true or false'),
+    ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING, "factor": "8"}},
+     'rope_parameters.factor="8": it must be a positive number'),
+    ("qwen3", {"use_sliding_window": True, "max_window_layers": None, "layer_types": None},
+     "use_sliding_window=true: sliding-window layers do not map"),
 ], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding window",
-        "sliding layer", "qwen2"])
+        "sliding layer", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
+        "sliding, no max_window_layers"])
 def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
     config = SHAPES["qwen3,gqa,head_dim=16" if model_type == "qwen3" else "llama,mqa,tied"]
     config.save_pretrained(tmp_path)  # config.json is all gpt_config_from_hf reads
