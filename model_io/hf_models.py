@@ -284,6 +284,10 @@ def _load_plan(folder: Path, architecture: Architecture, config: GPTConfig,
             need.reverse()
         have = list(entry["shape"])
         crops = ours in CROPPABLE and len(have) == 2 and have[0] >= need[0] and have[1] == need[1]
+        if ours in ("tok_emb.weight", "lm_head.weight") and len(have) == 2 and have[0] < need[0] and have[1] == need[1]:
+            raise UserError(f"{path} holds tensor {name} of {have[0]} rows, fewer than the {need[0]} ids of the "
+                            f"folder's tokenizer: its last ids would have no row; resize the model to the tokenizer "
+                            "in transformers (model.resize_token_embeddings(len(tokenizer))) and save the folder again")
         if have != need and not crops:
             raise UserError(f"{path} holds tensor {name} of shape {tuple(have)}, but its config.json's "
                             f"{architecture.name} needs {tuple(need)}")

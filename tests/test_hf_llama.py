@@ -171,6 +171,17 @@ def test_vocabulary_rows_past_the_tokenizers_last_id_are_left_out(llama_folder: 
     assert gap < TOLERANCE
 
 
+def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_says_so(llama_folder: Path) -> None:
+    # Tokens added to the tokenizer (a chat template's, say) and not to the model: ids 300 and 301 have no row.
+    config = replace(gpt_config_from_hf(llama_folder)[0], vocab_size=VOCAB + 2)
+    with torch.device("meta"):
+        ours = GPT(config)
+    assert one_line_error(load_hf_weights, llama_folder, ours) == (
+        f"{llama_folder / 'model.safetensors'} holds tensor lm_head.weight of 300 rows, fewer than the 302 ids "
+        "of the folder's tokenizer: its last ids would have no row; resize the model to the tokenizer in transformers "
+        "(model.resize_token_embeddings(len(tokenizer))) and save the folder again")
+
+
 @pytest.mark.parametrize(("model_type", "change", "words"), [
     ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
      'rope_parameters.rope_type="dynamic": this project\'s rotary positions take no scaling ("default") or Llama 3.1\'s'),
