@@ -69,6 +69,16 @@ def typed_token(loaded: LoadedModel, text: str, field: str) -> dict:
     return {"id": token, "label": labels_of(loaded, [token])[0]}
 
 
+def against_token(loaded: LoadedModel, other: str, target: dict) -> dict | None:
+    """The token typed to score against ({id, label}), or None when none was; UserError when it is
+    the scored token itself (its logit less its own is 0 on any text)."""
+    against = typed_token(loaded, other, "against") if other else None
+    if against and against["id"] == target["id"]:
+        raise UserError(f"against: {against['label']!r} is the token scored, and a logit less itself is 0; type another "
+                        "token, or leave against empty")
+    return against
+
+
 def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_out: Collection[tuple[int, int]],
                        position: int, token: str = "", other: str = "") -> dict:
     """Direct logit attribution at one query of the source: each part's share of the logit of
@@ -91,10 +101,7 @@ def attribution_answer(run: str, loaded: LoadedModel, source: Source, knocked_ou
                         "or pin an earlier query")
     else:
         target = {"id": ids[position + 1], "label": labels_of(loaded, [ids[position + 1]])[0]}
-    against = typed_token(loaded, other, "against") if other else None
-    if against and against["id"] == target["id"]:
-        raise UserError(f"against: {against['label']!r} is the token scored, and a logit less itself is 0; type another "
-                        "token, or leave against empty")
+    against = against_token(loaded, other, target)
     other_id = against["id"] if against else None
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
     with model.hooks(model.knock_out(heads)):
@@ -165,7 +172,7 @@ def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, toke
         raise UserError(f"the clean prompt is {clean_idx.shape[1] - 1} tokens and the corrupted one {corrupted_idx.shape[1] - 1}: "
                         "patching swaps activations position by position, so give prompts of the same length")
     target = typed_token(loaded, token, "token")
-    against = typed_token(loaded, other, "against") if other else None
+    against = against_token(loaded, other, target)
     metric = logit_difference(-1, target["id"], against["id"] if against else None)
     heads = patch_heads(loaded.model, clean_idx, corrupted_idx, metric)  # (L, H)
     residual = patch_residual(loaded.model, clean_idx, corrupted_idx, metric)  # (L, T)

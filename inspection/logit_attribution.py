@@ -13,6 +13,7 @@ The labels are TransformerLens's: "embed", "pos_embed", "L{l}H{h}", "{l}_mlp_out
 "smear" for the smear's addition (model.smear=true).
 """
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,10 @@ class LogitAttribution:
 
 def check_position(position: int, T: int) -> int:
     """position as an index 0 .. T - 1 (a negative one counts from the end); UserError outside."""
+    try:
+        position = operator.index(position)  # an int, numpy's or torch's too; not a float
+    except TypeError:
+        raise UserError(f"position {position!r} is not a whole number: give the token's index, e.g. -1 for the last") from None
     if not -T <= position < T:
         raise UserError(f"position {position} is out of range: the sequence has {T} tokens "
                         f"(positions 0 to {T - 1}, or -{T} to -1 from the end)")
@@ -82,10 +87,7 @@ def token_direction(model: GPT, token: Tokens, other: Tokens | None, B: int) -> 
     direction = W_U[tokens.to(W_U.device)]  # (B, C)
     if other is not None:
         others = token_ids(other, W_U.shape[0], B, "other")  # (B,)
-        if bool((others == tokens).any()):
-            same = int(tokens[others == tokens][0])
-            raise UserError(f"token and other are both id {same}: their difference is 0 whatever the model does; "
-                            "give other a token that competes with it")
+        check_different(tokens, others)
         direction = direction - W_U[others.to(W_U.device)]  # (B, C)
     return direction
 
@@ -146,6 +148,14 @@ def logit_attribution(model: GPT, idx: torch.Tensor, position: int, token: Token
     return LogitAttribution(dict(zip(labels, shares, strict=True)), logit, len(model.blocks), model.config.n_head)
 
 
+def check_different(tokens: torch.Tensor, others: torch.Tensor) -> None:
+    """UserError where a row scores a token against itself: a difference that is 0 on any text."""
+    if bool((others == tokens).any()):
+        same = int(tokens[others == tokens][0])
+        raise UserError(f"token and other are both id {same}: their difference is 0 whatever the model does; "
+                        "give other a token that competes with it")
+
+
 def real_logit(logits: torch.Tensor, token: Tokens, other: Tokens | None) -> torch.Tensor:
     """logits (B, V) at one position -> (B,): token's logit, less other's when given."""
     B, V = logits.shape
@@ -154,5 +164,7 @@ def real_logit(logits: torch.Tensor, token: Tokens, other: Tokens | None) -> tor
         rows = token_ids(ids, V, B, name).to(logits.device)  # (B,)
         return logits.gather(1, rows.unsqueeze(1)).squeeze(1)  # (B, V) -> (B,)
 
+    if other is not None:
+        check_different(token_ids(token, V, B), token_ids(other, V, B, "other"))
     value = logit_of(token, "token") if other is None else logit_of(token, "token") - logit_of(other, "other")  # (B,)
     return value.float()

@@ -276,7 +276,8 @@ class GPT(HookedModel):
         start = caches.length if caches is not None else 0  # tokens already in the caches come first
         end = T if self.generates_past_block_size else start + T  # the furthest position this call needs
         if self.config.block_size < end:
-            raise ValueError(f"sequence length {end} exceeds block_size={self.config.block_size}")
+            raise ValueError(f"sequence length {end} exceeds block_size={self.config.block_size}: the model reads at most "
+                             f"{self.config.block_size} tokens; crop the input to its last ones, e.g. idx[:, -{self.config.block_size}:]")
         x = self.hook_embed(self.tok_emb(idx))  # (B, T, C)
         if self.smear is not None:
             before = caches.last_embedding if caches is not None else None  # (B, 1, C) or None

@@ -12,6 +12,7 @@ back: the forward pays one attribute check per point.
 """
 
 import difflib
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -125,6 +126,9 @@ class HookedModel(nn.Module):
         """Inside the block, each fn of fwd_hooks runs at the points its name or test picks; after
         it they are detached, even on error. Every name is checked before anything is attached."""
         points = self.hook_dict  # one walk of the modules, however many functions come
+        if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and callable(fwd_hooks[1]):
+            raise ValueError("fwd_hooks is a list of (name, function) pairs: put the one pair in a list, "
+                             "fwd_hooks=[(name, function)]")
         attach = [(point, fn) for where, fn in fwd_hooks for point in pick(points, where)]
         detach = []
         try:
@@ -193,6 +197,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             candidates = [f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
         else:
             n_layer = len(self.model.blocks)
+            try:
+                layer = operator.index(layer)  # an int, numpy's or torch's too; not "1" or 1.0
+            except TypeError:
+                raise KeyError(f"layer {layer!r} of {key!r} is not a whole number: give it as an int, e.g. "
+                               f"({short!r}, {n_layer - 1})") from None
             if not -n_layer <= layer < n_layer:  # as a list's index: -1 is the last layer, -n_layer the first
                 raise KeyError(f"layer {layer} of {key!r} is not in this model: its {n_layer} layers are 0 to "
                                f"{n_layer - 1} (or -{n_layer} to -1 from the end)")

@@ -490,6 +490,8 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     ("patch", {**PATCH, "token": "hh"}, "token: 'hh' is 2 tokens to this model ('h', 'h'), not one: type a single token"),
     ("patch", {**PATCH, "other": "Xy"}, "against: 'Xy' is 2 tokens to this model ('X', 'y'), not one"),
     ("patch", {**PATCH, "corrupted": PATCH["clean"]}, "on both prompts: there is nothing to restore"),
+    ("patch", {**PATCH, "other": PATCH["token"]}, f"against: {PATCH['token']!r} is the token scored, and a logit less "
+                                                  "itself is 0; type another token, or leave against empty"),
     ("patch", {**PATCH, "clean": ""}, "the clean prompt: the text is empty"),
     ("patch", {**PATCH, "token": "h" * 5000}, "'" + "h" * 32 + "'... (5,000 characters) is not one token"),
     ("patch", {"clean": "ab", "corrupted": "ba"}, "missing form field 'token'"),

@@ -153,6 +153,17 @@ def test_a_cache_refuses_a_layer_the_model_lacks_counting_from_either_end():
             cache["pattern", layer]
 
 
+def test_a_layer_given_as_text_and_one_pair_not_in_a_list_are_one_line_each():
+    model = tiny_gpt()
+    _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(KeyError, match=re.escape("layer '1' of ('pattern', '1') is not a whole number: give it as an int, "
+                                                 "e.g. ('pattern', 1)")):
+        cache["pattern", "1"]
+    with pytest.raises(ValueError, match=re.escape("fwd_hooks is a list of (name, function) pairs: put the one pair in a "
+                                                   "list, fwd_hooks=[(name, function)]")):
+        model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=("blocks.0.attn.hook_z", lambda z, hook: z))
+
+
 def test_a_function_that_returns_another_dtype_is_one_line_naming_its_point():
     model = tiny_gpt()
     to_double = lambda z, hook: z.double()  # noqa: E731

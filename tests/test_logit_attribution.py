@@ -59,6 +59,7 @@ def test_on_the_circuit_the_induction_head_writes_the_copied_tokens_logit_and_no
     (0, " Leo", None, "token=' Leo' is text: give its token id, e.g. tokenizer.encode(' Leo')[0] for a text of one token"),
     (0, [3, " Leo"], None, "token=' Leo' is text: give its token id"),
     (0, 3, 3, "token and other are both id 3: their difference is 0 whatever the model does"),
+    (-1.0, 3, None, "position -1.0 is not a whole number: give the token's index, e.g. -1 for the last"),
 ])
 def test_a_bad_request_is_one_line_naming_the_value(position, token, other, message):
     with pytest.raises(UserError, match="^" + re.escape(message)) as caught:

@@ -13,7 +13,7 @@ from data.tokenizer import CharTokenizer
 from inspection import patching
 from inspection.name_swap import name_swap
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
-from tests.helpers import INDUCTION_HEAD, shift_then_copy_model, tiny_gpt
+from tests.helpers import INDUCTION_HEAD, one_line_error, shift_then_copy_model, tiny_gpt
 from user_error import UserError
 
 N = 16
@@ -115,11 +115,18 @@ def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 
+def test_patching_a_token_against_itself_is_one_line_not_nothing_to_restore(circuit):
+    model, clean, corrupted, _ = circuit
+    assert one_line_error(patch_heads, model, clean, corrupted, logit_difference(-1, 7, 7)) == (
+        "token and other are both id 7: their difference is 0 whatever the model does; give other a token that competes with it")
+
+
 @pytest.mark.parametrize(("names", "message"), [
     (("", "B"), "a name is '': give two names, each one token for this run's tokenizer"),
     (("A", "A"), "both names are 'A': swapped, the prompt is the same, so give two different names"),
-    (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: no name of the stories is one token for it "
-                  "(a char tokenizer spells every name out): use a BPE run"),
+    (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: none of the stories' names is one token "
+                  "for it, and the swap needs two (a character tokenizer, or a small BPE, spells names out): use a run whose "
+                  "BPE holds them, as the default run's does"),
 ])
 def test_a_name_swap_of_names_that_are_not_one_token_each_is_one_line(names, message):
     # A character tokenizer: a name after its space is never one token. Its vocabulary lacks the
