@@ -160,11 +160,12 @@ def real_logit(logits: torch.Tensor, token: Tokens, other: Tokens | None) -> tor
     """logits (B, V) at one position -> (B,): token's logit, less other's when given."""
     B, V = logits.shape
 
-    def logit_of(ids: Tokens, name: str) -> torch.Tensor:
-        rows = token_ids(ids, V, B, name).to(logits.device)  # (B,)
-        return logits.gather(1, rows.unsqueeze(1)).squeeze(1)  # (B, V) -> (B,)
+    def logit_of(rows: torch.Tensor) -> torch.Tensor:
+        return logits.gather(1, rows.to(logits.device).unsqueeze(1)).squeeze(1)  # (B, V) -> (B,)
 
-    if other is not None:
-        check_different(token_ids(token, V, B), token_ids(other, V, B, "other"))
-    value = logit_of(token, "token") if other is None else logit_of(token, "token") - logit_of(other, "other")  # (B,)
-    return value.float()
+    tokens = token_ids(token, V, B)  # (B,)
+    if other is None:
+        return logit_of(tokens).float()
+    others = token_ids(other, V, B, "other")  # (B,)
+    check_different(tokens, others)
+    return (logit_of(tokens) - logit_of(others)).float()

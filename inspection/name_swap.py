@@ -53,10 +53,10 @@ def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1
         pieces = tokenizer.token_strings(tokenizer.encode(" " + name))
         if len(pieces) != 1:
             examples = one_token_names(tokenizer)[:4]
+            which = f"only {examples[0]} is" if examples else "none is"
             instead = (f"pick names that are, e.g. {', '.join(examples)}" if len(examples) >= 2 else
-                       f"{'only ' + examples[0] + ' is' if examples else 'none'} of the stories' names "
-                       f"{'' if examples else 'is '}one token for it, and the swap needs two (a character tokenizer, or a "
-                       "small BPE, spells names out): use a run whose BPE holds them, as the default run's does")
+                       f"of the stories' names {which} one token for it, and the swap needs two (a character tokenizer, "
+                       "or a small BPE, spells names out): use a run whose BPE holds them, as the default run's does")
             raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: {instead}")
     clean = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=answer, other=other))]
     corrupted = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=other, other=answer))]

@@ -49,7 +49,7 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
     hf = HF_DEFAULTS[model_type] | hf
     for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
                 "max_position_embeddings", "vocab_size"):
-        if not (isinstance(hf[key], int) and hf[key] >= 1):
+        if not is_count(hf[key]):
             raise refuse(key, hf[key], "it must be a whole number of at least 1")
     n_head, n_embd = hf["num_attention_heads"], hf["hidden_size"]
     n_kv_head = n_head if hf["num_key_value_heads"] is None else hf["num_key_value_heads"]  # null: one per query head
@@ -97,7 +97,7 @@ def check_full_attention(hf: dict[str, Any], refuse: Refuse) -> None:
     """Refuse a Qwen3 with sliding-window layers: this project has one window for every layer, or none."""
     layer_types = hf["layer_types"]
     if layer_types is None and hf["use_sliding_window"]:  # Qwen3Config's rule: layers from max_window_layers on slide
-        if not isinstance(hf["max_window_layers"], int) or hf["max_window_layers"] < hf["num_hidden_layers"]:
+        if not is_count(hf["max_window_layers"]) or hf["max_window_layers"] < hf["num_hidden_layers"]:
             raise refuse("use_sliding_window", True, "sliding-window layers do not map to this project's model, "
                                                      "which reads full attention in every layer")
     elif layer_types is not None and any(kind != "full_attention" for kind in layer_types):

@@ -150,7 +150,7 @@ def load_hf_weights(folder: Path, model: GPT) -> None:
     check_hf_folder(folder)
     _, model_type = read_hf_config(folder)
     parameters = dict(model.named_parameters(remove_duplicate=False))  # tied: lm_head.weight too
-    plan = _load_plan(folder, ARCHITECTURES[model_type], model.config, parameters)
+    plan, tied_copy = _load_plan(folder, ARCHITECTURES[model_type], model.config, parameters)
     # A tensor to transpose (Conv1D) or convert passes through one scratch buffer, reused: a new
     # temporary per tensor leaves glibc's heap fragmented, 0.4 GB over one copy at gpt2-medium.
     staged = [read for read in plan if _needs_staging(read, parameters[read.ours])]
@@ -181,25 +181,21 @@ def load_hf_weights(folder: Path, model: GPT) -> None:
             elif not in_place:
                 parameter.data.copy_(destination)
     if model.config.tie_head:
-        _check_tied_head_copy(folder, ARCHITECTURES[model_type], model.tok_emb.weight)
+        if tied_copy is not None:
+            _check_tied_head_copy(*tied_copy, folder, model.tok_emb.weight)
         model.lm_head.weight = model.tok_emb.weight
 
 
-def _check_tied_head_copy(folder: Path, architecture: Architecture, embedding: torch.Tensor) -> None:
-    """A folder whose config.json ties the head to the embedding may still hold an lm_head.weight: a copy
-    of the embedding is fine; a different one transformers leaves untied (with a warning), so it is
-    refused here rather than silently replaced by the embedding."""
-    for path in weight_files(folder):
-        header, _ = read_safetensors_header(path)
-        name = next((name for name in header if architecture.names.full_name(name) == "lm_head.weight"), None)
-        if name is None:
-            continue
-        with safe_open(path, framework="pt") as weights:
-            head = weights.get_tensor(name)[: embedding.shape[0]].to(embedding.dtype)  # (vocab_size, n_embd)
-        if not torch.equal(head, embedding.detach().cpu()):
-            raise UserError(f"{path} holds an lm_head.weight that is not the embedding, while {CONFIG}'s "
-                            "tie_word_embeddings is true (transformers then leaves them untied); set "
-                            f"tie_word_embeddings to false in {folder / CONFIG} to read both")
+def _check_tied_head_copy(path: Path, name: str, folder: Path, embedding: torch.Tensor) -> None:
+    """A folder whose config.json ties the head to the embedding may still hold an lm_head.weight (name,
+    in file path): a copy of the embedding is fine; a different one transformers leaves untied (with a
+    warning), so it is refused here rather than silently replaced by the embedding."""
+    with safe_open(path, framework="pt") as weights:
+        head = weights.get_tensor(name)[: embedding.shape[0]].to(embedding.dtype)  # (vocab_size, n_embd)
+    if not torch.equal(head, embedding.detach().cpu()):
+        raise UserError(f"{path} holds an lm_head.weight that is not the embedding, while {CONFIG}'s "
+                        "tie_word_embeddings is true (transformers then leaves them untied); set "
+                        f"tie_word_embeddings to false in {folder / CONFIG} to read both")
 
 
 def _needs_staging(read: Read, parameter: nn.Parameter) -> bool:
@@ -253,19 +249,23 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def _load_plan(folder: Path, architecture: Architecture, config: GPTConfig,
-               parameters: dict[str, nn.Parameter]) -> list[Read]:
-    """Every tensor to read, in file order; UserError on the first tensor missing, unexpected or of the
-    wrong shape."""
+               parameters: dict[str, nn.Parameter]) -> tuple[list[Read], tuple[Path, str] | None]:
+    """Every tensor to read, in file order, and where a tied model's file also holds an lm_head.weight
+    (its file and name; None if it does not); UserError on the first tensor missing, unexpected or of
+    the wrong shape."""
     names = architecture.names
     expected = {hf: place for hf, place in names.hf_names(config).items() if place[0] in parameters}
     found = {}  # the architecture's full name -> (the file's name, the file, its header entry, its data start)
+    tied_copy = None
     for path in weight_files(folder):
         header, data_start = read_safetensors_header(path)
         for name, entry in header.items():
             full_name = names.full_name(name)
             if full_name in expected:
                 found[full_name] = (name, path, entry, data_start)
-            elif not (full_name.endswith(names.IGNORED) or (full_name == "lm_head.weight" and config.tie_head)):
+            elif full_name == "lm_head.weight" and config.tie_head:
+                tied_copy = (path, name)
+            elif not full_name.endswith(names.IGNORED):
                 raise UserError(f"{path} holds tensor {name} {tuple(entry['shape'])}, which a {architecture.name} of "
                                 f"its config.json's shape ({config.n_layer} layers, n_embd={config.n_embd}) does not have")
     missing = [hf for hf in expected if hf not in found]
@@ -299,7 +299,7 @@ def _load_plan(folder: Path, architecture: Architecture, config: GPTConfig,
         if entry["data_offsets"][1] - entry["data_offsets"][0] < read.nbytes:
             raise UserError(f"{path} holds tensor {name} in fewer bytes than its shape {tuple(have)} needs")
         plan.append(read)
-    return sorted(plan, key=lambda read: (str(read.path), read.offset))  # read each file front to back
+    return sorted(plan, key=lambda read: (str(read.path), read.offset)), tied_copy  # read each file front to back
 
 
 def export_blockers(config: GPTConfig) -> dict[str, list[str]]:

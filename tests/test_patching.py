@@ -124,7 +124,7 @@ def test_patching_a_token_against_itself_is_one_line_not_nothing_to_restore(circ
 @pytest.mark.parametrize(("names", "message"), [
     (("", "B"), "a name is '': give two names, each one token for this run's tokenizer"),
     (("A", "A"), "both names are 'A': swapped, the prompt is the same, so give two different names"),
-    (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: none of the stories' names is one token "
+    (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: of the stories' names none is one token "
                   "for it, and the swap needs two (a character tokenizer, or a small BPE, spells names out): use a run whose "
                   "BPE holds them, as the default run's does"),
 ])
