@@ -212,7 +212,8 @@ def forget_dtensor_shardings() -> None:
     the process group: kept, the group and its Gloo threads outlive destroy_process_group, as they would
     with torch.distributed.nn's default arguments (runtime/ranks.py). The caches are torch's private ones, so each
     is looked up and skipped where a torch version lacks it; tests/test_fsdp.py checks that a stopped
-    and a resumed FSDP run end with no Gloo thread left."""
+    and a resumed FSDP run end with no Gloo thread left. On torch 2.11 that is not enough: something
+    Python's garbage collector cannot see still holds the mesh (docs/speed.md, On a GPU)."""
     from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop  # torch's private modules
     for owner, name in ((torch._C, "_clear_DTensor_sharding_propagator_cache"),  # the C++ fast path's
                         (DTensor, "_op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear"),
