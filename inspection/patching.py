@@ -13,6 +13,7 @@ points (blocks.{l}.attn.hook_z, blocks.{l}.hook_resid_pre) and run as a few batc
 patches to a batch, not one forward each. A knock-out is a patch too: zeros for the head's z.
 """
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import torch
 
 from inspection.logit_attribution import Tokens, check_position, real_logit
 from model import GPT, ActivationCache, eval_mode
+from model.hooks import parameters_of
 from user_error import UserError
 
 Metric = Callable[[torch.Tensor], torch.Tensor | float]  # logits (B, T, V) -> one number
@@ -47,12 +49,28 @@ def logit_difference(position: int, token: Tokens, other: Tokens | None = None) 
 
 
 def score(metric: Metric, logits: torch.Tensor) -> float:
-    """metric(logits) as a float; UserError unless it gives one number."""
+    """metric(logits) as a float; UserError unless metric is a function of the logits alone that
+    gives one number."""
+    check_metric(metric)
     value = torch.as_tensor(metric(logits))
     if value.numel() != 1:
         raise UserError(f"the metric gave a tensor of shape {tuple(value.shape)}, not one number: average it over "
                         "the batch (.mean())")
     return float(value)
+
+
+def check_metric(metric: object) -> None:
+    """UserError unless metric can be called with the logits alone, as metric(logits)."""
+    if not callable(metric):
+        raise UserError(f"the metric is a {type(metric).__name__}, not a function: pass a function of the logits "
+                        "(B, T, V) that gives one number, e.g. logit_difference(position, token, other)")
+    try:
+        inspect.signature(metric).bind(None)
+    except TypeError:
+        raise UserError(f"the metric takes {parameters_of(metric)}, but it is called with the logits alone: "
+                        f"build it first, e.g. logit_difference(position, token, other), and pass what that returns") from None
+    except ValueError:  # no signature to read (some built-ins): the call itself will tell
+        pass
 
 
 @torch.no_grad()

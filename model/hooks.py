@@ -12,6 +12,7 @@ back: the forward pays one attribute check per point.
 """
 
 import difflib
+import inspect
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -67,7 +68,7 @@ class HookPoint:
 
     def add_hook(self, fn: HookFn) -> Callable[[], None]:
         """Attach fn; returns a function that detaches it again."""
-        self.fns.append(fn)
+        self.fns.append(check_hook_fn(fn, self.name))
         return lambda: self.fns.remove(fn) if fn in self.fns else None
 
     def __repr__(self) -> str:
@@ -100,6 +101,29 @@ def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
         hint = f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
         raise ValueError(f"no hook point named {where!r} in this model: {hint}")
     return [points[where]]
+
+
+def parameters_of(fn: Callable) -> str:
+    """fn's parameters as a learner wrote them, without their annotations: "(x, hook, scale=1.0)"."""
+    signature = inspect.signature(fn)
+    plain = [parameter.replace(annotation=inspect.Parameter.empty) for parameter in signature.parameters.values()]
+    return str(signature.replace(parameters=plain, return_annotation=inspect.Signature.empty))
+
+
+def check_hook_fn(fn: object, name: str) -> HookFn:
+    """fn, if it can be called as fn(activation, hook); else one line saying what a hook function
+    takes. Checked as it is attached to the point `name`, not in the middle of a forward."""
+    if not callable(fn):
+        raise TypeError(f"the hook for {name!r} is a {type(fn).__name__}, not a function: pass the function itself, "
+                        "one that takes (activation, hook)")
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise TypeError(f"the function for {name!r} takes {parameters_of(fn)}: a hook function is called with two "
+                        "arguments, (activation, hook), and returns None or the activation to use") from None
+    except ValueError:  # no signature to read (some built-ins): the call itself will tell
+        pass
+    return fn
 
 
 def is_pattern(name: str) -> bool:

@@ -164,6 +164,22 @@ def test_a_layer_given_as_text_and_one_pair_not_in_a_list_are_one_line_each():
         model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=("blocks.0.attn.hook_z", lambda z, hook: z))
 
 
+def test_a_hook_that_is_not_a_two_argument_function_is_one_line_before_anything_is_attached():
+    model, ids = tiny_gpt(), torch.zeros(1, 3, dtype=torch.long)
+    keep = lambda x, hook: None  # noqa: E731
+    one_argument = lambda x: x * 0  # noqa: E731
+    with pytest.raises(TypeError, match="^" + re.escape("the function for 'blocks.0.hook_resid_mid' takes (x): a hook function is "
+                                                        "called with two arguments, (activation, hook), and returns None")):
+        model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_pre", keep), ("blocks.0.hook_resid_mid", one_argument)])
+    assert not model.has_hooks()  # the good pair before it was not left attached
+    with pytest.raises(TypeError, match="^" + re.escape("the hook for 'blocks.0.attn.hook_z' is a Tensor, not a function: "
+                                                        "pass the function itself")):
+        model.run_with_cache(ids, fwd_hooks=[(lambda name: name.endswith("hook_z"), one_argument(torch.ones(1)))])
+    # Those a hook may be: defaults and *args take the two arguments, as does a bound method or a class's instance.
+    model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, hook, scale=1.0: None),
+                                         ("blocks.1.hook_resid_mid", lambda *args: None)])
+
+
 def test_a_function_that_returns_another_dtype_is_one_line_naming_its_point():
     model = tiny_gpt()
     to_double = lambda z, hook: z.double()  # noqa: E731
