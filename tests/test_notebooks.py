@@ -2,6 +2,7 @@
 as make notebook opens them, and are stored without outputs."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import matplotlib
@@ -29,6 +30,15 @@ def test_there_is_a_notebook_and_each_is_stored_without_outputs():
     for path in NOTEBOOKS:
         code = [cell for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code"]
         assert all(not cell.outputs and cell.execution_count is None for cell in code), f"{path.name}: clear its outputs"
+
+
+def test_make_notebook_with_a_name_that_is_no_notebook_is_one_line_naming_the_notebooks_there():
+    # -o: take .venv as set up, without looking (the check comes before JupyterLab is needed).
+    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "notebook", "NOTEBOOK=look_insde"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and not result.stdout
+    assert result.stderr.splitlines()[0] == ("error: NOTEBOOK=look_insde is not a notebook here: pick one of "
+                                             f"{', '.join(path.stem for path in NOTEBOOKS)} (make notebook NOTEBOOK=name_swap)")
 
 
 @pytest.mark.slow
