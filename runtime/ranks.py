@@ -10,6 +10,7 @@ so every rank takes the same optimizer step, and the ranks stay identical copies
 """
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -175,9 +176,14 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     the cause. (Were this one to exit first, torchrun could stop local rank 0 before it spoke.)"""
     if os.environ.get("LOCAL_RANK", "0") in ("", "0") or os.environ.get("WORLD_SIZE", "1") in ("", "1"):
         return  # the first process on its machine, or not started by torchrun
+    # torchrun stops us with SIGTERM: leave through the callers' finally blocks, which take back
+    # the empty run dir Hydra made for this process too.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         time.sleep(60)
     except KeyboardInterrupt:
         sys.exit(130)  # Ctrl-C reaches every process: local rank 0 says what went wrong
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
     sys.exit(2)
