@@ -91,14 +91,31 @@ def name_hook_points(root: nn.Module) -> None:
         point.name = ".".join(TRANSFORMER_LENS_NAMES.get(part, part) for part in path.split("."))
 
 
+# TransformerLens's names that a model here lacks for a reason of its own, and where to look instead.
+MISSING_FOR_A_REASON = {
+    r"hook_pos_embed": "this model has no position embeddings: its positions are rotary (model.pos=rope), turning "
+                       "the queries and keys inside attention, as blocks.<l>.attn.hook_rot_q and hook_rot_k show; "
+                       "a model trained with model.pos=learned has hook_pos_embed",
+    r"blocks\.\d+\.attn\.hook_rot_[qk]": "this model has neither rotary positions nor QK-norm (model.pos=learned, "
+                                        "model.qk_norm=false): its queries and keys are hook_q and hook_k as used",
+    r"blocks\.\d+\.attn\.hook_result": "no forward here makes each head's output through W_O (the output projection "
+                                       "is one matmul over all heads): cache.stack_head_results() computes it from hook_z",
+    r"blocks\.\d+\.hook_[qkv]_input": "the heads' inputs are not split here: every head reads "
+                                     "blocks.<l>.ln1.hook_normalized",
+    r"blocks\.\d+\.mlp\.hook_pre_linear": "this model's MLP is not gated (model.mlp is not swiglu): hook_pre and "
+                                         "hook_post are its two points",
+}
+
+
 def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
-    """The points of `points` that a name or a test on names picks; ValueError naming the near
-    ones for an unknown name."""
+    """The points of `points` that a name or a test on names picks; ValueError for an unknown
+    name, saying why this model lacks it or naming the near ones."""
     if callable(where):
         return [point for name, point in points.items() if where(name)]
     if where not in points:
+        reason = next((why for pattern, why in MISSING_FOR_A_REASON.items() if re.fullmatch(pattern, where)), None)
         near = difflib.get_close_matches(where, points, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
+        hint = reason or (f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all")
         raise ValueError(f"no hook point named {where!r} in this model: {hint}")
     return [points[where]]
 

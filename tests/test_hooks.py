@@ -109,6 +109,24 @@ def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attach
         model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["blocks.7.hook_resid_pre"])
 
 
+@pytest.mark.parametrize(("options", "name", "why"), [
+    ({"pos": "rope"}, "hook_pos_embed", "this model has no position embeddings: its positions are rotary (model.pos=rope)"),
+    ({"pos": "learned", "qk_norm": False}, "blocks.1.attn.hook_rot_k", "this model has neither rotary positions nor QK-norm"),
+    ({}, "blocks.0.attn.hook_result", "no forward here makes each head's output through W_O"),
+    ({}, "blocks.0.hook_v_input", "the heads' inputs are not split here: every head reads blocks.<l>.ln1.hook_normalized"),
+    ({"mlp": "gelu"}, "blocks.0.mlp.hook_pre_linear", "this model's MLP is not gated (model.mlp is not swiglu)"),
+])
+def test_a_transformer_lens_name_this_model_lacks_says_why_and_where_to_look(options, name, why):
+    model = tiny_gpt(**options)
+    with pytest.raises(ValueError, match="^" + re.escape(f"no hook point named {name!r} in this model: {why}")):
+        model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=[name])
+    # Each name is there where the model has what it names (hook_result nowhere: stack_head_results() computes it).
+    lacking = {"hook_pos_embed": {"pos": "learned"}, "blocks.1.attn.hook_rot_k": {"pos": "rope"},
+               "blocks.0.mlp.hook_pre_linear": {"mlp": "swiglu"}}
+    if name in lacking:
+        assert name in tiny_gpt(**lacking[name]).hook_dict
+
+
 def test_a_function_that_returns_another_shape_is_one_line_naming_its_point_and_the_shape_it_must_keep():
     model = tiny_gpt()
     one_head = lambda z, hook: z[:, :, 0]  # noqa: E731  # (B, T, D) for (B, T, H, D)
