@@ -62,13 +62,19 @@ def sample(cfg: DictConfig) -> None:
         print("compile=true: compiling the decode step first (seconds; longer the first time on this machine, "
               "before Inductor has cached its kernels)", file=sys.stderr, flush=True)
 
+    # One sample is printed as it is written; several, batched, each once all are done.
+    streamed = cfg.num_samples == 1
     try:
         texts = generate_text(
             model, tokenizer, prompt_as_typed(cfg.prompt), cfg.max_new_tokens,
             temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
             num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache, compile=cfg.compile,
-            eot_text=EOT_SHOWN,
+            eot_text=EOT_SHOWN, on_text=print_as_it_comes if streamed else None,
         )
+    except KeyboardInterrupt:
+        if streamed:
+            print(flush=True)  # end the line the sample got to, before the "stopped" line
+        raise
     except FloatingPointError as error:
         if dtype == torch.float16:  # the likelier cause: float16 ends at 65,504
             raise UserError(f"{path}: the model's next-token logits are NaN or inf at dtype={cfg.dtype} (float16, "
@@ -79,10 +85,17 @@ def sample(cfg: DictConfig) -> None:
             raise
         raise UserError(f"compile=true: Inductor could not compile the decode step ({reason}); "  # only compile=true gets here
                         "run with compile=false") from None
+    if streamed:
+        print()  # the sample's own text is printed already
+        return
     for i, text in enumerate(texts):
-        if cfg.num_samples > 1:
-            print(f"--- sample {i + 1} of {cfg.num_samples} ---")
+        print(f"--- sample {i + 1} of {cfg.num_samples} ---")
         print(terminal_text(text))
+
+
+def print_as_it_comes(piece: str) -> None:
+    """A piece of the sample, printed at once, its control characters as escapes (terminal_text)."""
+    print(terminal_text(piece), end="", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Generation: from a model's next-token logits to new tokens, and from a prompt to text."""
 
 import re
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -78,6 +79,7 @@ def generate_tokens(
     generator: torch.Generator | None = None,
     use_kv_cache: bool = True,
     decode_step: CompiledDecodeStep | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Continue idx (B, T) by max_new_tokens tokens; returns (B, T + max_new_tokens).
 
@@ -100,6 +102,9 @@ def generate_tokens(
 
     decode_step: a CompiledDecodeStep built for this model, batch size and sampling settings;
     it then computes every step that feeds one token into the caches (use_kv_cache only).
+
+    on_token: called after each new token with the tokens so far, (B, T + tokens made), to show
+    them as they come (sample.py's TextStream).
     """
     B, T0 = idx.shape
     if decode_step is not None:
@@ -119,6 +124,8 @@ def generate_tokens(
             uniform = uniform_noise(B, vocab_size, temperature, generator, idx.device)  # (B, vocab_size) or None
             if decode_step is not None and caches is not None:
                 tokens[:, end : end + 1] = decode_step(tokens[:, end - 1 : end], caches, uniform)  # (B, 1), compiled
+                if on_token is not None:
+                    on_token(tokens[:, : end + 1])
                 continue
             # Only the last position predicts: the head runs there alone (last_only).
             with sdpa_kernel(GROWING_SHAPE_KERNELS):
@@ -133,6 +140,8 @@ def generate_tokens(
             if not torch.isfinite(next_logits).all():
                 raise FloatingPointError(DIVERGED)
             tokens[:, end : end + 1] = choose_next_token(next_logits, temperature, top_k, top_p, uniform)  # (B, 1)
+            if on_token is not None:
+                on_token(tokens[:, : end + 1])
     return tokens
 
 
@@ -149,11 +158,14 @@ def generate_text(
     use_kv_cache: bool = True,
     compile: bool = False,
     eot_text: str | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> list[str]:
     """num_samples continuations of prompt, each returned as prompt + new text. The same
     seed gives the same samples. compile: build a CompiledDecodeStep first (seconds), then
     generate with it (faster per token; the same tokens unless rounding flips a near tie).
-    eot_text: what each end of text (eot_id) the model writes reads as (None: as the tokenizer decodes it)."""
+    eot_text: what each end of text (eot_id) the model writes reads as (None: as the tokenizer decodes it).
+    on_text: called with the first sample's text as it grows, a piece at a time (the prompt first):
+    the pieces add up to the text returned for it."""
     device = next(model.parameters()).device
     # Start where every training document starts, after the start token (<|endoftext|>, or
     # Llama's <|begin_of_text|>), so the model knows it is at the beginning; that token is not
@@ -164,9 +176,38 @@ def generate_text(
     generator = torch.Generator(device=device).manual_seed(seed)
     # Only steps after the first one run compiled: with one new token there is nothing to compile for.
     decode_step = CompiledDecodeStep(model, num_samples, temperature, top_k, top_p) if compile and max_new_tokens > 1 else None
+    stream = TextStream(tokenizer, len(context), eot_text, on_text) if on_text is not None else None
+    if stream is not None:
+        stream(batch)  # the prompt, at once
     tokens = generate_tokens(model, batch, max_new_tokens, temperature, top_k, top_p, generator=generator,
-                             use_kv_cache=use_kv_cache, decode_step=decode_step)
-    return [decode(tokenizer, row[len(context) :].tolist(), eot_text) for row in tokens]
+                             use_kv_cache=use_kv_cache, decode_step=decode_step, on_token=stream)
+    texts = [decode(tokenizer, row[len(context) :].tolist(), eot_text) for row in tokens]
+    if stream is not None:
+        stream.finish(texts[0])
+    return texts
+
+
+class TextStream:
+    """Hands on_text the first row's text as it grows: after each token, what its decoded text has
+    gained since the last call. A piece that could still change is held back until it cannot: the
+    bytes of a character a BPE token splits decode as U+FFFD until its last token comes, and a
+    carriage return is shown as an escape unless a newline follows it (terminal_text)."""
+
+    def __init__(self, tokenizer: Tokenizer, skip: int, eot_text: str | None, on_text: Callable[[str], None]) -> None:
+        self.tokenizer, self.skip, self.eot_text, self.on_text = tokenizer, skip, eot_text, on_text
+        self.shown = ""  # what on_text has been given
+
+    def __call__(self, tokens: torch.Tensor) -> None:
+        """tokens: (B, T) the tokens so far, the start token(s) first."""
+        text = decode(self.tokenizer, tokens[0, self.skip :].tolist(), self.eot_text)
+        settled = text.rstrip("\ufffd\r")  # what no later token can change
+        if len(settled) > len(self.shown) and settled.startswith(self.shown):
+            self.on_text(settled[len(self.shown) :])
+            self.shown = settled
+
+    def finish(self, text: str) -> None:
+        """The rest of text, the first sample's whole text, at the end."""
+        self.on_text(text[len(self.shown) :])
 
 
 def decode(tokenizer: Tokenizer, ids: list[int], eot_text: str | None = None) -> str:

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from data.tokenizer import EOT, CharTokenizer
-from model.generation import EOT_SHOWN, generate_text, terminal_text
+from data.bpe import GPT2_PATTERN
+from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, bpe_encoding
+from model.generation import EOT_SHOWN, TextStream, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, kept_checkpoint_path, resolve_checkpoint
 from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, small_checkpoint, text_of
@@ -208,6 +209,41 @@ def test_control_characters_the_model_writes_are_printed_as_escapes_and_kept_in_
     assert {"\x1b", "\x07"} <= set(text_of(read_events(tmp_path / "events"), "samples"))
     assert terminal_text("a\x1b[31mb\x07\n\tc\r\nd\re\x85 é 日 \u202eba\u2066") == \
         "a\\x1b[31mb\\x07\n\tc\r\nd\\re\\x85 é 日 \\u202eba\\u2066"
+
+
+def test_a_streamed_text_comes_in_pieces_that_add_up_to_it_and_never_show_half_a_character():
+    # Bytes alone, no merges: every character past ASCII is two to four tokens, each of which
+    # decodes to U+FFFD until the last one comes. A carriage return waits for what follows it.
+    tokenizer = TiktokenTokenizer("bpe", bpe_encoding({bytes([b]): b for b in range(256)}, GPT2_PATTERN))
+    text = "日本 é\r\nx\ry 🐍"
+    ids = [tokenizer.eot_id, *tokenizer.encode("日本"), tokenizer.eot_id, *tokenizer.encode(text)]
+    pieces: list[str] = []
+    stream = TextStream(tokenizer, 1, EOT_SHOWN, pieces.append)
+    for end in range(1, len(ids) + 1):
+        stream(torch.tensor([ids[:end]]))
+    stream.finish("日本" + EOT_SHOWN + text)
+    assert "".join(pieces) == "日本" + EOT_SHOWN + text
+    assert not any("\ufffd" in piece or piece.endswith("\r") for piece in pieces)
+    assert [terminal_text(piece) for piece in pieces if "\r" in piece] == ["\r\n", "\\ry"]  # as the whole text shows them
+    assert len(pieces) > 8  # a piece as each character completes, not the text at the end
+
+
+def test_sample_py_prints_one_sample_as_it_is_written(tmp_path):
+    # 100,000 characters take the tiny model a minute and more: the first ones are read long before.
+    tokenizer = CharTokenizer(list("ab"))
+    torch.manual_seed(0)
+    model = build_model(MODEL, tokenizer.vocab_size)
+    (tmp_path / "run").mkdir()
+    Checkpoint(model.state_dict(), {"model": MODEL}, tokenizer.state(), step=MIN_STEPS).save(tmp_path / "run" / BEST)
+    process = subprocess.Popen([sys.executable, str(ROOT / "sample.py"), "run=run", "prompt=ab", "device=cpu",
+                                "max_new_tokens=100000"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        first = process.stdout.read(12)  # waits for the prompt and 10 new characters
+        assert process.poll() is None  # still writing
+        assert first.startswith("ab") and set(first) <= set("ab\n-endoftx ")
+    finally:
+        process.kill()
+        process.wait()
 
 
 @pytest.mark.slow
