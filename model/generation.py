@@ -191,23 +191,33 @@ class TextStream:
     """Hands on_text the first row's text as it grows: after each token, what its decoded text has
     gained since the last call. A piece that could still change is held back until it cannot: the
     bytes of a character a BPE token splits decode as U+FFFD until its last token comes, and a
-    carriage return is shown as an escape unless a newline follows it (terminal_text)."""
+    carriage return is shown as an escape unless a newline follows it (terminal_text).
+
+    Each call decodes the tokens since the last end of text the model wrote, not the whole text:
+    decode() splits the text there, so what comes after it decodes alone to the same characters."""
 
     def __init__(self, tokenizer: Tokenizer, skip: int, eot_text: str | None, on_text: Callable[[str], None]) -> None:
-        self.tokenizer, self.skip, self.eot_text, self.on_text = tokenizer, skip, eot_text, on_text
-        self.shown = ""  # what on_text has been given
+        self.tokenizer, self.eot_text, self.on_text = tokenizer, eot_text, on_text
+        self.start = skip  # the first token of the text being written: after the start token(s), then after each end of text
+        self.shown = ""  # what on_text has been given of the text since `start`
+        self.shown_before = 0  # characters given for the texts before `start`
 
     def __call__(self, tokens: torch.Tensor) -> None:
         """tokens: (B, T) the tokens so far, the start token(s) first."""
-        text = decode(self.tokenizer, tokens[0, self.skip :].tolist(), self.eot_text)
+        ids = tokens[0, self.start :].tolist()
+        text = decode(self.tokenizer, ids, self.eot_text)
         settled = text.rstrip("\ufffd\r")  # what no later token can change
         if len(settled) > len(self.shown) and settled.startswith(self.shown):
             self.on_text(settled[len(self.shown) :])
             self.shown = settled
+        if ids and ids[-1] == self.tokenizer.eot_id and self.shown == text:  # a text ended, all of it shown
+            self.start += len(ids)
+            self.shown_before += len(self.shown)
+            self.shown = ""
 
     def finish(self, text: str) -> None:
         """The rest of text, the first sample's whole text, at the end."""
-        self.on_text(text[len(self.shown) :])
+        self.on_text(text[self.shown_before + len(self.shown) :])
 
 
 def decode(tokenizer: Tokenizer, ids: list[int], eot_text: str | None = None) -> str:
