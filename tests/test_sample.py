@@ -228,6 +228,7 @@ def test_a_streamed_text_comes_in_pieces_that_add_up_to_it_and_never_show_half_a
     assert len(pieces) > 8  # a piece as each character completes, not the text at the end
 
 
+@pytest.mark.slow  # a process of its own (TextStream's pieces: the test above, in the fast tier)
 def test_sample_py_prints_one_sample_as_it_is_written(tmp_path):
     # 100,000 characters take the tiny model a minute and more: the first ones are read long before.
     tokenizer = CharTokenizer(list("ab"))
