@@ -93,7 +93,7 @@ docs: setup browser
 	$(PY) docs/tools.py $(RUN) $(INDUCTION_RUNS)
 
 notebook: setup
-	@test -f notebooks/$(NOTEBOOK).ipynb || { echo "error: NOTEBOOK=$(NOTEBOOK) is not a notebook here: pick one of" \
+	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "error: NOTEBOOK=$(NOTEBOOK) is not a notebook here: pick one of" \
 	  "$$(ls notebooks | sed -n 's/\.ipynb$$//p' | paste -sd, - | sed 's/,/, /g') (make notebook NOTEBOOK=name_swap)" >&2; exit 2; }
 	@$(PY) -c "import jupyterlab" 2>/dev/null || { echo "notebook: installing JupyterLab into $(VENV) (once)"; \
 	  $(PY) -m pip install -qq --disable-pip-version-check "jupyterlab>=4"; }

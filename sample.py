@@ -10,6 +10,8 @@ Every option is in configs/sample.yaml. Nothing is written anywhere.
 
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from user_error import UserError, ctrl_c_ends_quietly, not_installed
@@ -24,8 +26,9 @@ except ModuleNotFoundError as missing:
 
 from cli.checkpoint_commands import prompt_as_typed, validate_sample_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
+from model import GPT
 from model.decode_step import INDUCTOR_OPTIONS
-from model.generation import EOT_SHOWN, generate_text, lay_out_for_decoding, terminal_text
+from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_decoding, terminal_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import KEPT, resolve_checkpoint
 from runtime.devices import Machine, check_compiler, pick_device
@@ -63,18 +66,27 @@ def sample(cfg: DictConfig) -> None:
               "before Inductor has cached its kernels)", file=sys.stderr, flush=True)
 
     # One sample is printed as it is written; several, batched, each once all are done.
-    streamed = cfg.num_samples == 1
+    stream = PrintedAsItComes() if cfg.num_samples == 1 else None
+    with stream.line_ended_if_stopped() if stream else nullcontext():
+        texts = sampled_texts(cfg, model, tokenizer, path, dtype, stream)
+    if stream is not None:
+        print()  # the sample's own text is printed already
+        return
+    for i, text in enumerate(texts):
+        print(f"--- sample {i + 1} of {cfg.num_samples} ---")
+        print(terminal_text(text))
+
+
+def sampled_texts(cfg: DictConfig, model: GPT, tokenizer: Tokenizer, path: Path, dtype: torch.dtype,
+                  on_text: Callable[[str], None] | None) -> list[str]:
+    """generate_text with sample.py's settings; a failure the user can act on as a UserError."""
     try:
-        texts = generate_text(
+        return generate_text(
             model, tokenizer, prompt_as_typed(cfg.prompt), cfg.max_new_tokens,
             temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p,
             num_samples=cfg.num_samples, seed=cfg.seed, use_kv_cache=cfg.use_kv_cache, compile=cfg.compile,
-            eot_text=EOT_SHOWN, on_text=print_as_it_comes if streamed else None,
+            eot_text=EOT_SHOWN, on_text=on_text,
         )
-    except KeyboardInterrupt:
-        if streamed:
-            print(flush=True)  # end the line the sample got to, before the "stopped" line
-        raise
     except FloatingPointError as error:
         if dtype == torch.float16:  # the likelier cause: float16 ends at 65,504
             raise UserError(f"{path}: the model's next-token logits are NaN or inf at dtype={cfg.dtype} (float16, "
@@ -85,17 +97,29 @@ def sample(cfg: DictConfig) -> None:
             raise
         raise UserError(f"compile=true: Inductor could not compile the decode step ({reason}); "  # only compile=true gets here
                         "run with compile=false") from None
-    if streamed:
-        print()  # the sample's own text is printed already
-        return
-    for i, text in enumerate(texts):
-        print(f"--- sample {i + 1} of {cfg.num_samples} ---")
-        print(terminal_text(text))
 
 
-def print_as_it_comes(piece: str) -> None:
-    """A piece of the sample, printed at once, its control characters as escapes (terminal_text)."""
-    print(terminal_text(piece), end="", flush=True)
+class PrintedAsItComes:
+    """on_text for one sample: each piece printed at once, its control characters as escapes
+    (terminal_text)."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def __call__(self, piece: str) -> None:
+        print(terminal_text(piece), end="", flush=True)
+        self.started = True
+
+    @contextmanager
+    def line_ended_if_stopped(self) -> Iterator[None]:
+        """An error or Ctrl-C while the sample is printed ends its line first: what is said next
+        (the error, "stopped") starts a line of its own."""
+        try:
+            yield
+        except BaseException:
+            if self.started:
+                print(flush=True)
+            raise
 
 
 if __name__ == "__main__":

@@ -67,8 +67,9 @@ def check_metric(metric: object) -> None:
     try:
         inspect.signature(metric).bind(None)
     except TypeError:
-        raise UserError(f"the metric takes {parameters_of(metric)}, but it is called with the logits alone: "
-                        f"build it first, e.g. logit_difference(position, token, other), and pass what that returns") from None
+        raise UserError(f"the metric takes {parameters_of(metric)}, but it is called with the logits alone: give "
+                        "it its other arguments first (functools.partial), or pass what logit_difference(position, "
+                        "token, other) returns") from None
     except ValueError:  # no signature to read (some built-ins): the call itself will tell
         pass
 

@@ -189,12 +189,15 @@ def generate_text(
 
 class TextStream:
     """Hands on_text the first row's text as it grows: after each token, what its decoded text has
-    gained since the last call. A piece that could still change is held back until it cannot: the
-    bytes of a character a BPE token splits decode as U+FFFD until its last token comes, and a
-    carriage return is shown as an escape unless a newline follows it (terminal_text).
+    gained since the last call. Text that a later token could still change is held back until it
+    cannot: the trailing tokens that decode alone to a broken character (a BPE token's share of a
+    character's bytes, or Llama 2's byte tokens, which its decoder reads as one run) wait for a
+    token that decodes whole, and a carriage return for what follows it (terminal_text shows a
+    lone one as an escape).
 
-    Each call decodes the tokens since the last end of text the model wrote, not the whole text:
-    decode() splits the text there, so what comes after it decodes alone to the same characters."""
+    With eot_text, each call decodes the tokens since the last end of text the model wrote, not
+    the whole text: decode() splits the text there, so what follows decodes alone to the same
+    characters."""
 
     def __init__(self, tokenizer: Tokenizer, skip: int, eot_text: str | None, on_text: Callable[[str], None]) -> None:
         self.tokenizer, self.eot_text, self.on_text = tokenizer, eot_text, on_text
@@ -205,12 +208,16 @@ class TextStream:
     def __call__(self, tokens: torch.Tensor) -> None:
         """tokens: (B, T) the tokens so far, the start token(s) first."""
         ids = tokens[0, self.start :].tolist()
-        text = decode(self.tokenizer, ids, self.eot_text)
-        settled = text.rstrip("\ufffd\r")  # what no later token can change
+        whole = len(ids)  # ids[:whole] end with a token that decodes alone to whole characters
+        while whole > 0 and "\ufffd" in self.tokenizer.decode(ids[whole - 1 : whole]):
+            whole -= 1
+        text = decode(self.tokenizer, ids[:whole], self.eot_text)
+        settled = text.rstrip("\r")
         if len(settled) > len(self.shown) and settled.startswith(self.shown):
             self.on_text(settled[len(self.shown) :])
             self.shown = settled
-        if ids and ids[-1] == self.tokenizer.eot_id and self.shown == text:  # a text ended, all of it shown
+        ended = whole == len(ids) > 0 and ids[-1] == self.tokenizer.eot_id
+        if ended and self.eot_text is not None and self.shown == text:  # a text ended, all of it shown
             self.start += len(ids)
             self.shown_before += len(self.shown)
             self.shown = ""

@@ -100,8 +100,9 @@ MISSING_FOR_A_REASON = {
                                         "model.qk_norm=false): its queries and keys are hook_q and hook_k as used",
     r"blocks\.\d+\.attn\.hook_result": "no forward here makes each head's output through W_O (the output projection "
                                        "is one matmul over all heads): cache.stack_head_results() computes it from hook_z",
-    r"blocks\.\d+\.hook_[qkv]_input": "the heads' inputs are not split here: every head reads "
-                                     "blocks.<l>.ln1.hook_normalized",
+    r"blocks\.\d+\.hook_[qkv]_input": "the heads' inputs are not split here: every head reads ln1's output (its "
+                                     "hook_normalized times its gain, plus its bias); one head's own queries, keys and "
+                                     "values are blocks.<l>.attn.hook_q, hook_k and hook_v at [:, :, head]",
     r"blocks\.\d+\.mlp\.hook_pre_linear": "this model's MLP is not gated (model.mlp is not swiglu): hook_pre and "
                                          "hook_post are its two points",
 }
@@ -113,7 +114,10 @@ def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
     if callable(where):
         return [point for name, point in points.items() if where(name)]
     if where not in points:
+        layer = re.match(r"blocks\.(\d+)\.", where)
+        in_this_model = layer is None or any(name.startswith(layer.group()) for name in points)  # not blocks.9 of 2
         reason = next((why for pattern, why in MISSING_FOR_A_REASON.items() if re.fullmatch(pattern, where)), None)
+        reason = reason if in_this_model else None
         near = difflib.get_close_matches(where, points, n=3, cutoff=0.6)
         hint = reason or (f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all")
         raise ValueError(f"no hook point named {where!r} in this model: {hint}")
@@ -133,6 +137,9 @@ def check_hook_fn(fn: object, name: str) -> HookFn:
     if not callable(fn):
         raise TypeError(f"the hook for {name!r} is a {type(fn).__name__}, not a function: pass the function itself, "
                         "one that takes (activation, hook)")
+    if inspect.isclass(fn):
+        raise TypeError(f"the hook for {name!r} is the class {fn.__name__}: pass an instance of it, whose __call__ "
+                        "takes (activation, hook)")
     try:
         inspect.signature(fn).bind(None, None)
     except TypeError:

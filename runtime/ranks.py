@@ -177,7 +177,8 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     if os.environ.get("LOCAL_RANK", "0") in ("", "0") or os.environ.get("WORLD_SIZE", "1") in ("", "1"):
         return  # the first process on its machine, or not started by torchrun
     # torchrun stops us with SIGTERM: leave through the callers' finally blocks, which take back
-    # the empty run dir Hydra made for this process too.
+    # the empty run dir Hydra made for this process too. (A process that torchrun stops before it
+    # gets here, still checking its config, leaves that folder, empty.)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         time.sleep(60)

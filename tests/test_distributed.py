@@ -185,7 +185,9 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     ],
 )
 def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, message):
-    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run"}), bad, cwd=tmp_path, timeout=120)
+    # A run dir for each process (the default is rank 0's for both), so that each must take back its own.
+    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run/${oc.env:LOCAL_RANK}"}), bad, cwd=tmp_path,
+                      timeout=120)
     assert result.returncode != 0
     our_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(our_lines) == 1 and message in our_lines[0], result.stderr

@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+import torch
 from tiktoken_ext.openai_public import r50k_pat_str
 from tokenizers import (
     AddedToken,
@@ -49,7 +50,7 @@ from inspection.name_swap import name_swap, one_token_names
 from inspection.recall_probe import NAME_PATTERN, RecallProbe
 from inspection.repeated_tokens import repeated_ids
 from inspection.text_forward import text_ids
-from model.generation import EOT_SHOWN, decode, generate_text
+from model.generation import EOT_SHOWN, TextStream, decode, generate_text
 from tests.helpers import one_line_error, tiny_gpt
 from user_error import UserError
 
@@ -381,6 +382,39 @@ def test_a_gpt2_tokenizer_saved_by_transformers_5_is_read_by_tiktoken_with_huggi
     for text in (HARD_TEXT, WIDE_TEXT):
         assert ours.encode(text) == reference(text, add_special_tokens=False)["input_ids"]
     assert ours.bos_id == ours.eot_id == reference.convert_tokens_to_ids(EOT)
+
+
+@pytest.mark.parametrize("eot_text", [EOT_SHOWN, None], ids=["ends shown", "as decoded"])
+@pytest.mark.parametrize("name", [*FAMILIES, "tinyllama_saved_by_transformers"])
+def test_each_familys_text_streamed_token_by_token_adds_up_to_the_text(name, eot_text, family_tokenizers):
+    # TinyLlama writes a character its vocabulary lacks as byte tokens, which its decoder reads as one
+    # run: a character shown too early could turn back into U+FFFD once the next byte token comes.
+    tokenizer = family_tokenizers[name]
+    ids = [tokenizer.bos_id, *tokenizer.encode(HARD_TEXT), tokenizer.eot_id, *tokenizer.encode(WIDE_TEXT[:300])]
+    pieces: list[str] = []
+    stream = TextStream(tokenizer, 1, eot_text, pieces.append)
+    for end in range(2, len(ids) + 1):
+        stream(torch.tensor([ids[:end]]))
+    whole = decode(tokenizer, ids[1:], eot_text)
+    stream.finish(whole)
+    assert "".join(pieces) == whole
+    assert len(pieces) > 50  # it streamed: a piece for most characters, not the text at the end
+
+
+def test_a_stray_byte_token_turns_the_characters_before_it_in_its_run_into_u_fffd_and_none_was_shown_early(
+        family_tokenizers, family_references):
+    # "日" as TinyLlama's three byte tokens decodes as 日; one more byte token (the first of another
+    # character), then a word, and the decoder reads the four bytes as one broken run: four U+FFFD.
+    tokenizer = family_tokenizers["tinyllama"]
+    stray = family_references["tinyllama"].convert_tokens_to_ids("<0xE6>")
+    ids = [tokenizer.bos_id, *tokenizer.encode("Hi 日"), stray, *tokenizer.encode(" there and more")]
+    pieces: list[str] = []
+    stream = TextStream(tokenizer, 1, EOT_SHOWN, pieces.append)
+    for end in range(2, len(ids) + 1):
+        stream(torch.tensor([ids[:end]]))
+    whole = decode(tokenizer, ids[1:], EOT_SHOWN)
+    stream.finish(whole)
+    assert "日" not in whole and "".join(pieces) == whole
 
 
 @pytest.mark.parametrize("name", [*FAMILIES, "tinyllama_saved_by_transformers"])

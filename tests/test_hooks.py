@@ -113,8 +113,11 @@ def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attach
     ({"pos": "rope"}, "hook_pos_embed", "this model has no position embeddings: its positions are rotary (model.pos=rope)"),
     ({"pos": "learned", "qk_norm": False}, "blocks.1.attn.hook_rot_k", "this model has neither rotary positions nor QK-norm"),
     ({}, "blocks.0.attn.hook_result", "no forward here makes each head's output through W_O"),
-    ({}, "blocks.0.hook_v_input", "the heads' inputs are not split here: every head reads blocks.<l>.ln1.hook_normalized"),
+    ({}, "blocks.0.hook_v_input", "the heads' inputs are not split here: every head reads ln1's output (its hook_normalized "
+     "times its gain, plus its bias); one head's own queries, keys and values are blocks.<l>.attn.hook_q, hook_k and hook_v "
+     "at [:, :, head]"),
     ({"mlp": "gelu"}, "blocks.0.mlp.hook_pre_linear", "this model's MLP is not gated (model.mlp is not swiglu)"),
+    ({"pos": "rope"}, "blocks.5.attn.hook_rot_q", "did you mean blocks.1.attn.hook_rot_q"),  # no layer 5: no reason
 ])
 def test_a_transformer_lens_name_this_model_lacks_says_why_and_where_to_look(options, name, why):
     model = tiny_gpt(**options)
@@ -193,9 +196,26 @@ def test_a_hook_that_is_not_a_two_argument_function_is_one_line_before_anything_
     with pytest.raises(TypeError, match="^" + re.escape("the hook for 'blocks.0.attn.hook_z' is a Tensor, not a function: "
                                                         "pass the function itself")):
         model.run_with_cache(ids, fwd_hooks=[(lambda name: name.endswith("hook_z"), one_argument(torch.ones(1)))])
-    # Those a hook may be: defaults and *args take the two arguments, as does a bound method or a class's instance.
+    # A class where its instance was meant.
+    class Recorder:
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def __call__(self, x: torch.Tensor, hook) -> None:
+            self.names.append(hook.name)
+
+        def read(self, x: torch.Tensor, hook) -> None:
+            self.names.append(hook.name)
+
+    with pytest.raises(TypeError, match="^" + re.escape("the hook for 'blocks.0.hook_resid_mid' is the class Recorder: pass "
+                                                        "an instance of it")):
+        model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_mid", Recorder)])
+    # Those a hook may be: defaults and *args take the two arguments, as do a class's instance and a bound method.
+    recorder = Recorder()
     model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, hook, scale=1.0: None),
-                                         ("blocks.1.hook_resid_mid", lambda *args: None)])
+                                         ("blocks.1.hook_resid_mid", lambda *args: None),
+                                         ("blocks.0.hook_resid_post", recorder), ("blocks.1.hook_resid_post", recorder.read)])
+    assert recorder.names == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
 
 
 def test_a_function_that_returns_another_dtype_is_one_line_naming_its_point():

@@ -103,8 +103,8 @@ def test_a_knock_outs_effect_is_what_the_metric_loses_without_the_head(circuit):
     ("same", None, "the metric is 12 on both prompts: there is nothing to restore"),
     ("two rows", None, "clean holds 1 prompt and corrupted 2 prompts: row i of each makes a pair, so give as many of each"),
     (None, lambda logits: logits[:, -1, :2], "the metric gave a tensor of shape (1, 2), not one number"),
-    (None, logit_difference, "the metric takes (position, token, other=None), but it is called with the logits alone: build it "
-     "first, e.g. logit_difference(position, token, other), and pass what that returns"),  # the builder itself, not what it builds
+    (None, logit_difference, "the metric takes (position, token, other=None), but it is called with the logits alone: give it "
+     "its other arguments first (functools.partial), or pass what logit_difference(position, token, other) returns"),  # the builder itself, not what it builds
     (None, 12.0, "the metric is a float, not a function: pass a function of the logits (B, T, V) that gives one number"),
 ])
 def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):

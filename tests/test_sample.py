@@ -5,9 +5,11 @@ and run=latest, which skips a newer test run for a trained one."""
 import logging
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -228,23 +230,34 @@ def test_a_streamed_text_comes_in_pieces_that_add_up_to_it_and_never_show_half_a
     assert len(pieces) > 8  # a piece as each character completes, not the text at the end
 
 
-@pytest.mark.slow  # a process of its own (TextStream's pieces: the test above, in the fast tier)
-def test_sample_py_prints_one_sample_as_it_is_written(tmp_path):
-    # 100,000 characters take the tiny model a minute and more: the first ones are read long before.
+@pytest.mark.slow  # processes of their own (TextStream's pieces: the test above, in the fast tier)
+def test_sample_py_prints_one_sample_as_it_is_written_and_ends_its_line_before_an_error(tmp_path):
     tokenizer = CharTokenizer(list("ab"))
     torch.manual_seed(0)
     model = build_model(MODEL, tokenizer.vocab_size)
     (tmp_path / "run").mkdir()
     Checkpoint(model.state_dict(), {"model": MODEL}, tokenizer.state(), step=MIN_STEPS).save(tmp_path / "run" / BEST)
+    # A million characters take the tiny model many minutes to write: printed at the end, none
+    # would come within the 60 s this waits; printed as they come, the first come in seconds.
     process = subprocess.Popen([sys.executable, str(ROOT / "sample.py"), "run=run", "prompt=ab", "device=cpu",
-                                "max_new_tokens=100000"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+                                "max_new_tokens=1000000"], cwd=tmp_path, stdout=subprocess.PIPE)
     try:
-        first = process.stdout.read(12)  # waits for the prompt and 10 new characters
-        assert process.poll() is None  # still writing
-        assert first.startswith("ab") and set(first) <= set("ab\n-endoftx ")
+        first, deadline = b"", time.monotonic() + 60
+        while len(first) < 12 and select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            first += os.read(process.stdout.fileno(), 12 - len(first)) or b"(ended)"
+        assert len(first) >= 12 and process.poll() is None, first  # the prompt and 10 new characters, while it writes
+        assert first.startswith(b"ab") and set(first.decode()) <= set("ab\n-endoftx "), first
     finally:
         process.kill()
         process.wait()
+    # Weights gone to NaN: the prompt is printed, then the error, on a line of its own.
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    Checkpoint(model.state_dict(), {"model": MODEL}, tokenizer.state(), step=MIN_STEPS).save(tmp_path / "run" / BEST)
+    result = run_cli("sample.py", "run=run", "prompt=ab", "device=cpu", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "ab\n"), result.stderr
+    assert result.stderr == ("error: run/ckpt_best.pt: the model's next-token logits are NaN or inf: its weights have "
+                             "diverged; sample from a checkpoint saved before that\n")
 
 
 @pytest.mark.slow
