@@ -705,3 +705,14 @@ def hydra_run_folders(logdir: Path, request: pytest.FixtureRequest) -> None:
     (logdir / "secret").mkdir()
     (logdir / "outputs" / "outputs-escape").symlink_to(logdir / "secret")
 
+
+def streamed_pieces(tokenizer, ids: list[int], eot_text: str | None, whole: str) -> list[str]:
+    """The pieces a TextStream hands on as ids (the start token first) come one at a time, then
+    the rest once the text is whole."""
+    from model.generation import TextStream
+    pieces: list[str] = []
+    stream = TextStream(tokenizer, 1, eot_text, pieces.append)
+    for end in range(2, len(ids) + 1):
+        stream(torch.tensor([ids[:end]]))
+    stream.finish(whole)
+    return pieces

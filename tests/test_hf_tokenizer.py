@@ -10,7 +10,6 @@ import re
 import shutil
 
 import pytest
-import torch
 from tiktoken_ext.openai_public import r50k_pat_str
 from tokenizers import (
     AddedToken,
@@ -50,8 +49,8 @@ from inspection.name_swap import name_swap, one_token_names
 from inspection.recall_probe import NAME_PATTERN, RecallProbe
 from inspection.repeated_tokens import repeated_ids
 from inspection.text_forward import text_ids
-from model.generation import EOT_SHOWN, TextStream, decode, generate_text
-from tests.helpers import one_line_error, tiny_gpt
+from model.generation import EOT_SHOWN, decode, generate_text
+from tests.helpers import one_line_error, streamed_pieces, tiny_gpt
 from user_error import UserError
 
 STORIES = "".join(generate_stories(seed=11, n_chars=30_000))
@@ -391,12 +390,8 @@ def test_each_familys_text_streamed_token_by_token_adds_up_to_the_text(name, eot
     # run: a character shown too early could turn back into U+FFFD once the next byte token comes.
     tokenizer = family_tokenizers[name]
     ids = [tokenizer.bos_id, *tokenizer.encode(HARD_TEXT), tokenizer.eot_id, *tokenizer.encode(WIDE_TEXT[:300])]
-    pieces: list[str] = []
-    stream = TextStream(tokenizer, 1, eot_text, pieces.append)
-    for end in range(2, len(ids) + 1):
-        stream(torch.tensor([ids[:end]]))
     whole = decode(tokenizer, ids[1:], eot_text)
-    stream.finish(whole)
+    pieces = streamed_pieces(tokenizer, ids, eot_text, whole)
     assert "".join(pieces) == whole
     assert len(pieces) > 50  # it streamed: a piece for most characters, not the text at the end
 
@@ -408,13 +403,8 @@ def test_a_stray_byte_token_turns_the_characters_before_it_in_its_run_into_u_fff
     tokenizer = family_tokenizers["tinyllama"]
     stray = family_references["tinyllama"].convert_tokens_to_ids("<0xE6>")
     ids = [tokenizer.bos_id, *tokenizer.encode("Hi 日"), stray, *tokenizer.encode(" there and more")]
-    pieces: list[str] = []
-    stream = TextStream(tokenizer, 1, EOT_SHOWN, pieces.append)
-    for end in range(2, len(ids) + 1):
-        stream(torch.tensor([ids[:end]]))
     whole = decode(tokenizer, ids[1:], EOT_SHOWN)
-    stream.finish(whole)
-    assert "日" not in whole and "".join(pieces) == whole
+    assert "日" not in whole and "".join(streamed_pieces(tokenizer, ids, EOT_SHOWN, whole)) == whole
 
 
 @pytest.mark.parametrize("name", [*FAMILIES, "tinyllama_saved_by_transformers"])

@@ -18,10 +18,10 @@ import torch
 
 from data.bpe import GPT2_PATTERN
 from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, bpe_encoding
-from model.generation import EOT_SHOWN, TextStream, generate_text, terminal_text
+from model.generation import EOT_SHOWN, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, kept_checkpoint_path, resolve_checkpoint
-from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, small_checkpoint, text_of
+from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, small_checkpoint, streamed_pieces, text_of
 from training.data_parallel import Replicated
 from training.jobs import Samples
 from training.specs import ProbeSpec
@@ -219,11 +219,7 @@ def test_a_streamed_text_comes_in_pieces_that_add_up_to_it_and_never_show_half_a
     tokenizer = TiktokenTokenizer("bpe", bpe_encoding({bytes([b]): b for b in range(256)}, GPT2_PATTERN))
     text = "日本 é\r\nx\ry 🐍"
     ids = [tokenizer.eot_id, *tokenizer.encode("日本"), tokenizer.eot_id, *tokenizer.encode(text)]
-    pieces: list[str] = []
-    stream = TextStream(tokenizer, 1, EOT_SHOWN, pieces.append)
-    for end in range(1, len(ids) + 1):
-        stream(torch.tensor([ids[:end]]))
-    stream.finish("日本" + EOT_SHOWN + text)
+    pieces = streamed_pieces(tokenizer, ids, EOT_SHOWN, "日本" + EOT_SHOWN + text)
     assert "".join(pieces) == "日本" + EOT_SHOWN + text
     assert not any("\ufffd" in piece or piece.endswith("\r") for piece in pieces)
     assert [terminal_text(piece) for piece in pieces if "\r" in piece] == ["\r\n", "\\ry"]  # as the whole text shows them
