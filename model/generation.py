@@ -204,23 +204,26 @@ class TextStream:
         self.start = skip  # the first token of the text being written: after the start token(s), then after each end of text
         self.shown = ""  # what on_text has been given of the text since `start`
         self.shown_before = 0  # characters given for the texts before `start`
+        self.looked_at = 0  # of the tokens since `start`, those whose own decoding was looked at
+        self.whole = 0  # ... and the first `whole` of them end with one that decodes alone to whole characters
 
     def __call__(self, tokens: torch.Tensor) -> None:
         """tokens: (B, T) the tokens so far, the start token(s) first."""
         ids = tokens[0, self.start :].tolist()
-        whole = len(ids)  # ids[:whole] end with a token that decodes alone to whole characters
-        while whole > 0 and "\ufffd" in self.tokenizer.decode(ids[whole - 1 : whole]):
-            whole -= 1
-        text = decode(self.tokenizer, ids[:whole], self.eot_text)
+        for i in range(self.looked_at, len(ids)):  # each new token, decoded alone once
+            if "\ufffd" not in self.tokenizer.decode(ids[i : i + 1]):
+                self.whole = i + 1
+        self.looked_at = len(ids)
+        text = decode(self.tokenizer, ids[: self.whole], self.eot_text)
         settled = text.rstrip("\r")
         if len(settled) > len(self.shown) and settled.startswith(self.shown):
             self.on_text(settled[len(self.shown) :])
             self.shown = settled
-        ended = whole == len(ids) > 0 and ids[-1] == self.tokenizer.eot_id
+        ended = self.whole == len(ids) > 0 and ids[-1] == self.tokenizer.eot_id
         if ended and self.eot_text is not None and self.shown == text:  # a text ended, all of it shown
             self.start += len(ids)
             self.shown_before += len(self.shown)
-            self.shown = ""
+            self.shown, self.looked_at, self.whole = "", 0, 0
 
     def finish(self, text: str) -> None:
         """The rest of text, the first sample's whole text, at the end."""
