@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.decode_step import CompiledDecodeStep
-from model.gpt import GPT, eval_mode
+from model.gpt import GPT, Caches, eval_mode
 from model.sampling import DIVERGED, choose_next_token, uniform_noise
 
 # How a printed text shows an <|endoftext|> the model wrote (sample.py, the training log's
@@ -124,25 +124,32 @@ def generate_tokens(
             uniform = uniform_noise(B, vocab_size, temperature, generator, idx.device)  # (B, vocab_size) or None
             if decode_step is not None and caches is not None:
                 tokens[:, end : end + 1] = decode_step(tokens[:, end - 1 : end], caches, uniform)  # (B, 1), compiled
-                if on_token is not None:
-                    on_token(tokens[:, : end + 1])
-                continue
-            # Only the last position predicts: the head runs there alone (last_only).
-            with sdpa_kernel(GROWING_SHAPE_KERNELS):
-                if not use_kv_cache:
-                    logits, _ = model(tokens[:, start:end], last_only=True)  # (B, 1, vocab_size): the whole window, again
-                elif caches is None:
-                    caches = model.new_caches()
-                    logits, _ = model(tokens[:, start:end], caches=caches, last_only=True)  # (B, 1, vocab_size), filling the caches
-                else:
-                    logits, _ = model(tokens[:, end - 1 : end], caches=caches)  # (B, 1, vocab_size): the newest token alone
-            next_logits = logits[:, -1, :]  # (B, vocab_size)
-            if not torch.isfinite(next_logits).all():
-                raise FloatingPointError(DIVERGED)
-            tokens[:, end : end + 1] = choose_next_token(next_logits, temperature, top_k, top_p, uniform)  # (B, 1)
+            else:
+                next_logits, caches = eager_step(model, tokens, start, end, caches, use_kv_cache)  # (B, vocab_size)
+                tokens[:, end : end + 1] = choose_next_token(next_logits, temperature, top_k, top_p, uniform)  # (B, 1)
             if on_token is not None:
                 on_token(tokens[:, : end + 1])
     return tokens
+
+
+def eager_step(model: GPT, tokens: torch.Tensor, start: int, end: int, caches: Caches | None,
+               use_kv_cache: bool) -> tuple[torch.Tensor, Caches | None]:
+    """One step of generate_tokens, eager: the logits (B, vocab_size) for tokens[:, end], whose
+    window is tokens[:, start:end], and the caches to go on with. FloatingPointError where the
+    logits are NaN or inf."""
+    # Only the last position predicts: the head runs there alone (last_only).
+    with sdpa_kernel(GROWING_SHAPE_KERNELS):
+        if not use_kv_cache:
+            logits, _ = model(tokens[:, start:end], last_only=True)  # (B, 1, vocab_size): the whole window, again
+        elif caches is None:
+            caches = model.new_caches()
+            logits, _ = model(tokens[:, start:end], caches=caches, last_only=True)  # (B, 1, vocab_size), filling the caches
+        else:
+            logits, _ = model(tokens[:, end - 1 : end], caches=caches)  # (B, 1, vocab_size): the newest token alone
+    next_logits = logits[:, -1, :]  # (B, vocab_size)
+    if not torch.isfinite(next_logits).all():
+        raise FloatingPointError(DIVERGED)
+    return next_logits, caches
 
 
 def generate_text(
