@@ -39,7 +39,7 @@ signal.signal(signal.SIGINT, ctrl_c_before)  # Ctrl-C raises KeyboardInterrupt a
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error():
+    with exit_on_user_error(writes=False):
         sample(cfg)
 
 

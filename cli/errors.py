@@ -17,11 +17,12 @@ from user_error import UserError, as_typed
 
 
 @contextmanager
-def exit_on_user_error(full_errors_asked: bool = False) -> Iterator[None]:
+def exit_on_user_error(full_errors_asked: bool = False, writes: bool = True) -> Iterator[None]:
     """Wraps a command's work: a UserError, or a config Hydra or OmegaConf refused, prints
-    "error: <message>" and exits 2; Ctrl-C exits 130; a reader of the output that left
-    (`sample.py | head`) ends it quietly, exit 1. full_errors_asked (HYDRA_FULL_ERROR=1):
-    Hydra's and OmegaConf's own errors go on with their tracebacks."""
+    "error: <message>" and exits 2; Ctrl-C exits 130, saying that the files saved are whole
+    (or, for a command that writes none, writes=False, that nothing was written); a reader of the
+    output that left (`sample.py | head`) ends it quietly, exit 1. full_errors_asked
+    (HYDRA_FULL_ERROR=1): Hydra's and OmegaConf's own errors go on with their tracebacks."""
     try:
         yield
         sys.stdout.flush()  # here, not at the exit, where a pipe's reader that left would be a traceback
@@ -43,7 +44,8 @@ def exit_on_user_error(full_errors_asked: bool = False) -> Iterator[None]:
         print(f"error: {path_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop's own handling
-        print("stopped: interrupted (files already saved are whole)", file=sys.stderr, flush=True)
+        said = "files already saved are whole" if writes else "nothing was written"
+        print(f"stopped: interrupted ({said})", file=sys.stderr, flush=True)
         sys.exit(130)
 
 

@@ -101,7 +101,7 @@ MISSING_FOR_A_REASON = {
     r"blocks\.\d+\.attn\.hook_result": "no forward here makes each head's output through W_O (the output projection "
                                        "is one matmul over all heads): cache.stack_head_results() computes it from hook_z",
     r"blocks\.\d+\.hook_[qkv]_input": "the heads' inputs are not split here: every head reads ln1's output (its "
-                                     "hook_normalized times its gain, plus its bias); one head's own queries, keys and "
+                                     "hook_normalized times its gain, plus its bias if it has one); one head's own queries, keys and "
                                      "values are blocks.<l>.attn.hook_q, hook_k and hook_v at [:, :, head]",
     r"blocks\.\d+\.mlp\.hook_pre_linear": "this model's MLP is not gated (model.mlp is not swiglu): hook_pre and "
                                          "hook_post are its two points",
@@ -114,14 +114,23 @@ def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
     if callable(where):
         return [point for name, point in points.items() if where(name)]
     if where not in points:
-        layer = re.match(r"blocks\.(\d+)\.", where)
-        in_this_model = layer is None or any(name.startswith(layer.group()) for name in points)  # not blocks.9 of 2
-        reason = next((why for pattern, why in MISSING_FOR_A_REASON.items() if re.fullmatch(pattern, where)), None)
-        reason = reason if in_this_model else None
-        near = difflib.get_close_matches(where, points, n=3, cutoff=0.6)
-        hint = reason or (f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all")
-        raise ValueError(f"no hook point named {where!r} in this model: {hint}")
+        raise ValueError(f"no hook point named {where!r} in this model: {why_missing([where], points)}")
     return [points[where]]
+
+
+def why_missing(names: list[str], points: Iterable[str]) -> str:
+    """Why a model with these hook points has none of names: the reason it lacks a TransformerLens
+    name (MISSING_FOR_A_REASON, for a layer it has), else the points nearest the first name that has any."""
+    points = list(points)
+    for name in names:
+        layer = re.match(r"blocks\.\d+\.", name)
+        if layer is not None and not any(point.startswith(layer.group()) for point in points):
+            continue  # blocks.9 of a 2-layer model: no reason of this model's applies
+        reason = next((why for pattern, why in MISSING_FOR_A_REASON.items() if re.fullmatch(pattern, name)), None)
+        if reason:
+            return reason
+    near = next((near for name in names if (near := difflib.get_close_matches(name, points, n=3, cutoff=0.6))), None)
+    return f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
 
 
 def parameters_of(fn: Callable) -> str:
@@ -150,6 +159,23 @@ def check_hook_fn(fn: object, name: str) -> HookFn:
     return fn
 
 
+def checked_pairs(fwd_hooks: object) -> list[tuple[Where, object]]:
+    """fwd_hooks as a list of (where, fn) pairs; ValueError in one line for another shape."""
+    usage = "fwd_hooks is a list of (name, function) pairs, e.g. fwd_hooks=[(name, function)]"
+    if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and callable(fwd_hooks[1]):
+        raise ValueError(f"{usage}: put the one pair in a list")
+    if isinstance(fwd_hooks, str) or callable(fwd_hooks):
+        raise ValueError(f"{usage}, not a {'name' if isinstance(fwd_hooks, str) else 'function'} alone")
+    pairs = list(fwd_hooks)
+    for pair in pairs:
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise ValueError(f"{usage}: {pair!r} is not such a pair")
+        if callable(pair[0]) and isinstance(pair[1], str):
+            raise ValueError(f"{usage}: ({getattr(pair[0], '__name__', 'function')}, {pair[1]!r}) has them the other "
+                             "way round")
+    return pairs
+
+
 def is_pattern(name: str) -> bool:
     """Picks every layer's attention weights, blocks.<l>.attn.hook_pattern."""
     return name.endswith("attn.hook_pattern")
@@ -174,10 +200,7 @@ class HookedModel(nn.Module):
         """Inside the block, each fn of fwd_hooks runs at the points its name or test picks; after
         it they are detached, even on error. Every name is checked before anything is attached."""
         points = self.hook_dict  # one walk of the modules, however many functions come
-        if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and callable(fwd_hooks[1]):
-            raise ValueError("fwd_hooks is a list of (name, function) pairs: put the one pair in a list, "
-                             "fwd_hooks=[(name, function)]")
-        attach = [(point, fn) for where, fn in fwd_hooks for point in pick(points, where)]
+        attach = [(point, fn) for where, fn in checked_pairs(fwd_hooks) for point in pick(points, where)]
         detach = []
         try:
             for point, fn in attach:
@@ -242,7 +265,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             return short
         short = SHORT_NAMES.get(short, short)
         if layer is None:
-            candidates = [f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
+            candidates = [key, f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
         else:
             n_layer = len(self.model.blocks)
             try:
@@ -258,9 +281,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         for name in candidates:
             if name in known:
                 return name
-        near = difflib.get_close_matches(candidates[0], known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(near)}?" if near else "docs/hooks.md lists them all"
-        raise KeyError(f"no hook point named by {key!r} in this model: {hint}")
+        raise KeyError(f"no hook point for {key!r} in this model: {why_missing(candidates, known)}")
 
     def __getitem__(self, key: str | tuple[str, int]) -> torch.Tensor:
         name = self.name_of(key)

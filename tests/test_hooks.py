@@ -114,7 +114,7 @@ def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attach
     ({"pos": "learned", "qk_norm": False}, "blocks.1.attn.hook_rot_k", "this model has neither rotary positions nor QK-norm"),
     ({}, "blocks.0.attn.hook_result", "no forward here makes each head's output through W_O"),
     ({}, "blocks.0.hook_v_input", "the heads' inputs are not split here: every head reads ln1's output (its hook_normalized "
-     "times its gain, plus its bias); one head's own queries, keys and values are blocks.<l>.attn.hook_q, hook_k and hook_v "
+     "times its gain, plus its bias if it has one); one head's own queries, keys and values are blocks.<l>.attn.hook_q, hook_k and hook_v "
      "at [:, :, head]"),
     ({"mlp": "gelu"}, "blocks.0.mlp.hook_pre_linear", "this model's MLP is not gated (model.mlp is not swiglu)"),
     ({"pos": "rope"}, "blocks.5.attn.hook_rot_q", "did you mean blocks.1.attn.hook_rot_q"),  # no layer 5: no reason
@@ -123,6 +123,10 @@ def test_a_transformer_lens_name_this_model_lacks_says_why_and_where_to_look(opt
     model = tiny_gpt(**options)
     with pytest.raises(ValueError, match="^" + re.escape(f"no hook point named {name!r} in this model: {why}")):
         model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=[name])
+    _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["hook_embed"])
+    with pytest.raises(KeyError) as caught:
+        cache[name]
+    assert caught.value.args[0].startswith(f"no hook point for {name!r} in this model: {why}")  # as run_with_cache says
     # Each name is there where the model has what it names (hook_result nowhere: stack_head_results() computes it).
     lacking = {"hook_pos_embed": {"pos": "learned"}, "blocks.1.attn.hook_rot_k": {"pos": "rope"},
                "blocks.0.mlp.hook_pre_linear": {"mlp": "swiglu"}}
@@ -147,7 +151,7 @@ def test_a_cache_asked_for_a_name_it_did_not_keep_says_what_it_holds_and_how_to_
     with pytest.raises(KeyError, match=re.escape("this cache did not record 'blocks.0.attn.hook_pattern': it holds "
                                                  "blocks.1.attn.hook_z. Ask run_with_cache for it: names=[")):
         cache["pattern", 0]
-    with pytest.raises(KeyError, match=re.escape("no hook point named by ('patern', 0) in this model: did you mean")):
+    with pytest.raises(KeyError, match=re.escape("no hook point for ('patern', 0) in this model: did you mean")):
         cache["patern", 0]
 
 
@@ -180,9 +184,14 @@ def test_a_layer_given_as_text_and_one_pair_not_in_a_list_are_one_line_each():
     with pytest.raises(KeyError, match=re.escape("layer '1' of ('pattern', '1') is not a whole number: give it as an int, "
                                                  "e.g. ('pattern', 1)")):
         cache["pattern", "1"]
-    with pytest.raises(ValueError, match=re.escape("fwd_hooks is a list of (name, function) pairs: put the one pair in a "
-                                                   "list, fwd_hooks=[(name, function)]")):
-        model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=("blocks.0.attn.hook_z", lambda z, hook: z))
+    usage = "fwd_hooks is a list of (name, function) pairs, e.g. fwd_hooks=[(name, function)]"
+    keep = lambda z, hook: None  # noqa: E731
+    for fwd_hooks, what in [(("blocks.0.attn.hook_z", keep), ": put the one pair in a list"),
+                            ("blocks.0.attn.hook_z", ", not a name alone"), ([keep], ": <function"),
+                            (["blocks.0.attn.hook_z"], ": 'blocks.0.attn.hook_z' is not such a pair"),
+                            ([(keep, "blocks.0.attn.hook_z")], ": (<lambda>, 'blocks.0.attn.hook_z') has them the other way round")]:
+        with pytest.raises(ValueError, match="^" + re.escape(usage + what)):
+            model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=fwd_hooks)
 
 
 def test_a_hook_that_is_not_a_two_argument_function_is_one_line_before_anything_is_attached():

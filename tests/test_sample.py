@@ -7,6 +7,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -236,13 +237,17 @@ def test_sample_py_prints_one_sample_as_it_is_written_and_ends_its_line_before_a
     # A million characters take the tiny model many minutes to write: printed at the end, none
     # would come within the 60 s this waits; printed as they come, the first come in seconds.
     process = subprocess.Popen([sys.executable, str(ROOT / "sample.py"), "run=run", "prompt=ab", "device=cpu",
-                                "max_new_tokens=1000000"], cwd=tmp_path, stdout=subprocess.PIPE)
+                                "max_new_tokens=1000000"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         first, deadline = b"", time.monotonic() + 60
         while len(first) < 12 and select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
             first += os.read(process.stdout.fileno(), 12 - len(first)) or b"(ended)"
         assert len(first) >= 12 and process.poll() is None, first  # the prompt and 10 new characters, while it writes
         assert first.startswith(b"ab") and set(first.decode()) <= set("ab\n-endoftx "), first
+        process.send_signal(signal.SIGINT)  # Ctrl-C: the sample's line ends, then one line says so
+        rest, stderr = process.communicate(timeout=60)
+        assert (process.returncode, stderr) == (130, b"stopped: interrupted (nothing was written)\n"), stderr
+        assert rest.endswith(b"\n")
     finally:
         process.kill()
         process.wait()
