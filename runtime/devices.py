@@ -109,10 +109,15 @@ def check_compiler(key: str, device: torch.device, machine: Machine, cpp_wrapper
     needs none of its own: Metal compiles Inductor's shaders."""
     if (device.type == "cpu" or cpp_wrapper) and machine.cxx is None:
         what = "Inductor's CPU kernels" if device.type == "cpu" else "the C++ code Inductor writes around the kernels"
-        raise UserError(f"{key}=true needs a C++ compiler for {what}, and there is none here "
-                        f"($CXX, else {INDUCTOR_CXX} on PATH); install one (e.g. g++), point CXX at it, "
-                        f"or run with {key}=false")
+        raise UserError(f"{key}=true needs a C++ compiler for {what}, and {none_found('CXX', INDUCTOR_CXX)}; "
+                        f"install one (e.g. g++), point CXX at it, or run with {key}=false")
     if device.type == "cuda" and machine.cc is None:
-        raise UserError(f"{key}=true needs a C compiler for Triton's GPU kernels, and there is none here "
-                        f"($CC, else gcc or clang on PATH); install one (e.g. gcc), point CC at it, "
-                        f"or run with {key}=false")
+        raise UserError(f"{key}=true needs a C compiler for Triton's GPU kernels, and {none_found('CC', 'gcc or clang')}; "
+                        f"install one (e.g. gcc), point CC at it, or run with {key}=false")
+
+
+def none_found(variable: str, names: str) -> str:
+    """Why find_compiler found none: the environment variable names no program, or nothing on PATH."""
+    if named := os.environ.get(variable):
+        return f"{variable}={named} is no program here"
+    return f"there is none here (${variable}, else {names} on PATH)"

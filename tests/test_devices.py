@@ -137,6 +137,15 @@ def test_compile_needs_the_compilers_its_device_and_wrapper_compile_with(machine
             check_compiler("compile", torch.device(device), machine, cpp_wrapper)
 
 
+def test_a_cxx_that_names_no_program_is_named_in_the_refusal(monkeypatch):
+    monkeypatch.setenv("CXX", "/nowhere/g++")
+    machine = Machine.this_one()
+    assert machine.cxx is None  # CXX set: the search does not go on to PATH, as Inductor's does not
+    with pytest.raises(UserError, match="^" + re.escape("compile=true needs a C++ compiler for Inductor's CPU kernels, and "
+                                                        "CXX=/nowhere/g++ is no program here; install one")):
+        check_compiler("compile", torch.device("cpu"), machine)
+
+
 @pytest.fixture
 def no_compiler_path(tmp_path, monkeypatch) -> Path:
     """PATH set to a folder holding a python and no compiler, and CC and CXX unset."""
