@@ -12,7 +12,7 @@
 #                         and docs/induction_*.png from runs of experiment=induction (INDUCTION_RUNS="<dir> ..."),
 #                         and docs/tools.json with its pictures (the logit lens, attribution, patching) from both
 #   make notebook         open notebooks/look_inside.ipynb in JupyterLab (installs it into .venv the first time);
-#                         NOTEBOOK=name_swap opens notebooks/name_swap.ipynb
+#                         NOTEBOOK=name_swap (or its file name or path) opens notebooks/name_swap.ipynb
 #   make lint             ruff
 #   make clean            remove .venv and the caches (not your runs)
 #   make help             this list
@@ -34,6 +34,8 @@ XDIST := -n auto --dist worksteal
 RUN ?= latest
 INDUCTION_RUNS ?=
 NOTEBOOK ?= look_inside
+# The notebook's file, from its name (name_swap), its file name or its path (notebooks/name_swap.ipynb).
+NOTEBOOK_FILE = notebooks/$(basename $(notdir $(NOTEBOOK))).ipynb
 ARGS ?=
 
 .PHONY: setup browser train test test-fast sample tensorboard bench docs notebook lint clean help
@@ -93,11 +95,11 @@ docs: setup browser
 	$(PY) docs/tools.py $(RUN) $(INDUCTION_RUNS)
 
 notebook: setup
-	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "error: NOTEBOOK=$(NOTEBOOK) is not a notebook here: pick one of" \
+	@test -f "$(NOTEBOOK_FILE)" || { echo "error: NOTEBOOK=$(NOTEBOOK) is not a notebook here: pick one of" \
 	  "$$(ls notebooks | sed -n 's/\.ipynb$$//p' | paste -sd, - | sed 's/,/, /g') (make notebook NOTEBOOK=name_swap)" >&2; exit 2; }
 	@$(PY) -c "import jupyterlab" 2>/dev/null || { echo "notebook: installing JupyterLab into $(VENV) (once)"; \
 	  $(PY) -m pip install -qq --disable-pip-version-check "jupyterlab>=4"; }
-	$(VENV)/bin/jupyter lab notebooks/$(NOTEBOOK).ipynb $(JUPYTER_ROOT) $(ARGS)
+	$(VENV)/bin/jupyter lab $(NOTEBOOK_FILE) $(JUPYTER_ROOT) $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

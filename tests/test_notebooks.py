@@ -32,13 +32,18 @@ def test_there_is_a_notebook_and_each_is_stored_without_outputs():
         assert all(not cell.outputs and cell.execution_count is None for cell in code), f"{path.name}: clear its outputs"
 
 
-def test_make_notebook_with_a_name_that_is_no_notebook_is_one_line_naming_the_notebooks_there():
+def test_make_notebook_opens_a_notebook_by_name_or_file_and_refuses_another_in_one_line():
     # -o: take .venv as set up, without looking (the check comes before JupyterLab is needed).
     result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "notebook", "NOTEBOOK=look_insde"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and not result.stdout
     assert result.stderr.splitlines()[0] == ("error: NOTEBOOK=look_insde is not a notebook here: pick one of "
                                              f"{', '.join(path.stem for path in NOTEBOOKS)} (make notebook NOTEBOOK=name_swap)")
+    # Its name, its file name or its path: the same notebook opens (-n: the commands, not run).
+    for given in ("name_swap", "name_swap.ipynb", "notebooks/name_swap.ipynb"):
+        shown = subprocess.run(["make", "-s", "-n", "-o", ".venv/.installed", "notebook", f"NOTEBOOK={given}"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "jupyter lab notebooks/name_swap.ipynb " in shown.stdout, shown.stderr
 
 
 @pytest.mark.slow
