@@ -13,7 +13,6 @@ points (blocks.{l}.attn.hook_z, blocks.{l}.hook_resid_pre) and run as a few batc
 patches to a batch, not one forward each. A knock-out is a patch too: zeros for the head's z.
 """
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import torch
 
 from inspection.logit_attribution import Tokens, check_position, real_logit
 from model import GPT, ActivationCache, eval_mode
-from model.hooks import parameters_of
+from model.hooks import can_take, parameters_of
 from user_error import UserError
 
 Metric = Callable[[torch.Tensor], torch.Tensor | float]  # logits (B, T, V) -> one number
@@ -64,14 +63,10 @@ def check_metric(metric: object) -> None:
     if not callable(metric):
         raise UserError(f"the metric is a {type(metric).__name__}, not a function: pass a function of the logits "
                         "(B, T, V) that gives one number, e.g. logit_difference(position, token, other)")
-    try:
-        inspect.signature(metric).bind(None)
-    except TypeError:
+    if not can_take(metric, None):
         raise UserError(f"the metric takes {parameters_of(metric)}, but it is called with the logits alone: give "
                         "it its other arguments first (functools.partial), or pass what logit_difference(position, "
-                        "token, other) returns") from None
-    except ValueError:  # no signature to read (some built-ins): the call itself will tell
-        pass
+                        "token, other) returns")
 
 
 @torch.no_grad()

@@ -140,6 +140,18 @@ def parameters_of(fn: Callable) -> str:
     return str(signature.replace(parameters=plain, return_annotation=inspect.Signature.empty))
 
 
+def can_take(fn: Callable, *args: object) -> bool:
+    """Whether fn(*args) would bind to fn's parameters (True where fn shows none, as some built-ins:
+    the call itself will tell)."""
+    try:
+        inspect.signature(fn).bind(*args)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read
+        pass
+    return True
+
+
 def check_hook_fn(fn: object, name: str) -> HookFn:
     """fn, if it can be called as fn(activation, hook); else one line saying what a hook function
     takes. Checked as it is attached to the point `name`, not in the middle of a forward."""
@@ -149,13 +161,9 @@ def check_hook_fn(fn: object, name: str) -> HookFn:
     if inspect.isclass(fn):
         raise TypeError(f"the hook for {name!r} is the class {fn.__name__}: pass an instance of it, whose __call__ "
                         "takes (activation, hook)")
-    try:
-        inspect.signature(fn).bind(None, None)
-    except TypeError:
+    if not can_take(fn, None, None):
         raise TypeError(f"the function for {name!r} takes {parameters_of(fn)}: a hook function is called with two "
-                        "arguments, (activation, hook), and returns None or the activation to use") from None
-    except ValueError:  # no signature to read (some built-ins): the call itself will tell
-        pass
+                        "arguments, (activation, hook), and returns None or the activation to use")
     return fn
 
 
