@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_TENSOR, Summary, SummaryMetadata
-from tensorboard.util.tensor_util import make_tensor_proto
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.compat.proto.types_pb2 import DT_HALF
 
 PLUGIN_NAME = "tinyattn_attention"
 WEIGHTS_TAG = "attention/weights"
@@ -88,8 +90,15 @@ def weights_summary(weights: np.ndarray, labels: list[str], window: int | None =
         plugin_data=SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=content),
         data_class=DATA_CLASS_TENSOR,  # without it TensorBoard's data provider does not list the tensor
     )
-    tensor = make_tensor_proto(weights.astype(np.float16))
-    return Summary(value=[Summary.Value(tag=WEIGHTS_TAG, metadata=metadata, tensor=tensor)])
+    return Summary(value=[Summary.Value(tag=WEIGHTS_TAG, metadata=metadata, tensor=half_tensor(weights))])
+
+
+def half_tensor(values: np.ndarray) -> TensorProto:
+    """values as a float16 TensorProto holding their bytes (tensor_content, which TensorBoard's
+    make_ndarray reads back). TensorBoard's make_tensor_proto writes a float16 array one number at
+    a time, in Python: 3.6 s for a 12-layer, 12-head model's maps of 128 tokens, against milliseconds."""
+    shape = TensorShapeProto(dim=[TensorShapeProto.Dim(size=n) for n in values.shape])
+    return TensorProto(dtype=DT_HALF, tensor_shape=shape, tensor_content=values.astype("<f2").tobytes())
 
 
 def read_probe(content: bytes) -> tuple[list[str], int | None]:

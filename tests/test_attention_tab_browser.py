@@ -85,19 +85,25 @@ def browser(logdir, live):
         yield driver
 
 
+RESET = """
+document.querySelector(".tool-tab[data-tool=model]").click();
+document.querySelector("input[type=radio][value=probe]").click();
+const layer = document.querySelector("select[aria-label=layer]");
+if (layer.value !== "0") { layer.value = "0"; layer.dispatchEvent(new Event("change", {bubbles: true})); }
+[...document.querySelectorAll("button")].find(b => b.textContent === "all heads").click();
+[...document.querySelectorAll("button.head-name")].find(b => b.textContent.trim() === "head 0").click();
+"""
+
+
 @pytest.fixture
 def tab(browser):
     """The browser inside the tab's frame, showing the tiny run's probe at layer 0 with all heads
     drawn, head 0 in the matrix and the model view beside, whatever the test before left it at."""
     browser.switch_to.default_content()
     browser.switch_to.frame(browser.find_element(By.CSS_SELECTOR, "iframe"))
-    browser.find_element(By.CSS_SELECTOR, ".tool-tab[data-tool=model]").click()
     if browser.execute_script("return document.body.dataset.drawnRun") != "run":
         choose_run(browser, "run")
-    browser.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]").click()
-    Select(browser.find_element(By.CSS_SELECTOR, "select[aria-label=layer]")).select_by_value("0")
-    browser.find_element(By.XPATH, "//button[text()='all heads']").click()
-    browser.find_element(By.XPATH, "//button[contains(@class, 'head-name')][normalize-space()='head 0']").click()
+    browser.execute_script(RESET)
     return browser
 
 
@@ -121,10 +127,16 @@ def drawn_step(driver) -> int:
     return int(js(driver, "return document.body.dataset.drawnStep"))
 
 
+def click(driver, element) -> None:
+    """A real click on element: the pointer moved onto it, pressed and released. (element.click()
+    and ActionChains' default 250 ms glide of the pointer each take a tenth of a second or more.)"""
+    ActionChains(driver, duration=0).click(element).perform()
+
+
 def point_at(driver, side: str, index: int) -> None:
     token = driver.find_element(By.CSS_SELECTOR, f".token[data-side={side}][data-index='{index}']")
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", token)
-    ActionChains(driver).move_to_element(token).perform()
+    ActionChains(driver, duration=0).move_to_element(token).perform()
 
 
 def top_marks(driver, side: str) -> dict[int, int]:
@@ -199,7 +211,7 @@ def test_the_step_slider_draws_the_weights_logged_at_that_step(tab, logged):
     slider = tab.find_element(By.CSS_SELECTOR, "input[type=range]")
     for keys, step in ((Keys.HOME, 0), (Keys.ARROW_RIGHT, 10), (Keys.END, 20)):
         slider.send_keys(keys)
-        WebDriverWait(tab, 10).until(lambda d, step=step: drawn_step(d) == step)
+        WebDriverWait(tab, 10, poll_frequency=0.05).until(lambda d, step=step: drawn_step(d) == step)
         point_at(tab, "query", 20)
         assert drawn_lines(tab) == expected_lines(logged[step], 0, range(2), 20)
         assert top_marks(tab, "key") == {h: int(np.argmax(logged[step][0, h, 20, :21])) for h in range(2)}
@@ -212,11 +224,11 @@ def test_the_head_metrics_beside_your_text_are_the_ones_of_the_checkpoint_that_r
 
     slider = tab.find_element(By.CSS_SELECTOR, "input[type=range]")
     slider.send_keys(Keys.END)
-    WebDriverWait(tab, 10).until(lambda d: drawn_step(d) == 20)
+    WebDriverWait(tab, 10, poll_frequency=0.05).until(lambda d: drawn_step(d) == 20)
     title, at_20 = metrics_table()
     assert title == "Heads of layer 0 at step 20"
     slider.send_keys(Keys.HOME)  # the probe at step 0, whose metrics differ
-    WebDriverWait(tab, 10).until(lambda d: drawn_step(d) == 0)
+    WebDriverWait(tab, 10, poll_frequency=0.05).until(lambda d: drawn_step(d) == 0)
     assert metrics_table()[1] != at_20
     type_text(tab, SENTENCE)  # read by ckpt_best.pt, saved at step 20
     wait_for_text(tab)
@@ -229,7 +241,7 @@ def test_the_matrix_view_reads_out_the_weight_under_the_pointer(tab, logged):
     cell = canvas.size["width"] / 24
     for query, key in ((20, 3), (7, 7), (2, 9)):
         x, y = (key + 0.5) * cell - canvas.size["width"] / 2, (query + 0.5) * cell - canvas.size["height"] / 2
-        ActionChains(tab).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+        ActionChains(tab, duration=0).move_to_element_with_offset(canvas, round(x), round(y)).perform()
         readout = tab.find_element(By.CSS_SELECTOR, ".readout")
         assert (int(readout.get_attribute("data-query")), int(readout.get_attribute("data-key"))) == (query, key)
         if key > query:
@@ -240,7 +252,7 @@ def test_the_matrix_view_reads_out_the_weight_under_the_pointer(tab, logged):
 
 def test_clicking_a_head_in_the_model_view_opens_it_in_the_other_views(tab, logged):
     weights = logged[drawn_step(tab)]
-    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='0']").click()
+    click(tab, tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='0']"))
     assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 0"
     assert tab.find_element(By.CSS_SELECTOR, ".token-view h2").text == "Token view · layer 1"
     pressed = js(tab, "return [...document.querySelectorAll('.chip')].map(c => c.getAttribute('aria-pressed'))")
@@ -263,7 +275,7 @@ def test_the_arrow_keys_move_from_token_to_token(tab, logged):
 
 def test_the_arrow_keys_move_a_pinned_token_and_it_stays_pinned(tab, logged):
     weights = logged[drawn_step(tab)]
-    tab.find_element(By.CSS_SELECTOR, ".token[data-side=query][data-index='10']").click()
+    click(tab, tab.find_element(By.CSS_SELECTOR, ".token[data-side=query][data-index='10']"))
     tab.switch_to.active_element.send_keys(Keys.ARROW_UP)
     assert top_marks(tab, "key") == {h: int(np.argmax(weights[0, h, 9, :10])) for h in range(2)}
     assert "pinned" in tab.find_element(By.CSS_SELECTOR, ".token[data-side=query][data-index='9']").get_attribute("class")
@@ -300,7 +312,7 @@ def test_a_window_models_maps_grey_the_keys_too_far_back_and_the_readout_says_wh
     cell = canvas.size["width"] / 6
     for (query, key), said in {(5, 1): "masked (3 or more back: outside the window)", (1, 4): "masked (the future)"}.items():
         x, y = (key + 0.5) * cell - canvas.size["width"] / 2, (query + 0.5) * cell - canvas.size["height"] / 2
-        ActionChains(tab).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+        ActionChains(tab, duration=0).move_to_element_with_offset(canvas, round(x), round(y)).perform()
         readout = tab.find_element(By.CSS_SELECTOR, ".readout")
         assert readout.text.endswith(said) and readout.get_attribute("data-weight") == ""
 
@@ -392,7 +404,7 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
     wait_for_text(tab)
     cell = tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1']")
     knock = cell.find_element(By.CSS_SELECTOR, ".knock")
-    knock.click()
+    click(tab, knock)
     wait_for_text(tab, "0:1")
     assert "knocked" in cell.get_attribute("class") and knock.get_attribute("aria-pressed") == "true"
     point_at(tab, "query", 6)
@@ -407,7 +419,7 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
     point_at(tab, "query", 12)
     assert drawn_lines(tab) == expected_lines(out["weights"], 1, range(2), 12)  # layer 1 reads the changed layer 0
     assert drawn_lines(tab) != expected_lines(intact["weights"], 1, range(2), 12)
-    knock.click()
+    click(tab, knock)
     wait_for_text(tab, "")
     assert "knocked" not in cell.get_attribute("class")
     assert drawn_lines(tab) == expected_lines(intact["weights"], 1, range(2), 12)
@@ -417,15 +429,15 @@ def test_knocking_a_head_out_changes_the_numbers_and_the_later_maps_and_a_second
 def test_your_text_stays_a_click_away_with_its_knocked_out_heads_after_the_probe_is_shown(tab):
     type_text(tab, SENTENCE)
     wait_for_text(tab)
-    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1'] .knock").click()
+    click(tab, tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1'] .knock"))
     wait_for_text(tab, "0:1")
-    tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]").click()
+    click(tab, tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]"))
     assert js(tab, "return document.body.dataset.drawnMode") == "probe"
     text_mode = tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=text]")
     assert text_mode.is_enabled()
-    text_mode.click()
+    click(tab, text_mode)
     wait_for_text(tab, "0:1")
-    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1'] .knock").click()  # back, for the tests after
+    click(tab, tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='0'][data-head='1'] .knock"))  # back, for the tests after
     wait_for_text(tab, "")
 
 
@@ -434,14 +446,14 @@ def test_a_too_long_text_gets_its_error_under_the_box_and_the_views_stay_as_they
     wait_for_text(tab)
     labels = js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)")
     type_text(tab, SENTENCE * 3)
-    error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
+    error = WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
     assert error.text.startswith("the text is too long: ") and "this model reads at most 31 after the <eot> it starts with (32 in all" in error.text
     assert error.is_displayed() and error.location["y"] > tab.find_element(By.CSS_SELECTOR, "input[aria-label='your text']").location["y"]
     with pytest.raises(NoAlertPresentException):
         tab.switch_to.alert.text  # noqa: B018  # in place, not in an alert
     assert js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)") == labels
     type_text(tab, SENTENCE)  # a good text again: the error goes
-    WebDriverWait(tab, 30).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
+    WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
 
 
 def test_a_keyboard_cursor_past_a_shorter_text_is_dropped_and_the_shorter_text_is_drawn_whole(tab):
@@ -453,7 +465,7 @@ def test_a_keyboard_cursor_past_a_shorter_text_is_dropped_and_the_shorter_text_i
     assert int(readout.get_attribute("data-query")) == len(text_route(tab, SENTENCE)["labels"]) - 2
     short = text_route(tab, "Once upon")
     type_text(tab, "Once upon")  # fewer tokens than that query's number
-    WebDriverWait(tab, 30).until(lambda d: js(d, "return document.querySelector('canvas.matrix').width") == len(short["labels"]))
+    WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: js(d, "return document.querySelector('canvas.matrix').width") == len(short["labels"]))
     assert js(tab, "return [...document.querySelectorAll('.token[data-side=key] .label')].map(s => s.textContent)") == short["labels"]
     assert readout.text == "Point at a cell: its query, key and weight." and readout.get_attribute("data-query") == ""
     assert not tab.find_element(By.CSS_SELECTOR, ".source-error").is_displayed()
@@ -462,13 +474,13 @@ def test_a_keyboard_cursor_past_a_shorter_text_is_dropped_and_the_shorter_text_i
 
 def test_the_error_line_pushes_the_panels_down_and_covers_no_title(tab):
     type_text(tab, SENTENCE * 3)
-    WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
+    WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
     covered = js(tab, """const e = document.querySelector(".source-error").getBoundingClientRect();
       return [...document.querySelectorAll("h2, .panel")].filter((title) => { const r = title.getBoundingClientRect();
         return r.left < e.right && e.left < r.right && r.top < e.bottom && e.top < r.bottom; }).map((t) => t.className || t.textContent);""")
     assert covered == []
     type_text(tab, SENTENCE)
-    WebDriverWait(tab, 30).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
+    WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: not d.find_element(By.CSS_SELECTOR, ".source-error").is_displayed())
 
 
 def test_a_click_on_a_head_opens_it_on_every_source_and_its_cross_knocks_it_out(tab):
@@ -477,15 +489,15 @@ def test_a_click_on_a_head_opens_it_on_every_source_and_its_cross_knocks_it_out(
     assert "To knock heads out, show your text or repeated random tokens" in tab.find_element(By.CSS_SELECTOR, ".model-view .hint").text
     type_text(tab, SENTENCE)
     wait_for_text(tab)
-    tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='1']").click()
+    click(tab, tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='1']"))
     assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 1"
     assert js(tab, "return document.body.dataset.drawnKnockedOut") == ""  # opened, not knocked out
     assert "its ✕ knocks it out (again: back)" in tab.find_element(By.CSS_SELECTOR, ".model-view .hint").text
     assert cross.is_displayed() and cross.get_attribute("aria-label") == "knock out layer 1 head 1"
-    cross.click()
+    click(tab, cross)
     wait_for_text(tab, "1:1")
     assert cross.get_attribute("aria-label") == "bring back layer 1 head 1"
-    cross.click()
+    click(tab, cross)
     wait_for_text(tab, "")
 
 
@@ -504,7 +516,7 @@ def show_repeated(driver, n: int, seed: int) -> None:
         box = driver.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']")
         box.clear()
         box.send_keys(str(value))
-    driver.find_element(By.XPATH, "//button[text()='show']").click()
+    click(driver, driver.find_element(By.XPATH, "//button[text()='show']"))
     wait_for_repeated(driver, n)
 
 
@@ -528,14 +540,14 @@ def plot_bottom(driver) -> float:
 def test_repeated_tokens_on_the_circuit_show_the_stripe_the_collapse_of_the_loss_and_the_scores(tab):
     N = CIRCUIT_N
     choose_run(tab, "circuit")
-    tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=repeated]").click()  # the default n: as many as the model reads
+    click(tab, tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=repeated]"))  # the default n: as many as the model reads
     wait_for_repeated(tab, 19)
     show_repeated(tab, N, CIRCUIT_SEED)
     answer = repeated_route(tab, "circuit", N, CIRCUIT_SEED)
     assert tab.find_element(By.CSS_SELECTOR, ".model-view h2").text == "Model view · repeated tokens · ckpt_best.pt (step 0)"
     score = tab.find_element(By.CSS_SELECTOR, ".induction-grid .score[data-layer='1'][data-head='0']")
     assert float(score.get_attribute("data-score")) == answer["induction"][1][0] >= 0.9 and score.text == f"{answer['induction'][1][0]:.2f}"
-    score.click()  # opens the head, as a click in the model view does
+    click(tab, score)  # opens the head, as a click in the model view does
     assert tab.find_element(By.CSS_SELECTOR, ".matrix-view h2").text == "Matrix view · layer 1 · head 0"
     assert tab.find_element(By.CSS_SELECTOR, ".token-view h2").text == "Token view · layer 1 · repeated tokens"
     # The stripe: each query of the second copy (row N + 1 + i) on the token after its first occurrence (column 2 + i).
@@ -559,7 +571,7 @@ def test_knocking_out_the_copy_head_on_repeated_tokens_draws_its_loss_against_th
     show_repeated(tab, N, CIRCUIT_SEED)
     intact = curves(tab)["loss"]
     cross = tab.find_element(By.CSS_SELECTOR, ".head-cell[data-layer='1'][data-head='0'] .knock")
-    cross.click()
+    click(tab, cross)
     wait_for_repeated(tab, N, "1:0")
     drawn, bottom = curves(tab), plot_bottom(tab)
     assert set(drawn) == {"intact", "knocked-out"}
@@ -572,7 +584,7 @@ def test_knocking_out_the_copy_head_on_repeated_tokens_draws_its_loss_against_th
     assert means == (f"without L1H0: first copy {answer['copy_loss']['first']:.2f}, second {answer['copy_loss']['second']:.2f}"
                      f" · intact: first copy {answer['intact_copy_loss']['first']:.2f}, second {answer['intact_copy_loss']['second']:.2f} nats")
     assert "knocked" in tab.find_element(By.CSS_SELECTOR, ".induction-grid .score[data-layer='1'][data-head='0']").get_attribute("class")
-    cross.click()
+    click(tab, cross)
     wait_for_repeated(tab, N, "")
     assert set(curves(tab)) == {"loss"} and [y for _, y in curves(tab)["loss"]][N + 1 :] == [y for _, y in intact][N + 1 :]
 
@@ -583,20 +595,20 @@ def test_a_bad_n_gets_its_one_line_under_the_sources_and_the_views_stay(tab):
     box = tab.find_element(By.CSS_SELECTOR, "input[aria-label='n random tokens']")
     box.clear()
     box.send_keys("1", Keys.ENTER)
-    error = WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
+    error = WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error:not([hidden])"))
     assert error.text == "n=1 is out of range: give 2 to 19 random tokens (this model reads at most 40 tokens, <eot> and the n tokens twice)"
     assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]
     # What the browser cannot read as a number (its value is then "", the default n's) is refused too.
     box.clear()
     box.send_keys("1e", Keys.ENTER)
-    WebDriverWait(tab, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").text.startswith("n must"))
+    WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").text.startswith("n must"))
     assert error.text == "n must be a whole number; the box holds something else"
     assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]
 
 
 def open_tool(driver, name: str):
     """Shows a tool in the right-hand column and waits for its answer."""
-    driver.find_element(By.CSS_SELECTOR, f".tool-tab[data-tool={name}]").click()
+    click(driver, driver.find_element(By.CSS_SELECTOR, f".tool-tab[data-tool={name}]"))
     return wait_for_tool(driver, name)
 
 
@@ -632,7 +644,7 @@ def test_the_lens_and_attribution_show_the_python_numbers_at_the_pinned_query_an
     cell = tab.find_element(By.CSS_SELECTOR, f".lens-picture .cell[data-layer='1'][data-query='{query}']")
     log_prob = lens.next_log_prob[1, query].item()
     assert cell.get_attribute("title").endswith(f"log p {shown(log_prob, 4)} (p {math.exp(log_prob):.4f}), rank 1")
-    cell.click()  # pins that query
+    click(tab, cell)  # pins that query
     assert "pinned" in tab.find_element(By.CSS_SELECTOR, f".token[data-side=query][data-index='{query}']").get_attribute("class")
     rows = js(tab, "return [...document.querySelectorAll('.lens-table tr[data-layer]')].map(r => [Number(r.children[1].dataset.rank), "
                    "Number(r.children[2].dataset.logProb), [...r.querySelectorAll('.top-token .token-text')].map(s => s.textContent)])")
@@ -643,7 +655,7 @@ def test_the_lens_and_attribution_show_the_python_numbers_at_the_pinned_query_an
     for step, head_share in ((None, 12.0), (0, None)):  # the run's best, then the checkpoint it kept at step 0
         if step is not None:
             tab.find_element(By.CSS_SELECTOR, "input[type=range]").send_keys(Keys.HOME)
-            WebDriverWait(tab, 30).until(lambda d: js(d, "return document.body.dataset.drawnCheckpoint") == "step_000000.pt")
+            WebDriverWait(tab, 30, poll_frequency=0.05).until(lambda d: js(d, "return document.body.dataset.drawnCheckpoint") == "step_000000.pt")
             assert tab.find_element(By.CSS_SELECTOR, ".step-label").text == "step_000000.pt, step 0 (1 of 3)"
             model, _ = circuit_model(logdir, step)
             root = wait_for_tool(tab, "attribution")
@@ -664,13 +676,13 @@ def test_the_lens_and_attribution_show_the_python_numbers_at_the_pinned_query_an
 
 def test_patching_two_prompts_fills_both_grids_with_patch_heads_and_patch_residuals_numbers(tab, logdir):
     choose_run(tab, "circuit")
-    tab.find_element(By.CSS_SELECTOR, ".tool-tab[data-tool=patching]").click()
+    click(tab, tab.find_element(By.CSS_SELECTOR, ".tool-tab[data-tool=patching]"))
     prompts = {"clean prompt": "abcdefghabcdefg", "corrupted prompt": "abcdefXhabcdefg", "metric token": "h", "metric against token": "a"}
     for label, value in prompts.items():
         box = tab.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']")
         box.clear()
         box.send_keys(value)
-    tab.find_element(By.XPATH, "//button[text()='patch']").click()
+    click(tab, tab.find_element(By.XPATH, "//button[text()='patch']"))
     root = wait_for_tool(tab, "patching")
     model, _ = circuit_model(logdir)
     clean, corrupted = (torch.tensor([[CIRCUIT_TOKENIZER.eot_id, *CIRCUIT_TOKENIZER.encode(prompts[f"{which} prompt"])]])
