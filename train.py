@@ -49,6 +49,7 @@ from model_io.run_files import AUTO, LAST, checkpoint_to_resume
 from runtime.ranks import (
     Ranks,
     env_rank,
+    env_world_size,
     leave_process_group,
     lost_contact,
     restart_count,
@@ -81,9 +82,11 @@ def main(cfg: DictConfig) -> float:
             # traceback, which held the loop's frames, is gone), so that leaving the group ends the
             # group's threads before the process exits. Left to the exit, they now and then kept a
             # rank of a stopped torchrun run alive until torchrun killed it 30 s later. (A run that
-            # failed leaves them to the exit: the other ranks then see the connection drop and say so.)
-            forget_dtensor_shardings()
-            gc.collect()
+            # failed leaves them to the exit: the other ranks then see the connection drop and say so.
+            # One process has no group to free.)
+            if env_world_size() > 1:
+                forget_dtensor_shardings()
+                gc.collect()
             if stopped is not None:
                 raise stopped
             return best_val_loss

@@ -34,14 +34,15 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory) -> Path:
-    """One tiny real training run, shared by the tests that inspect what it wrote."""
-    workdir = tmp_path_factory.mktemp("train")
-    # On the CPU on every machine: tests recompute the figures it logged on the CPU in fp32, to 1e-5
-    # (a GPU's TF32 matmuls miss that), and read auto's fp32 in its log. tests/test_cuda.py trains on a GPU.
-    result = run_cli("train.py", *tiny_run(**{"train.device": "cpu", "hydra.run.dir": "run"}), cwd=workdir)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return workdir / "run"
+def trained_run(made_once) -> Path:
+    """One tiny real training run, shared by the tests that inspect what it wrote (trained once a session)."""
+    def train(workdir: Path) -> Path:
+        # On the CPU on every machine: tests recompute the figures it logged on the CPU in fp32, to 1e-5
+        # (a GPU's TF32 matmuls miss that), and read auto's fp32 in its log. tests/test_cuda.py trains on a GPU.
+        result = run_cli("train.py", *tiny_run(**{"train.device": "cpu", "hydra.run.dir": "run"}), cwd=workdir)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return workdir / "run"
+    return made_once("trained_run", train)
 
 
 @pytest.fixture(scope="session")

@@ -18,9 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import (
     QUICK,
     ROOT,
-    THEN_NAME_GLOO_THREADS,
     TWO_RANKS,
-    ctrl_c_under_torchrun,
     curves,
     gloo_threads_left,
     limit_file_size,
@@ -216,24 +214,6 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow_and_still_trains(tmp_path):
     assert "warning: train.dtype=bf16 on a CPU: bf16 matmuls are much slower than fp32" in result.stdout
     losses = logged_losses(result.stdout)
     assert losses[-1] < losses[1]  # val loss fell
-
-
-def test_ctrl_c_under_torchrun_saves_once_at_the_step_it_names_and_leaves_no_gloo_threads(tmp_path):
-    # What a resumed run goes on from is checked where a run is resumed: after a kill here (below), after
-    # Ctrl-C under FSDP (tests/test_fsdp.py) and in one process (tests/test_resume.py).
-    wrapper = tmp_path / "then_name_gloo_threads.py"
-    wrapper.write_text(THEN_NAME_GLOO_THREADS)
-    output = ctrl_c_under_torchrun(2, *tiny_run(TWO_RANKS, **{"hydra.run.dir": "stopped"}), cwd=tmp_path, after="step 15/30",
-                                   script=(str(wrapper), str(ROOT / "train.py")))
-    stopped = re.search(r"stopped by SIGINT after step (\d+); saved stopped/ckpt_last.pt", output)
-    assert stopped, output
-    assert output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
-    assert "Resume with: the same torchrun command (2 processes), with resume=stopped" in output  # not one process's
-    # A stopped run leaves the group as a finished one does: gloo's threads left to the process's exit
-    # now and then held a rank there until torchrun killed it, 30 s after the Ctrl-C.
-    assert gloo_threads_left(output) == [("0", "[]"), ("1", "[]")], output
-    step = int(stopped.group(1))
-    assert torch.load(tmp_path / "stopped" / "ckpt_last.pt", weights_only=True)["step"] == step < 30
 
 
 def process_of_rank(torchrun_pid: int, rank: int) -> int:

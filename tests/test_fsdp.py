@@ -94,7 +94,16 @@ def test_a_stopped_and_a_finished_fsdp_process_end_their_gloo_threads_before_the
     stopped = fsdp_stopped_and_resumed
     assert gloo_threads_left(stopped.stopped_output) == [("0", "[]"), ("1", "[]")], stopped.stopped_output
     assert gloo_threads_left(stopped.resumed_output) == [("0", "[]"), ("1", "[]")], stopped.resumed_output
+
+
+def test_ctrl_c_under_torchrun_saves_once_at_the_step_it_names_and_the_resume_goes_on_from_it(fsdp_stopped_and_resumed):
+    # Ctrl-C under torchrun reaches every rank twice (from the terminal, relayed by torchrun): one
+    # stop, one save. (Under DDP too: the ranks agree on the stop in training/fit.py either way, and
+    # DDP's save is a plain state_dict, which the killed run of tests/test_distributed.py resumes from.)
+    stopped = fsdp_stopped_and_resumed
     assert stopped.stopped_output.count("stopped by SIGINT") == 1  # rank 0 speaks for both
+    assert "Resume with: the same torchrun command (2 processes), with resume=run" in stopped.stopped_output  # not one process's
+    assert f"resuming run at step {stopped.stopped_after}" in stopped.resumed_output
 
 
 def test_under_fsdp_the_steps_before_the_stop_give_ddps_losses(ddp_run, fsdp_stopped_and_resumed):

@@ -42,6 +42,8 @@ def image_steps(run_dir: Path, tag: str) -> list[int]:
 
 
 def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_path):
+    # SIGTERM (`kill`, a cluster's scheduler) is one more of StopSignals.HANDLED: the same handler,
+    # heard by the same watcher (the tests of StopSignals below send it).
     alone = run_cli("train.py", *tiny_run(EXACT_RUN, **{"hydra.run.dir": "alone"}), cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr
 
@@ -67,15 +69,6 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_p
         assert scalars(tmp_path / "stopped", tag) == scalars(tmp_path / "alone", tag), tag  # bitwise, every step once
     assert [s for s, _ in scalars(tmp_path / "stopped", "train/batch_loss")] == list(range(1, 21))
     assert image_steps(tmp_path / "stopped", "attention/layer_1/head_1") == [0, 10, 20]
-
-
-def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
-    process = start_training(*tiny_run(EXACT_RUN, **{"hydra.run.dir": "run"}), cwd=tmp_path)
-    output = signal_after_line(process, "step 5/20", signal.SIGTERM)
-    assert process.returncode == 128 + signal.SIGTERM, output
-    assert "Traceback" not in output
-    assert re.search(r"stopped by SIGTERM after step \d+; saved run/ckpt_last.pt", output), output
-    assert 5 <= Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").step < 20  # a busy machine may read the line steps late
 
 
 def start_script(code: str, tmp_path: Path) -> subprocess.Popen:
