@@ -4,11 +4,10 @@ import pytest
 from PIL import Image
 
 from inspection.tab_format import RECALL_HEADS, head_scalar_tag
-from tests.helpers import assert_one_error_line, read_events, spawn_cli
-
-pytestmark = pytest.mark.slow  # the shared trained run, and docs/figures.py in a fresh process
+from tests.helpers import ROOT, assert_one_error_line, read_events, run_script
 
 
+@pytest.mark.slow  # the shared trained run
 def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run, tmp_path):
     import docs.figures  # the script behind `make docs`
     from docs.drawing import SHOWN_WIDTH
@@ -26,5 +25,5 @@ def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run
 
 
 def test_the_docs_picture_of_a_missing_run_is_one_clear_line(tmp_path):
-    result = spawn_cli("docs/figures.py", str(tmp_path / "nowhere"), cwd=tmp_path)
+    result = run_script(ROOT / "docs" / "figures.py", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert_one_error_line(result, "does not exist")
