@@ -82,8 +82,8 @@ def main(cfg: DictConfig) -> float:
             # traceback, which held the loop's frames, is gone), so that leaving the group ends the
             # group's threads before the process exits. Left to the exit, they now and then kept a
             # rank of a stopped torchrun run alive until torchrun killed it 30 s later. (A run that
-            # failed leaves them to the exit: the other ranks then see the connection drop and say so.
-            # One process has no group to free.)
+            # failed leaves them to the exit: the other ranks then see the connection drop and say so.)
+            # One process has no group to free.
             if env_world_size() > 1:
                 forget_dtensor_shardings()
                 gc.collect()

@@ -38,8 +38,9 @@ pytestmark = pytest.mark.distributed  # torchrun: several processes of train.py
 QUICK_ON_CPU = {**QUICK, "train.device": "cpu"}
 
 # run_left_alone (tests/conftest.py, shared with tests/test_fsdp.py): helpers.TWO_RANKS on 2 processes,
-# never stopped, each process then naming the Gloo threads it has left. The stopped and killed runs
-# here are TWO_RANKS too; the killed one must end as it did, bit for bit.
+# never stopped, each process then naming the Gloo threads it has left. The killed run here is
+# TWO_RANKS too, and must end as it did, bit for bit; a run stopped by Ctrl-C under torchrun is
+# tests/test_fsdp.py's.
 
 
 def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):

@@ -5,10 +5,9 @@ import pytest
 
 from tests.helpers import run_cli, spawn_cli
 
-pytestmark = pytest.mark.slow  # each --help starts a Python process
 
-
-@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+@pytest.mark.parametrize("script", [pytest.param("train.py", marks=pytest.mark.slow),  # a Python process of its own
+                                    "sample.py"])
 def test_help_lists_the_options_with_the_projects_own_text(tmp_path, script):
     # train.py's own start, as a user runs it; sample.py's in this process (the same Hydra help, read the same way)
     result = spawn_cli(script, "--help", cwd=tmp_path) if script == "train.py" else run_cli(script, "--help", cwd=tmp_path)
