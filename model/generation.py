@@ -90,15 +90,14 @@ def generate_tokens(
     whole text while it fits, and once one more token would not fit, the window slides by
     jumping to the last 3/4 of block_size tokens, then grows again one token at a time.
 
-    use_kv_cache: feed each new token alone, with the window's earlier keys and values
-    kept in a KVCache per layer, instead of recomputing the whole window every step. It
-    changes the speed, never the tokens: both ways see the same window. (A model with a window
-    and rotary positions keeps its ring caches past block_size instead of sliding; without the
-    cache it still slides, which gives the same tokens while n_layer * (window - 1) tokens fit in
-    the 3/4 of block_size a slide keeps.) (The window jumps
-    rather than moving one token at a time because, with learned positions, moving it
-    would give every kept token a new position and make its cached keys and values
-    stale; jumping by a quarter rebuilds the cache once per block_size / 4 new tokens.)
+    use_kv_cache: feed each new token alone, with the window's earlier keys and values kept in a
+    KVCache per layer, instead of recomputing the whole window every step. It changes the speed,
+    never the tokens: both ways see the same window. (A model with a window and rotary positions
+    keeps its ring caches past block_size instead of sliding; without the cache it still slides,
+    which gives the same tokens while n_layer * (window - 1) tokens fit in the 3/4 of block_size a
+    slide keeps.) (The window jumps rather than moving one token at a time because, with learned
+    positions, moving it would give every kept token a new position and make its cached keys and
+    values stale; jumping by a quarter rebuilds the cache once per block_size / 4 new tokens.)
 
     decode_step: a CompiledDecodeStep built for this model, batch size and sampling settings;
     it then computes every step that feeds one token into the caches (use_kv_cache only).
