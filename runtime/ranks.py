@@ -181,7 +181,9 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     # gets here, still checking its config, leaves that folder, empty.)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        time.sleep(60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # short sleeps: a signal that lands just before a sleep waits 0.1 s, not 60
+            time.sleep(0.1)
     except KeyboardInterrupt:
         sys.exit(130)  # Ctrl-C reaches every process: local rank 0 says what went wrong
     finally:

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +175,17 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     assert not (tmp_path / "run" / "ckpt_best.pt").exists()
 
 
+def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path):
+    # A run dir for each process (the default is rank 0's for both), so that each must take back its own.
+    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run/${oc.env:LOCAL_RANK}"}), "train.grad_accum_steps=0",
+                      cwd=tmp_path, timeout=120)
+    assert result.returncode != 0
+    our_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert our_lines == ["error: train.grad_accum_steps=0 must be at least 1"], result.stderr
+    assert not (tmp_path / "run").exists()  # nothing written, and the folder Hydra made in each process taken back
+    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 2" in result.stderr  # torchrun names rank 0 as the cause
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
@@ -183,15 +195,30 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
         ("train.grad_accum_steps=0", "error: train.grad_accum_steps=0 must be at least 1"),
     ],
 )
-def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, message):
-    # A run dir for each process (the default is rank 0's for both), so that each must take back its own.
-    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run/${oc.env:LOCAL_RANK}"}), bad, cwd=tmp_path,
-                      timeout=120)
-    assert result.returncode != 0
-    our_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(our_lines) == 1 and message in our_lines[0], result.stderr
-    assert not (tmp_path / "run").exists()  # nothing written, and the folder Hydra made in each process taken back
-    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 2" in result.stderr  # torchrun names rank 0 as the cause
+def test_a_second_process_on_a_machine_leaves_a_config_error_to_the_first_and_takes_back_its_run_dir(
+        tmp_path, monkeypatch, bad, message):
+    # This process as torchrun's local rank 1 of 2: it waits, silent, for torchrun's SIGTERM (sent
+    # once local rank 0 has failed), which a thread here sends as soon as it is waited for.
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    sent, returned = threading.Event(), threading.Event()
+
+    def stop_once_waiting() -> None:
+        before = signal.getsignal(signal.SIGTERM)
+        while signal.getsignal(signal.SIGTERM) is before and not returned.is_set():
+            time.sleep(0.01)
+        if not returned.is_set():  # its handler is in place (never a SIGTERM to a process without one)
+            os.kill(os.getpid(), signal.SIGTERM)
+            sent.set()
+
+    stopper = threading.Thread(target=stop_once_waiting, daemon=True)
+    stopper.start()
+    result = run_cli("train.py", *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run"}), bad, cwd=tmp_path)
+    returned.set()
+    stopper.join()
+    assert sent.is_set() and result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert result.stderr == "" and message not in result.stdout  # local rank 0 says it
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(
