@@ -182,7 +182,9 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # short sleeps: a signal that lands just before a sleep waits 0.1 s, not 60
+        # Python runs a signal's handler between bytecodes: one that lands just before a sleep starts
+        # waits for that sleep to end, so short ones (0.1 s, not 60).
+        while time.monotonic() < deadline:
             time.sleep(0.1)
     except KeyboardInterrupt:
         sys.exit(130)  # Ctrl-C reaches every process: local rank 0 says what went wrong

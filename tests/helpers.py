@@ -126,12 +126,13 @@ def fp32_matmuls(precision: str) -> Iterator[None]:
 
 def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> CliResult:
     """run() as a process would run it, with argv and in folder cwd: its exit status (1 and the
-    traceback for an exception) and what it printed; then argv, sys.path, the folder, the
-    root logger's handlers (the run's log file and console) and torch's fp32 matmul precision as
-    they were. It starts at a new process's full fp32 matmuls: train.py on CUDA leaves TF32 on
-    for the rest of its process, and a later sample.py in a new process would not have it."""
+    traceback for an exception) and what it printed; then argv, sys.path, the folder, the root
+    logger's handlers (the run's log file and console) and level, and torch's fp32 matmul
+    precision as they were. It starts at a new process's full fp32 matmuls: train.py on CUDA leaves
+    TF32 on for the rest of its process, and a later sample.py in a new process would not have it."""
     stdout, stderr = io.StringIO(), io.StringIO()
     saved_argv, saved_path, saved_cwd, saved_handlers = sys.argv, sys.path[:], os.getcwd(), logging.root.handlers[:]
+    saved_level = logging.root.level  # train.py sets it to ERROR in a process of rank > 0
     sys.argv = argv
     os.chdir(cwd)
     returncode = 0
@@ -149,6 +150,7 @@ def in_this_process(run: Callable[[], object], argv: list[str], cwd: Path) -> Cl
         for handler in set(logging.root.handlers) - set(saved_handlers):
             logging.root.removeHandler(handler)
             handler.close()
+        logging.root.setLevel(saved_level)
     return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
 
 
@@ -425,6 +427,17 @@ def tiny_gpt(vocab_size: int = 65, block_size: int = 16, seed: int = 0, **overri
     torch.manual_seed(seed)
     config = dict(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=32)
     return GPT(GPTConfig(**{**config, **overrides}))
+
+
+def lively(model: GPT) -> GPT:
+    """model with its matrices redrawn from N(0, 0.5): at the init's 0.02 every logit is near 0 and
+    greedy tokens hardly depend on the context; at 0.5 they do, so a wrong key or value shows."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.5)
+    return model.eval()
 
 
 # Every architecture option (model.pos, norm, mlp, tie_head, qk_norm) against the GPT-2 defaults.

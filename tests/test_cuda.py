@@ -39,8 +39,7 @@ from model.decode_step import INDUCTOR_OPTIONS, CompiledDecodeStep
 from model.generation import generate_tokens
 from model_io.checkpoint import Checkpoint
 from runtime.devices import Machine, check_compiler
-from tests.helpers import ARCHITECTURE_OPTIONS, curves, fp32_matmuls, read_events, run_cli, tiny_gpt, tiny_run
-from tests.test_grouped_attention import lively
+from tests.helpers import ARCHITECTURE_OPTIONS, curves, fp32_matmuls, lively, read_events, run_cli, tiny_gpt, tiny_run
 from tests.test_precision import (
     assert_an_overflow_changes_nothing_halves_the_scale_and_it_regrows,
     train_step,
@@ -192,7 +191,7 @@ def test_manual_attention_equals_sdpa_on_cuda_in_the_logits_and_every_gradient(o
 # 4. Cached and compiled decoding on the GPU.
 
 def lively_gpt(**options) -> torch.nn.Module:
-    """tests/test_grouped_attention.py's lively tiny_gpt on DEVICE: its matrices drawn from N(0, 0.5),
+    """A tiny_gpt made lively (tests/helpers.py), on DEVICE: its matrices drawn from N(0, 0.5),
     so that the greedy tokens depend on the context (a wrong key shows), and the likeliest two
     logits are seldom as close as two ways of computing them in fp32 can differ (about 1e-5 at
     these logits' ~10; the 1% closest pairs here are 0.02 apart)."""

@@ -8,7 +8,7 @@ from torch._inductor.utils import run_and_get_code
 from model.decode_step import CompiledDecodeStep, one_token_logits
 from model.generation import generate_tokens
 from model.sampling import choose_next_token
-from tests.helpers import ARCHITECTURE_OPTIONS, tiny_gpt
+from tests.helpers import ARCHITECTURE_OPTIONS, lively, tiny_gpt
 
 
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "gpt2")
@@ -79,11 +79,11 @@ def test_a_bf16_step_draws_with_the_float32_noise_that_sampling_gives_it():
 @pytest.mark.compile
 def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings():
     # Learned positions and smear (the CLI test covers rope), top_p, a prompt longer than
-    # block_size and 25 new tokens: the window slides and the caches are refilled several times.
-    # In multi-query form (one key/value head for 4 query heads, which once failed to compile), with
-    # a window of 6 of the 8 positions, QK-norm and SwiGLU: tests/test_grouped_attention.py compiles
-    # the grouped-query form with rope and a ring.
-    model = tiny_gpt(block_size=8, n_head=4, n_kv_head=1, window=6, qk_norm=True, mlp="swiglu", smear=True).eval()
+    # block_size and 25 new tokens: the context slides at block_size 8 and the caches are refilled
+    # several times. In multi-query form (one key/value head for 4 query heads, which once failed to
+    # compile), with a window of 6 (a ring of 6 slots), QK-norm and SwiGLU; lively, so that the
+    # tokens depend on the context. tests/test_grouped_attention.py compiles the grouped-query form.
+    model = lively(tiny_gpt(block_size=8, n_head=4, n_kv_head=1, window=6, qk_norm=True, mlp="swiglu", smear=True))
     prompt = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(0))
     settings = dict(temperature=1.0, top_k=None, top_p=0.9)
     step, code = run_and_get_code(CompiledDecodeStep, model, batch_size=2, **settings)  # and the code Inductor wrote
@@ -92,7 +92,7 @@ def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings()
     assert code and not any("scaled_dot_product" in text for text in code)
     compiled = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3), decode_step=step)
     eager = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(compiled, eager)
+    assert torch.equal(compiled, eager) and len(set(compiled[0, 11:].tolist())) > 5
     with pytest.raises(ValueError, match="this CompiledDecodeStep was built for another model or for"):
         generate_tokens(model, prompt, 5, temperature=0.5, top_p=0.9, decode_step=step)
     with pytest.raises(ValueError, match="functions are attached to this model's hook points"), model.hooks(model.knock_out({(0, 1)})):

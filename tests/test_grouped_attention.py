@@ -15,21 +15,10 @@ from model.attention import KVCache
 from model.decode_step import CompiledDecodeStep, one_token_logits
 from model.generation import generate_tokens
 from model.gpt import MLP, swiglu_hidden
-from tests.helpers import tiny_gpt
+from tests.helpers import lively, tiny_gpt
 from training.build import model_line
 
 PATHS = ["sdpa", "manual"]
-
-
-def lively(model: GPT) -> GPT:
-    """model with its matrices redrawn from N(0, 0.5): at the init's 0.02 every logit is near 0 and
-    greedy tokens hardly depend on the context; at 0.5 they do, so a wrong key or value shows."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0.0, 0.5)
-    return model.eval()
 
 
 def repeated_kv_module(grouped: CausalSelfAttention) -> CausalSelfAttention:
