@@ -151,6 +151,14 @@ def point_at(driver, side: str, index: int) -> None:
     ActionChains(driver, duration=0).move_to_element(token).perform()
 
 
+def hover_cell(driver, T: int, query: int, key: int) -> None:
+    """The pointer onto the matrix view's cell (query, key) of its T x T, from the canvas's centre."""
+    canvas = driver.find_element(By.CSS_SELECTOR, "canvas.matrix")
+    cell = canvas.size["width"] / T
+    x, y = (key + 0.5) * cell - canvas.size["width"] / 2, (query + 0.5) * cell - canvas.size["height"] / 2
+    ActionChains(driver, duration=0).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+
+
 def top_marks(driver, side: str) -> dict[int, int]:
     """{head: token index} of the tokens marked as a head's top weight, on one side."""
     marks = js(driver, f"return [...document.querySelectorAll('.token.top[data-side={side}]')]"
@@ -249,11 +257,8 @@ def test_the_head_metrics_beside_your_text_are_the_ones_of_the_checkpoint_that_r
 
 def test_the_matrix_view_reads_out_the_weight_under_the_pointer(tab, logged):
     weights = logged[drawn_step(tab)]
-    canvas = tab.find_element(By.CSS_SELECTOR, "canvas.matrix")
-    cell = canvas.size["width"] / 24
     for query, key in ((20, 3), (7, 7), (2, 9)):
-        x, y = (key + 0.5) * cell - canvas.size["width"] / 2, (query + 0.5) * cell - canvas.size["height"] / 2
-        ActionChains(tab, duration=0).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+        hover_cell(tab, 24, query, key)
         readout = tab.find_element(By.CSS_SELECTOR, ".readout")
         assert (int(readout.get_attribute("data-query")), int(readout.get_attribute("data-key"))) == (query, key)
         if key > query:
@@ -320,11 +325,8 @@ def test_a_window_models_maps_grey_the_keys_too_far_back_and_the_readout_says_wh
     for query, key in np.ndindex(6, 6):
         expected = FUTURE if hidden_cells(6, 3)[query, key] else COLORMAP[colour_level(np.float16(visible_weight[query]))]
         assert tuple(image[query, key]) == tuple(expected), (query, key)
-    canvas = tab.find_element(By.CSS_SELECTOR, "canvas.matrix")
-    cell = canvas.size["width"] / 6
     for (query, key), said in {(5, 1): "masked (3 or more back: outside the window)", (1, 4): "masked (the future)"}.items():
-        x, y = (key + 0.5) * cell - canvas.size["width"] / 2, (query + 0.5) * cell - canvas.size["height"] / 2
-        ActionChains(tab, duration=0).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+        hover_cell(tab, 6, query, key)
         readout = tab.find_element(By.CSS_SELECTOR, ".readout")
         assert readout.text.endswith(said) and readout.get_attribute("data-weight") == ""
 
