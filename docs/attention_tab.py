@@ -86,7 +86,7 @@ def take_screenshot(run_dir: Path, out: Path = SCREENSHOT) -> tuple[int, int, fl
         canvas = driver.find_element(By.CSS_SELECTOR, "canvas.matrix")
         cell = canvas.size["width"] / T
         x, y = ((key + 0.5) * cell - canvas.size["width"] / 2), ((query + 0.5) * cell - canvas.size["height"] / 2)
-        ActionChains(driver, duration=0).move_to_element_with_offset(canvas, round(x), round(y)).perform()  # no 250 ms glide
+        ActionChains(driver, duration=0).move_to_element_with_offset(canvas, round(x), round(y)).perform()  # jump there, no glide
         browser.screenshot(driver, out)
     # A palette of 256 colours keeps the file small; the maps' colours are among them.
     Image.open(out).convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
