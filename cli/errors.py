@@ -161,11 +161,25 @@ def config_error_line(err: Exception) -> str:
     if str(err).startswith("Ambiguous value for argument"):  # key=a,b: Hydra reads the comma as a sweep
         first_line = str(err).splitlines()[0]  # Ambiguous value for argument '<argument>'
         argument = first_line.removeprefix("Ambiguous value for argument '").removesuffix("'")
-        return (f"{argument}: a comma here means a sweep; add -m for one run per value, or quote the value "
-                f"to keep it whole ('{argument.split('=', 1)[0]}=\"a, b\"')")
+        key, _, value = argument.partition("=")
+        keep_whole = "" if all(is_plain_value(part) for part in value.split(",")) else (
+            f", or quote the value to keep it whole ('{key}=\"a, b\"')")  # a prompt, a path: text with a comma
+        return f"{argument}: a comma here means a sweep; add -m for one run per value{keep_whole}"
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"
+
+
+def is_plain_value(text: str) -> bool:
+    """A number, true, false or null: what a sweep lists, never text that a comma belongs to."""
+    text = text.strip()
+    if text.lower() in ("true", "false", "null"):
+        return True
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def group_options_with(full_key: str) -> list[str]:

@@ -30,14 +30,18 @@ def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
 
 
 def check_splits_fit(data: TokenData, block_size: int) -> None:
-    """Each split must hold at least one training window of block_size + 1 tokens."""
-    for split, tokens in (("train", data.train), ("val", data.val)):
-        if len(tokens) <= block_size:
-            if split == "val" and len(data.train) > block_size:
-                fix = "raise data.val_fraction (the share of the text held out for it), or use a longer corpus"
-            elif len(tokens) < 2:  # no window fits, whatever its size
-                fix = "use a longer corpus"
-            else:
-                fix = f"use a longer corpus, or a model.block_size under {len(tokens)}"
-            raise UserError(f"model.block_size={block_size} needs more than {block_size} tokens in each split, but the "
-                            f"{split} split has {len(tokens)}; {fix}")
+    """Each split must hold at least one training window of block_size + 1 tokens. The refusal
+    names every split that is too short, and a block_size it suggests fits both."""
+    sizes = {"train": len(data.train), "val": len(data.val)}
+    short = [f"the {split} split has {size}" for split, size in sizes.items() if size <= block_size]
+    if not short:
+        return
+    fits = min(sizes.values())  # a window of fits tokens (block_size fits - 1) is the longest both splits hold
+    if sizes["train"] > block_size:  # the val split alone: the share held out is the lever
+        fix = "raise data.val_fraction (the share of the text held out for it), or use a longer corpus"
+    elif fits < 2:  # no window fits in one of them, whatever its size
+        fix = "use a longer corpus"
+    else:
+        fix = f"use a longer corpus, or a model.block_size under {fits}"
+    raise UserError(f"model.block_size={block_size} needs more than {block_size} tokens in each split, but "
+                    f"{' and '.join(short)}; {fix}")

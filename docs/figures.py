@@ -4,7 +4,7 @@ It draws, on the run's own probe text, the head that copies names (the one the r
 finds looking back at the earlier mention most) beside the head that most looks one token back,
 with a frame on the cell where the first name to come back looks back at its earlier mention,
 and writes docs/attention_maps.json: the run's config and every number docs/attention.md and
-the pages quote from the run (sections 13 to 15), which tests hold to the defaults and to the text.
+the pages quote from the run (sections 14 to 16), which tests hold to the defaults and to the text.
 """
 
 import argparse
@@ -53,7 +53,7 @@ RECORD = ATTENTION_MAPS.with_suffix(".json")
 # The probe's first tokens, 12 px a row so that each row's 11 px label is legible with both
 # maps side by side in 830 px; in the default run's probe the name comes back at token 26.
 SHOWN_TOKENS, CELL, PAD = 28, 12, 6
-# What section 15 of docs/attention.md types into the Attention tab: a name, then the name again.
+# What section 16 of docs/attention.md types into the Attention tab: a name, then the name again.
 YOUR_TEXT = "Once upon a time, there was a kind boy named Leo. He lived near the sea with his dog. One day, Leo"
 
 
@@ -155,7 +155,7 @@ def frame_cell(image: Image.Image, labels: list[str], framed: tuple[int, int]) -
 
 def run_record(run: str, heads: list[tuple[int, int, str]]) -> dict:
     """What docs/attention.md and the pages take from the run: its config and step, the numbers
-    sections 13 to 15 quote, read from the run's TensorBoard events and computed with its model."""
+    sections 14 to 16 quote, read from the run's TensorBoard events and computed with its model."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     path = resolve_checkpoint(run)

@@ -1,4 +1,4 @@
-"""Make docs/tools.md's record and the tour's section 17 pictures: what the logit lens, direct logit
+"""Make docs/tools.md's record and the tour's section 18 pictures: what the logit lens, direct logit
 attribution and activation patching find on the default run and on a run of experiment=induction:
 `make docs RUN=<default run> INDUCTION_RUNS="<run dir> ..."` (the first induction run is read).
 

@@ -459,7 +459,7 @@ def test_every_picture_of_the_docs_is_shown_at_its_own_size_so_its_labels_stay_1
 
 
 def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_right():
-    # docs/attention_maps.png and section 15's numbers come from one run, recorded by `make docs`
+    # docs/attention_maps.png and the numbers of sections 14 to 16 come from one run, recorded by `make docs`
     # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
     from hydra import compose, initialize_config_dir
 

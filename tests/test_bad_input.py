@@ -20,7 +20,7 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["model=huge"], "error: model=huge is not an option of model; choose one of: gpt"),
         (["optimizer=sgd"], "error: optimizer is not an option; check its spelling"),
         (["model.n_layer=[1,"], "error: could not read the argument 'model.n_layer=[1,' (no viable alternative at input '[1,')"),
-        (["model.n_head=2,4"], "error: model.n_head=2,4: a comma here means a sweep; add -m for one run per value"),
+        (["model.n_head=2,4"], "error: model.n_head=2,4: a comma here means a sweep; add -m for one run per value\n"),
         (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
         (["-m", "model.n_head=2,4", "--cfg=job"], "error: --cfg and --multirun together: give one of --multirun, --cfg, "
                                                     "--info, --run, --shell-completion at a time"),
@@ -115,8 +115,9 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
     # "hello": 3 tokens to train on and none to validate on (an empty file, which mmap refuses).
     (tmp_path / "tiny.txt").write_text("hello\n")
     result = run_cli("train.py", "data=text", "data.path=tiny.txt", cwd=tmp_path)
-    assert_one_error_line(result, "error: model.block_size=128 needs more than 128 tokens in each split, but the train split has 3; "
-                                  "use a longer corpus, or a model.block_size under 3")
+    # Both splits are named: a block_size under 3 would only be refused next for the val split.
+    assert_one_error_line(result, "error: model.block_size=128 needs more than 128 tokens in each split, but the train split has 3 "
+                                  "and the val split has 0; use a longer corpus")
     assert not (tmp_path / "outputs").exists()
     # A val split too short for a window of the train split's: the share held out is the lever.
     (tmp_path / "short.txt").write_text("hello there, how are you today? " * 40)
@@ -140,7 +141,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["temperature=inf"], "error: temperature=inf must be a number, 0 (greedy) or more"),
         (["seed=99999999999999999999"], "error: seed=99999999999999999999 must be a whole number from 0 to 9223372036854775807"),
         (["prompt=Chapter", "1:", "x"], "error: could not read the argument '1:': each argument is key=value, and a value with"),
-        (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep"),
+        (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep; add -m for one run "
+                                         "per value, or quote the value to keep it whole ('prompt=\"a, b\"')"),
         (["prompt='a','b'"], "error: prompt='a','b': a comma here means a sweep"),
         (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),

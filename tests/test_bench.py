@@ -22,7 +22,7 @@ import bench.kv_cache
 import bench.loading
 import bench.sampling
 import bench.text
-from bench.cli import main
+from bench.cli import DEFAULT_SECTIONS, SECTIONS, main
 from bench.common import tiny_shakespeare
 from bench.training import training_flops_per_token
 from data.download import sha256_of
@@ -62,6 +62,13 @@ def test_an_unknown_section_is_one_clear_line():
     assert result.stderr == (
         "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, kv_cache, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune, gpu, gpu_sampling, nanogpt_gpu)\n"
     )
+
+
+def test_speed_md_lists_every_section_once_and_says_which_run_by_default():
+    # docs/speed.md's table is where a user learns what `--only` can name and what `make bench` runs.
+    rows = re.findall(r"^\| `(\w+)` \| .* \| (yes|no) \|$", (ROOT / "docs" / "speed.md").read_text(), re.MULTILINE)
+    assert sorted(name for name, _ in rows) == sorted(SECTIONS)
+    assert [name for name, default in rows if default == "yes"] == list(DEFAULT_SECTIONS)
 
 
 def test_threads_below_one_is_one_clear_line(tmp_path, monkeypatch, capsys):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from data.batches import get_batch, probe_ids
+from data.batches import check_splits_fit, get_batch, probe_ids
 from data.corpus import Piece, load_documents
 from data.specs import CorpusSpec, TokenizerSpec
 from data.stories import ITEMS, generate_stories
-from data.token_cache import prepare_tokens
+from data.token_cache import TokenData, prepare_tokens
 from data.token_stream import split_pieces
 from data.tokenizer import EOT, CharTokenizer, tokenizer_from_state
 from tests.helpers import ROOT
@@ -210,3 +210,22 @@ def test_with_a_llama_3_tokenizer_every_story_starts_after_its_start_token_and_t
     assert (ids == tokenizer.bos_id).sum() == len(stories) and (ids == tokenizer.eot_id).sum() == len(stories) - 1
     probe = probe_ids(data.val, tokenizer, 64)
     assert tokenizer.bos_id not in probe and re.match(r"(Once upon|There once|Long ago|[A-Z][a-z]+ was a)", tokenizer.decode(probe))
+
+
+@pytest.mark.parametrize(("train", "val", "message"), [
+    (200, 150, None),  # a window of 129 fits in each
+    (100, 300, "the train split has 100; use a longer corpus, or a model.block_size under 100"),
+    (100, 40, "the train split has 100 and the val split has 40; use a longer corpus, or a model.block_size under 40"),
+    (300, 40, "the val split has 40; raise data.val_fraction"),
+    (100, 1, "the train split has 100 and the val split has 1; use a longer corpus"),
+])
+def test_a_split_too_short_for_a_window_is_refused_with_a_block_size_that_fits_both(train, val, message):
+    data = TokenData(CharTokenizer("ab"), np.zeros(train, dtype=np.uint16), np.zeros(val, dtype=np.uint16))
+    if message is None:
+        check_splits_fit(data, 128)
+        return
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_splits_fit(data, 128)
+    fits = int(message.rsplit("under ", 1)[1]) - 1 if "under" in message else None
+    if fits is not None:  # the block_size it suggests is one both splits hold
+        check_splits_fit(data, fits)
