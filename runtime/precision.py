@@ -24,11 +24,13 @@ from user_error import UserError
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")  # train.dtype's choices
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# What train.dtype costs on a CPU, measured in docs/speed.md#traindtype-on-a-cpu. A CPU with AVX-512 BF16
+# or AMX (Machine.cpu_bf16) trains in bf16 near fp32's speed, so asking for it there earns no warning.
 CPU_WARNINGS = {
-    "bf16": "train.dtype=bf16 on a CPU: bf16 matmuls are much slower than fp32 on most CPUs (about 60x without "
-            "AVX-512 BF16, as on the 2-core AMD machines this project is tested on); fp32 is the CPU default",
-    "fp16": "train.dtype=fp16 on a CPU: fp16 matmuls are about 10x slower than fp32 here, and fp16 with its loss "
-            "scaling is meant for CUDA GPUs (it runs on a CPU to check that path); fp32 is the CPU default",
+    "bf16": "train.dtype=bf16 on a CPU without AVX-512 BF16 or AMX: its bf16 matmuls run in slow code, several times "
+            "slower than fp32 (docs/speed.md); fp32 is the CPU default",
+    "fp16": "train.dtype=fp16 on a CPU: fp16 matmuls are many times slower than fp32 on a CPU (docs/speed.md), and fp16 "
+            "with its loss scaling is meant for CUDA GPUs (it runs on a CPU to check that path); fp32 is the CPU default",
 }
 # An overflow that takes fp16's loss scale below 1 stops the run: the gradients overflow fp16 even
 # unscaled, and every update from then on would be skipped. From the starting scale, 2**16, that is
@@ -52,16 +54,19 @@ def choose_dtype(requested: str, device: torch.device, machine: Machine) -> tupl
                         "below 8.0), so fp16 with loss scaling")
     if device.type == "mps":
         return "fp32", "train.dtype=auto: fp32 on Apple's MPS; train.dtype=fp16 (or bf16 from macOS 14) asks for autocast"
-    return "fp32", "train.dtype=auto: fp32 on a CPU, where bf16 and fp16 matmuls are slower"
+    return "fp32", "train.dtype=auto: fp32 on a CPU, where bf16 and fp16 gain little or are much slower"
 
 
 class Precision:
-    def __init__(self, name: str, device: torch.device, growth_interval: int = 2000, why: str = "") -> None:
+    def __init__(self, name: str, device: torch.device, growth_interval: int = 2000, why: str = "",
+                 cpu_bf16: bool = False) -> None:
         """name: fp32, bf16 or fp16 (auto chosen already: choose_dtype, which also gives why).
-        growth_interval: fp16's updates in a row without an overflow before the loss scale doubles."""
+        growth_interval: fp16's updates in a row without an overflow before the loss scale doubles.
+        cpu_bf16: the CPU multiplies bf16 in hardware (Machine.cpu_bf16), so bf16 on it earns no warning."""
         self.name, self.device, self.why = name, device, why
         self.dtype = AUTOCAST_DTYPES[name]
-        self.warning = CPU_WARNINGS.get(name) if device.type == "cpu" else None
+        slow_on_this_cpu = device.type == "cpu" and not (name == "bf16" and cpu_bf16)
+        self.warning = CPU_WARNINGS.get(name) if slow_on_this_cpu else None
         # Loss scaling, for fp16 only; with enabled=False its methods pass straight through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16", growth_interval=growth_interval)
 
@@ -69,7 +74,7 @@ class Precision:
     def for_run(cls, requested: str, device: torch.device, machine: Machine) -> "Precision":
         """The precision of train.dtype=requested on device (choose_dtype)."""
         name, why = choose_dtype(requested, device, machine)
-        return cls(name, device, why=why)
+        return cls(name, device, why=why, cpu_bf16=machine.cpu_bf16)
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()

@@ -28,7 +28,7 @@ def test_training_writes_both_checkpoints_a_log_and_the_config(trained_run):
     assert checkpoint["tokenizer"]["kind"] == "bpe"  # the default
     log = (trained_run / "train.log").read_text()
     assert "step 20: train loss" in log and "val loss" in log
-    assert "precision: fp32 (train.dtype=auto: fp32 on a CPU, where bf16 and fp16 matmuls are slower)" in log
+    assert "precision: fp32 (train.dtype=auto: fp32 on a CPU, where bf16 and fp16 gain little or are much slower)" in log
     # Guards ckpt_best saved at the wrong evaluation or with a stale best_val_loss: the lowest val loss logged.
     val = {e.step: e.value for e in read_events(trained_run).Scalars("loss/val") if e.step > 0}
     best = torch.load(trained_run / "ckpt_best.pt", weights_only=True)
