@@ -4,7 +4,8 @@
           a CPU and on Apple's MPS (choose_dtype; the log says which and why)
     fp32  full precision, and the right choice on a CPU
     bf16  autocast to bfloat16: on recent GPUs about twice the speed of fp32, with fp32's
-          range, so no loss scaling is needed (on most CPUs, bf16 matmuls are far slower)
+          range, so no loss scaling is needed (on a CPU without AVX-512 BF16 or AMX, several times
+          slower than fp32; with them, about as fast)
     fp16  autocast to float16: on a GPU as fast as bf16, but its small range lets small
           gradients round to zero, so the loss is scaled up before backward() and the
           gradients scaled back down before the update (torch.amp.GradScaler). A gradient
