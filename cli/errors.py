@@ -5,11 +5,15 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
+from enum import Enum
 from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, UnionNode
+from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, OmegaConf, UnionNode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
@@ -161,25 +165,43 @@ def config_error_line(err: Exception) -> str:
     if str(err).startswith("Ambiguous value for argument"):  # key=a,b: Hydra reads the comma as a sweep
         first_line = str(err).splitlines()[0]  # Ambiguous value for argument '<argument>'
         argument = first_line.removeprefix("Ambiguous value for argument '").removesuffix("'")
-        key, _, value = argument.partition("=")
-        keep_whole = "" if all(is_plain_value(part) for part in value.split(",")) else (
-            f", or quote the value to keep it whole ('{key}=\"a, b\"')")  # a prompt, a path: text with a comma
-        return f"{argument}: a comma here means a sweep; add -m for one run per value{keep_whole}"
+        key = argument.split("=", 1)[0].lstrip("+~")
+        kind = value_kind(key)
+        other_way = {"list": f", or write a list in brackets ('{key}=[a,b]')", "plain": "",
+                     "text": f", or quote the value to keep it whole ('{key}=\"a, b\"')"}[kind]
+        return f"{argument}: a comma here means a sweep; add -m for one run per value{other_way}"
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"
 
 
-def is_plain_value(text: str) -> bool:
-    """A number, true, false or null: what a sweep lists, never text that a comma belongs to."""
-    text = text.strip()
-    if text.lower() in ("true", "false", "null"):
-        return True
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def value_kind(full_key: str) -> str:
+    """What a value of full_key is, read from the schemas this process stored in Hydra's
+    ConfigStore (train.py's cli/schema.py, sample.py's and export.py's cli/checkpoint_commands.py):
+    "list", "plain" (a number, true or false, one of a key's choices) or "text" (a prompt, a path,
+    and any key no schema here has)."""
+    store = ConfigStore.instance()
+    group, _, rest = full_key.partition(".")
+    stored = store.list("")
+    places = [(name, full_key) for name in ("train_schema.yaml", "sample_schema.yaml", "export_schema.yaml")]
+    places += [(name, rest) for name in stored if name.startswith(f"{group}_") and name.endswith("_schema.yaml")]
+    for name, key in places:
+        if name not in stored:
+            continue
+        annotation: Any = OmegaConf.get_type(store.load(name).node)
+        for part in key.split("."):
+            hints = get_type_hints(annotation) if is_dataclass(annotation) else {}
+            annotation = hints.get(part)
+        if annotation is None:
+            continue
+        union = get_origin(annotation) in (Union, UnionType)
+        types = [t for t in (get_args(annotation) if union else (annotation,)) if t is not type(None)]  # None aside
+        if any(get_origin(t) is list or t is list for t in types):
+            return "list"
+        if all(t in (int, float, bool) or isinstance(t, type) and issubclass(t, Enum) for t in types):
+            return "plain"
+        return "text"
+    return "text"
 
 
 def group_options_with(full_key: str) -> list[str]:

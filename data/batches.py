@@ -38,7 +38,8 @@ def check_splits_fit(data: TokenData, block_size: int) -> None:
         return
     fits = min(sizes.values())  # a window of fits tokens (block_size fits - 1) is the longest both splits hold
     if sizes["train"] > block_size:  # the val split alone: the share held out is the lever
-        fix = "raise data.val_fraction (the share of the text held out for it), or use a longer corpus"
+        fix = "raise data.val_fraction (the share of the text held out for it), " + (
+            f"use a longer corpus, or a model.block_size under {fits}" if fits >= 2 else "or use a longer corpus")
     elif fits < 2:  # no window fits in one of them, whatever its size
         fix = "use a longer corpus"
     else:

@@ -194,7 +194,7 @@ def last_values(events, prefix: str, n_layer: int, n_head: int) -> dict[tuple[in
 
 
 def ablation_table(events, n_layer: int, n_head: int) -> dict:
-    """Section 15's table: name recall with every head in; the three heads without which it falls
+    """Section 16's table: name recall with every head in; the three heads without which it falls
     most, each with its look-back weight and induction score; the ranges of the others."""
     without = last_values(events, ablation_prefix("name"), n_layer, n_head)
     look_back = last_values(events, RECALL_HEADS, n_layer, n_head)
@@ -210,7 +210,7 @@ def ablation_table(events, n_layer: int, n_head: int) -> dict:
 
 
 def your_text(model, tokenizer, events) -> dict:
-    """Section 15: YOUR_TEXT read by the model, as the Attention tab reads it. The token before the
+    """Section 16: YOUR_TEXT read by the model, as the Attention tab reads it. The token before the
     second mention of the name: its weight on the first mention in the two heads that look back at
     earlier names most, the name's loss with each of them knocked out, and what leads without the first."""
     look_back = last_values(events, RECALL_HEADS, model.config.n_layer, model.config.n_head)

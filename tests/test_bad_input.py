@@ -21,6 +21,9 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["optimizer=sgd"], "error: optimizer is not an option; check its spelling"),
         (["model.n_layer=[1,"], "error: could not read the argument 'model.n_layer=[1,' (no viable alternative at input '[1,')"),
         (["model.n_head=2,4"], "error: model.n_head=2,4: a comma here means a sweep; add -m for one run per value\n"),
+        (["optim.betas=0.9,0.95"], "error: optim.betas=0.9,0.95: a comma here means a sweep; add -m for one run per value, "
+                                   "or write a list in brackets ('optim.betas=[a,b]')"),
+        (["data=text", "data.path=a.txt,b.txt"], "one run per value, or quote the value to keep it whole ('data.path=\"a, b\"')"),
         (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
         (["-m", "model.n_head=2,4", "--cfg=job"], "error: --cfg and --multirun together: give one of --multirun, --cfg, "
                                                     "--info, --run, --shell-completion at a time"),
@@ -123,7 +126,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
     (tmp_path / "short.txt").write_text("hello there, how are you today? " * 40)
     short_val = run_cli("train.py", "data=text", "data.path=short.txt", "tokenizer=char", "model.block_size=16",
                         "data.val_fraction=0.01", cwd=tmp_path)
-    assert_one_error_line(short_val, "split has 12; raise data.val_fraction (the share of the text held out for it), or use a longer corpus")
+    assert_one_error_line(short_val, "split has 12; raise data.val_fraction (the share of the text held out for it), use a longer corpus, "
+                                     "or a model.block_size under 12")
 
 
 @pytest.mark.slow  # the shared trained run

@@ -216,7 +216,9 @@ def test_with_a_llama_3_tokenizer_every_story_starts_after_its_start_token_and_t
     (200, 150, None),  # a window of 129 fits in each
     (100, 300, "the train split has 100; use a longer corpus, or a model.block_size under 100"),
     (100, 40, "the train split has 100 and the val split has 40; use a longer corpus, or a model.block_size under 40"),
-    (300, 40, "the val split has 40; raise data.val_fraction"),
+    (300, 40, "the val split has 40; raise data.val_fraction (the share of the text held out for it), use a longer "
+              "corpus, or a model.block_size under 40"),
+    (300, 1, "the val split has 1; raise data.val_fraction (the share of the text held out for it), or use a longer corpus"),
     (100, 1, "the train split has 100 and the val split has 1; use a longer corpus"),
 ])
 def test_a_split_too_short_for_a_window_is_refused_with_a_block_size_that_fits_both(train, val, message):
