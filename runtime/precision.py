@@ -33,6 +33,14 @@ CPU_WARNINGS = {
     "fp16": "train.dtype=fp16 on a CPU: its fp16 matmuls are many times slower than fp32 (docs/speed.md), and fp16 "
             "with its loss scaling is meant for CUDA GPUs (it runs on a CPU to check that path); fp32 is the CPU default",
 }
+
+
+def slow_on_a_cpu(name: str, cpu_bf16: bool) -> bool:
+    """Whether precision name (fp32, bf16, fp16) computes slowly on a CPU: fp16 on any, bf16 on one
+    without bf16 in hardware (Machine.cpu_bf16). Training and sampling warn alike by it."""
+    return name == "fp16" or (name == "bf16" and not cpu_bf16)
+
+
 # An overflow that takes fp16's loss scale below 1 stops the run: the gradients overflow fp16 even
 # unscaled, and every update from then on would be skipped. From the starting scale, 2**16, that is
 # the 17th update skipped in a row; a healthy run skips a few while the scale finds its level.
@@ -66,8 +74,7 @@ class Precision:
         cpu_bf16: the CPU multiplies bf16 in hardware (Machine.cpu_bf16), so bf16 on it earns no warning."""
         self.name, self.device, self.why = name, device, why
         self.dtype = AUTOCAST_DTYPES[name]
-        slow_on_this_cpu = device.type == "cpu" and not (name == "bf16" and cpu_bf16)
-        self.warning = CPU_WARNINGS.get(name) if slow_on_this_cpu else None
+        self.warning = CPU_WARNINGS[name] if device.type == "cpu" and slow_on_a_cpu(name, cpu_bf16) else None
         # Loss scaling, for fp16 only; with enabled=False its methods pass straight through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16", growth_interval=growth_interval)
 
@@ -105,10 +112,8 @@ def weights_dtype(requested: str, device: torch.device, machine: Machine, key: s
         version = ".".join(map(str, machine.macos))
         raise UserError(f"{key}=bf16 on Apple's MPS needs macOS 14 or later, and this is macOS {version}; "
                         f"use {key}=fp16 or fp32")
-    warning = None
-    if device.type == "cpu" and requested == "bf16" and not machine.cpu_bf16:
-        warning = (f"{key}=bf16 on a CPU without native bf16 (AVX-512 BF16 or AMX): slower than fp32 here; "
-                   f"{key}=fp32 is faster")
-    elif device.type == "cpu" and requested == "fp16":
-        warning = f"{key}=fp16 on a CPU: slower than fp32 on most CPUs; {key}=fp32 (or bf16 where the CPU has it)"
-    return WEIGHT_DTYPES[requested], warning
+    warnings = {"bf16": f"{key}=bf16 on a CPU without native bf16 (AVX-512 BF16 or AMX): slower than fp32 here; "
+                        f"{key}=fp32 is faster",
+                "fp16": f"{key}=fp16 on a CPU: slower than fp32 on most CPUs; {key}=fp32 (or bf16 where the CPU has it)"}
+    slow = device.type == "cpu" and slow_on_a_cpu(requested, machine.cpu_bf16)
+    return WEIGHT_DTYPES[requested], warnings[requested] if slow else None
