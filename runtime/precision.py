@@ -19,6 +19,7 @@ norms and the loss in fp32); the weights and the optimizer state stay fp32 throu
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+import torch._functorch.config
 
 from runtime.devices import Machine
 from user_error import UserError
@@ -45,6 +46,13 @@ def slow_on_a_cpu(name: str, cpu_bf16: bool) -> bool:
 # unscaled, and every update from then on would be skipped. From the starting scale, 2**16, that is
 # the 17th update skipped in a row; a healthy run skips a few while the scale finds its level.
 MIN_LOSS_SCALE = 1.0
+
+# AOTAutograd keeps the graphs it compiles in a cache on disk that every process of the user reads.
+# Before torch 2.13 (pytorch/pytorch#181564) that cache told graphs apart by whether autocast was
+# on, not by its dtype: a train.compile=true run in fp16 after one in bf16 of the same model got
+# bf16's graph, and trained in bf16 under fp16's name (seen on an H100 with torch 2.11: its losses
+# were bf16's, bit for bit); the other way round, bf16 got fp16's graph and no loss scale.
+AUTOCAST_DTYPE_IN_CACHE_KEY = (2, 13)
 
 
 def choose_dtype(requested: str, device: torch.device, machine: Machine) -> tuple[str, str]:
@@ -86,6 +94,13 @@ class Precision:
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
+
+    def before_compiling(self) -> None:
+        """Call before torch.compile of a model that will run under autocast(): where this torch's
+        AOTAutograd cache cannot tell bf16 from fp16 (AUTOCAST_DTYPE_IN_CACHE_KEY), this process
+        neither reads nor writes it. Inductor's own cache, keyed on the graph with its casts, stays."""
+        if self.dtype is not None and torch.__version__ < AUTOCAST_DTYPE_IN_CACHE_KEY:
+            torch._functorch.config.enable_autograd_cache = False
 
     @property
     def loss_scale(self) -> float | None:

@@ -96,6 +96,7 @@ def build_run(spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: Ranks
     step_model, eval_model = parallel.step_model, model
     # The compiled modules share model's parameters: checkpoints, maps and samples use model itself.
     if spec.device.compile:
+        precision.before_compiling()
         step_model, eval_model = torch.compile(step_model), torch.compile(model)
     batch_rng = np.random.default_rng(spec.loop.seed)
     return Run(spec, config, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
