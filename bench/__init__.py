@@ -77,6 +77,11 @@ Sections (each figure is the median of --repeats runs):
                fp32 and bf16, with the KV cache and recomputing, and at bf16 (sample.py's dtype=auto there)
                with the compiled decode step (compile=true), for the default model (block 128) and GPT-2
                small's shape (block 1024), random weights
+    gpu_finetune  (not by default; needs a CUDA GPU) training steps of GPT-2 small as init_from builds it:
+               its Hugging Face folder (written with random weights) read in, GPT-2's 50,257 tokens,
+               16 x 1024 tokens a step, experiment=finetune_gpt2's AdamW; at bf16 and at fp16 (the loss
+               scaler), eager and compiled, beside the gpu section's GPT-2 small (vocabulary padded to
+               50,304) at bf16: tokens/s, MFU against the stated rate, peak memory, seconds to read it
     nanogpt_gpu  (not by default; needs a CUDA GPU and --nanogpt <a checkout of karpathy/nanoGPT>)
                nanoGPT's GPU recipe (its config/train_shakespeare_char.py, unchanged) against
                experiment=shakespeare_char_gpu, one after the other: seconds from each command's

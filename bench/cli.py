@@ -15,7 +15,7 @@ from bench.common import ROOT, STEADY_THREADS, tiny_shakespeare, torch_threads
 from bench.corpora import bench_data
 from bench.gpt2_finetune import bench_gpt2_finetune
 from bench.gpt2_sampling import bench_gpt2_sampling
-from bench.gpu import QUICK, Sizes, bench_gpu, bench_gpu_sampling
+from bench.gpu import QUICK, Sizes, bench_gpu, bench_gpu_finetune, bench_gpu_sampling
 from bench.gpu_recipe import bench_nanogpt_gpu
 from bench.kv_cache import bench_kv_cache
 from bench.loading import bench_loading
@@ -31,8 +31,8 @@ from user_error import UserError
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "kv_cache", "attention", "startup", "data", "nanogpt",
             "tab", "text", "gpt2_text", "loading", "gpt2_sampling", "gpt2_finetune", "gpu", "gpu_sampling",
-            "nanogpt_gpu")
-GPU_SECTIONS = ("gpu", "gpu_sampling")
+            "gpu_finetune", "nanogpt_gpu")
+GPU_SECTIONS = ("gpu", "gpu_sampling", "gpu_finetune")
 CORPUS_SECTIONS = ("training", "quality", "recipe", "compile", "nanogpt", "nanogpt_gpu")  # train on tiny shakespeare
 DEFAULT_SECTIONS = ("peak", "training", "quality", "sampling", "kv_cache", "attention", "startup", "text")
 
@@ -101,7 +101,7 @@ def command_line() -> argparse.ArgumentParser:
                         "compile and nanogpt sections (default: ../shared/corpora/tinyshakespeare.txt if there, else "
                         "the copy data=shakespeare downloads into .cache/corpora/, fetched once)")
     parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt and gpt2_finetune sections")
-    parser.add_argument("--gpu-device", default="cuda", help="the device of the gpu and gpu_sampling sections (default cuda; "
+    parser.add_argument("--gpu-device", default="cuda", help="the device of the gpu sections (gpu, gpu_sampling, gpu_finetune; default cuda; "
                         "cpu with --gpu-quick checks their code on a machine without a GPU)")
     parser.add_argument("--gpu-quick", action="store_true", help="the gpu sections at tiny shapes and a few steps: "
                         "every path in a minute or two on a CPU, no figure worth keeping")
@@ -159,6 +159,8 @@ def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_
         results["gpu"] = bench_gpu(args.repeats, gpu_device, gpu_sizes, args.gpu_profile)
     if "gpu_sampling" in sections:
         results["gpu_sampling"] = bench_gpu_sampling(args.repeats, gpu_device, gpu_sizes)
+    if "gpu_finetune" in sections:
+        results["gpu_finetune"] = bench_gpu_finetune(args.repeats, gpu_device, gpu_sizes, work)
     if "nanogpt_gpu" in sections:
         results["nanogpt_gpu"] = bench_nanogpt_gpu(args.corpus, args.nanogpt, work,
                                                    recipe_steps(args.gpu_recipe_steps))

@@ -28,6 +28,7 @@ from data.token_cache import TokenData
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
 from model_io.checkpoint import build_model
+from model_io.hf_models import gpt_from_hf, save_hf_model
 from runtime.precision import Precision
 from runtime.ranks import Ranks
 from training.build import build_run
@@ -74,6 +75,14 @@ SHAPES = {
                          "optim.betas=[0.9,0.95]"), 50304),
 }
 SAMPLED = ("default", "gpt2_small")  # gpu_sampling's shapes, with random weights
+# gpu_finetune's model: GPT-2 small as init_from builds it, from a Hugging Face folder (written here
+# with random weights) read by gpt_from_hf, so with GPT-2's own 50,257 tokens, not padded; and
+# experiment=finetune_gpt2's optimizer (AdamW at a flat 3e-5, weight decay 0.1, clipping at 1.0).
+FINETUNED = Shape((*SHAPES["gpt2_small"].overrides, "optim.lr=3e-5", "optim.min_lr=3e-5", "optim.weight_decay=0.1",
+                   "optim.grad_clip=1.0"), 50257)
+# Its runs, in the order reported: (model, dtype). "padded" is the gpu section's GPT-2 small (random
+# weights, 50,304 tokens), timed beside it in the same process.
+FINETUNE_RUNS = (("from_folder", "bf16"), ("from_folder", "fp16"), ("padded", "bf16"))
 
 
 @dataclass(frozen=True)
@@ -148,9 +157,9 @@ def tf32_matmuls(device: torch.device) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def run_config(shape: Shape, sizes: Sizes, device: torch.device, compiled: bool) -> RunSpec:
-    """The run's spec as train.py builds it from these overrides, in bf16 on device."""
-    overrides = [*shape.overrides, *sizes.shrink, f"train.device={device}", "train.dtype=bf16",
+def run_config(shape: Shape, sizes: Sizes, device: torch.device, compiled: bool, dtype: str = "bf16") -> RunSpec:
+    """The run's spec as train.py builds it from these overrides, in dtype (bf16 unless told) on device."""
+    overrides = [*shape.overrides, *sizes.shrink, f"train.device={device}", f"train.dtype={dtype}",
                  f"train.compile={str(compiled).lower()}"]
     return run_spec(composed_train_config(overrides))
 
@@ -167,29 +176,35 @@ def matmul_tflops(n: int, calls: int, repeats: int, device: torch.device) -> flo
     return 2 * n**3 * calls / median_time(products, repeats) / 1e12
 
 
-def build_train_step(spec: RunSpec, vocab_size: int, device: torch.device) -> TrainStep:
-    """The step fit() runs, on a new model: build_run wraps, compiles (train.compile=true) and
-    builds the optimizer as for train.py; random token ids stand in for the training split, as
+def build_train_step(spec: RunSpec, vocab_size: int, device: torch.device, dtype: str = "bf16",
+                     model: GPT | None = None) -> TrainStep:
+    """The step fit() runs, on model or a new one: build_run wraps, compiles (train.compile=true)
+    and builds the optimizer as for train.py; random token ids stand in for the training split, as
     in the gpt2_finetune section (nothing asks for a tokenizer)."""
     torch.manual_seed(spec.loop.seed)
-    model = build_model(spec.model, vocab_size).to(device)
+    model = (model if model is not None else build_model(spec.model, vocab_size)).to(device)
     ids = np.random.default_rng(0).integers(0, vocab_size, size=RANDOM_IDS).astype(np.uint16)
     ranks = Ranks(rank=0, local_rank=0, world_size=1, device=device)
     data = TokenData(tokenizer=None, train=ids, val=ids)
-    run = build_run(spec, {}, Path("unused"), ranks, Precision("bf16", device), data, model)  # (it saves nothing)
+    run = build_run(spec, {}, Path("unused"), ranks, Precision(dtype, device), data, model)  # (it saves nothing)
     return run.train_step()
 
 
 def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, device: torch.device,
-                  peaks: dict[str, float | None], profile: str | None) -> dict:
+                  peaks: dict[str, float | None], profile: str | None, dtype: str = "bf16",
+                  load: Callable[[], GPT] | None = None) -> dict:
     """Warm-up steps (compiling, for compiled), then repeats timings of as many steps; then
     torch.profiler over profile_steps steps: with profile "always", or "below goal" where the MFU
-    (against the stated peak, else the measured one) misses GOAL_MFU."""
+    (against the stated peak, else the measured one) misses GOAL_MFU. The model is load()'s
+    (timed), or a new one of shape's."""
     torch._dynamo.reset()  # a fresh compile: no guards, no dynamic shapes from an earlier shape
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    spec = run_config(shape, sizes, device, compiled)
-    step = build_train_step(spec, shape.vocab_size, device)
+    spec = run_config(shape, sizes, device, compiled, dtype)
+    started = time.perf_counter()
+    model = load() if load is not None else None
+    load_seconds = time.perf_counter() - started if load is not None else None
+    step = build_train_step(spec, shape.vocab_size, device, dtype, model)
     lr, rng, number = spec.optim.lr, np.random.default_rng(1), 0
     started = time.perf_counter()
     for number in range(sizes.warmup_steps):
@@ -223,7 +238,8 @@ def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, devi
         "warmup_seconds": warmup_seconds, "warmup_steps": sizes.warmup_steps, "timed_steps": steps,
         "seconds": seconds, "last_loss": result.loss,
         "params": step.model.num_parameters(), "flops_per_token": flops_per_token,
-        "tokens_per_step": step.tokens_per_step,
+        "tokens_per_step": step.tokens_per_step, "load_seconds": load_seconds,
+        "loss_scale": step.precision.loss_scale,  # fp16's after the timed steps (None otherwise)
     }
     share = figures["mfu_stated"] if figures["mfu_stated"] is not None else figures["mfu_measured"]
     if profile == "always" or (profile == "below goal" and share is not None and share < GOAL_MFU):
@@ -293,6 +309,31 @@ def bench_gpu(repeats: int, device: torch.device, sizes: Sizes, profile_all: boo
                     "below goal" if shape_name == "gpt2_small" else None)
                 measure = partial(time_training, SHAPES[shape_name], mode == "compiled", sizes, repeats, device, peaks, profile)
                 result["shapes"][shape_name][mode] = attempt(f"gpu: {shape_name}, {mode}", measure)
+    return result
+
+
+def bench_gpu_finetune(repeats: int, device: torch.device, sizes: Sizes, work: Path) -> dict:
+    """Training steps of GPT-2 small as init_from builds it (FINETUNED), at bf16 and at fp16 with
+    its loss scaler, beside the gpu section's GPT-2 small (vocabulary padded), eager then compiled."""
+    name = device_name(device)
+    peaks = {"stated": stated_bf16_tflops(name) if device.type == "cuda" else None, "measured": None}
+    spec = run_config(FINETUNED, sizes, device, compiled=False)
+    result: dict = {"device": name, "torch": torch.__version__, "repeats": repeats,
+                    "stated_bf16_tflops": peaks["stated"], "runs": {}}
+    result.update({key: getattr(spec.model, key) for key in ("n_layer", "n_head", "n_embd", "block_size")})
+    result["batch_size"] = spec.step.batch_size
+    folder = work / "gpt2-small-hf"  # kept beside the results, as the loading section keeps its folder
+    torch.manual_seed(0)
+    eot = FINETUNED.vocab_size - 1  # GPT-2's <|endoftext|> is its last id
+    save_hf_model(build_model(spec.model, FINETUNED.vocab_size), folder, bos_id=eot, eos_id=eot)
+    with tf32_matmuls(device):
+        for mode in MODES:
+            for model_from, dtype in FINETUNE_RUNS:
+                shape = FINETUNED if model_from == "from_folder" else SHAPES["gpt2_small"]
+                load = (lambda: gpt_from_hf(folder)[0]) if model_from == "from_folder" else None
+                run = result["runs"].setdefault(f"{model_from}, {dtype}", {"vocab_size": shape.vocab_size})
+                measure = partial(time_training, shape, mode == "compiled", sizes, repeats, device, peaks, None, dtype, load)
+                run[mode] = attempt(f"gpu_finetune: {model_from}, {dtype}, {mode}", measure)
     return result
 
 

@@ -249,6 +249,31 @@ def gpu_sampling_rows(g: dict) -> Rows:
     return rows
 
 
+def gpu_finetune_rows(g: dict) -> Rows:
+    """A heading, then per run (model, dtype) a row per mode: tokens/s, MFU, memory, load and warm-up."""
+    rows = [("fine-tuning on the GPU, GPT-2 small as init_from builds it", f"{g['n_layer']} layers x {g['n_head']} heads x "
+             f"{g['n_embd']}, {g['batch_size']} x {g['block_size']} tokens a step, AdamW ({g['device']})")]
+    for name, run in g["runs"].items():
+        model_from, dtype = name.split(", ")
+        model = "read from its Hugging Face folder, vocabulary" if model_from == "from_folder" else \
+            "random weights, vocabulary padded to"
+        rows.append((f"  {model} {run['vocab_size']:,}, {dtype}", ""))
+        for mode in ("eager", "compiled"):
+            m = run.get(mode)
+            if m is None:
+                continue
+            if "error" in m:
+                rows.append((f"    {mode}", f"failed: {m['error']}"))
+                continue
+            memory = f", peak {m['peak_memory_gib']:.1f} GiB" if m["peak_memory_gib"] is not None else ""
+            loaded = f"; read in {m['load_seconds']:.1f} s" if m["load_seconds"] is not None else ""
+            scale = f"; loss scale {m['loss_scale']:,.0f} after" if m["loss_scale"] is not None else ""
+            rows.append((f"    {mode}", f"{m['tokens_per_sec']:,.0f} tokens/s ({m['ms_per_step']:.1f} ms/step), MFU "
+                         f"{share(m['mfu_stated'])} of stated{memory}{loaded}; {m['warmup_seconds']:.1f} s for "
+                         f"{m['warmup_steps']} warm-up steps{scale}"))
+    return rows
+
+
 def nanogpt_gpu_rows(r: dict) -> Rows:
     """Each side's wall time from its start to val loss r['target'], or its best val loss."""
     def reached(run: dict) -> str:
@@ -269,5 +294,5 @@ SECTION_ROWS: dict[str, Callable[[dict], Rows]] = {
     "attention": attention_rows, "startup": startup_rows, "data": data_rows, "nanogpt": nanogpt_rows, "tab": tab_rows,
     "text": text_rows, "gpt2_text": gpt2_text_rows, "loading": loading_rows, "kv_cache": kv_cache_rows,
     "gpt2_sampling": gpt2_sampling_rows, "gpt2_finetune": gpt2_finetune_rows, "gpu": gpu_rows,
-    "gpu_sampling": gpu_sampling_rows, "nanogpt_gpu": nanogpt_gpu_rows,
+    "gpu_sampling": gpu_sampling_rows, "gpu_finetune": gpu_finetune_rows, "nanogpt_gpu": nanogpt_gpu_rows,
 }

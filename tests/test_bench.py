@@ -60,7 +60,7 @@ def test_an_unknown_section_is_one_clear_line():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
     assert result.returncode == 2
     assert result.stderr == (
-        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, kv_cache, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune, gpu, gpu_sampling, nanogpt_gpu)\n"
+        "error: --only speed is not a section (choose from peak, training, quality, recipe, compile, sampling, kv_cache, attention, startup, data, nanogpt, tab, text, gpt2_text, loading, gpt2_sampling, gpt2_finetune, gpu, gpu_sampling, gpu_finetune, nanogpt_gpu)\n"
     )
 
 
@@ -460,7 +460,7 @@ def test_the_gpu_sections_run_every_eager_path_at_quick_sizes_on_the_cpu(tmp_pat
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
 
     monkeypatch.setattr(bench.gpu, "matmul_tflops", out_of_memory)
-    record, printed = run_bench("--only", "gpu,gpu_sampling", "--gpu-device", "cpu", "--gpu-quick", "--gpu-profile",
+    record, printed = run_bench("--only", "gpu,gpu_sampling,gpu_finetune", "--gpu-device", "cpu", "--gpu-quick", "--gpu-profile",
                                 "--repeats", "1", out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
     gpu = record["results"]["gpu"]
     assert gpu["device"] == "cpu" and gpu["stated_bf16_tflops"] is None and gpu["measured_bf16_tflops"] is None
@@ -486,3 +486,16 @@ def test_the_gpu_sections_run_every_eager_path_at_quick_sizes_on_the_cpu(tmp_pat
             assert figures["kv_cache"]["ms_per_token"] > 0 and figures["recompute"]["ms_per_token"] > 0
             assert "first_difference_from_kv_cache" in figures["recompute"] and "compiled" not in figures
     assert re.search(r"  fp32 weights +KV cache [\d.]+; recomputing [\d.]+", printed)
+    finetune = record["results"]["gpu_finetune"]
+    assert list(finetune["runs"]) == ["from_folder, bf16", "from_folder, fp16", "padded, bf16"]
+    assert [run["vocab_size"] for run in finetune["runs"].values()] == [50257, 50257, 50304]
+    for name, run in finetune["runs"].items():
+        eager = run["eager"]
+        assert "compiled" not in run and eager["tokens_per_step"] == 2 * 32 and eager["ms_per_step"] > 0
+        assert (eager["load_seconds"] is not None) == name.startswith("from_folder")  # read from the folder, timed
+        assert (eager["loss_scale"] is not None) == name.endswith("fp16")
+    folder_params, padded_params = (finetune["runs"][name]["eager"]["params"] for name in ("from_folder, bf16", "padded, bf16"))
+    assert padded_params - folder_params == (50304 - 50257) * 32  # the folder's model has GPT-2's own vocabulary (tied head)
+    assert list(tmp_path.glob("runs-*/gpt2-small-hf/config.json"))  # the folder it read, kept beside the results
+    assert re.search(r"  read from its Hugging Face folder, vocabulary 50,257, fp16", printed)
+    assert re.search(r"    eager +[\d,]+ tokens/s .*; read in [\d.]+ s; .*loss scale 65,536 after", printed)
