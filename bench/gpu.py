@@ -176,8 +176,7 @@ def matmul_tflops(n: int, calls: int, repeats: int, device: torch.device) -> flo
     return 2 * n**3 * calls / median_time(products, repeats) / 1e12
 
 
-def build_train_step(spec: RunSpec, vocab_size: int, device: torch.device, dtype: str = "bf16",
-                     model: GPT | None = None) -> TrainStep:
+def build_train_step(spec: RunSpec, vocab_size: int, device: torch.device, model: GPT | None = None) -> TrainStep:
     """The step fit() runs, on model or a new one: build_run wraps, compiles (train.compile=true)
     and builds the optimizer as for train.py; random token ids stand in for the training split, as
     in the gpt2_finetune section (nothing asks for a tokenizer)."""
@@ -186,7 +185,8 @@ def build_train_step(spec: RunSpec, vocab_size: int, device: torch.device, dtype
     ids = np.random.default_rng(0).integers(0, vocab_size, size=RANDOM_IDS).astype(np.uint16)
     ranks = Ranks(rank=0, local_rank=0, world_size=1, device=device)
     data = TokenData(tokenizer=None, train=ids, val=ids)
-    run = build_run(spec, {}, Path("unused"), ranks, Precision(dtype, device), data, model)  # (it saves nothing)
+    precision = Precision(spec.device.dtype, device)  # run_config's bf16 or fp16
+    run = build_run(spec, {}, Path("unused"), ranks, precision, data, model)  # (it saves nothing)
     return run.train_step()
 
 
@@ -204,7 +204,7 @@ def time_training(shape: Shape, compiled: bool, sizes: Sizes, repeats: int, devi
     started = time.perf_counter()
     model = load() if load is not None else None
     load_seconds = time.perf_counter() - started if load is not None else None
-    step = build_train_step(spec, shape.vocab_size, device, dtype, model)
+    step = build_train_step(spec, shape.vocab_size, device, model)
     lr, rng, number = spec.optim.lr, np.random.default_rng(1), 0
     started = time.perf_counter()
     for number in range(sizes.warmup_steps):
@@ -332,7 +332,8 @@ def bench_gpu_finetune(repeats: int, device: torch.device, sizes: Sizes, work: P
                 shape = FINETUNED if model_from == "from_folder" else SHAPES["gpt2_small"]
                 load = (lambda: gpt_from_hf(folder)[0]) if model_from == "from_folder" else None
                 run = result["runs"].setdefault(f"{model_from}, {dtype}", {"vocab_size": shape.vocab_size})
-                measure = partial(time_training, shape, mode == "compiled", sizes, repeats, device, peaks, None, dtype, load)
+                measure = partial(time_training, shape, mode == "compiled", sizes, repeats, device, peaks, profile=None,
+                                  dtype=dtype, load=load)
                 run[mode] = attempt(f"gpu_finetune: {model_from}, {dtype}, {mode}", measure)
     return result
 

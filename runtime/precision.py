@@ -51,7 +51,8 @@ MIN_LOSS_SCALE = 1.0
 # Before torch 2.13 (pytorch/pytorch#181564) that cache told graphs apart by whether autocast was
 # on, not by its dtype: a train.compile=true run in fp16 after one in bf16 of the same model got
 # bf16's graph, and trained in bf16 under fp16's name (seen on an H100 with torch 2.11: its losses
-# were bf16's, bit for bit); the other way round, bf16 got fp16's graph and no loss scale.
+# were bf16's to six decimals); the other way round, bf16 got fp16's graph and no loss scale.
+# (Pre-releases of 2.13 count as before it: they may predate the fix, and the cost is compile time.)
 AUTOCAST_DTYPE_IN_CACHE_KEY = (2, 13)
 
 
@@ -98,9 +99,11 @@ class Precision:
     def before_compiling(self) -> None:
         """Call before torch.compile of a model that will run under autocast(): where this torch's
         AOTAutograd cache cannot tell bf16 from fp16 (AUTOCAST_DTYPE_IN_CACHE_KEY), this process
-        neither reads nor writes it. Inductor's own cache, keyed on the graph with its casts, stays."""
+        neither reads nor writes it, on disk or remote, from here on. Inductor's own cache, keyed on
+        the graph with its casts, stays. TORCHINDUCTOR_AUTOGRAD_CACHE=1 in the environment overrides it."""
         if self.dtype is not None and torch.__version__ < AUTOCAST_DTYPE_IN_CACHE_KEY:
             torch._functorch.config.enable_autograd_cache = False
+            torch._functorch.config.enable_remote_autograd_cache = False
 
     @property
     def loss_scale(self) -> float | None:
