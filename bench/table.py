@@ -206,14 +206,21 @@ def gpu_rows(g: dict) -> Rows:
             if "error" in m:
                 rows.append((f"  {mode}", f"failed: {m['error']}"))
                 continue
-            memory = f", peak {m['peak_memory_gib']:.1f} GiB" if m["peak_memory_gib"] is not None else ""
-            rows.append((f"  {mode} ({m['params'] / 1e6:.1f}M parameters)",
-                         f"{m['tokens_per_sec']:,.0f} tokens/s ({m['ms_per_step']:.1f} ms/step), MFU {share(m['mfu_stated'])} "
-                         f"of stated, {share(m['mfu_measured'])} of measured{memory}; {m['warmup_seconds']:.1f} s for "
-                         f"{m['warmup_steps']} warm-up steps"))
+            rows.append((f"  {mode} ({m['params'] / 1e6:.1f}M parameters)", training_figures(m, of_measured=True)))
             if "profile" in m:
                 rows += profile_rows(m["profile"])
     return rows
+
+
+def training_figures(m: dict, of_measured: bool) -> str:
+    """One timing of time_training (bench/gpu.py): tokens/s, MFU (against the measured peak too, where
+    the section measured one), peak memory, the seconds to read the model, warm-up, fp16's loss scale."""
+    measured = f", {share(m['mfu_measured'])} of measured" if of_measured else ""
+    memory = f", peak {m['peak_memory_gib']:.1f} GiB" if m["peak_memory_gib"] is not None else ""
+    loaded = f"; read in {m['load_seconds']:.1f} s" if m.get("load_seconds") is not None else ""
+    scale = f"; loss scale {m['loss_scale']:,.0f} after" if m.get("loss_scale") is not None else ""
+    return (f"{m['tokens_per_sec']:,.0f} tokens/s ({m['ms_per_step']:.1f} ms/step), MFU {share(m['mfu_stated'])} of "
+            f"stated{measured}{memory}{loaded}; {m['warmup_seconds']:.1f} s for {m['warmup_steps']} warm-up steps{scale}")
 
 
 def profile_rows(p: dict) -> Rows:
@@ -265,12 +272,7 @@ def gpu_finetune_rows(g: dict) -> Rows:
             if "error" in m:
                 rows.append((f"    {mode}", f"failed: {m['error']}"))
                 continue
-            memory = f", peak {m['peak_memory_gib']:.1f} GiB" if m["peak_memory_gib"] is not None else ""
-            loaded = f"; read in {m['load_seconds']:.1f} s" if m["load_seconds"] is not None else ""
-            scale = f"; loss scale {m['loss_scale']:,.0f} after" if m["loss_scale"] is not None else ""
-            rows.append((f"    {mode}", f"{m['tokens_per_sec']:,.0f} tokens/s ({m['ms_per_step']:.1f} ms/step), MFU "
-                         f"{share(m['mfu_stated'])} of stated{memory}{loaded}; {m['warmup_seconds']:.1f} s for "
-                         f"{m['warmup_steps']} warm-up steps{scale}"))
+            rows.append((f"    {mode}", training_figures(m, of_measured=False)))
     return rows
 
 
