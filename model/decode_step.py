@@ -13,6 +13,7 @@ both against the eager path.
 
 import logging
 import math
+import sys
 import warnings
 
 import torch
@@ -33,16 +34,23 @@ from model.sampling import DIVERGED, choose_next_token
 INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "realize_opcount_threshold": 4, "pattern_matcher": False}
 
 
-def inductor_options() -> dict:
+def inductor_options(bfloat16_pairs: bool) -> dict:
     """INDUCTOR_OPTIONS, and the C++ compiler allowed to fuse each multiply and add into one FMA
     instruction (-ffp-contract=fast; rounded once rather than twice). A one-row matmul's loop is a
     chain of multiply-adds into one accumulator: fused, GPT-2 small decoded 8% and 10% faster at
     bfloat16 in paired runs on a 2-core AMD EPYC (docs/speed.md). The option is "off"/"on"/"fast"
-    in recent torch and a bool in older releases."""
+    in recent torch and a bool in older releases.
+    bfloat16_pairs: the one-row matmuls read bfloat16 in pairs (bfloat16_pairs_dot); then every
+    intermediate of more than one operation is stored once, the input's two widened halves among
+    them, which each loop over a weight would otherwise widen again for every 16 of its elements
+    (GPT-2 small's compiled step 10% faster on an AMD EPYC of family 26, docs/speed.md)."""
     from torch._inductor import config  # here, not at the top: importing Inductor takes a second
 
     contract = "fast" if isinstance(config.cpp.enable_floating_point_contract_flag, str) else True
-    return {**INDUCTOR_OPTIONS, "cpp.enable_floating_point_contract_flag": contract}
+    options = {**INDUCTOR_OPTIONS, "cpp.enable_floating_point_contract_flag": contract}
+    if bfloat16_pairs:
+        options["realize_opcount_threshold"] = 1
+    return options
 
 
 def one_token_logits(
@@ -123,10 +131,46 @@ def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     and Inductor makes this one loop over the weight that streams it near that speed, in float32
     or bfloat16 alike (BLAS's one-row calls reach a third to a half of it on a 2-core AMD EPYC,
     docs/speed.md). Returns (1, 1, out)."""
-    out = (x.unsqueeze(-2).float() * weight.float()).sum(-1)  # (1, 1, 1, in) * (out, in), summed over in -> (1, 1, out)
+    if reads_bfloat16_pairs(x.dtype, weight):
+        out = bfloat16_pairs_dot(x, weight)  # (1, 1, out), float32
+    else:
+        out = (x.unsqueeze(-2).float() * weight.float()).sum(-1)  # (1, 1, 1, in) * (out, in), summed over in -> (1, 1, out)
     if bias is not None:
         out = out + bias.float()  # (1, 1, out), rounded once below, as addmm does
     return out.to(x.dtype)
+
+
+def reads_bfloat16_pairs(input_dtype: torch.dtype, weight: torch.Tensor) -> bool:
+    """Whether one_row_linear reads its input and weight as pairs of bfloat16: both bfloat16, an
+    even width, on a little-endian CPU (CUDA's loop has not been measured this way)."""
+    return (input_dtype == weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+            and weight.shape[-1] % 2 == 0 and sys.byteorder == "little")
+
+
+def bfloat16_pairs_dot(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (1, 1, in) times each row of weight (out, in), both bfloat16, summed in float32: (1, 1, out).
+
+    A bfloat16 is the top half of a float32, so widening one is a 16-bit shift. Read as int32,
+    each 4 bytes hold two neighbours, element 2j in the low half and 2j+1 in the high half:
+    shifting the low half up, or masking the high half, gives each one's float32 exactly. This
+    way Inductor's loop reads the weight in whole 64-byte vectors of int32; reading it as
+    bfloat16 it loads 16 at a time with masked loads, which ran at 22% of x.sum()'s read rate on
+    an AMD EPYC of family 26 (docs/speed.md, "bfloat16 read in pairs")."""
+    x_pairs = x.contiguous().view(torch.int32).unsqueeze(-2)  # (1, 1, in) bf16 -> (1, 1, 1, in/2) int32
+    w_pairs = weight.contiguous().view(torch.int32)  # (out, in) bf16 -> (out, in/2) int32 (contiguous: no copy)
+    even = widen_low(x_pairs) * widen_low(w_pairs)  # (1, 1, out, in/2): elements 0, 2, 4, ...
+    odd = widen_high(x_pairs) * widen_high(w_pairs)  # (1, 1, out, in/2): elements 1, 3, 5, ...
+    return (even + odd).sum(-1)  # (1, 1, out)
+
+
+def widen_low(pairs: torch.Tensor) -> torch.Tensor:
+    """The float32 of the bfloat16 in each int32's low half: shifted into the high half."""
+    return (pairs << 16).view(torch.float32)
+
+
+def widen_high(pairs: torch.Tensor) -> torch.Tensor:
+    """The float32 of the bfloat16 in each int32's high half: the low half cleared."""
+    return (pairs & -65536).view(torch.float32)  # -65536 = 0xFFFF0000 as an int32
 
 
 class NextTokenStep(nn.Module):
@@ -178,6 +222,7 @@ class CompiledDecodeStep:
         self._stand_ins = example[2], example[3]  # the last_embedding and uniform of a call without them
         with eval_mode(model):
             program = torch.export.export(NextTokenStep(model, temperature, top_k, top_p), example)
+        bfloat16_pairs = batch_size == 1 and reads_bfloat16_pairs(weight.dtype, weight)
         if batch_size == 1:  # with more rows, one BLAS call reads the weight once for all of them
             with warnings.catch_warnings():  # torch's own deprecation (LeafSpec) inside run_decompositions
                 warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -196,7 +241,7 @@ class CompiledDecodeStep:
         cache_log.setLevel(logging.ERROR)
         try:
             with torch.no_grad():  # an inference graph: no autograd records around the kernels
-                self._run = inductor_compile(graph, list(example), options=inductor_options())
+                self._run = inductor_compile(graph, list(example), options=inductor_options(bfloat16_pairs))
         finally:
             cache_log.setLevel(level)
 

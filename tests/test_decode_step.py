@@ -5,7 +5,13 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from model.decode_step import CompiledDecodeStep, one_token_logits
+from model.decode_step import (
+    CompiledDecodeStep,
+    bfloat16_pairs_dot,
+    one_row_linear,
+    one_token_logits,
+    reads_bfloat16_pairs,
+)
 from model.generation import generate_tokens
 from model.sampling import choose_next_token
 from tests.helpers import ARCHITECTURE_OPTIONS, lively, tiny_gpt
@@ -60,20 +66,44 @@ def test_choosing_at_temperature_zero_takes_the_likeliest_and_ignores_the_noise(
     assert choose_next_token(logits, 0.0, None, None, None).tolist() == [[1], [0]]
 
 
+def test_bfloat16_read_in_pairs_multiplies_each_element_by_its_own_weight():
+    # Whole numbers small enough that every product and sum is exact in float32, so the result
+    # must equal the exact one: a half widened wrongly, or an element paired with its neighbour's
+    # weight, changes it.
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(-8, 9, (1, 1, 6), generator=generator).to(torch.bfloat16)  # (1, 1, in)
+    weight = torch.randint(-8, 9, (5, 6), generator=generator).to(torch.bfloat16)  # (out, in)
+    bias = torch.randint(-8, 9, (5,), generator=generator).to(torch.bfloat16)
+    exact = x.double() @ weight.double().T  # (1, 1, out)
+    assert reads_bfloat16_pairs(torch.bfloat16, weight)
+    assert bfloat16_pairs_dot(x, weight).dtype == torch.float32 and torch.equal(bfloat16_pairs_dot(x, weight).double(), exact)
+    assert torch.equal(one_row_linear(x, weight, bias), (exact + bias.double()).to(torch.bfloat16))  # rounded once
+    # An odd width has no pairs, and float32 needs no widening: both multiply as they are.
+    assert not reads_bfloat16_pairs(torch.bfloat16, weight[:, :5]) and not reads_bfloat16_pairs(torch.float32, weight.float())
+    assert torch.equal(one_row_linear(x[..., :5], weight[:, :5]), (x[..., :5].double() @ weight[:, :5].double().T).to(torch.bfloat16))
+
+
 @pytest.mark.compile
 def test_a_bf16_step_draws_with_the_float32_noise_that_sampling_gives_it():
     # uniform_noise draws float32 whatever the weights' dtype. A step built for bf16 noise read its
     # bytes as bf16: sample.py compile=true dtype=bf16 wrote nonsense while eager bf16 wrote stories.
-    model = tiny_gpt(block_size=16).to(torch.bfloat16).eval()
-    step = CompiledDecodeStep(model, batch_size=2, temperature=1.0, top_k=None, top_p=None)
-    prompt = torch.randint(0, 65, (2, 5), generator=torch.Generator().manual_seed(0))
-    for chosen in ([3, 60], [41, 7]):
+    # One row, as sample.py's default num_samples=1: its one-row matmuls read bfloat16 in pairs.
+    model = lively(tiny_gpt(block_size=16)).to(torch.bfloat16)
+    step, code = run_and_get_code(CompiledDecodeStep, model, batch_size=1, temperature=1.0, top_k=None, top_p=None)
+    assert any("Vectorized<int32_t>::loadu" in text for text in code)  # the weights read as int32, two bfloat16 each
+    prompt = torch.randint(0, 65, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        likeliest = model(prompt)[0][0, -1].argmax().item()  # after the 5th token, eager
+    assert likeliest not in (3, 60)
+    for chosen in (3, 60, None):
         caches = model.new_caches()
         with torch.no_grad():
             model(prompt[:, :4], caches=caches)  # the step takes in the 5th token
-        uniform = torch.full((2, 65), 0.5)  # (B, V) float32, as uniform_noise draws it
-        uniform[[0, 1], chosen] = 1 - 2**-24  # -log(u) near 0: these tokens' draws win by far
-        assert step(prompt[:, 4:], caches, uniform).flatten().tolist() == chosen
+        uniform = torch.full((1, 65), 0.5)  # (B, V) float32, as uniform_noise draws it
+        if chosen is not None:
+            uniform[0, chosen] = 1 - 2**-24  # -log(u) near 0: this token's draw wins by far
+        # With the same noise everywhere, the draw is the likeliest token, as the eager logits have it.
+        assert step(prompt[:, 4:], caches, uniform).item() == (likeliest if chosen is None else chosen)
 
 
 @pytest.mark.compile
