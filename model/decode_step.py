@@ -30,7 +30,8 @@ from model.sampling import DIVERGED, choose_next_token
 # it swaps attend_one's bmm, softmax, bmm for a fused attention kernel, whose call costs more than
 # one query row's work (on a CPU its 12 calls a token also split the step's one fused loop nest
 # into five: docs/speed.md, "Without Inductor's pattern matcher"), and whose shape checks on CUDA cannot take a slot
-# count read at run time (torch 2.11 stops the compile there).
+# count read at run time (torch 2.11 stops the compile there). A step whose one-row matmuls read
+# bfloat16 in pairs stores more still (inductor_options).
 INDUCTOR_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "realize_opcount_threshold": 4, "pattern_matcher": False}
 
 
@@ -42,8 +43,9 @@ def inductor_options(bfloat16_pairs: bool) -> dict:
     in recent torch and a bool in older releases.
     bfloat16_pairs: the one-row matmuls read bfloat16 in pairs (bfloat16_pairs_dot); then every
     intermediate of more than one operation is stored once, the input's two widened halves among
-    them, which each loop over a weight would otherwise widen again for every 16 of its elements
-    (GPT-2 small's compiled step 10% faster on an AMD EPYC of family 26, docs/speed.md)."""
+    them, which each loop over a weight would otherwise widen again with every vector of the
+    weight it reads (GPT-2 small's compiled step 10% faster on an AMD EPYC of family 26; the
+    project's default model, whose weights sit in the caches, slower: docs/speed.md)."""
     from torch._inductor import config  # here, not at the top: importing Inductor takes a second
 
     contract = "fast" if isinstance(config.cpp.enable_floating_point_contract_flag, str) else True
@@ -128,10 +130,10 @@ def attend_one(
 def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for one row x (1, 1, in) as a multiply and a sum, accumulated in float32 as BLAS
     does. One token's matmul reads each weight once for one multiply-add: the speed is memory's,
-    and Inductor makes this one loop over the weight that streams it near that speed, in float32
-    or bfloat16 alike (BLAS's one-row calls reach a third to a half of it on a 2-core AMD EPYC,
-    docs/speed.md). Returns (1, 1, out)."""
-    if reads_bfloat16_pairs(x.dtype, weight):
+    and Inductor makes this one loop over the weight that streams it near that speed, in float32,
+    and in bfloat16 read in pairs (BLAS's one-row calls reach a third to a half of it on a 2-core
+    AMD EPYC, docs/speed.md). Returns (1, 1, out)."""
+    if x.dtype == torch.bfloat16 and reads_bfloat16_pairs(weight):
         out = bfloat16_pairs_dot(x, weight)  # (1, 1, out), float32
     else:
         out = (x.unsqueeze(-2).float() * weight.float()).sum(-1)  # (1, 1, 1, in) * (out, in), summed over in -> (1, 1, out)
@@ -140,11 +142,11 @@ def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out.to(x.dtype)
 
 
-def reads_bfloat16_pairs(input_dtype: torch.dtype, weight: torch.Tensor) -> bool:
-    """Whether one_row_linear reads its input and weight as pairs of bfloat16: both bfloat16, an
-    even width, on a little-endian CPU (CUDA's loop has not been measured this way)."""
-    return (input_dtype == weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
-            and weight.shape[-1] % 2 == 0 and sys.byteorder == "little")
+def reads_bfloat16_pairs(weight: torch.Tensor) -> bool:
+    """Whether one_row_linear reads a bfloat16 input and this weight as pairs of bfloat16: the
+    weight bfloat16, of an even width, on a little-endian CPU (CUDA's loop was not measured so)."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.shape[-1] % 2 == 0
+            and sys.byteorder == "little")
 
 
 def bfloat16_pairs_dot(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -156,7 +158,9 @@ def bfloat16_pairs_dot(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     way Inductor's loop reads the weight in whole 64-byte vectors of int32; reading it as
     bfloat16 it loads 16 at a time with masked loads, which ran at 22% of x.sum()'s read rate on
     an AMD EPYC of family 26 (docs/speed.md, "bfloat16 read in pairs")."""
-    x_pairs = x.contiguous().view(torch.int32).unsqueeze(-2)  # (1, 1, in) bf16 -> (1, 1, 1, in/2) int32
+    # A fresh copy: contiguous() would hand back an x that starts at an odd element, or whose size-1
+    # dimensions have odd strides, which no int32 view can read. (The step stores x once anyway.)
+    x_pairs = x.clone(memory_format=torch.contiguous_format).view(torch.int32).unsqueeze(-2)  # (1, 1, in) bf16 -> (1, 1, 1, in/2) int32
     w_pairs = weight.contiguous().view(torch.int32)  # (out, in) bf16 -> (out, in/2) int32 (contiguous: no copy)
     even = widen_low(x_pairs) * widen_low(w_pairs)  # (1, 1, out, in/2): elements 0, 2, 4, ...
     odd = widen_high(x_pairs) * widen_high(w_pairs)  # (1, 1, out, in/2): elements 1, 3, 5, ...
@@ -222,11 +226,13 @@ class CompiledDecodeStep:
         self._stand_ins = example[2], example[3]  # the last_embedding and uniform of a call without them
         with eval_mode(model):
             program = torch.export.export(NextTokenStep(model, temperature, top_k, top_p), example)
-        bfloat16_pairs = batch_size == 1 and reads_bfloat16_pairs(weight.dtype, weight)
+        bfloat16_pairs = False  # whether any one-row matmul reads bfloat16 in pairs
         if batch_size == 1:  # with more rows, one BLAS call reads the weight once for all of them
             with warnings.catch_warnings():  # torch's own deprecation (LeafSpec) inside run_decompositions
                 warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
                 program = program.run_decompositions({torch.ops.aten.linear.default: one_row_linear})
+            bfloat16_pairs = weight.dtype == torch.bfloat16 and any(
+                reads_bfloat16_pairs(module.weight) for module in model.modules() if isinstance(module, nn.Linear))
         from torch._inductor import compile as inductor_compile  # here, not at the top: it takes a second to import
 
         graph = program.module()

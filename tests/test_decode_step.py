@@ -5,9 +5,11 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
+from model import decode_step
 from model.decode_step import (
     CompiledDecodeStep,
     bfloat16_pairs_dot,
+    inductor_options,
     one_row_linear,
     one_token_logits,
     reads_bfloat16_pairs,
@@ -75,21 +77,33 @@ def test_bfloat16_read_in_pairs_multiplies_each_element_by_its_own_weight():
     weight = torch.randint(-8, 9, (5, 6), generator=generator).to(torch.bfloat16)  # (out, in)
     bias = torch.randint(-8, 9, (5,), generator=generator).to(torch.bfloat16)
     exact = x.double() @ weight.double().T  # (1, 1, out)
-    assert reads_bfloat16_pairs(torch.bfloat16, weight)
-    assert bfloat16_pairs_dot(x, weight).dtype == torch.float32 and torch.equal(bfloat16_pairs_dot(x, weight).double(), exact)
+    assert reads_bfloat16_pairs(weight)
+    assert bfloat16_pairs_dot(x, weight).dtype == torch.float32
+    assert torch.equal(bfloat16_pairs_dot(x, weight).double(), exact)
     assert torch.equal(one_row_linear(x, weight, bias), (exact + bias.double()).to(torch.bfloat16))  # rounded once
+    # Every bit of each value, widened: times the identity, x comes back as float32 bit for bit, and
+    # a one-hot x picks out a column of the weight, both halves of each pair alike.
+    x, weight = torch.randn(1, 1, 8, generator=generator).to(torch.bfloat16), torch.randn(8, 8, generator=generator).to(torch.bfloat16)
+    assert torch.equal(bfloat16_pairs_dot(x, torch.eye(8, dtype=torch.bfloat16)), x.float())
+    for i in range(8):
+        one_hot = torch.nn.functional.one_hot(torch.tensor([[i]]), 8).to(torch.bfloat16)  # (1, 1, in)
+        assert torch.equal(bfloat16_pairs_dot(one_hot, weight), weight[:, i].float().view(1, 1, 8))
     # An odd width has no pairs, and float32 needs no widening: both multiply as they are.
-    assert not reads_bfloat16_pairs(torch.bfloat16, weight[:, :5]) and not reads_bfloat16_pairs(torch.float32, weight.float())
+    assert not reads_bfloat16_pairs(weight[:, :5]) and not reads_bfloat16_pairs(weight.float())
     assert torch.equal(one_row_linear(x[..., :5], weight[:, :5]), (x[..., :5].double() @ weight[:, :5].double().T).to(torch.bfloat16))
 
 
 @pytest.mark.compile
-def test_a_bf16_step_draws_with_the_float32_noise_that_sampling_gives_it():
+def test_a_one_row_bf16_step_reads_bfloat16_in_pairs_and_draws_with_the_float32_noise_sampling_gives_it(monkeypatch):
     # uniform_noise draws float32 whatever the weights' dtype. A step built for bf16 noise read its
     # bytes as bf16: sample.py compile=true dtype=bf16 wrote nonsense while eager bf16 wrote stories.
-    # One row, as sample.py's default num_samples=1: its one-row matmuls read bfloat16 in pairs.
+    # One row, as sample.py's default num_samples=1: its one-row matmuls read bfloat16 in pairs, and
+    # the step stores their input's widened halves once.
     model = lively(tiny_gpt(block_size=16)).to(torch.bfloat16)
+    asked = []
+    monkeypatch.setattr(decode_step, "inductor_options", lambda pairs: asked.append(pairs) or inductor_options(pairs))
     step, code = run_and_get_code(CompiledDecodeStep, model, batch_size=1, temperature=1.0, top_k=None, top_p=None)
+    assert asked == [True]
     assert any("Vectorized<int32_t>::loadu" in text for text in code)  # the weights read as int32, two bfloat16 each
     prompt = torch.randint(0, 65, (1, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -107,7 +121,7 @@ def test_a_bf16_step_draws_with_the_float32_noise_that_sampling_gives_it():
 
 
 @pytest.mark.compile
-def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings():
+def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings(monkeypatch):
     # Learned positions and smear (the CLI test covers rope), top_p, a prompt longer than
     # block_size and 25 new tokens: the context slides at block_size 8 and the caches are refilled
     # several times. In multi-query form (one key/value head for 4 query heads, which once failed to
@@ -116,7 +130,10 @@ def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings()
     model = lively(tiny_gpt(block_size=8, n_head=4, n_kv_head=1, window=6, qk_norm=True, mlp="swiglu", smear=True))
     prompt = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(0))
     settings = dict(temperature=1.0, top_k=None, top_p=0.9)
+    asked = []
+    monkeypatch.setattr(decode_step, "inductor_options", lambda pairs: asked.append(pairs) or inductor_options(pairs))
     step, code = run_and_get_code(CompiledDecodeStep, model, batch_size=2, **settings)  # and the code Inductor wrote
+    assert asked == [False]  # float32, two rows: nothing read in pairs
     # The attention in the step's own loops: no call of torch's fused attention kernel, which costs
     # more than one query row's work (docs/speed.md: 1 of 13.7 ms a token of GPT-2 small at bf16).
     assert code and not any("scaled_dot_product" in text for text in code)
