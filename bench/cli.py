@@ -98,9 +98,9 @@ def command_line() -> argparse.ArgumentParser:
     parser.add_argument("--new-tokens", type=int, default=1000, help="tokens per sampling run")
     parser.add_argument("--data-mb", type=int, default=100, help="megabytes of text for the data section")
     parser.add_argument("--corpus", type=Path, help="tiny shakespeare's input.txt, for the training, quality, recipe, "
-                        "compile and nanogpt sections (default: ../shared/corpora/tinyshakespeare.txt if there, else "
+                        "compile, nanogpt and nanogpt_gpu sections (default: ../shared/corpora/tinyshakespeare.txt if there, else "
                         "the copy data=shakespeare downloads into .cache/corpora/, fetched once)")
-    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt and gpt2_finetune sections")
+    parser.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT, for the nanogpt, nanogpt_gpu and gpt2_finetune sections")
     parser.add_argument("--gpu-device", default="cuda", help="the device of the gpu sections (gpu, gpu_sampling, gpu_finetune; default cuda; "
                         "cpu with --gpu-quick checks their code on a machine without a GPU)")
     parser.add_argument("--gpu-quick", action="store_true", help="the gpu sections at tiny shapes and a few steps: "
