@@ -82,9 +82,19 @@ def test_a_short_fine_tune_from_the_weights_lowers_the_loss_in_a_cropped_context
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "model.block_size=32 crops GPT-2's 64 positions to 32" in result.stdout
+    assert "note: init_from" not in result.stdout  # the preset fine-tunes with AdamW
     val = {e.step: e.value for e in read_events(tmp_path / "run").Scalars("loss/val")}
     assert sorted(val) == [0, 12] and val[12] < val[0] - 0.05, val
     assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").model["pos_emb.weight"].shape == (32, 32)  # (block_size, C)
+
+
+def test_training_from_the_weights_with_the_default_muon_says_which_optimizer_fine_tunes(gpt2_folder, tmp_path):
+    result = run_cli("train.py", f"init_from={gpt2_folder}", *SMALL, "train.max_steps=1",
+                     "train.attn_log_interval=0", "train.sample_interval=0", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (f"note: init_from={gpt2_folder} trains with optim.name=muon, the default for training from scratch"
+            in result.stdout)
+    assert "optim.name=adamw optim.lr=3e-5" in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -136,6 +136,11 @@ def describe(run: Run) -> None:
         log.info("note: optim.ns_dtype=bfloat16 (a run saved before the option resumes with it) runs Muon's "
                  "Newton-Schulz matmuls in bfloat16, very slow on a CPU without AVX-512 BF16; optim.ns_dtype=auto "
                  "runs them in float32")
+    if spec.start.weights is not None and spec.optim.name == "muon" and spec.loop.max_steps > 0:
+        log.info(f"note: init_from={spec.start.init_from} trains with optim.name=muon, the default for training from "
+                 "scratch: its steps have a fixed size whatever the gradient, too big for weights that are already good; "
+                 "the fine-tuning presets use AdamW (experiment=finetune_gpt2 or experiment=finetune_smollm2, "
+                 "with init_from=<yours>), or give optim.name=adamw optim.lr=3e-5")
     if 0 < spec.loop.max_steps < spec.optim.warmup_steps:
         log.info(f"note: optim.warmup_steps={spec.optim.warmup_steps} is more than train.max_steps={spec.loop.max_steps}: "
                  f"the learning rate never reaches optim.lr={spec.optim.lr:g}; lower optim.warmup_steps for so short a run")
