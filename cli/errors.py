@@ -226,16 +226,23 @@ MUST_BE = {IntegerNode: "a whole number", FloatNode: "a number", UnionNode: "a n
            ListConfig: "a list"}
 
 
+def configured_value(key: str, node: Any) -> str:
+    """' (the config has optim.lr=0.003)': what the refused key held as composed so far, the form
+    to copy; '' where it held null. The node is the one the override failed to change."""
+    held = OmegaConf.to_container(node) if isinstance(node, ListConfig) else node._value()
+    return "" if held is None else f" (the config has {key}={as_typed(held)})"
+
+
 def refused_value_line(refusal: ValidationError) -> str | None:
-    """'train.max_steps=abc must be a whole number' for a value its key's type refused; None
-    for another ValidationError."""
+    """'train.max_steps=abc must be a whole number (the config has train.max_steps=800)' for a
+    value its key's type refused; None for another ValidationError."""
     node, key, value = refusal.child_node, refusal.full_key, refusal.value
     shown = as_typed(value)  # null, true and false as they were typed, not Python's None, True and False
     if isinstance(node, EnumNode):  # every enum of the schema is a cli.schema.Choice
         return node.enum_type.refusal(key, shown)
     must_be = MUST_BE.get(type(node))
     if must_be:
-        return f"{key}={shown} must be {must_be}"
+        return f"{key}={shown} must be {must_be}{configured_value(key, node)}"
     if "is not Optional" in str(refusal):  # null given to a key that has no null
         return f"{key}=null: {key} cannot be null; give it a value ({options_hint()})"
     return None

@@ -116,6 +116,14 @@ def test_a_wrong_type_or_choice_is_refused_while_hydra_composes_in_one_line(conf
     assert line.startswith(message) and "\n" not in line
 
 
+def test_a_refused_value_shows_what_the_config_holds_there_as_the_form_to_give():
+    assert refusal("train", "optim.betas=3") == "optim.betas=3 must be a list (the config has optim.betas=[0.9, 0.99])"
+    assert refusal("train", "optim.lr=abc") == "optim.lr=abc must be a number (the config has optim.lr=0.003)"
+    assert refusal("train", "experiment=induction", "train.max_steps=x") == (
+        "train.max_steps=x must be a whole number (the config has train.max_steps=2000)")  # as composed, the preset's
+    assert refusal("sample", "top_k=lots") == "top_k=lots must be a whole number"  # null there: no form to copy
+
+
 def test_a_number_stays_as_given_and_null_turns_top_k_and_top_p_off():
     cfg = composed("train", "optim.lr=1", "model.dropout=0.25")
     assert (cfg.optim.lr, type(cfg.optim.lr), cfg.model.dropout) == (1, int, 0.25)
