@@ -202,7 +202,11 @@ def report(run: Run, figures: Figures) -> None:
         log.info(f"warning: {figures.skipped} of {run.spec.loop.max_steps} batches were skipped for a non-finite "
                  "loss or gradient")
     shown = run.shown_dir
-    log.info(f"done: best val loss {figures.best_val_loss:.4f}; checkpoints, logs and TensorBoard events in {shown}")
+    recalled = ""
+    if figures.recall is not None and "name" in figures.recall[1]:  # the stories' names, the default run's headline
+        step, accuracy = figures.recall
+        recalled = f", name recall {accuracy['name']:.1%} at step {step}"
+    log.info(f"done: best val loss {figures.best_val_loss:.4f}{recalled}; checkpoints, logs and TensorBoard events in {shown}")
     log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown) or '.'}")
     example = "Once upon a time"  # unless a character tokenizer's corpus lacks one of its letters
     prompt = f" prompt='{example}'" if encoded_if_writable(run.data.tokenizer, example) else ""

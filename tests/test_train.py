@@ -60,6 +60,8 @@ def test_a_tiny_char_run_trains_logs_labelled_maps_and_samples(tmp_path):
     expected = recomputed_last_step_scalars(run_dir)
     assert "recall/accuracy_name" in expected
     assert last_values(events, expected) == pytest.approx(expected, abs=1e-5)
+    name = events.Scalars("recall/accuracy_name")[-1]  # and the last line says it, as TensorBoard has it
+    assert f", name recall {name.value:.1%} at step {name.step}; checkpoints" in result.stdout and name.step == 20
     sampled = run_cli("sample.py", f"run={run_dir}", "prompt=Once upon", "max_new_tokens=20", cwd=tmp_path)
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("Once upon") and len(sampled.stdout.rstrip("\n")) >= len("Once upon") + 20
@@ -75,6 +77,7 @@ def test_the_closing_hint_leaves_out_a_prompt_the_runs_characters_cannot_write(t
     result = run_cli("train.py", *tiny_run(lower), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("  sample: .venv/bin/python sample.py run=run\n")  # a command that runs as printed
+    assert "recall" not in result.stdout  # a text of the user's has no recall probe
 
 
 def test_a_run_shorter_than_its_warmup_says_its_learning_rate_never_peaks(tmp_path):

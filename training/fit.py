@@ -31,6 +31,7 @@ class Figures:
     evaluations: list[dict[str, float]]  # {"step", "train", "val"}, in order ("train" only with eval_train)
     tokens_per_sec: list[float] = field(default_factory=list)  # one per logged window
     skipped: int = 0
+    recall: tuple[int, dict[str, float]] | None = None  # the recall probe's last (step, accuracy by kind); rank 0
 
 
 def fit(run: Run, state: TrainState) -> Figures:
@@ -40,7 +41,8 @@ def fit(run: Run, state: TrainState) -> Figures:
     tb = open_tensorboard(run, state.step)
     saver = Saver(run)
     evaluation = Evaluation(run, tb)
-    jobs = [evaluation, AttentionMaps(run, tb, fresh=state.step == 0), Samples(run, tb),
+    maps = AttentionMaps(run, tb, fresh=state.step == 0)
+    jobs = [evaluation, maps, Samples(run, tb),
             KeptCheckpoints(run, evaluation, saver, state), Checkpoints(evaluation, saver, loop.save_interval)]
     train_step = run.train_step()
     schedule = partial(lr_at, lr=optim.lr, min_lr=optim.min_lr, warmup_steps=optim.warmup_steps,
@@ -80,7 +82,7 @@ def fit(run: Run, state: TrainState) -> Figures:
                 raise SystemExit(128 + stop_signal)
     tb.hparams(hyperparameters(saver.config, ranks.world_size), {"hparams/best_val_loss": state.best_val_loss})
     tb.close()
-    return Figures(state.best_val_loss, evaluation.history, book.step_log.history, state.skipped)
+    return Figures(state.best_val_loss, evaluation.history, book.step_log.history, state.skipped, maps.last_recall)
 
 
 def open_tensorboard(run: Run, step: int) -> RunLogger:

@@ -78,6 +78,7 @@ class AttentionMaps:
         probes, shape, tokenizer, device = run.spec.probes, run.model.config, run.data.tokenizer, run.ranks.device
         self.model, self.tb, self.parallel, self.is_main = run.model, tb, run.parallel, run.ranks.is_main
         self.due = Every(probes.attn_log_interval, at_start=probes.attn_log_at_start)
+        self.last_recall: tuple[int, dict[str, float]] | None = None  # (step, accuracy by kind): the probe's latest
         n_probe = min(probes.probe_tokens, shape.block_size)
         probe = probe_ids(run.data.val, tokenizer, n_probe)
         self.probe = torch.tensor([probe], device=device)  # (1, T_probe)
@@ -125,6 +126,7 @@ class AttentionMaps:
         if self.recall is not None:
             scores = self.recall.evaluate(self.model)
             self.tb.recall(state.step, scores)
+            self.last_recall = (state.step, scores.accuracy_by_kind)
             if "name" in scores.accuracy_by_kind and self.ablate:
                 self.tb.ablation(state.step, recall_without_each_head(self.model, self.recall, "name"))
 
