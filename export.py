@@ -11,15 +11,15 @@ Every option is in configs/export.yaml.
 import json
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from user_error import UserError, ctrl_c_ends_quietly, not_installed
+from runtime.startup import Starting
+from user_error import UserError, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
-    ctrl_c_before = ctrl_c_ends_quietly()  # and Ctrl-C while importing, one line too (until the imports end)
+    starting = Starting()  # Ctrl-C while importing is one line too, and no garbage is collected (runtime/startup.py)
     import hydra
     from omegaconf import DictConfig
 except ModuleNotFoundError as missing:
@@ -34,7 +34,7 @@ from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
 from model_io.run_files import BEST, LAST, resolve_checkpoint
 
-signal.signal(signal.SIGINT, ctrl_c_before)  # Ctrl-C raises KeyboardInterrupt again
+starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="export", version_base="1.3")

@@ -8,16 +8,16 @@ model's config, its weights and its tokenizer.
 Every option is in configs/sample.yaml. Nothing is written anywhere.
 """
 
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from user_error import UserError, ctrl_c_ends_quietly, not_installed
+from runtime.startup import Starting
+from user_error import UserError, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
-    ctrl_c_before = ctrl_c_ends_quietly()  # and Ctrl-C while importing, one line too (until the imports end)
+    starting = Starting()  # Ctrl-C while importing is one line too, and no garbage is collected (runtime/startup.py)
     import hydra
     import torch
     from omegaconf import DictConfig
@@ -34,7 +34,7 @@ from model_io.run_files import KEPT, resolve_checkpoint
 from runtime.devices import Machine, check_compiler, pick_device
 from runtime.precision import weights_dtype
 
-signal.signal(signal.SIGINT, ctrl_c_before)  # Ctrl-C raises KeyboardInterrupt again
+starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")

@@ -20,14 +20,14 @@ import gc
 import logging
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 
-from user_error import UserError, ctrl_c_ends_quietly, not_installed
+from runtime.startup import Starting
+from user_error import UserError, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
-    ctrl_c_before = ctrl_c_ends_quietly()  # and Ctrl-C while importing, one line too (until the imports end)
+    starting = Starting()  # Ctrl-C while importing is one line too, and no garbage is collected (runtime/startup.py)
     import hydra
     import numpy as np
     from hydra.core.hydra_config import HydraConfig
@@ -61,7 +61,7 @@ from training.fit import Figures, fit
 from training.specs import RunSpec
 from training.state import TrainState
 
-signal.signal(signal.SIGINT, ctrl_c_before)  # Ctrl-C raises KeyboardInterrupt again
+starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
 
 log = logging.getLogger("train")
 

@@ -6,7 +6,6 @@ so that data/ and model/ can raise it without importing the training loop's pack
 """
 
 
-import signal
 import sys
 
 
@@ -41,18 +40,3 @@ def not_installed(missing: ModuleNotFoundError, script: str) -> str:
     """The one line a script says when run by a python without the packages `make setup` installs."""
     return (f"error: {missing.name} is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
             "(make setup makes .venv), or activate .venv first")
-
-
-def ctrl_c_ends_quietly() -> signal.Handlers | object:
-    """Ctrl-C in a script's first seconds, while it imports torch and the rest, ends it with one
-    line and exit status 130 instead of an import's traceback (nothing is written yet). Returns
-    the handler it replaced, for the script to put back once it has imported: then Ctrl-C raises
-    KeyboardInterrupt again, which the commands handle (cli/errors.py, the training loop). A
-    Ctrl-C the shell had the process ignore stays ignored."""
-    def stopped(signum: int, frame: object) -> None:
-        print("stopped: interrupted while starting; nothing was written", file=sys.stderr, flush=True)
-        sys.exit(130)
-    before = signal.getsignal(signal.SIGINT)
-    if before is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, stopped)
-    return before

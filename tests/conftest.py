@@ -1,6 +1,7 @@
 """The fixtures several test files share; the helpers they share are in tests/helpers.py."""
 
 import functools
+import gc
 import os
 import pickle
 import shutil
@@ -25,6 +26,19 @@ from inspection.recall_probe import RecallProbe
 from tests.helpers import Finished, LogdirBuilder, QuietHandler, run_cli, tiny_run, two_ranks_left_alone
 
 T = TypeVar("T")
+
+# No garbage collection while pytest imports the test files (transformers, TensorBoard, Selenium
+# and the rest), then the objects made so far frozen, as the commands do (runtime/startup.py):
+# each full collection would walk them all, again and again, through every test.
+gc.disable()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """The files are collected (in a pytest-xdist worker too): collect garbage again, over what the
+    tests make."""
+    gc.enable()
+    gc.freeze()
 
 # Each pytest-xdist worker keeps to one core, and so do the processes it starts: two workers
 # with two torch threads each on two cores spend their time waiting on each other's threads.

@@ -188,34 +188,6 @@ def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_ven
                              "(make setup makes .venv), or activate .venv first\n")
 
 
-# Ctrl-C as the script starts importing torch: a finder that Python asks first sends it, so that it
-# lands in the imports every time (a timer would land there only on a machine of the right speed).
-# Ctrl-C reaches the script as from a terminal: a shell that runs the tests in the background
-# starts them with it ignored, and the scripts leave an ignored Ctrl-C ignored.
-CTRL_C_AT_TORCH = """
-import os, runpy, signal, sys
-signal.signal(signal.SIGINT, signal.default_int_handler)
-class CtrlCAtTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            os.kill(os.getpid(), signal.SIGINT)
-        return None
-sys.meta_path.insert(0, CtrlCAtTorch())
-sys.argv = [sys.argv[1]]
-sys.path[0] = os.path.dirname(sys.argv[0])  # as Python runs a script: its folder first
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])
-def test_ctrl_c_while_a_script_imports_is_one_line_not_an_imports_traceback(tmp_path, script):
-    result = subprocess.run([sys.executable, "-c", CTRL_C_AT_TORCH, str(ROOT / script)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
-    assert (result.returncode, result.stdout) == (130, ""), result.stderr
-    assert result.stderr == "stopped: interrupted while starting; nothing was written\n"
-    assert not list(tmp_path.iterdir())
-
-
 def test_a_folder_the_run_cannot_make_is_one_line_not_a_traceback(tmp_path):
     (tmp_path / "notes.txt").write_text("a file where the run wants a folder")
     for key, made in (("hydra.run.dir", "notes.txt"), ("data.cache_dir", "notes.txt/bpe")):
