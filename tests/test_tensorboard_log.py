@@ -27,3 +27,21 @@ def test_the_recall_and_ablation_logs_name_each_head_and_the_three_that_look_mos
                                                    "layer 0 head 1: 0.50, layer 1 head 0: 0.30, layer 1 head 2: 0.20")
     assert text_of(events, "ablation/top_heads") == ("name recall 0.83 with every head; without "
                                                      "layer 0 head 2: 0.10, layer 1 head 1: 0.40, layer 0 head 0: 0.80")
+
+
+def test_a_resumed_runs_event_file_sorts_after_an_earlier_one_of_the_same_second_and_every_step_reads_back(tmp_path):
+    earlier = RunLogger(tmp_path)
+    for step in range(1, 6):
+        earlier.scalars(step, {"train/batch_loss": float(step)})
+    earlier.close()
+    # As if made this second by another host's process (a torchrun restart), whose name sorts later
+    (made,) = tmp_path.glob("events.out.tfevents.*")
+    seconds = made.name.split(".")[3]
+    made.rename(tmp_path / f"events.out.tfevents.{seconds}.zzzz.1.0")
+    resumed = RunLogger(tmp_path, purge_step=6)
+    for step in range(6, 11):
+        resumed.scalars(step, {"train/batch_loss": float(step)})
+    resumed.close()
+    names = sorted(path.name for path in tmp_path.glob("events.out.tfevents.*"))
+    assert names[0] == f"events.out.tfevents.{seconds}.zzzz.1.0"  # TensorBoard's order: the earlier file first
+    assert [event.step for event in read_events(tmp_path).Scalars("train/batch_loss")] == list(range(1, 11))

@@ -31,6 +31,7 @@
     hparams/best_val_loss                 the metric that goes with them
 """
 
+import time
 from pathlib import Path
 
 import torch
@@ -54,6 +55,22 @@ def attention_tag(layer: int, head: int) -> str:
     return f"attention/layer_{layer}/head_{head}"
 
 
+def after_earlier_event_files(log_dir: Path) -> None:
+    """Waits, when it must, so that the event file about to be made sorts after the folder's earlier
+    ones. TensorBoard reads a run's event files in the order of their names, and while a run is
+    live it follows it only into files that sort after the one it is reading. The names begin with
+    the second each file was made, then the host and the process id
+    (events.out.tfevents.<seconds>.<host>.<pid>.<n>): a run resumed, or restarted by torchrun,
+    within the second its earlier file was made could sort before it (a lower process id), and
+    TensorBoard would then show the earlier steps alone, or mix the two up. So wait for the next
+    second (a clock set back by more than that is not waited for)."""
+    seconds = [int(field) for path in log_dir.glob("events.out.tfevents.*")
+               if (field := path.name.split(".")[3]).isdigit()]
+    wait = max(seconds, default=0) + 1 - time.time()
+    if 0 < wait <= 2:
+        time.sleep(wait)
+
+
 class RunLogger:
     """Writes one run's events to log_dir; with log_dir None (a rank other than 0 under
     torchrun: one process logs for all) every method does nothing."""
@@ -61,6 +78,8 @@ class RunLogger:
     def __init__(self, log_dir: Path | None, purge_step: int | None = None) -> None:
         # purge_step: TensorBoard hides events of this step and later from earlier files in
         # the folder, which a resumed run is about to write again.
+        if log_dir:
+            after_earlier_event_files(Path(log_dir))
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step) if log_dir else None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
