@@ -224,7 +224,9 @@ def learned_ranks(train_texts: Callable[[], Iterable[str]], vocab_size: int, pat
     ranks = train_bpe_fast(train_texts(), vocab_size)  # <|endoftext|> comes on top of these
     log.info(f"learned {len(ranks) - N_BYTES:,} BPE merges in {time.perf_counter() - started:.1f} s")
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
+    # Staged under this process's own name: two runs that learn the same ranks at once (a sweep's
+    # jobs, two terminals) each rename a whole file of their own into place, the same ranks.
+    staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     staging.write_text(ranks_to_text(ranks))
     staging.replace(path)
     return ranks

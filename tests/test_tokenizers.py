@@ -2,6 +2,8 @@
 and the special <|endoftext|> token."""
 
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
 from itertools import pairwise
@@ -18,7 +20,7 @@ from data.gpt2_files import load_gpt2_encoding
 from data.specs import CorpusSpec, TokenizerSpec
 from data.stories import generate_stories
 from data.token_cache import prepare_tokens
-from data.tokenizer import EOT, bpe_encoding, build_tokenizer, tokenizer_from_state, train_bpe_fast
+from data.tokenizer import EOT, bpe_encoding, build_tokenizer, learned_ranks, tokenizer_from_state, train_bpe_fast
 from inspection.heatmap import readable_token
 from tests.helpers import ROOT, run_cli, split_documents, tiny_run
 from user_error import UserError
@@ -211,3 +213,33 @@ def test_the_project_tokenizers_start_every_text_with_their_end_of_text_token(ki
     tokenizer = build_tokenizer(TokenizerSpec(kind, vocab_size=300), set(STORIES), lambda: [STORIES], tmp_path, corpus_key="test")
     assert tokenizer.bos_id == tokenizer.eot_id
     assert tokenizer_from_state(tokenizer.state()).bos_id == tokenizer.eot_id
+
+
+# Two processes learn the same BPE ranks into one cache folder, path after path, started together
+# by a file that both wait for: two runs on the same corpus at once (a sweep's jobs, two terminals).
+LEARN_TOGETHER = """
+import sys, time
+from pathlib import Path
+from data.tokenizer import learned_ranks
+folder = Path(sys.argv[1])
+print("ready", flush=True)
+while not (folder / "go").exists():
+    time.sleep(0.001)
+for i in range(300):
+    learned_ranks(lambda: [sys.argv[2]], 300, folder / f"{i}.tiktoken")
+"""
+
+
+def test_two_runs_learning_the_same_bpe_ranks_at_once_both_finish_and_leave_whole_files(tmp_path):
+    text = "the cat sat on the mat and the dog sat on the log " * 5
+    runs = [subprocess.Popen([sys.executable, "-c", LEARN_TOGETHER, str(tmp_path), text], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for run in runs:
+        assert run.stdout.readline() == "ready\n"
+    (tmp_path / "go").touch()
+    for run in runs:
+        _, errors = run.communicate(timeout=120)
+        assert run.returncode == 0, errors  # neither lost its staged file to the other
+    whole = ranks_to_text(learned_ranks(lambda: [text], 300, tmp_path / "again" / "0.tiktoken"))
+    assert sorted(path.name for path in tmp_path.glob("*.tiktoken*")) == sorted(f"{i}.tiktoken" for i in range(300))
+    assert all((tmp_path / f"{i}.tiktoken").read_text() == whole for i in range(300))
