@@ -10,7 +10,8 @@
                                                       fixed hydra.run.dir, and torchrun's restarts:
                                                       docs/resume.md
 
-The run dir (outputs/<date>/<time>, or multirun/<date>/<time>/<n> in a sweep) receives
+The run dir (outputs/<date>/<time>, <time>_2 for a second run started in the same second, or
+multirun/<date>/<time>/<n> in a sweep) receives
 .hydra/ (the config as composed), train.log, TensorBoard event files, ckpt_last.pt and
 ckpt_best.pt (and checkpoints/ with train.keep_checkpoints); a run refused at its checks writes nothing.
 Watch it with `tensorboard --logdir outputs`; sample from it with `python sample.py run=<run dir>`.

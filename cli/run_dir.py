@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from cli.errors import path_error_line
 from model_io.run_files import AUTO, resolve_resume
 from runtime.ranks import rank_zero_choice
 from user_error import UserError
@@ -19,14 +20,34 @@ from user_error import UserError
 
 def run_dir_for(resume: str | None, fresh_dir: str) -> str:
     """hydra.run.dir unless given: a resumed run goes on in its own folder, a new one gets
-    fresh_dir; under torchrun, the fresh_dir of rank 0's first attempt, so that every process,
-    and every restart of them, writes to one run dir."""
+    fresh_dir (claimed: below); under torchrun, the one rank 0's first attempt claimed, so that
+    every process, and every restart of them, writes to one run dir."""
     if resume == AUTO:  # a given hydra.run.dir never comes here
         raise UserError("resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
                         "add hydra.run.dir=<folder>, the same folder every time")
     if resume:
         return str(resolve_resume(resume).parent)
-    return rank_zero_choice("train.py run dir", fresh_dir)
+    return rank_zero_choice("train.py run dir", lambda: claimed(fresh_dir))
+
+
+def claimed(fresh_dir: str) -> str:
+    """fresh_dir (outputs/<date>/<time>), made here; or, when a run started in the same second
+    made it first, fresh_dir_2, then _3 and on. Making it is what claims it (os.mkdir makes a folder
+    once, whoever else tries), so that runs started together, as in `for s in 1 2; do python
+    train.py train.seed=$s & done`, never share a run dir, where each would overwrite the other's
+    checkpoints."""
+    path, n = Path(fresh_dir), 1
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                path.mkdir()
+                return str(path)
+            except FileExistsError:
+                n += 1
+                path = Path(f"{fresh_dir}_{n}")
+    except OSError as err:  # a file in the way, no permission: said as the run dir's other errors are
+        raise UserError(path_error_line(err)) from None
 
 
 OmegaConf.register_new_resolver("run_dir_for", run_dir_for)

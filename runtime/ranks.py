@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -53,14 +53,15 @@ def torchrun_store() -> dist.TCPStore | None:
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
 
 
-def rank_zero_choice(key: str, value: str) -> str:
-    """Under torchrun, the value rank 0 gave for key first, in this attempt or an earlier one
-    (the other ranks wait for it); without torchrun, value."""
+def rank_zero_choice(key: str, value: Callable[[], str]) -> str:
+    """Under torchrun, the value rank 0 made for key first, in this attempt or an earlier one
+    (the other ranks wait for it); without torchrun, value(). value() runs once at most, in rank 0
+    of the first attempt (an attempt's rank 0 starts after the earlier attempt's has ended)."""
     store = torchrun_store()
     if store is None:
-        return value
-    if env_rank() == 0:
-        return store.compare_set(key, "", value).decode()  # sets it unless an earlier attempt did
+        return value()
+    if env_rank() == 0 and not store.check([key]):
+        store.set(key, value())
     return store.get(key).decode()
 
 

@@ -1,0 +1,53 @@
+"""cli/run_dir.py: a new run's default folder, outputs/<date>/<time>, is its own, even when other
+runs start in the same second."""
+
+import subprocess
+import sys
+import time
+
+from tests.helpers import ROOT, run_cli, tiny_run
+
+# Two processes claim the same 200 folders, one after another, started together by a file both
+# wait for: runs launched at once (`for s in 1 2; do python train.py train.seed=$s & done`).
+CLAIM_TOGETHER = """
+import sys, time
+from pathlib import Path
+from cli.run_dir import claimed
+folder = Path(sys.argv[1])
+print("ready", flush=True)
+while not (folder / "go").exists():
+    time.sleep(0.001)
+print(" ".join(claimed(str(folder / "outputs" / str(i))) for i in range(200)))
+"""
+
+
+def test_runs_started_together_each_claim_a_run_dir_of_their_own(tmp_path):
+    runs = [subprocess.Popen([sys.executable, "-c", CLAIM_TOGETHER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for run in runs:
+        assert run.stdout.readline() == "ready\n"
+    (tmp_path / "go").touch()
+    claims = []
+    for run in runs:
+        out, errors = run.communicate(timeout=60)
+        assert run.returncode == 0, errors
+        claims.append(out.split())
+    everything = claims[0] + claims[1]
+    assert len(set(everything)) == len(everything) == 400  # no folder went to both
+    expected = {str(tmp_path / "outputs" / name) for i in range(200) for name in (str(i), f"{i}_2")}
+    assert set(everything) == expected
+
+
+def test_a_run_started_in_the_second_of_a_run_that_holds_its_folder_trains_beside_it(tmp_path):
+    now = time.time()
+    earlier = [tmp_path / "outputs" / time.strftime("%Y-%m-%d/%H-%M-%S", time.localtime(now + s)) for s in range(-1, 30)]
+    for run in earlier:  # another run's, of each second the new one may start in
+        run.mkdir(parents=True)
+        (run / "ckpt_last.pt").write_bytes(b"another run's checkpoint")
+    result = run_cli("train.py", *tiny_run(**{"train.max_steps": 2, "train.eval_interval": 2, "train.sample_interval": 0,
+                                              "train.attn_log_interval": 0}), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [made] = [path for path in (tmp_path / "outputs").glob("*/*") if path not in earlier]
+    assert made.name.endswith("_2") and made.with_name(made.name.removesuffix("_2")) in earlier
+    assert (made / "ckpt_last.pt").stat().st_size > 1000
+    assert all((run / "ckpt_last.pt").read_bytes() == b"another run's checkpoint" for run in earlier)
