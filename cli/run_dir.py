@@ -1,10 +1,12 @@
-"""Where a run writes, and when: Hydra makes the run dir; the run's record goes into it only
+"""Where a run writes, and when: a new run's default folder is claimed when Hydra works out
+hydra.run.dir (claimed, below), a given one Hydra makes; the run's record goes into it only
 once the run has passed its checks, so a refused run leaves nothing behind.
 
 The record: .hydra/ (config.yaml as composed, hydra.yaml, overrides.yaml; a resumed run's own
 in .hydra/resumed-<time>/) and train.log, which also gets the lines logged before the checks passed.
 """
 
+import atexit
 import logging
 import time
 from logging.handlers import MemoryHandler
@@ -42,21 +44,26 @@ def claimed(fresh_dir: str) -> str:
         while True:
             try:
                 path.mkdir()
-                return str(path)
+                break
             except FileExistsError:
                 n += 1
                 path = Path(f"{fresh_dir}_{n}")
     except OSError as err:  # a file in the way, no permission: said as the run dir's other errors are
         raise UserError(path_error_line(err)) from None
+    # A command that ends with it still empty (`--cfg all --resolve` works the folder out and
+    # runs nothing) takes it back, as a refused run does (RunRecord.close).
+    atexit.register(take_back_empty_folders, path.absolute(), Path.cwd())
+    return str(path)
 
 
-OmegaConf.register_new_resolver("run_dir_for", run_dir_for)
+# Cached: the folder is claimed once for a composed config, however often Hydra reads the value.
+OmegaConf.register_new_resolver("run_dir_for", run_dir_for, use_cache=True)
 
 
 class RunRecord:
     """Holds back the log's lines until write() puts them, and the config, into the run dir.
     close() without write() (a refused run, a shape walk, a rank other than 0) writes nothing,
-    and takes back the empty folder Hydra made for the run."""
+    and takes back the empty folder made for the run."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir, self.log_file = run_dir, None
@@ -90,10 +97,10 @@ class RunRecord:
             take_back_empty_folders(self.run_dir)
 
 
-def take_back_empty_folders(run_dir: Path) -> None:
-    """Remove run_dir if it is empty, and its parents that are empty too, inside the folder
-    the command ran in (Hydra made them all for this run)."""
-    start = Path.cwd()
+def take_back_empty_folders(run_dir: Path, start: Path | None = None) -> None:
+    """Remove run_dir if it is empty, and its parents that are empty too, inside start, the
+    folder the command ran in (they were all made for this run)."""
+    start = start or Path.cwd()
     for folder in [run_dir, *run_dir.parents]:
         if folder == start or not folder.is_relative_to(start):
             return

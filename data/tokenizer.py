@@ -227,8 +227,11 @@ def learned_ranks(train_texts: Callable[[], Iterable[str]], vocab_size: int, pat
     # Staged under this process's own name: two runs that learn the same ranks at once (a sweep's
     # jobs, two terminals) each rename a whole file of their own into place, the same ranks.
     staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    staging.write_text(ranks_to_text(ranks))
-    staging.replace(path)
+    try:
+        staging.write_text(ranks_to_text(ranks))
+        staging.replace(path)
+    finally:
+        staging.unlink(missing_ok=True)  # a write that failed half-way (a full disk) leaves nothing
     return ranks
 
 

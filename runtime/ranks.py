@@ -55,8 +55,9 @@ def torchrun_store() -> dist.TCPStore | None:
 
 def rank_zero_choice(key: str, value: Callable[[], str]) -> str:
     """Under torchrun, the value rank 0 made for key first, in this attempt or an earlier one
-    (the other ranks wait for it); without torchrun, value(). value() runs once at most, in rank 0
-    of the first attempt (an attempt's rank 0 starts after the earlier attempt's has ended)."""
+    (the other ranks wait for it); without torchrun, value(). value() runs in rank 0 alone, and
+    only until an attempt has stored what it made (an attempt's rank 0 starts after the earlier
+    attempt's has ended: one that died between the two makes it again)."""
     store = torchrun_store()
     if store is None:
         return value()

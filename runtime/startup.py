@@ -7,8 +7,9 @@ train.py, sample.py, export.py and `python -m bench` open with `starting = Start
   again, which the commands handle (cli/errors.py, the training loop). A Ctrl-C the shell had the
   process ignore stays ignored.
 - No garbage is collected. The imports make hundreds of thousands of objects that live as long
-  as the process, and almost no garbage, yet each full collection walks all of them: left on,
-  the collector ran several times over them during the imports. done() turns it back on and
+  as the process, and little garbage (some thousands of objects, kept), yet each full collection
+  walks all of them: left on, the collector ran several times over them during the imports.
+  done() turns it back on (unless it was off before: a test process that imports a script) and
   freezes what the imports made (gc.freeze), so that no later collection walks those objects
   again; what the run makes from then on is collected as usual.
 
@@ -25,6 +26,7 @@ class Starting:
     """From here until done(): Ctrl-C is one line, and no garbage collection runs."""
 
     def __init__(self) -> None:
+        self.collecting_before = gc.isenabled()
         gc.disable()
         self.ctrl_c_before = signal.getsignal(signal.SIGINT)
         if self.ctrl_c_before is not signal.SIG_IGN:
@@ -34,7 +36,8 @@ class Starting:
         """The imports are in: Ctrl-C raises KeyboardInterrupt again, and the collector runs again,
         over what is made from now on."""
         signal.signal(signal.SIGINT, self.ctrl_c_before)
-        gc.enable()
+        if self.collecting_before:
+            gc.enable()
         gc.freeze()
 
 

@@ -5,6 +5,9 @@ import subprocess
 import sys
 import time
 
+from hydra import compose, initialize_config_dir
+
+import cli.run_dir  # noqa: F401  (registers the run_dir_for resolver that configs/train.yaml's hydra.run.dir uses)
 from tests.helpers import ROOT, run_cli, tiny_run
 
 # Two processes claim the same 200 folders, one after another, started together by a file both
@@ -51,3 +54,16 @@ def test_a_run_started_in_the_second_of_a_run_that_holds_its_folder_trains_besid
     assert made.name.endswith("_2") and made.with_name(made.name.removesuffix("_2")) in earlier
     assert (made / "ckpt_last.pt").stat().st_size > 1000
     assert all((run / "ckpt_last.pt").read_bytes() == b"another run's checkpoint" for run in earlier)
+
+
+def test_the_run_dir_is_claimed_once_however_often_it_is_read_and_a_command_that_trains_nothing_leaves_none(tmp_path,
+                                                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", return_hydra_config=True)
+    first, again = cfg.hydra.run.dir, cfg.hydra.run.dir
+    assert first == again and list((tmp_path / "outputs").glob("*/*")) == [tmp_path / first]
+    printed = subprocess.run([sys.executable, str(ROOT / "train.py"), "--cfg", "all", "--resolve"], cwd=tmp_path / "outputs",
+                             capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0 and "dir: outputs/" in printed.stdout, printed.stderr  # worked out, printed
+    assert not (tmp_path / "outputs" / "outputs").exists()  # and taken back as the command ended

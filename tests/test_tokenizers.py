@@ -22,7 +22,7 @@ from data.stories import generate_stories
 from data.token_cache import prepare_tokens
 from data.tokenizer import EOT, bpe_encoding, build_tokenizer, learned_ranks, tokenizer_from_state, train_bpe_fast
 from inspection.heatmap import readable_token
-from tests.helpers import ROOT, run_cli, split_documents, tiny_run
+from tests.helpers import ROOT, limit_file_size, run_cli, split_documents, tiny_run
 from user_error import UserError
 
 HARD_TEXT = "Café naïve, Ærøskøbing! Emoji 🙂👍🏽 and 中文字符 and कि\n\n\ttabs   spaces\r\n 'quotes' don't 1234"
@@ -243,3 +243,12 @@ def test_two_runs_learning_the_same_bpe_ranks_at_once_both_finish_and_leave_whol
     whole = ranks_to_text(learned_ranks(lambda: [text], 300, tmp_path / "again" / "0.tiktoken"))
     assert sorted(path.name for path in tmp_path.glob("*.tiktoken*")) == sorted(f"{i}.tiktoken" for i in range(300))
     assert all((tmp_path / f"{i}.tiktoken").read_text() == whole for i in range(300))
+
+
+def test_bpe_ranks_that_could_not_be_written_whole_leave_no_file_behind(tmp_path):
+    learn = ("import sys; from pathlib import Path; from data.tokenizer import learned_ranks; "
+             "learned_ranks(lambda: [sys.argv[2]], 300, Path(sys.argv[1]) / 'bpe' / 'ranks.tiktoken')")
+    full_disk = subprocess.run([sys.executable, "-c", learn, str(tmp_path), "the cat sat on the mat " * 20], cwd=ROOT,
+                               capture_output=True, text=True, preexec_fn=limit_file_size(100), timeout=60)
+    assert "File too large" in full_disk.stderr  # the disk filled as the ranks were written
+    assert list((tmp_path / "bpe").iterdir()) == []  # no ranks file, and no half-written one staged

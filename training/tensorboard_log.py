@@ -63,11 +63,13 @@ def after_earlier_event_files(log_dir: Path) -> None:
     (events.out.tfevents.<seconds>.<host>.<pid>.<n>): a run resumed, or restarted by torchrun,
     within the second its earlier file was made could sort before it (a lower process id), and
     TensorBoard would then show the earlier steps alone, or mix the two up. So wait for the next
-    second (a clock set back by more than that is not waited for)."""
+    second (a clock set back by more than a second is not waited for)."""
     seconds = [int(field) for path in log_dir.glob("events.out.tfevents.*")
                if (field := path.name.split(".")[3]).isdigit()]
-    wait = max(seconds, default=0) + 1 - time.time()
-    if 0 < wait <= 2:
+    later = max(seconds, default=0) + 1
+    if later - time.time() > 2:
+        return
+    while (wait := later - time.time()) > 0:
         time.sleep(wait)
 
 
