@@ -188,7 +188,7 @@ def test_a_compiled_run_in_fp16_after_one_in_bf16_computes_in_fp16(tmp_path):
             cfg = tiny_config(GPT2_BLOCKS, **{"data.cache_dir": tmp_path / "cache", "train.dtype": name, "train.compile": True})
             spec = run_spec(cfg)
             run = build_run(spec, plain_config(cfg), tmp_path / name, *build_data_and_model(spec))
-            ids = torch.zeros(2, spec.model.block_size, dtype=torch.long)
+            ids = torch.zeros(2, spec.model.block_size, dtype=torch.long, device=run.ranks.device)  # the GPU where there is one
             with run.precision.autocast():
                 logits, loss = run.step_model(ids, ids)
             loss.backward()
