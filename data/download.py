@@ -8,10 +8,10 @@
 """
 
 import hashlib
-import os
 import urllib.request
 from pathlib import Path
 
+from data.staging import remove_abandoned_staging, write_staged
 from user_error import UserError
 
 TIMEOUT_S = 15.0  # per connection attempt and per read, not for the whole file
@@ -27,10 +27,8 @@ def fetch_verified(url: str, sha256: str, destination: Path, offline_advice: str
     actual = sha256_of(payload)
     if actual != sha256:
         raise UserError(f"{url} has sha256 {actual}, not the expected {sha256}; nothing was kept. {mismatch_advice}")
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = destination.with_name(f"{destination.name}.tmp-{os.getpid()}")
-    staging.write_bytes(payload)
-    staging.replace(destination)
+    remove_abandoned_staging(destination)
+    write_staged(destination, payload)
 
 
 def sha256_of(payload: bytes) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from data.specs import CorpusSpec, TokenizerSpec
+from data.staging import remove_abandoned_staging, staging_path
 from data.token_stream import Survey, encoded_corpus, survey_corpus, train_sample
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
 from user_error import UserError
@@ -61,24 +62,12 @@ def is_complete(entry: Path) -> bool:
         return False
 
 
-def remove_abandoned_staging(entry: Path) -> None:
-    """The staging folders of runs killed while they wrote this entry (their process is gone)."""
-    for staging in entry.parent.glob(f"{entry.name}.tmp-*"):
-        pid = int(staging.name.rsplit("-", 1)[1])
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(staging, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, another user's
-
-
 def write_cache_entry(entry: Path, corpus: CorpusSpec, tokenizer: Tokenizer, survey: Survey) -> None:
     """The ids, appended to the two files as they come. The entry is built in a temporary folder
     and renamed into place, so a run stopped half-way never leaves a partial entry that a later
     run would trust."""
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    staging = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+    staging = staging_path(entry)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     counts = dict.fromkeys(SPLITS, 0)

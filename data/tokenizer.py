@@ -48,6 +48,7 @@ import tiktoken
 from data.bpe import GPT2_PATTERN, N_BYTES, ranks_from_text, ranks_to_text
 from data.gpt2_files import load_gpt2_encoding
 from data.specs import TokenizerSpec
+from data.staging import remove_abandoned_staging, write_staged
 from user_error import UserError
 
 log = logging.getLogger(__name__)
@@ -223,15 +224,8 @@ def learned_ranks(train_texts: Callable[[], Iterable[str]], vocab_size: int, pat
     started = time.perf_counter()
     ranks = train_bpe_fast(train_texts(), vocab_size)  # <|endoftext|> comes on top of these
     log.info(f"learned {len(ranks) - N_BYTES:,} BPE merges in {time.perf_counter() - started:.1f} s")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Staged under this process's own name: two runs that learn the same ranks at once (a sweep's
-    # jobs, two terminals) each rename a whole file of their own into place, the same ranks.
-    staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        staging.write_text(ranks_to_text(ranks))
-        staging.replace(path)
-    finally:
-        staging.unlink(missing_ok=True)  # a write that failed half-way (a full disk) leaves nothing
+    remove_abandoned_staging(path)
+    write_staged(path, ranks_to_text(ranks))  # two runs learning the same ranks at once each rename a whole file in
     return ranks
 
 
