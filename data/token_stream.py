@@ -70,8 +70,9 @@ def survey_corpus(corpus: CorpusSpec, tokenizer: TokenizerSpec) -> Survey:
             has_text = has_text or bool(piece.text.strip())
     if document is not None:
         key.update(document.digest())
-    log.info(f"read {n_documents:,} document{'s' if n_documents != 1 else ''}, {n_chars:,} characters ({tqdm.format_sizeof(n_bytes, 'B')} read from disk) "
-             f"in {time.perf_counter() - started:.1f} s")
+    origin = "generated" if corpus.source == "stories" else "read from disk"  # the built-in stories are made as they are read
+    log.info(f"read {n_documents:,} document{'s' if n_documents != 1 else ''}, {n_chars:,} characters "
+             f"({tqdm.format_sizeof(n_bytes, 'B')} {origin}) in {time.perf_counter() - started:.1f} s")
     n_train = n_chars - int(n_chars * corpus.val_fraction)
     return Survey(key.hexdigest()[:24], n_chars, n_train, n_bytes, chars, has_text)
 

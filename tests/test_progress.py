@@ -48,7 +48,7 @@ def test_a_terminal_gets_a_progress_bar_instead_of_step_lines_and_a_pipe_gets_th
     assert "step 20: train loss" in shown and "done: best val loss" in shown  # ...the others print above the bar
     for reading in ("reading the corpus", "reading text for BPE", r"tokenising \(bpe\)"):  # bytes of a known total
         assert re.search(reading + r": +0%\|.*\| 0\.00/[12]\d\.\dk \[00:00<\?, \?B/s\]", shown), shown
-    assert "read 17 documents, 21,443 characters (21.4kB read from disk)" in shown and "merges in" in shown
+    assert "read 17 documents, 21,443 characters (21.4kB generated)" in shown and "merges in" in shown
     assert "Progress:" not in shown  # nor the trainer's own steps
     piped = run_cli("train.py", *args, "hydra.run.dir=piped", cwd=tmp_path)  # its output is no terminal either
     assert "step 20/20 | loss" in piped.stdout and "| lr " in piped.stdout
