@@ -230,6 +230,8 @@ def test_the_runs_log_says_a_window_as_wide_as_the_context_hides_keys_only_past_
     assert saved.endswith("context 16, window 16 (it hides nothing)"), saved
     narrow = model_line(tiny_gpt(block_size=16, pos="rope", n_head=4, n_kv_head=2, window=15))
     assert narrow.endswith("4 heads x 8 dims (2 key/value heads), context 16, window 15"), narrow
+    single = model_line(tiny_gpt(n_layer=1, n_head=1, n_embd=8))
+    assert ", 1 layer x 1 head x 8 dims, context" in single, single  # not "1 layers x 1 heads"
 
 
 def test_a_window_with_learned_positions_still_slides_and_gives_the_no_cache_tokens():

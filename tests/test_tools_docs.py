@@ -2,6 +2,9 @@
 (make docs) from the default run and a run of experiment=induction; its pictures are drawn from it."""
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +12,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from docs.tools import SURE
+from inspection.name_swap import one_token_names
+from inspection.patching import patch_heads
 from model_io.checkpoint import Checkpoint, upgrade
 from tests.helpers import ROOT
 
@@ -288,3 +293,19 @@ def test_the_across_training_table_and_its_reading_are_the_records():
     ]
     for sentence in reading:
         assert flat(sentence) in page, sentence
+
+
+@pytest.mark.slow
+def test_the_tools_pages_example_runs_on_a_trained_run(trained_run, tmp_path, monkeypatch, capsys):
+    example = re.search(r"^```py\n(.*?)^```", (ROOT / "docs" / "tools.md").read_text(), flags=re.MULTILINE | re.DOTALL)[1]
+    shutil.copytree(trained_run, tmp_path / "outputs" / "run")
+    monkeypatch.chdir(tmp_path)  # where "latest" looks: outputs/ under the working folder
+    tokenizer = Checkpoint.load(tmp_path / "outputs" / "run" / "ckpt_best.pt").build_model()[1]
+    answer, other = one_token_names(tokenizer)[:2]  # the tiny run's BPE spells " Mia" in two pieces: two names it holds whole
+    assert example.count("name_swap(tokenizer)") == 1
+    names: dict = {}
+    exec(compile(example.replace("name_swap(tokenizer)", f"name_swap(tokenizer, {answer!r}, {other!r})"), "docs/tools.md", "exec"), names)
+    assert capsys.readouterr().out == f"{Path('outputs/run/ckpt_best.pt')}\n"  # which run "latest" is
+    L, H = names["model"].config.n_layer, names["model"].config.n_head
+    assert names["attribution"].heads()[..., 0].shape == (L, H)
+    assert patch_heads(names["model"], names["swap"].clean, names["swap"].corrupted, names["swap"].metric()).fraction.shape == (L, H)

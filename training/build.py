@@ -110,8 +110,9 @@ def model_line(model: GPT) -> str:
     if shape.window and shape.window >= shape.block_size:  # a new run has it with rotary positions alone (cli/config.py)
         window += (f" (no query in training sees more than {shape.block_size} tokens: the window hides keys only when "
                    "generating past them)" if model.generates_past_block_size else " (it hides nothing)")
-    return (f"model: {model.num_parameters() / 1e6:.2f}M parameters, {shape.n_layer} layers x {shape.n_head} heads x "
-            f"{shape.head_size} dims{kv_heads}, context {shape.block_size}{window}")
+    layers, heads = (f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((shape.n_layer, "layer"), (shape.n_head, "head")))
+    return (f"model: {model.num_parameters() / 1e6:.2f}M parameters, {layers} x {heads} x {shape.head_size} dims{kv_heads}, "
+            f"context {shape.block_size}{window}")
 
 
 def describe(run: Run) -> None:
