@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def export(cfg: DictConfig) -> None:
-    if cfg.out is None:
+    if cfg.out is None or not str(cfg.out).strip():  # out= with nothing after it reads as ""
         raise UserError("out= is missing: give the folder to write, e.g. out=exported/my_model")
     out = Path(cfg.out).expanduser()
     path = resolve_checkpoint(str(cfg.run))

@@ -48,6 +48,8 @@ def benchmark(args: argparse.Namespace) -> None:
     """The sections asked for, their table, then the JSON record."""
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
+    if not sections:
+        raise UserError(f"--only {args.only!r} names no section; choose from {', '.join(SECTIONS)}")
     if unknown or args.repeats < 1:
         raise UserError(f"--only {','.join(unknown)} is not a section (choose from {', '.join(SECTIONS)})"
                         if unknown else f"--repeats {args.repeats} must be at least 1")
@@ -66,6 +68,7 @@ def benchmark(args: argparse.Namespace) -> None:
 
     stamp = datetime.now()
     out = args.out or ROOT / "bench_results" / f"bench-{stamp:%Y-%m-%d_%H-%M-%S}.json"
+    check_out(out, given=args.out is not None)  # before the sections run, not after minutes of them
     work = out.parent / f"runs-{stamp:%Y-%m-%d_%H-%M-%S}"  # the training section's run dirs
     results = run_sections(sections, args, work, gpu_device, gpu_sizes)
     print_table(results)
@@ -166,6 +169,19 @@ def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_
                                                    recipe_steps(args.gpu_recipe_steps))
 
     return results
+
+
+def check_out(out: Path, given: bool) -> None:
+    """UserError unless the JSON record can be written to out (its folder made now)."""
+    named = f"--out {out}" if given else f"the record's folder {out.parent}"
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; give the path of a .json file to write")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{named}: cannot make {err.filename} ({err.strerror or err}); give another path") from None
+    if not os.access(out.parent, os.W_OK):
+        raise UserError(f"{named}: this user may not write in {out.parent}; give another path")
 
 
 def recipe_steps(text: str) -> list[int]:

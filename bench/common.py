@@ -10,7 +10,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from data.corpus import cached_copy
+from data.corpus import cached_copy, not_a_file
 from data.specs import CorpusSpec
 from user_error import UserError
 
@@ -30,7 +30,7 @@ def tiny_shakespeare(given: Path | None) -> Path:
     checked), fetched now if it is not there yet; or one line saying how to give it."""
     if given is not None:
         if not given.is_file():
-            raise UserError(f"--corpus {given} does not exist; give tiny shakespeare's input.txt")
+            raise UserError(f"--corpus {given} {not_a_file(given)}; give tiny shakespeare's input.txt")
         return given.resolve()
     if SHARED_SHAKESPEARE.is_file():
         return SHARED_SHAKESPEARE

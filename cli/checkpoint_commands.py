@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import MISSING
 
+from model.generation import MOST_SAMPLED_TOKENS
 from user_error import require
 
 # OmegaConf's float turns 2 into 2.0 and accepts "3"; a Union keeps a number as given
@@ -49,6 +50,9 @@ def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:
     require(0 <= cfg.temperature < math.inf, f"temperature={cfg.temperature} must be a number, 0 (greedy) or more")
     require(0 <= cfg.seed < 2**63, f"seed={cfg.seed} must be a whole number from 0 to {2**63 - 1}")  # torch's generator
     require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
+    require(cfg.num_samples * max(cfg.max_new_tokens, 1) <= MOST_SAMPLED_TOKENS,
+            f"num_samples={cfg.num_samples} x max_new_tokens={cfg.max_new_tokens} is more than one command samples "
+            f"({MOST_SAMPLED_TOKENS:,} tokens); ask for fewer")
     if vocab_size is None:
         require(not cfg.top_k or cfg.top_k > 0, f"top_k={cfg.top_k} must be 1 or more (or 0: off)")
     else:

@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 from cli.errors import CONFIGS, refused_value_line
 from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, head_split_problem
+from model.generation import MOST_SAMPLED_TOKENS
 from model.gpt import GPTConfig
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
@@ -46,6 +47,8 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
     check_keep_checkpoints(train.keep_checkpoints)
     for key in ("attn_log_interval", "sample_interval", "sample_tokens"):
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
+    require(train.sample_tokens <= MOST_SAMPLED_TOKENS,
+            f"train.sample_tokens={train.sample_tokens} is more than one sample may be ({MOST_SAMPLED_TOKENS:,} tokens); ask for fewer")
     require(0 <= train.sample_temperature < math.inf,
             f"train.sample_temperature={train.sample_temperature} must be a number, 0 (greedy) or more")
     require(0 <= train.seed < SEEDS, f"train.seed={train.seed} must be a whole number from 0 to {SEEDS - 1}")

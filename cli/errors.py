@@ -69,7 +69,7 @@ def path_error_line(err: OSError) -> str:
     if isinstance(err, FileExistsError | NotADirectoryError):
         return f"{err.filename} cannot be made a folder: a file is in the way; give another path"
     if isinstance(err, PermissionError):
-        return f"{err.filename}: permission denied; give a path this user may write to"
+        return f"{err.filename}: permission denied; give a path this user may use, or change its permissions"  # read or write
     return f"{err.filename}: {err.strerror or err}; give another path"
 
 

@@ -85,7 +85,7 @@ def checked_download(corpus: CorpusSpec) -> str:
     if corpus.path:
         local = Path(corpus.path).expanduser()
         if not local.is_file():
-            raise UserError(f"data.path={corpus.path} does not exist; give the path of a local copy of {corpus.url}")
+            raise UserError(f"data.path={corpus.path} {not_a_file(local)}; give the path of a local copy of {corpus.url}")
         check_sha256(local.read_bytes(), expected, f"data.path={corpus.path}", "give an unchanged copy, or use data=text to train on it anyway")
         return read_utf8(local)
     return read_utf8(cached_copy(corpus, offline_advice="with a local copy of the file, use data=text data.path=<file> "
@@ -114,6 +114,13 @@ def read_utf8(file: Path) -> str:
         return "".join(piece.text for piece in read_file(file, raw, text_field="text"))
 
 
+def not_a_file(path: Path) -> str:
+    """Why path is not a file to read: not there, a folder, or something else (a pipe, a device)."""
+    if path.is_dir():
+        return "is a folder, not a file"
+    return "is neither a file nor a folder" if path.exists() else "does not exist"
+
+
 def corpus_files(path: str | None) -> list[Path]:
     if not path:
         raise UserError("data=text needs a corpus: add data.path=<a .txt or .jsonl file, or a folder of them>")
@@ -121,7 +128,7 @@ def corpus_files(path: str | None) -> list[Path]:
     if root.is_file():
         return [root]
     if not root.is_dir():
-        raise UserError(f"data.path={path} does not exist; give a .txt or .jsonl file (or .gz), or a folder of them")
+        raise UserError(f"data.path={path} {not_a_file(root)}; give a .txt or .jsonl file (or .gz), or a folder of them")
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
     if not files:
         raise UserError(f"data.path={path} is a folder with no {', '.join(TEXT_SUFFIXES)} files in it; "

@@ -2,6 +2,8 @@
 is wrong and what to do, with exit status 2, no traceback, and nothing written."""
 
 import gzip
+import os
+import shutil
 import subprocess
 import sys
 
@@ -44,6 +46,8 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),
         (["data=text"], "error: data=text needs a corpus"),
         (["data=text", "data.path=nowhere.txt"], "error: data.path=nowhere.txt does not exist"),
+        (["data=text", "data.path=pipe.txt"], "error: data.path=pipe.txt is neither a file nor a folder; give a .txt"),  # a named pipe
+        (["data=shakespeare", "data.path=a_folder"], "error: data.path=a_folder is a folder, not a file; give the path of a local copy"),
         (["data=text", "data.path=empty.txt"], "error: data.path=empty.txt holds no text"),
         (["data=text", "data.path=binary.txt"], "error: binary.txt looks binary (it holds NUL bytes at 5)"),
         (["data=text", "data.path=latin1.txt"], "error: latin1.txt is not UTF-8 text (byte 3 is 0xe9)"),
@@ -82,6 +86,8 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["data.path=my_book.txt"], "error: data.path=my_book.txt is not read by data=stories, the built-in stories; add "
                                     "data=text to train on your file"),
         (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be a number, 0 (greedy) or more"),
+        (["train.sample_tokens=10000000000000"], "error: train.sample_tokens=10000000000000 is more than one sample may be "
+                                                 "(100,000,000 tokens); ask for fewer"),  # once a traceback at step 0's sample
         (["model.n_layer=null"], "error: model.n_layer=null must be a whole number"),  # as typed: not Python's None
         (["debug=true"], "error: debug=true is not a debug mode; the one there is: debug=shapes"),
         (["train.device=null"], "error: train.device=null: train.device cannot be null; give it a value"),
@@ -107,6 +113,8 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
     (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"text": "two" "three"}\n{"text": "four"}\n')
     (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(b"a story " * 1000)[:-40])  # a download cut short
+    os.mkfifo(tmp_path / "pipe.txt")
+    (tmp_path / "a_folder").mkdir()
     result = run_cli("train.py", *args, cwd=tmp_path)
     assert_one_error_line(result, message)
     assert not (tmp_path / "outputs").exists()  # a refused run leaves no run dir, not even an empty one
@@ -159,6 +167,9 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         # Checked before any checkpoint is looked for (here there is none): run=latest would print which
         # run it picked first, a second line.
         (["run=latest", "num_samples=0"], "error: num_samples=0 must be at least 1"),
+        (["run=latest", "max_new_tokens=10000000000000"], "error: num_samples=1 x max_new_tokens=10000000000000 is more "
+                                                         "than one command samples (100,000,000 tokens); ask for fewer"),
+        (["run=latest", "num_samples=100000000", "max_new_tokens=5"], "error: num_samples=100000000 x max_new_tokens=5 is more"),
         (["run=latest", "top_k=-3"], "error: top_k=-3 must be 1 or more (or 0: off)"),
         (["run=latest", "dtype=fp8"], "error: dtype=fp8 is not a precision; use auto, fp32, bf16 or fp16"),
     ],
@@ -186,6 +197,18 @@ def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_ven
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == (f"error: hydra is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
                              "(make setup makes .venv), or activate .venv first\n")
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv to run without root's file access")
+def test_a_corpus_the_user_may_not_read_is_one_line_that_does_not_ask_for_write_access(tmp_path):
+    # The tests run as root, who reads any file: setpriv drops the capabilities that let root past a file's mode.
+    (tmp_path / "locked.txt").write_text("a corpus nobody may read " * 100)
+    (tmp_path / "locked.txt").chmod(0)
+    as_a_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    result = subprocess.run([*as_a_user, sys.executable, str(ROOT / "train.py"), "data=text", "data.path=locked.txt"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert_one_error_line(result, "error: locked.txt: permission denied; give a path this user may use, or change its permissions")
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_a_folder_the_run_cannot_make_is_one_line_not_a_traceback(tmp_path):

@@ -77,6 +77,25 @@ def test_threads_below_one_is_one_clear_line(tmp_path, monkeypatch, capsys):
     assert line == "error: --threads 0 must be at least 1"
 
 
+@pytest.mark.parametrize("only", ["", ",", " , "])
+def test_an_only_that_names_no_section_is_one_clear_line(only, tmp_path, monkeypatch, capsys):
+    line = bench_refusal("--only", only, out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys)
+    assert line.startswith(f"error: --only {only!r} names no section; choose from peak, training, quality,")
+
+
+def test_an_out_that_cannot_be_written_is_one_clear_line_before_any_section_runs(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "a_file").write_text("not a folder")
+    line = bench_refusal("--only", "peak", out=tmp_path / "a_folder", monkeypatch=monkeypatch, capsys=capsys)
+    assert line == f"error: --out {tmp_path / 'a_folder'} is a folder; give the path of a .json file to write"
+    monkeypatch.setattr(sys, "argv", ["python -m bench", "--only", "peak", "--out", str(tmp_path / "a_file" / "bench.json")])
+    with pytest.raises(SystemExit) as refused:
+        main()
+    printed = capsys.readouterr()
+    assert refused.value.code == 2 and printed.out == ""  # refused before the section ran
+    assert printed.err.startswith(f"error: --out {tmp_path / 'a_file' / 'bench.json'}: cannot make {tmp_path / 'a_file'} (")
+
+
 @pytest.mark.parametrize("section", ["training", "compile"])
 def test_steps_within_the_first_logged_window_are_one_clear_line_before_any_section_runs(section, tmp_path, monkeypatch,
                                                                                         capsys):
@@ -145,6 +164,9 @@ def test_without_corpus_or_network_the_benchmark_says_how_to_give_it_before_any_
     line = bench_refusal("--only", "quality", "--corpus", str(tmp_path / "nope.txt"), out=tmp_path / "bench.json",
                          monkeypatch=monkeypatch, capsys=capsys)
     assert line == f"error: --corpus {tmp_path / 'nope.txt'} does not exist; give tiny shakespeare's input.txt"
+    line = bench_refusal("--only", "quality", "--corpus", str(tmp_path), out=tmp_path / "bench.json",
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert line == f"error: --corpus {tmp_path} is a folder, not a file; give tiny shakespeare's input.txt"
 
 
 @pytest.mark.slow

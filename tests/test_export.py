@@ -22,7 +22,7 @@ from model.gpt import eval_mode
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_from_hf
 from model_io.run_files import BEST, LAST
-from tests.helpers import NO_PROBES, TINY_GPT2_VOCAB, run_cli, tiny_gpt2, tiny_run
+from tests.helpers import NO_PROBES, TINY_GPT2_VOCAB, assert_one_error_line, run_cli, tiny_gpt2, tiny_run
 
 pytestmark = pytest.mark.slow  # every test exports runs trained (or built) by the module's fixtures
 
@@ -236,6 +236,9 @@ def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_f
     (work / "notes.txt").write_text("mine")
     result = run_cli("export.py", f"run={run}", "out=.", "force=true", cwd=work)
     assert result.returncode == 2 and "holds the working folder" in result.stderr, result.stdout + result.stderr
+    assert [p.name for p in work.iterdir()] == ["notes.txt"]
+    result = run_cli("export.py", f"run={run}", "out=", "force=true", cwd=work)  # out= left empty: not the working folder
+    assert_one_error_line(result, "error: out= is missing: give the folder to write, e.g. out=exported/my_model")
     assert [p.name for p in work.iterdir()] == ["notes.txt"]
     # Nor another run's dir, nor a folder of runs (out=outputs/<date> where out=exported/<name> was meant).
     other = tmp_path / "runs" / "other"
