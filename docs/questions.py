@@ -191,7 +191,7 @@ def softmax_direction() -> dict:
     x = torch.randn(1, T, 16)
     with torch.no_grad():
         q, k, _ = module.qkv(x).split(16, dim=-1)  # (1, T, 16) each
-        visible, _ = module._visible(1, T, T, None, x.device)  # (1, 1, T, T)
+        visible, _ = module.visible_keys(1, T, T, None, x.device)  # (1, 1, T, T)
         scores = (q @ k.transpose(-2, -1) / math.sqrt(16)).masked_fill(~visible[0], float("-inf"))  # (1, T, T)
         _, weights = module(x, need_weights=True)
     over_queries = torch.softmax(scores, dim=-2)[0]  # (T, T): each column sums to 1
@@ -243,8 +243,8 @@ def window_and_ring() -> dict:
     """Section 9: which keys each query may see, causal and with a window (the module's step 3),
     and which position each of a windowed KVCache's ring slots holds after each token."""
     T, W = WINDOW_T, WINDOW
-    causal, _ = CausalSelfAttention._visible(1, T, T, None, torch.device("cpu"))  # (1, 1, T, T)
-    band, _ = CausalSelfAttention._visible(1, T, T, None, torch.device("cpu"), window=W)
+    causal, _ = CausalSelfAttention.visible_keys(1, T, T, None, torch.device("cpu"))  # (1, 1, T, T)
+    band, _ = CausalSelfAttention.visible_keys(1, T, T, None, torch.device("cpu"), window=W)
     cache = KVCache(T, window=W)
     held = []
     for position in range(T):  # one token at a time, as generation feeds them

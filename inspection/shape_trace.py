@@ -3,8 +3,8 @@
 The trace watches the real forward pass, so it cannot disagree with the code: a
 TorchFunctionMode sees each torch operation as it runs, and the trace prints the line of
 model/ that asked for it (with its shape comment), followed by the shapes that line actually
-produced, in numbers, step by step: `q.view(B, T, H, D).transpose(1, 2)` shows the
-(B, T, H, D) between the view and the transpose. A function on every hook_pattern (model/hooks.py)
+produced, in numbers, step by step: `q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)`
+shows the three (B, H, T, D) and (B, K, T, D) it made. A function on every hook_pattern (model/hooks.py)
 makes attention run its "manual" path here, so the steps the fused sdpa call hides (scores, mask,
 softmax, weights @ V) are shown one by one. The first block is shown in
 full; the later ones repeat it exactly, and are summarised.

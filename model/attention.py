@@ -19,7 +19,7 @@ t - W < s <= t only: each query sees at most the W most recent keys, itself incl
 
 Two paths compute exactly that:
     "manual"  the explicit math, one step per line; it can also hand back the
-              attention weights (B, H, T, T), which the TensorBoard maps are drawn from.
+              attention weights (B, H, T, S), which the TensorBoard maps are drawn from.
     "sdpa"    torch.nn.functional.scaled_dot_product_attention: the same math in one
               fused call that never stores the (T, T) weights. The training default.
 
@@ -241,7 +241,7 @@ class CausalSelfAttention(nn.Module):
 
         # 3. Which keys may each query see? Its own token and earlier ones (every key with
         #    causal=False), within the window if there is one, never a padding key.
-        visible, no_key_visible = self._visible(B, T, S, key_padding_mask, x.device, self.causal, self.window)  # (1 or B, 1, T, S), (B, 1, T, 1) or None
+        visible, no_key_visible = self.visible_keys(B, T, S, key_padding_mask, x.device, self.causal, self.window)  # (1 or B, 1, T, S), (B, 1, T, 1) or None
 
         # 4-6. Scores, softmax over keys, weighted sum of values: spelt out, or one fused call.
         if need_weights or self.attention == "manual" or self.hook_attn_scores.fns or self.hook_pattern.fns:
@@ -299,7 +299,7 @@ class CausalSelfAttention(nn.Module):
                              "no window: the other sequence's positions are not this one's")
 
     @staticmethod
-    def _visible(
+    def visible_keys(
         B: int, T: int, S: int, key_padding_mask: torch.Tensor | None, device: torch.device, causal: bool = True,
         window: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -2,7 +2,7 @@
 
 What is here:
     GPTConfig  the shape of the network (the keys of the `model` config group, plus vocab_size)
-    MLP        position-wise feed-forward: Linear(C, 4C) -> GELU (or ReLU^2) -> Linear(4C, C)
+    MLP        position-wise feed-forward: Linear(C, 4C) -> GELU (or ReLU^2) -> Linear(4C, C), or SwiGLU
     Block      pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))
     Smear      each token's embedding takes in a gated share of the previous token's
     Caches     what generation keeps between calls: a KVCache per layer, the last embedding
@@ -54,7 +54,7 @@ class GPTConfig:
     attention: str = "sdpa"  # "sdpa" (fused) or "manual" (explicit math)
     pos: str = "learned"  # "learned" position embeddings (GPT-2), or "rope": rotary, in attention
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
-    mlp: str = "gelu"  # "gelu_tanh" (GPT-2's tanh-approximated GELU), "gelu" (exact, erf) or "relu2": ReLU(x)^2
+    mlp: str = "gelu"  # "gelu_tanh" (GPT-2's tanh-approximated GELU), "gelu" (exact, erf), "relu2": ReLU(x)^2, or "swiglu" (Llama's)
     tie_head: bool = True  # the LM head shares the token embedding matrix
     qk_norm: bool = False  # RMS-normalise queries and keys in every head before scoring
     smear: bool = False  # add to each token's embedding a gated share of the previous token's
@@ -325,7 +325,7 @@ class GPT(HookedModel):
         x = self.hidden_states(idx, caches)  # (B, T, C)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        logits = self.lm_head(x)  # (B, T, vocab_size); (B, 1, vocab_size) with last_only
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, vocab_size) vs (B*T,)

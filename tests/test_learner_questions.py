@@ -70,17 +70,17 @@ class Planted(TorchFunctionMode):
 @contextmanager
 def mask_replaced(module: CausalSelfAttention, change: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
     """The module's forward with the mask its step 3 builds passed through change: a wrong mask, planted."""
-    build = module._visible
+    build = module.visible_keys
 
     def changed(*args):
         visible, no_key_visible = build(*args)
         return change(visible), no_key_visible
 
-    module._visible = changed
+    module.visible_keys = changed
     try:
         yield
     finally:
-        del module._visible
+        del module.visible_keys
 
 
 def identity_projection(module: CausalSelfAttention) -> CausalSelfAttention:
@@ -290,7 +290,7 @@ def test_q7_the_mask_is_built_per_call_equal_to_a_slice_of_a_block_size_buffer_a
     buffer = torch.ones(block_size, block_size, dtype=torch.bool).tril()  # nanoGPT's way: (block_size, block_size)
     # Query t of T new tokens after S - T cached ones is token S - T + t: its row of the buffer.
     for T, S in ((8, 8), (5, 5), (1, 7), (3, 8)):
-        visible, _ = CausalSelfAttention._visible(1, T, S, None, torch.device("cpu"))  # (1, 1, T, S)
+        visible, _ = CausalSelfAttention.visible_keys(1, T, S, None, torch.device("cpu"))  # (1, 1, T, S)
         assert torch.equal(visible[0, 0], buffer[S - T : S, :S]), (T, S)
     # Nothing of it is saved: a checkpoint holds weights only (a buffer would add block_size^2 entries).
     model = GPT(GPTConfig(vocab_size=10, block_size=block_size, n_layer=1, n_head=2, n_embd=8))
@@ -361,7 +361,7 @@ def test_q10_dividing_by_sums_without_keepdim_normalises_the_wrong_way_silently(
     # lines up with (B, H, T, S); without keepdim, (B, 1, T) would line up with (H, T, S).
     module = CausalSelfAttention(6, 3, bias=False, attention="manual")  # B = 2, H = 3, T = S = 4: no two alike
     padding = torch.tensor([[True, True, False, False], [False, False, False, False]])
-    visible, no_key_visible = module._visible(2, 4, 4, padding, torch.device("cpu"))
+    visible, no_key_visible = module.visible_keys(2, 4, 4, padding, torch.device("cpu"))
     assert no_key_visible.shape == (2, 1, 4, 1) and visible.shape == (2, 1, 4, 4)
     assert no_key_visible.flatten().tolist() == [True, True, False, False] + [False] * 4  # queries 0, 1 of row 0
     out, weights = module(torch.randn(2, 4, 6), key_padding_mask=padding, need_weights=True)
