@@ -10,7 +10,7 @@ import yaml
 
 from attention_tab.live_model import THREADS, LoadedModel, answer, model_bytes, repeated_answer
 from attention_tab.tools import attribution_answer, lens_answer, patch_answer, patch_example
-from bench.common import ROOT, median_time
+from bench.common import ROOT, median_time, torch_threads
 from data.batches import probe_ids
 from data.bpe import GPT2_PATTERN
 from data.specs import CorpusSpec, TokenizerSpec
@@ -75,23 +75,24 @@ def made_up_ranks(n: int) -> dict[bytes, int]:
     return ranks
 
 
+def loaded_as_the_tab_holds_it(model: GPT, tokenizer: Tokenizer) -> LoadedModel:
+    """model as the tab's cache holds a run's checkpoint (no file behind it: the bench built it)."""
+    return LoadedModel(model, tokenizer, Path("ckpt_best.pt"), 0, (0, 0), model_bytes(model))
+
+
 def time_answers(model: GPT, tokenizer: Tokenizer, text: str, repeats: int, answers_per_run: int) -> dict:
     """The tab's answer to text, as the tab makes it (LoadedModel.read, then the JSON the route
     sends), on the threads the tab runs torch on: intact, and with one head knocked out after the
     text was read intact (the tab keeps those numbers: one forward)."""
-    loaded = LoadedModel(model, tokenizer, Path("ckpt_best.pt"), 0, (0, 0), model_bytes(model))
+    loaded = loaded_as_the_tab_holds_it(model, tokenizer)
 
     def answers(knocked_out: list[tuple[int, int]]) -> None:
         for _ in range(answers_per_run):
             json.dumps(answer("run", loaded, loaded.read(text, knocked_out)), allow_nan=False)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    try:
+    with torch_threads(THREADS):
         tokens = len(loaded.read(text, []).ids)
         intact_s, knocked_out_s = (median_time(lambda heads=heads: answers(heads), repeats) for heads in ([], [(1, 0)]))
-    finally:
-        torch.set_num_threads(threads)
     return {"tokens": tokens, "params": model.num_parameters(), "threads": THREADS, "model_mb": model_bytes(model) / 2**20,
             "answer_ms": 1e3 * intact_s / answers_per_run, "knocked_out_answer_ms": 1e3 * knocked_out_s / answers_per_run}
 
@@ -99,19 +100,15 @@ def time_answers(model: GPT, tokenizer: Tokenizer, text: str, repeats: int, answ
 def time_repeated_answers(model: GPT, tokenizer: Tokenizer, repeats: int, answers_per_run: int) -> dict:
     """The tab's answer to the longest repeated random tokens the model reads, as the repeated
     route makes it: intact, and with one head knocked out after reading them intact."""
-    loaded = LoadedModel(model, tokenizer, Path("ckpt_best.pt"), 0, (0, 0), model_bytes(model))
+    loaded = loaded_as_the_tab_holds_it(model, tokenizer)
     n = largest_n(model.config.block_size)
 
     def answers(knocked_out: list[tuple[int, int]]) -> None:
         for _ in range(answers_per_run):
             json.dumps(repeated_answer("run", loaded, loaded.read_repeated(n, 0, knocked_out)), allow_nan=False)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    try:
+    with torch_threads(THREADS):
         intact_s, knocked_out_s = (median_time(lambda heads=heads: answers(heads), repeats) for heads in ([], [(1, 0)]))
-    finally:
-        torch.set_num_threads(threads)
     return {"repeated_tokens": 2 * n + 1, "repeated_answer_ms": 1e3 * intact_s / answers_per_run,
             "repeated_knocked_out_answer_ms": 1e3 * knocked_out_s / answers_per_run}
 
@@ -121,7 +118,7 @@ def time_tools(model: GPT, tokenizer: Tokenizer, text: str, repeats: int, answer
     on the tab's torch threads: the lens on the text, attribution at its middle query (each
     head's knock-out included), and patching every head and every layer and position of the tab's
     first prompts (patch_example: the name swap in the stories' words)."""
-    loaded = LoadedModel(model, tokenizer, Path("ckpt_best.pt"), 0, (0, 0), model_bytes(model))
+    loaded = loaded_as_the_tab_holds_it(model, tokenizer)
     source = {"text": text}
     prompts = {key: value for key, value in patch_example("run", loaded).items() if key in ("clean", "corrupted", "token", "other")}
     middle = len(loaded.read(text, []).ids) // 2
@@ -133,10 +130,6 @@ def time_tools(model: GPT, tokenizer: Tokenizer, text: str, repeats: int, answer
         for _ in range(answers_per_run):
             json.dumps(ask(), allow_nan=False)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    try:
+    with torch_threads(THREADS):
         times = {name: 1e3 * median_time(lambda ask=ask: answers(ask), repeats) / answers_per_run for name, ask in asks.items()}
-    finally:
-        torch.set_num_threads(threads)
     return {**times, "patch_tokens": len(text_ids(tokenizer, prompts["clean"], model.config.block_size))}

@@ -164,7 +164,7 @@ class CausalSelfAttention(nn.Module):
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"attention={attention!r} is not one of {ATTENTION_PATHS}")
         self.n_head, self.n_kv_head = n_head, n_kv_head
-        self.head_dim = head_dim or n_embd // n_head
+        self.head_dim = n_embd // n_head if head_dim is None else head_dim
         self.window = window
         self.attention = attention
         self.dropout = dropout
@@ -428,6 +428,8 @@ def head_split_problem(n_embd: int, n_head: int, n_kv_head: int | None = None, h
     """What is wrong with splitting n_embd channels into n_head query heads that share n_kv_head
     key/value heads, in one sentence naming each value as key + its name (key "model." on the
     command line); None when nothing is."""
+    if head_dim is not None and head_dim < 1:
+        return f"{key}head_dim={head_dim} must be at least 1 (or None: n_embd // n_head)"
     if head_dim is None and n_embd % n_head != 0:
         return (f"{key}n_embd={n_embd} is not divisible by {key}n_head={n_head}: each head needs n_embd // n_head "
                 f"channels; pick {key}n_head from {divisors(n_embd)} (or set {key}head_dim)")

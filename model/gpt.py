@@ -68,11 +68,11 @@ class GPTConfig:
 
     @property
     def kv_heads(self) -> int:
-        return self.n_kv_head or self.n_head
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     @property
     def head_size(self) -> int:
-        return self.head_dim or self.n_embd // self.n_head
+        return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
     @property
     def hidden_size(self) -> int:

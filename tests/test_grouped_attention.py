@@ -147,6 +147,11 @@ def test_n_head_not_a_multiple_of_n_kv_head_is_one_clear_line():
         GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=4, n_embd=32, n_kv_head=3))
     with pytest.raises(ValueError, match=r"^window=0 must be at least 1"):
         CausalSelfAttention(32, 4, window=0)
+    for zero in ({"head_dim": 0}, {"n_kv_head": 0}):  # not the default that None stands for
+        with pytest.raises(ValueError, match=rf"^{next(iter(zero))}=0 "):
+            CausalSelfAttention(32, 4, **zero)
+        with pytest.raises(ValueError, match=rf"^{next(iter(zero))}=0 "):
+            GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=4, n_embd=32, **zero))
 
 
 def test_the_kv_cache_holds_k_heads_so_its_bytes_shrink_by_h_over_k():
