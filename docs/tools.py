@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cli.errors import exit_on_user_error  # noqa: E402
 from data.tokenizer import special_ids  # noqa: E402
 from docs.drawing import BLUE, FAINT, RED, SHOWN_WIDTH, drawn_with, font, one_above_another, side_by_side  # noqa: E402
-from inspection.head_metrics import head_metrics, induction_probe, induction_score  # noqa: E402
+from inspection.head_metrics import head_metrics, induction_score, run_induction_probe  # noqa: E402
 from inspection.heatmap import INK, readable_token, text_width  # noqa: E402
 from inspection.logit_attribution import logit_attribution  # noqa: E402
 from inspection.logit_lens import logit_lens  # noqa: E402
@@ -155,9 +155,10 @@ def across_training(run_dir: Path, pair: tuple, head: tuple[int, int]) -> list[d
         checkpoint = Checkpoint.load(path)
         model, tokenizer = checkpoint.build_model()
         model.eval()
-        # The sequence the run scores head_induction on (training/jobs.py): n random tokens twice, seeded by train.seed.
-        n, seed = checkpoint.config["train"]["probe_tokens"] // 2, checkpoint.config["train"]["seed"]
-        probe = torch.tensor([induction_probe(tokenizer.vocab_size, n, seed, avoid=special_ids(tokenizer))])  # (1, 2n)
+        train = checkpoint.config["train"]  # the sequence the run scored head_induction on
+        probe = run_induction_probe(tokenizer.vocab_size, train["probe_tokens"], model.config.block_size, train["seed"],
+                                    avoid=special_ids(tokenizer))  # (1, 2n)
+        n = probe.shape[1] // 2
         score = induction_score(model.attention_weights(probe)[:, 0], n)[layer, h]  # (L, 1, H, 2n, 2n) -> (L, H) -> ()
         attribution = logit_attribution(model, clean, -1, answer, other)
         try:

@@ -12,6 +12,8 @@ A heatmap shows one head at one step; these numbers follow every head through tr
         previous_token   mean over queries t >= 1 of w[t, t - 1]: 1 for a head that always
                          looks at the token just before.
     induction_probe(vocab_size, n, seed, avoid)  n random token ids (none in avoid), then the same n again: (2n,)
+    run_induction_probe(...)              the rows of it a run scores and ablates: n from train.probe_tokens
+                         and block_size, row i seeded train.seed + i
     induction_score(weights, n)           weights (L, H, 2n, 2n) of that probe -> (L, H):
                          the mean weight a query in the second copy puts on the token just
                          after its own token's earlier occurrence (the token to copy next).
@@ -48,6 +50,17 @@ def induction_probe(vocab_size: int, n: int, seed: int = 0, avoid: Collection[in
     choices = torch.tensor([i for i in range(vocab_size) if i not in avoid])
     first = choices[torch.randint(len(choices), (n,), generator=generator)]  # (n,)
     return first.repeat(2).tolist()  # (2n,)
+
+
+def run_induction_probe(vocab_size: int, probe_tokens: int, block_size: int, seed: int, avoid: Collection[int] = (),
+                        rows: int = 1) -> torch.Tensor | None:
+    """The repeated random tokens a run scores head_induction on (row 0) and its ablation reads (all
+    rows): n = min(train.probe_tokens, block_size) // 2 ids twice, row i seeded train.seed + i;
+    (rows, 2n), or None where n < 2."""
+    n = min(probe_tokens, block_size) // 2
+    if n < 2:
+        return None
+    return torch.tensor([induction_probe(vocab_size, n, seed + i, avoid) for i in range(rows)])  # (rows, 2n)
 
 
 def induction_score(weights: torch.Tensor, n: int) -> torch.Tensor:

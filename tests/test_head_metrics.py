@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from inspection.head_metrics import head_metrics, induction_probe, induction_score
+from inspection.head_metrics import head_metrics, induction_probe, induction_score, run_induction_probe
 from model import GPT, GPTConfig
 from tests.helpers import made_up_attention
 
@@ -64,6 +64,16 @@ def test_an_ideal_induction_head_scores_1_and_other_heads_do_not():
     assert scores[0, 0].item() == pytest.approx(1.0)
     assert scores[0, 1].item() == 0.0
     assert 0 < scores[0, 2].item() < 0.1  # uniform: 1 / (number of visible tokens)
+
+
+def test_a_runs_induction_probe_fits_its_context_and_seeds_each_row_on_from_train_seed():
+    # train.probe_tokens=100 with block_size 16: 8 tokens twice, a window the model can read whole.
+    rows = run_induction_probe(50, probe_tokens=100, block_size=16, seed=3, avoid={0}, rows=3)  # (3, 16)
+    assert rows.shape == (3, 16)
+    for i, row in enumerate(rows.tolist()):
+        assert row == induction_probe(50, 8, 3 + i, avoid={0})
+    assert len({tuple(row) for row in rows.tolist()}) == 3
+    assert run_induction_probe(50, probe_tokens=3, block_size=16, seed=3) is None  # n = 1: no second copy to score
 
 
 def test_the_induction_probe_is_a_random_sequence_repeated_twice():

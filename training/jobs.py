@@ -9,7 +9,7 @@ import torch
 from data.batches import probe_ids
 from data.tokenizer import special_ids
 from inspection.ablation import induction_loss_without_each_head, recall_without_each_head
-from inspection.head_metrics import head_metrics, induction_probe, induction_score
+from inspection.head_metrics import head_metrics, induction_score, run_induction_probe
 from inspection.recall_probe import RecallProbe
 from model.generation import EOT_SHOWN, generate_text, terminal_text
 from training.build import Run
@@ -87,11 +87,9 @@ class AttentionMaps:
             tb.probe_tokens(self.labels)
         # Random tokens, repeated once (see inspection/head_metrics.py): the first row's attention
         # gives the induction scores, all rows the loss on the second copy that the ablation reads.
-        n_induction = n_probe // 2
-        self.repeated = torch.tensor(
-            [induction_probe(tokenizer.vocab_size, n_induction, probes.seed + i, avoid=special_ids(tokenizer))
-             for i in range(INDUCTION_ROWS)], device=device,
-        ) if n_induction >= 2 else None  # (INDUCTION_ROWS, 2n)
+        repeated = run_induction_probe(tokenizer.vocab_size, probes.probe_tokens, shape.block_size, probes.seed,
+                                       avoid=special_ids(tokenizer), rows=INDUCTION_ROWS)  # (INDUCTION_ROWS, 2n) or None
+        self.repeated = repeated.to(device) if repeated is not None else None
         self.induction = self.repeated[:1] if self.repeated is not None else None  # (1, 2n)
         # Held-out stories (another seed), where names and items come back.
         max_windows = min(RECALL_PROBE_WINDOWS, max(1, RECALL_PROBE_TOKENS // shape.block_size))
