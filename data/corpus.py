@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from data.download import fetch_verified, sha256_of
+from data.download import check_sha256, verified_copy
 from data.specs import CorpusSpec
 from data.stories import iter_stories
 from user_error import UserError
@@ -98,15 +98,7 @@ def cached_copy(corpus: CorpusSpec, offline_advice: str, mismatch_advice: str) -
     downloaded first when it is not there, or not that file. The advice ends the error of a
     download that failed, or that brought another file."""
     cached = Path(corpus.cache_dir) / "corpora" / f"{corpus.sha256[:16]}-{Path(corpus.url).name}"
-    if not cached.is_file() or sha256_of(cached.read_bytes()) != corpus.sha256:
-        fetch_verified(corpus.url, corpus.sha256, cached, offline_advice, mismatch_advice)
-    return cached
-
-
-def check_sha256(payload: bytes, expected: str, where: str, advice: str) -> None:
-    actual = sha256_of(payload)
-    if actual != expected:
-        raise UserError(f"{where} has sha256 {actual}, not the expected {expected}; {advice}")
+    return verified_copy(corpus.url, corpus.sha256, cached, offline_advice, mismatch_advice)
 
 
 def read_utf8(file: Path) -> str:

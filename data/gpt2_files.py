@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tiktoken
 
-from data.download import fetch_verified, sha256_of
+from data.download import verified_copy
 
 GPT2_FILES_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main"
 # The files and their sha256, as tiktoken itself checks them (tiktoken_ext/openai_public.py).
@@ -33,10 +33,9 @@ def load_gpt2_encoding(cache_dir: Path, mirror: str | None = None) -> tiktoken.E
     for name, sha256 in GPT2_FILES.items():
         official_url = f"{GPT2_FILES_URL}/{name}"
         cached = tiktoken_dir / hashlib.sha1(official_url.encode()).hexdigest()
-        if not cached.is_file() or sha256_of(cached.read_bytes()) != sha256:
-            fetch_verified(
-                f"{(mirror or GPT2_FILES_URL).rstrip('/')}/{name}", sha256, cached,
-                offline_advice="tokenizer=gpt2 needs its files from the internet once; tokenizer=bpe and tokenizer=char work offline",
-                mismatch_advice="Check tokenizer.url",
-            )
+        verified_copy(
+            f"{(mirror or GPT2_FILES_URL).rstrip('/')}/{name}", sha256, cached,
+            offline_advice="tokenizer=gpt2 needs its files from the internet once; tokenizer=bpe and tokenizer=char work offline",
+            mismatch_advice="Check tokenizer.url",
+        )
     return tiktoken.get_encoding("gpt2")  # reads the checked files from the cache
