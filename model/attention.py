@@ -98,7 +98,7 @@ class KVCache:
         if end > self.max_length:
             raise ValueError(f"the KV cache holds {self.max_length} tokens; {end} do not fit")
         self.k[:, :, start:end] = k  # (B, K, T, D) into slots start..end-1
-        self.v[:, :, start:end] = v
+        self.v[:, :, start:end] = v  # (B, K, T, D) into the same slots
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, K, S, D), (B, K, S, D)
 
@@ -110,7 +110,7 @@ class KVCache:
             # the keys come in, so the slots need no sorting.
             slot = self.length % W
             self.k[:, :, slot] = k[:, :, 0]  # (B, K, D) into its slot
-            self.v[:, :, slot] = v[:, :, 0]
+            self.v[:, :, slot] = v[:, :, 0]  # (B, K, D) into the same slot
             self.length += 1
             held = min(self.length, W)
             return self.k[:, :, :held], self.v[:, :, :held]  # (B, K, S, D), S = held
@@ -122,7 +122,7 @@ class KVCache:
         kept = min(T, W)  # of these T, the last W stay in the ring
         positions = torch.arange(self.length + T - kept, self.length + T, device=k.device)  # (kept,)
         self.k[:, :, positions % W] = k[:, :, T - kept :]  # (B, K, kept, D) into their slots
-        self.v[:, :, positions % W] = v[:, :, T - kept :]
+        self.v[:, :, positions % W] = v[:, :, T - kept :]  # (B, K, kept, D) into the same slots
         self.length += T
         return k_all, v_all  # (B, K, S, D), S = E + T
 
@@ -285,7 +285,7 @@ class CausalSelfAttention(nn.Module):
         speeds = rope_speeds(self.head_dim, self.rope_theta, self.rope_scaling).to(positions.device)  # (D/2,)
         # The 1: every head of a token turns by the same angles; q and k are (B, T, H, D) then.
         angles = positions.view(-1, 1, 1) * speeds.view(1, 1, -1)  # (T, 1, D/2)
-        return angles.cos(), angles.sin()
+        return angles.cos(), angles.sin()  # (T, 1, D/2) each
 
     def _check_context(self, x: torch.Tensor, context: torch.Tensor, cache: KVCache | None) -> None:
         """ValueError unless cross-attention from x over context can run here."""
