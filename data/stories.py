@@ -27,7 +27,7 @@ copying it from earlier in the window, enough for an induction head to form with
 
 import random
 import string
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 FEMALE_NAMES = ["Mia", "Lily", "Emma", "Anna", "Rosa", "Lucy", "Ella", "Nora", "Ivy", "Zoe", "Ruby", "Maya", "Alice", "Clara", "Hannah", "Sara", "Leah", "Julia", "Grace", "Amy", "Eva", "Ada", "Iris", "Luna", "Maria", "Sofia", "Kate", "Jane", "Molly", "Daisy"]
@@ -174,6 +174,8 @@ def iter_stories(seed: int, n_chars: int, names: str = "common", word_games: flo
 
 
 def write_story(rng: random.Random, random_names: bool = False, word_games: float = 0) -> str:
+    """One story: a hero and a grown-up at home, a trip with a packed bag, a friend or two met on
+    the way who each take or use an item, the arrival, and the evening after."""
     pick = rng.choice
     hero = new_character(rng, pick(("she", "he")), HERO_KINDS, taken=set(), random_name=random_names)
     grown_up_pronoun = pick(("she", "he"))
@@ -193,7 +195,27 @@ def write_story(rng: random.Random, random_names: bool = False, word_games: floa
     def say(*choices: str, **extra: object) -> str:
         return pick(choices).format(h=hero, g=g, G=G, gu=grown_up, bag=bag, dest=destination, **extra)
 
-    paragraphs = [
+    paragraphs = setting_out(say, pick, packed)
+    for friend, item in zip(friends, used, strict=True):
+        paragraphs.append(meet_friend(rng, hero, friend, item, bag, first=friend is friends[0]))
+    paragraphs.append(" ".join([
+        say("At last, {who} came to {dest}.", "Soon, {who} reached {dest}.", who=list_phrase([str(c) for c in (hero, *friends)])),
+        arrival,
+        say(
+            "They played there until the sun began to set.",
+            "They stayed there all afternoon and had a wonderful time.",
+            "They sat together and talked for a long time.",
+        ),
+    ]))
+    paragraphs.append(evening(say, friends, packed, used))
+    if word_games:
+        paragraphs = [line for paragraph in paragraphs for line in (paragraph, *play_word_games(rng, hero, friends[0], word_games))]
+    return "\n".join(paragraphs)
+
+
+def setting_out(say: Callable[..., str], pick: Callable, packed: list[Item]) -> list[str]:
+    """The first two paragraphs: who the hero is and loves, then the trip and the packed bag."""
+    return [
         " ".join([
             say(
                 "Once upon a time, there was a {adj} {h.kind} named {h}. {h.Subj} lived in {place} with {g}.",
@@ -224,23 +246,15 @@ def write_story(rng: random.Random, random_names: bool = False, word_games: floa
             ),
         ]),
     ]
-    for friend, item in zip(friends, used, strict=True):
-        paragraphs.append(meet_friend(rng, hero, friend, item, bag, first=friend is friends[0]))
-    everyone = list_phrase([str(f) for f in friends])
-    paragraphs.append(" ".join([
-        say("At last, {who} came to {dest}.", "Soon, {who} reached {dest}.", who=list_phrase([str(c) for c in (hero, *friends)])),
-        arrival,
-        say(
-            "They played there until the sun began to set.",
-            "They stayed there all afternoon and had a wonderful time.",
-            "They sat together and talked for a long time.",
-        ),
-    ]))
+
+
+def evening(say: Callable[..., str], friends: list[Character], packed: list[Item], used: list[Item]) -> str:
+    """The last paragraph: home, what the hero tells, what is left in the bag, sleep."""
     ending = [
         say(
             'When {h} came home, {g} asked, "How was your day?" {h} told {gu.obj} all about {who}.',
             "In the evening, {h} went home and told {g} about {who}.",
-            who=everyone,
+            who=list_phrase([str(f) for f in friends]),
         ),
         say(
             '{G} smiled. "I am proud of you, {h}," {gu.subj} said.',
@@ -259,10 +273,7 @@ def write_story(rng: random.Random, random_names: bool = False, word_games: floa
             left_verb="were" if len(left) > 1 else "was",
         ))
     ending.append(say("{h} fell asleep with a smile. The end.", "And {h} never forgot that day. The end."))
-    paragraphs.append(" ".join(ending))
-    if word_games:
-        paragraphs = [line for paragraph in paragraphs for line in (paragraph, *play_word_games(rng, hero, friends[0], word_games))]
-    return "\n".join(paragraphs)
+    return " ".join(ending)
 
 
 def play_word_games(rng: random.Random, hero: Character, friend: Character, mean: float) -> list[str]:
