@@ -46,7 +46,7 @@ or 404 with one line saying what is wrong, quoting at most the start of what was
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self.cache: dict[tuple[str, str], tuple[tuple, dict[int, np.ndarray]]] = {}
         self.models = None  # live_model.ModelCache, made on the first request that runs a model
 
-    def get_plugin_apps(self):
+    def get_plugin_apps(self) -> dict[str, Callable[..., wrappers.Response]]:
         return {"/static/*": self.serve_static, "/settings": self.serve_settings, "/runs": self.serve_runs,
                 "/weights": self.serve_weights, "/metrics": self.serve_metrics, "/text": self.serve_text,
                 "/repeated": self.serve_repeated, "/lens": self.serve_lens, "/attribution": self.serve_attribution,
@@ -117,14 +117,14 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def is_active(self) -> bool:
         return False  # the frontend asks the data provider (data_plugin_names) instead
 
-    def data_plugin_names(self):
+    def data_plugin_names(self) -> tuple[str, ...]:
         return (PLUGIN_NAME,)
 
-    def frontend_metadata(self):
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(es_module_path="/static/index.js", tab_name="Attention")
 
     @wrappers.Request.application
-    def serve_static(self, request):
+    def serve_static(self, request: wrappers.Request) -> wrappers.Response:
         name = request.path.rsplit("/static/", 1)[-1]
         path = STATIC / name
         if "/" in name or path.suffix not in STATIC_TYPES or not is_file(path):
@@ -132,14 +132,14 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, path.read_bytes(), STATIC_TYPES[path.suffix])
 
     @wrappers.Request.application
-    def serve_settings(self, request):
+    def serve_settings(self, request: wrappers.Request) -> wrappers.Response:
         # The heatmaps' module (Pillow, the tokenizers) loads when a page first opens, not at TensorBoard's start.
         from attention_tab.page_settings import page_settings
 
         return json_response(request, page_settings())
 
     @wrappers.Request.application
-    def serve_runs(self, request):
+    def serve_runs(self, request: wrappers.Request) -> wrappers.Response:
         ctx, experiment = request_context(request)
         listing = self.data.list_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME)
         scalars = self.data.list_scalars(ctx, experiment_id=experiment, plugin_name=scalar_metadata.PLUGIN_NAME)
@@ -156,7 +156,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return json_response(request, {"runs": runs})
 
     @wrappers.Request.application
-    def serve_weights(self, request):
+    def serve_weights(self, request: wrappers.Request) -> wrappers.Response:
         ctx, experiment = request_context(request)
         run, tag = required(request, "run"), request.args.get("tag", WEIGHTS_TAG)
         step = integer(required(request, "step"), "step")
@@ -167,7 +167,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, body, "application/octet-stream")
 
     @wrappers.Request.application
-    def serve_metrics(self, request):
+    def serve_metrics(self, request: wrappers.Request) -> wrappers.Response:
         """{metric: {"steps": [...], "values": [[[per head] per layer] per step]}}."""
         ctx, experiment = request_context(request)
         run = required(request, "run")
@@ -183,7 +183,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return json_response(request, head_metric_table(heads, series.get(run, {})))
 
     @wrappers.Request.application
-    def serve_text(self, request):
+    def serve_text(self, request: wrappers.Request) -> wrappers.Response:
         """The run's model reads the text: live_model.answer's JSON."""
         form = post_form(request, "text", "run, text, knocked_out, step")
         run, step, text = form_field(form, "run"), kept_step(form), form_field(form, "text")
@@ -196,7 +196,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
-    def serve_repeated(self, request):
+    def serve_repeated(self, request: wrappers.Request) -> wrappers.Response:
         """The run's model reads n random tokens twice: live_model.repeated_answer's JSON."""
         run, step, (n, seed) = required(request, "run"), kept_step(request.args), repeated_fields(request.args)
         knocked_out = head_pairs(request.args.get("knocked_out", ""))
@@ -208,7 +208,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
-    def serve_lens(self, request):
+    def serve_lens(self, request: wrappers.Request) -> wrappers.Response:
         """The logit lens on the text or the repeated tokens: tools.lens_answer's JSON."""
         form = post_form(request, "lens", "run, source (text: text; repeated: n, seed), knocked_out, step")
         run, step, source = form_field(form, "run"), kept_step(form), token_source(form)
@@ -221,7 +221,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
-    def serve_attribution(self, request):
+    def serve_attribution(self, request: wrappers.Request) -> wrappers.Response:
         """Who wrote a logit, at one query of the text or the repeated tokens: tools.attribution_answer's JSON."""
         form = post_form(request, "attribution", "run, source (text: text; repeated: n, seed), position, token, "
                          "other, knocked_out, step")
@@ -236,7 +236,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
-    def serve_patch(self, request):
+    def serve_patch(self, request: wrappers.Request) -> wrappers.Response:
         """Activation patching from a clean prompt into a corrupted one: tools.patch_answer's JSON."""
         form = post_form(request, "patch", "run, clean, corrupted, token, other, step")
         run, step, clean, corrupted = form_field(form, "run"), kept_step(form), form_field(form, "clean"), form_field(form, "corrupted")
@@ -249,7 +249,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return self.run_model(request, run, step, answer)
 
     @wrappers.Request.application
-    def serve_patch_example(self, request):
+    def serve_patch_example(self, request: wrappers.Request) -> wrappers.Response:
         """The patching tool's first prompts for the run: tools.patch_example's JSON."""
         form = post_form(request, "patch example", "run, step")
         run, step = form_field(form, "run"), kept_step(form)
@@ -260,7 +260,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
         return self.run_model(request, run, step, answer)
 
-    def run_model(self, request, run: str, step: int | None, answer: Callable[[Any], dict]):
+    def run_model(self, request: wrappers.Request, run: str, step: int | None,
+                  answer: Callable[[Any], dict]) -> wrappers.Response:
         """answer(the model of the run's checkpoint, or of the one it kept at step): JSON, or a 400
         with the one line of its UserError."""
         ctx, experiment = request_context(request)
@@ -340,44 +341,44 @@ def is_file(path: Path) -> bool:
         return False
 
 
-def request_context(request) -> tuple:
+def request_context(request: wrappers.Request) -> tuple:
     return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
 
-def required(request, name: str) -> str:
+def required(request: wrappers.Request, name: str) -> str:
     value = request.args.get(name)
     if value is None:
         raise errors.InvalidArgumentError(f"missing query parameter {name!r}")
     return value
 
 
-def post_form(request, route: str, fields: str):
+def post_form(request: wrappers.Request, route: str, fields: str) -> Mapping[str, str]:
     """The form of a POST; a 400 saying what to send for anything else."""
     if request.method != "POST":
         raise errors.InvalidArgumentError(f"send the {route} as a POST form: {fields}")
     return request.form
 
 
-def form_field(form, name: str) -> str:
+def form_field(form: Mapping[str, str], name: str) -> str:
     value = form.get(name)
     if value is None:
         raise errors.InvalidArgumentError(f"missing form field {name!r}")
     return value
 
 
-def kept_step(values) -> int | None:
+def kept_step(values: Mapping[str, str]) -> int | None:
     """step: a step at which the run kept a checkpoint; None (absent or empty): its best, else last."""
     step = values.get("step", "")
     return integer(step, "step") if step else None
 
 
-def repeated_fields(values) -> tuple[int | None, int]:
+def repeated_fields(values: Mapping[str, str]) -> tuple[int | None, int]:
     """(n, seed) of the repeated tokens: n None (absent or empty) for the route's default, seed 0."""
     n = values.get("n", "")
     return (integer(n, "n") if n else None), integer(values.get("seed", "") or "0", "seed")
 
 
-def token_source(values) -> dict:
+def token_source(values: Mapping[str, str]) -> dict:
     """What a tool reads: {"text": ...} (source=text), or {"n", "seed"} of the repeated tokens (source=repeated)."""
     source = values.get("source", "")
     if source == "text":
@@ -404,5 +405,5 @@ def integer(value: str, name: str) -> int:
     return int(value)
 
 
-def json_response(request, value) -> wrappers.Response:
+def json_response(request: wrappers.Request, value: object) -> wrappers.Response:
     return http_util.Respond(request, json.dumps(value, allow_nan=False), "application/json")

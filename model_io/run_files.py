@@ -25,7 +25,7 @@ RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the wor
 # a real one does not win. When no run is such, the newest run.
 MIN_STEPS = 100
 
-Run = TypeVar("Run")
+RunT = TypeVar("RunT")  # a run as the caller names it: a run dir, or a record of one
 
 
 def model_checkpoint(run_dir: Path) -> Path | None:
@@ -93,7 +93,7 @@ def is_trained(steps: int, init_from: str | None) -> bool:
     return steps >= MIN_STEPS or bool(init_from)
 
 
-def newest_trained(newest_first: Iterable[Run], facts: Callable[[Run], tuple[int, str | None]]) -> Run | None:
+def newest_trained(newest_first: Iterable[RunT], facts: Callable[[RunT], tuple[int, str | None]]) -> RunT | None:
     """The first run of newest_first that is_trained by facts(run) = (steps, init_from), else the
     first run; None for no runs. facts is asked only as far as needed (it may read a checkpoint)."""
     first = None
