@@ -25,7 +25,7 @@ RUN_ROOTS = ("outputs", "multirun")  # where "latest" looks, relative to the wor
 # a real one does not win. When no run is such, the newest run.
 MIN_STEPS = 100
 
-RunT = TypeVar("RunT")  # a run as the caller names it: a run dir, or a record of one
+RunT = TypeVar("RunT")  # a run as the caller names it (resolve_checkpoint: its run dir)
 
 
 def model_checkpoint(run_dir: Path) -> Path | None:
