@@ -137,7 +137,8 @@ def read_text_files(path: str | None, text_field: str) -> Iterator[Piece]:
                 yield Piece(piece.text, piece.starts_document, files_done + raw.tell())
         files_done += file.stat().st_size
     if not any_text:
-        raise UserError(f"data.path={path} holds no text (every file is empty); give it a file with text in it")
+        raise UserError(f"data.path={path} holds no text (every file is empty, or every {text_field!r} of its .jsonl lines); "
+                        "give it a file with text in it")
 
 
 def read_file(file: Path, raw: BinaryIO, text_field: str) -> Iterator[Piece]:
