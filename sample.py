@@ -77,6 +77,11 @@ def sample(cfg: DictConfig) -> None:
         print(terminal_text(text))
 
 
+def out_of_memory(cfg: DictConfig) -> str:
+    return (f"num_samples={cfg.num_samples} continuations of max_new_tokens={cfg.max_new_tokens} tokens, sampled "
+            "together as one batch, need more memory than this machine has; ask for fewer num_samples")
+
+
 def sampled_texts(cfg: DictConfig, model: GPT, tokenizer: Tokenizer, path: Path, dtype: torch.dtype,
                   on_text: Callable[[str], None] | None) -> list[str]:
     """generate_text with sample.py's settings; a failure the user can act on as a UserError."""
@@ -92,7 +97,11 @@ def sampled_texts(cfg: DictConfig, model: GPT, tokenizer: Tokenizer, path: Path,
             raise UserError(f"{path}: the model's next-token logits are NaN or inf at dtype={cfg.dtype} (float16, "
                             "whose largest number is 65,504); sample with dtype=bf16 or fp32") from None
         raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None
+    except MemoryError:
+        raise UserError(out_of_memory(cfg)) from None
     except RuntimeError as error:
+        if isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error):  # a GPU's, a CPU's
+            raise UserError(out_of_memory(cfg)) from None
         if (reason := compile_failure(error)) is None:
             raise
         raise UserError(f"compile=true: Inductor could not compile the decode step ({reason}); "  # only compile=true gets here

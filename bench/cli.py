@@ -26,7 +26,7 @@ from bench.tab import bench_tab
 from bench.table import print_table
 from bench.text import bench_gpt2_text, bench_text
 from bench.training import LOG_INTERVAL, bench_compile, bench_peak, bench_quality, bench_recipe, bench_training
-from cli.errors import exit_on_user_error
+from cli.errors import exit_on_user_error, path_error_line
 from user_error import UserError
 
 SECTIONS = ("peak", "training", "quality", "recipe", "compile", "sampling", "kv_cache", "attention", "startup", "data", "nanogpt",
@@ -173,13 +173,13 @@ def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_
 
 def check_out(out: Path, given: bool) -> None:
     """UserError unless the JSON record can be written to out (its folder made now)."""
-    named = f"--out {out}" if given else f"the record's folder {out.parent}"
+    named = f"--out {out}" if given else f"the record {out}"
     if out.is_dir():
-        raise UserError(f"--out {out} is a folder; give the path of a .json file to write")
+        raise UserError(f"{named} is a folder; give the path of a .json file to write")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"{named}: cannot make {err.filename} ({err.strerror or err}); give another path") from None
+        raise UserError(f"{named}: {path_error_line(err)}") from None
     if not os.access(out.parent, os.W_OK):
         raise UserError(f"{named}: this user may not write in {out.parent}; give another path")
 

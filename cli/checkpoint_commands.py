@@ -12,7 +12,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import MISSING
 
-from model.generation import MOST_SAMPLED_TOKENS
 from user_error import require
 
 # OmegaConf's float turns 2 into 2.0 and accepts "3"; a Union keeps a number as given
@@ -41,6 +40,12 @@ class ExportSchema:
     run: str = MISSING
     out: str | None = MISSING
     force: bool = MISSING
+
+
+# The most tokens sample.py and train.py's samples ask for at once (rows x new tokens; more is
+# refused): their (rows, tokens) buffer alone is then 800 MB, and a CPU makes some thousands of
+# tokens a second. A larger request is a slip of the keyboard, not a sample.
+MOST_SAMPLED_TOKENS = 100_000_000
 
 
 def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
+from cli.checkpoint_commands import MOST_SAMPLED_TOKENS
 from cli.errors import CONFIGS, refused_value_line
 from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, head_split_problem
-from model.generation import MOST_SAMPLED_TOKENS
 from model.gpt import GPTConfig
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
@@ -89,7 +89,7 @@ def validate_model_config(model: Any, new_model: bool) -> None:
             f"model.rope_scaling={scaling} must be null or Llama 3.1's four positive numbers, e.g. "
             "'model.rope_scaling={factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}'")
     require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
-    head_size = model.head_dim or model.n_embd // model.n_head
+    head_size = model.n_embd // model.n_head if model.head_dim is None else model.head_dim
     require(model.pos != "rope" or head_size % 2 == 0,
             f"model.pos=rope needs an even head size (it turns each pair of dimensions); "
             f"{'model.head_dim' if model.head_dim else 'n_embd // n_head'} is {head_size}: make it even, e.g. "

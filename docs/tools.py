@@ -157,16 +157,18 @@ def across_training(run_dir: Path, pair: tuple, head: tuple[int, int]) -> list[d
         model.eval()
         train = checkpoint.config["train"]  # the sequence the run scored head_induction on
         probe = run_induction_probe(tokenizer.vocab_size, train["probe_tokens"], model.config.block_size, train["seed"],
-                                    avoid=special_ids(tokenizer))  # (1, 2n)
-        n = probe.shape[1] // 2
-        score = induction_score(model.attention_weights(probe)[:, 0], n)[layer, h]  # (L, 1, H, 2n, 2n) -> (L, H) -> ()
+                                    avoid=special_ids(tokenizer))  # (1, 2n), or None: too short a probe to score
+        score = None
+        if probe is not None:
+            weights = model.attention_weights(probe)[:, 0]  # (L, 1, H, 2n, 2n) -> (L, H, 2n, 2n)
+            score = induction_score(weights, probe.shape[1] // 2)[layer, h].item()  # (L, H) -> one head's
         attribution = logit_attribution(model, clean, -1, answer, other)
         try:
             patched = patch_heads(model, clean, corrupted, logit_difference(-1, answer, other))
             restored, corrupted_metric = round(patched.fraction[layer, h].item(), 2), round(patched.corrupted, 2)
         except UserError:
             restored = corrupted_metric = None
-        rows.append({"step": step, "induction_score": round(score.item(), 2),
+        rows.append({"step": step, "induction_score": None if score is None else round(score, 2),
                      "metric": {"clean": round(attribution.logit.item(), 2), "corrupted": corrupted_metric},
                      "direct_share": round(attribution.shares[f"L{layer}H{h}"].item(), 2), "restored": restored})
     return rows

@@ -15,10 +15,6 @@ from model.sampling import DIVERGED, choose_next_token, uniform_noise
 # How a printed text shows an <|endoftext|> the model wrote (sample.py, the training log's
 # samples): the text it ended and the next it started, apart and readable.
 EOT_SHOWN = "\n\n--- end of text ---\n\n"
-# The most tokens sample.py and train.py's samples ask for at once (rows x new tokens; the commands
-# refuse more): their (rows, tokens) buffer alone is then 800 MB, and a CPU makes some thousands of
-# tokens a second. A larger request is a slip of the keyboard, not a sample.
-MOST_SAMPLED_TOKENS = 100_000_000
 # The characters a printed text shows as escapes (terminal_text): the control characters but the
 # tab, the newline and a carriage return before a newline (a Windows line end); and the marks that
 # reorder right-to-left text, which a terminal would obey unseen (U+061C, U+200E, U+200F, U+202A to

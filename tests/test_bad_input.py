@@ -3,6 +3,7 @@ is wrong and what to do, with exit status 2, no traceback, and nothing written."
 
 import gzip
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -190,6 +191,20 @@ def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tm
     result = run_cli("sample.py", *run, *args, cwd=tmp_path)
     assert_one_error_line(result, message)
     assert sorted(p.name for p in trained_run.rglob("*")) == before  # nothing written into the run dir
+
+
+@pytest.mark.slow  # the shared trained run
+def test_more_samples_at_once_than_memory_holds_is_one_line(trained_run, tmp_path):
+    # Under the 100 million tokens sample.py takes at once, but 20 million rows of one batch: its
+    # first forward asks for gigabytes. The address space held to 6 GB stands for a smaller machine.
+    def small_machine() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+
+    result = subprocess.run([sys.executable, str(ROOT / "sample.py"), f"run={trained_run}", "device=cpu",
+                             "num_samples=20000000", "max_new_tokens=5"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, preexec_fn=small_machine)
+    assert_one_error_line(result, "error: num_samples=20000000 continuations of max_new_tokens=5 tokens, sampled together "
+                                  "as one batch, need more memory than this machine has; ask for fewer num_samples")
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])
