@@ -80,7 +80,6 @@ def benchmark(args: argparse.Namespace) -> None:
         "repeats": args.repeats,
         "results": results,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"written: {out}")
 

@@ -13,7 +13,7 @@ import hashlib
 import urllib.request
 from pathlib import Path
 
-from data.staging import remove_abandoned_staging, write_staged
+from data.staging import write_staged
 from user_error import UserError
 
 TIMEOUT_S = 15.0  # per connection attempt and per read, not for the whole file
@@ -29,7 +29,6 @@ def verified_copy(url: str, sha256: str, destination: Path, offline_advice: str,
         reason = getattr(err, "reason", None) or err
         raise UserError(f"could not download {url} ({reason}); {offline_advice}") from None
     check_sha256(payload, sha256, url, f"nothing was kept. {mismatch_advice}")
-    remove_abandoned_staging(destination)
     write_staged(destination, payload)
     return destination
 

@@ -23,8 +23,10 @@ def staging_path(path: Path) -> Path:
 
 
 def write_staged(path: Path, payload: bytes | str) -> None:
-    """payload written to path whole or not at all: a write that fails half-way (a full disk) leaves nothing."""
+    """payload written to path whole or not at all: a write that fails half-way (a full disk) leaves
+    nothing, and what killed writers of path left is removed first."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_staging(path)
     staging = staging_path(path)
     try:
         if isinstance(payload, str):

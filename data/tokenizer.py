@@ -48,7 +48,7 @@ import tiktoken
 from data.bpe import GPT2_PATTERN, N_BYTES, ranks_from_text, ranks_to_text
 from data.gpt2_files import load_gpt2_encoding
 from data.specs import TokenizerSpec
-from data.staging import remove_abandoned_staging, write_staged
+from data.staging import write_staged
 from user_error import UserError
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,6 @@ def learned_ranks(train_texts: Callable[[], Iterable[str]], vocab_size: int, pat
     started = time.perf_counter()
     ranks = train_bpe_fast(train_texts(), vocab_size)  # <|endoftext|> comes on top of these
     log.info(f"learned {len(ranks) - N_BYTES:,} BPE merges in {time.perf_counter() - started:.1f} s")
-    remove_abandoned_staging(path)
     write_staged(path, ranks_to_text(ranks))  # two runs learning the same ranks at once each rename a whole file in
     return ranks
 
