@@ -404,13 +404,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 def rope_speeds(head_dim: int, theta: float = 10000.0, scaling: dict[str, float] | None = None) -> torch.Tensor:
     """How fast each of a head's D/2 pairs turns, in radians per token, (D/2,): pair i by
-    theta^(-2i / D), fast for the first pairs, slow for the last.
+    1 / theta^(2i / D), fast for the first pairs, slow for the last (written as transformers writes it,
+    so that its float32 rounding, which the angle multiplies by the position, is the same).
 
     scaling (Llama 3.1's "llama3" rope scaling: factor, low_freq_factor, high_freq_factor,
     original_max_position_embeddings) slows the pairs that turn less than once in the original
     context by `factor`, keeps the fast ones, and blends the band between, so a model trained
     on that context reads one `factor` times longer."""
-    speeds = theta ** (-torch.arange(0, head_dim, 2) / head_dim)  # (D/2,)
+    speeds = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)  # (D/2,)
     if not scaling:
         return speeds
     factor, context = scaling["factor"], scaling["original_max_position_embeddings"]

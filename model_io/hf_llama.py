@@ -107,8 +107,9 @@ def check_full_attention(hf: dict[str, Any], refuse: Refuse) -> None:
 
 def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, float] | None]:
     """(rope_theta, our rope_scaling or None) from transformers 5's rope_parameters, or from the rope_theta
-    and rope_scaling that earlier versions wrote."""
-    key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    and rope_scaling that earlier versions wrote; read as transformers 5 reads them: a rope_scaling that is
+    set wins over rope_parameters, and a top-level original_max_position_embeddings over the one inside."""
+    key = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     rope = hf.get(key) or {}
     if not isinstance(rope, dict) or any(isinstance(value, dict) for value in rope.values()):
         raise refuse(key, rope, "this project reads one rotary setting for every layer")
@@ -124,6 +125,8 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
     if rope_type == "default":
         return float(theta), None
     scaling = {"original_max_position_embeddings": hf["max_position_embeddings"]} | rope  # transformers' default
+    if "original_max_position_embeddings" in hf:  # where Phi-3 writes it: transformers prefers it to the dict's
+        scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
     missing = [name for name in ROPE_SCALING_KEYS if name not in scaling]
     if missing:
         raise refuse(key, rope, f"Llama 3.1's scaling needs {', '.join(missing)}")

@@ -3,6 +3,7 @@ transformers' LlamaForCausalLM and Qwen3ForCausalLM as the reference: tiny rando
 BPE, written by save_pretrained in the test, never the Hub."""
 
 import json
+import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from data.tokenizer import EOT, CharTokenizer
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import logit_lens
 from inspection.patching import logit_difference, patch_heads
+from model.attention import rope_speeds
 from model.generation import generate_tokens
 from model.gpt import GPT, eval_mode
 from model_io.checkpoint import Checkpoint, build_model
@@ -127,6 +129,40 @@ def test_llama3_rope_scaling_is_read_and_is_what_makes_the_logits_agree(llama_fo
     unscaled = GPT(replace(config, rope_scaling=None))  # plain rotary angles instead
     load_hf_weights(llama_folder, unscaled)  # into real parameters this time
     assert max_logit_gap(unscaled, theirs, tokens()) > 100 * TOLERANCE
+
+
+def test_rotary_speeds_are_transformers_to_the_bit_so_logits_agree_at_a_thousand_tokens_too(tmp_path: Path) -> None:
+    """The angle is speed x position: a speed one float32 step off is ~1e-4 apart in the logits by
+    position 1000 with a head of 64 dims (as SmolLM2's and Llama 3.2's)."""
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256}
+    for name, rope in {"default": {"rope_theta": 500000.0}, "llama3": {"rope_theta": 500000.0, **scaling}}.items():
+        hf = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, rope_parameters=rope)
+        theirs = lively(LlamaForCausalLM(hf))
+        theirs.save_pretrained(tmp_path / name)
+        ours, _ = gpt_from_hf(tmp_path / name)
+        attention = ours.blocks[0].attn
+        assert torch.equal(rope_speeds(64, attention.rope_theta, attention.rope_scaling), theirs.model.rotary_emb.inv_freq)
+    assert max_logit_gap(ours, theirs, tokens(length=1024)[:1]) < TOLERANCE
+
+
+def test_a_set_rope_scaling_wins_over_rope_parameters_and_a_top_level_original_context_over_both(
+        llama_folder: Path, tmp_path: Path) -> None:
+    """transformers 5 reads an older rope_scaling before rope_parameters (export.py writes both), and takes
+    original_max_position_embeddings from the top level when it is there (Phi-3 writes it so)."""
+    folder = Path(shutil.copytree(llama_folder, tmp_path / "edited"))
+    hf = json.loads((folder / "config.json").read_text())
+    hf["rope_scaling"] = {**LLAMA3_SCALING, "rope_theta": 20000.0, "factor": 4.0, "original_max_position_embeddings": 32}
+    hf["original_max_position_embeddings"] = 8
+    (folder / "config.json").write_text(json.dumps(hf))
+    theirs = AutoModelForCausalLM.from_pretrained(folder).eval()
+    config, _ = gpt_config_from_hf(folder)
+    assert (config.rope_theta, config.rope_scaling) == (20000.0, {"factor": 4.0, "low_freq_factor": 1.0,
+                                                                  "high_freq_factor": 4.0,
+                                                                  "original_max_position_embeddings": 8})
+    ours, _ = gpt_from_hf(folder)
+    assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
 
 
 def test_a_sharded_folder_loads_as_one_file_does_and_a_missing_shard_is_named(tmp_path: Path) -> None:
