@@ -32,7 +32,7 @@ from data.tokenizer import Tokenizer
 from model import GPT
 from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
-from model_io.run_files import BEST, LAST, resolve_checkpoint
+from model_io.run_files import BEST, LAST, checkpoint_and_note
 
 starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
 
@@ -47,7 +47,9 @@ def export(cfg: DictConfig) -> None:
     if cfg.out is None or not str(cfg.out).strip():  # out= with nothing after it reads as ""
         raise UserError("out= is missing: give the folder to write, e.g. out=exported/my_model")
     out = Path(cfg.out).expanduser()
-    path = resolve_checkpoint(str(cfg.run))
+    path, note = checkpoint_and_note(str(cfg.run))
+    if note:
+        print(note, file=sys.stderr, flush=True)
     checkpoint = Checkpoint.load(path)
     model, tokenizer = checkpoint.build_model()
     model_type = export_model_type(model.config)

@@ -30,7 +30,7 @@ from model import GPT
 from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_decoding, terminal_text
 from model_io.checkpoint import Checkpoint
-from model_io.run_files import KEPT, resolve_checkpoint
+from model_io.run_files import KEPT, checkpoint_and_note
 from runtime.devices import Machine, check_compiler, pick_device
 from runtime.precision import weights_dtype
 
@@ -51,9 +51,11 @@ def sample(cfg: DictConfig) -> None:
     compiles = cfg.compile and cfg.max_new_tokens > 1  # one new token needs no decode step
     if compiles:
         check_compiler("compile", device, machine, cpp_wrapper=INDUCTOR_OPTIONS["cpp_wrapper"])
-    path = resolve_checkpoint(str(cfg.run))
+    path, note = checkpoint_and_note(str(cfg.run))
     if str(cfg.run) == "latest" or path.parent.name == KEPT:  # which run, or which kept step, it picked
         print(f"run={cfg.run}: {path}", file=sys.stderr, flush=True)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     model, tokenizer = Checkpoint.load(path).build_model()
     model.to(device, dtype)
     validate_sample_config(cfg, tokenizer.vocab_size)

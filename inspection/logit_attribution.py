@@ -66,7 +66,8 @@ def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
     if ids.numel() not in (1, B):
         raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")
     if ids.is_floating_point() or not bool(((ids >= 0) & (ids < V)).all()):
-        raise UserError(f"{name}={ids.tolist()} is not a token id of this model: ids run from 0 to {V - 1}")
+        shown = ids.tolist() if ids.numel() > 1 else ids.item()  # 9999, not [9999], for the id given alone
+        raise UserError(f"{name}={shown} is not a token id of this model: ids run from 0 to {V - 1}")
     return ids.expand(B)  # (B,)
 
 

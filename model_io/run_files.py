@@ -106,22 +106,9 @@ def newest_trained(newest_first: Iterable[RunT], facts: Callable[[RunT], tuple[i
 
 def resolve_checkpoint(run: str) -> Path:
     """A checkpoint file as given; in a run dir its model_checkpoint (ckpt_best.pt, ...); "latest":
-    of the run dirs under outputs/ and multirun/, newest checkpoint first, the first that trained
-    at least MIN_STEPS steps or started from pretrained weights, else the newest."""
+    latest_checkpoint's."""
     if run == "latest":
-        found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
-        if not found:
-            started = [p.parent.parent for root in RUN_ROOTS for p in Path(root).glob(f"**/{RUN_CONFIG}")]
-            if started:
-                newest = max(started, key=lambda run_dir: run_dir.stat().st_mtime)
-                raise UserError(f"run=latest found no checkpoint under outputs/ or multirun/: the newest run, {newest}, "
-                                f"has saved none yet: {WHEN_SAVED}")
-            raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
-        written = {}  # run dir -> when its newest checkpoint was written
-        for path in found:
-            written[path.parent] = max(written.get(path.parent, 0), path.stat().st_mtime)
-        newest_first = sorted(written, key=written.get, reverse=True)
-        return resolve_checkpoint(str(newest_trained(newest_first, run_facts)))
+        return latest_checkpoint()[0]
     path = Path(run).expanduser()
     if path.is_dir():
         if found := model_checkpoint(path):
@@ -130,6 +117,41 @@ def resolve_checkpoint(run: str) -> Path:
     if not path.is_file():
         raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     return path
+
+
+def latest_checkpoint() -> tuple[Path, list[tuple[Path, int]]]:
+    """run=latest: of the run dirs under outputs/ and multirun/, newest checkpoint first, the first
+    that trained at least MIN_STEPS steps or started from pretrained weights, else the newest; and
+    the newer runs passed over, (run dir, steps), newest first."""
+    found = [p for root in RUN_ROOTS for name in (BEST, LAST) for p in Path(root).glob(f"**/{name}")]
+    if not found:
+        started = [p.parent.parent for root in RUN_ROOTS for p in Path(root).glob(f"**/{RUN_CONFIG}")]
+        if started:
+            newest = max(started, key=lambda run_dir: run_dir.stat().st_mtime)
+            raise UserError(f"run=latest found no checkpoint under outputs/ or multirun/: the newest run, {newest}, "
+                            f"has saved none yet: {WHEN_SAVED}")
+        raise UserError("run=latest found no checkpoint under outputs/ or multirun/; train one first (make train)")
+    written = {}  # run dir -> when its newest checkpoint was written
+    for path in found:
+        written[path.parent] = max(written.get(path.parent, 0), path.stat().st_mtime)
+    newest_first = sorted(written, key=written.get, reverse=True)
+    chosen = newest_trained(newest_first, run_facts)
+    passed = [(run_dir, run_facts(run_dir)[0]) for run_dir in newest_first[:newest_first.index(chosen)]]
+    return resolve_checkpoint(str(chosen)), passed
+
+
+def checkpoint_and_note(run: str) -> tuple[Path, str | None]:
+    """resolve_checkpoint(run), and for "latest" the line that names the newer runs it passed over
+    (sample.py and export.py print it), else None."""
+    if run != "latest":
+        return resolve_checkpoint(run), None
+    path, passed = latest_checkpoint()
+    if not passed:
+        return path, None
+    runs = ", ".join(f"{run_dir} ({steps} step{'' if steps == 1 else 's'})" for run_dir, steps in passed[:3])
+    more = f" and {len(passed) - 3} more" if len(passed) > 3 else ""
+    return path, (f"note: run=latest passed over newer runs of fewer than {MIN_STEPS} steps: {runs}{more}; "
+                  f"give run=<run dir> to use one")
 
 
 def run_facts(run_dir: Path) -> tuple[int, str | None]:

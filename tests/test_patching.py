@@ -83,7 +83,7 @@ def test_a_token_id_the_model_lacks_is_one_line_from_the_metric_too(circuit):
     model, clean, corrupted, _ = circuit
     with pytest.raises(UserError) as caught:
         patch_heads(model, clean, corrupted, logit_difference(-1, 3, 99_999))
-    assert str(caught.value) == "other=[99999] is not a token id of this model: ids run from 0 to 63"
+    assert str(caught.value) == "other=99999 is not a token id of this model: ids run from 0 to 63"
 
 
 def test_a_knock_outs_effect_is_what_the_metric_loses_without_the_head(circuit):

@@ -21,7 +21,7 @@ from data.bpe import GPT2_PATTERN
 from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, bpe_encoding
 from model.generation import EOT_SHOWN, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
-from model_io.run_files import BEST, LAST, MIN_STEPS, kept_checkpoint_path, resolve_checkpoint
+from model_io.run_files import BEST, LAST, MIN_STEPS, checkpoint_and_note, kept_checkpoint_path, resolve_checkpoint
 from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, small_checkpoint, streamed_pieces, text_of
 from training.data_parallel import Replicated
 from training.jobs import Samples
@@ -53,6 +53,22 @@ def test_latest_is_the_newest_run_that_trained_100_steps_not_a_newer_short_test_
     save_run(tmp_path / "multirun/2026-01-02/11-00-00/0", steps=MIN_STEPS - 1, written=3_000, name=LAST)
     assert resolve_checkpoint("latest") == Path("outputs/2026-01-01/10-00-00") / BEST
     assert trained.is_file()
+    assert checkpoint_and_note("latest") == (Path("outputs/2026-01-01/10-00-00") / BEST, (
+        f"note: run=latest passed over newer runs of fewer than {MIN_STEPS} steps: multirun/2026-01-02/11-00-00/0 "
+        f"({MIN_STEPS - 1} steps), outputs/2026-01-02/10-00-00 (1 step); give run=<run dir> to use one"))
+
+
+def test_sample_says_which_run_latest_took_and_the_newer_short_runs_it_passed_over(tmp_path):
+    save_run(tmp_path / "outputs/2026-01-01/10-00-00", steps=800, written=1_000)
+    save_run(tmp_path / "outputs/2026-01-02/10-00-00", steps=5, written=2_000)
+    result = run_cli("sample.py", "run=latest", "max_new_tokens=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[:2] == [
+        "run=latest: outputs/2026-01-01/10-00-00/ckpt_best.pt",
+        f"note: run=latest passed over newer runs of fewer than {MIN_STEPS} steps: outputs/2026-01-02/10-00-00 "
+        "(5 steps); give run=<run dir> to use one"]
+    short = tmp_path / "outputs/2026-01-02/10-00-00"
+    assert checkpoint_and_note(str(short)) == (short / BEST, None)  # a run named is taken, and nothing said
 
 
 def test_latest_takes_a_newer_run_started_from_pretrained_weights_even_at_step_0(tmp_path, monkeypatch):
