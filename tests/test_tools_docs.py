@@ -50,7 +50,7 @@ def named_heads(grid: list[list[float]], shown: int) -> str:
     order, gained = ranked(grid), gained_heads(grid, shown)
     named = "; ".join(f"{head(layer, h)}: {value}" for value, layer, h in order[:shown])
     if gained:
-        named += "; " + " and ".join(f"{head(layer, h)}: {value}" for value, layer, h in gained) + " (gained)"
+        named += "; " + listed([f"{head(layer, h)}: {value}" for value, layer, h in gained]) + " (gained)"
     rest = [item for item in order[shown:] if item not in gained]
     return named + (f"; every other head {at_most([v for v, _, _ in rest])}" if rest else "")
 
@@ -110,15 +110,20 @@ def default_quotes(part: dict) -> tuple[list[str], list[str]]:
     cost, costly = knocked[0][0], knocked[1:3]  # the patched head's knock-out; the next two heads'
     assert knocked[0][1:] == (best["layer"], best["head"])  # the head whose patch restores most costs most knocked out
     second_patch = ranked(part["patch_heads"])[1]  # (restored, layer, head)
-    gained = gained_heads(part["knock_out"], 3)
-    assert len(gained) == 2 and gained[0][1] == gained[1][1]  # "without layer 1 head 3 or head 1"
+    gained = gained_heads(part["knock_out"], 3)[:2]  # the two heads whose knock-out helps most
     four = [(layer, h) for _, layer, h in costly + gained]
     assert second_patch[1:] not in four  # the head patched second is another one
     top = [f'"{piece}" ({p})' for piece, p in classic["top"]]
     stream, name_at = part["patch_residual"], best["looks_at"]  # the first name's position
     at_name = [layer[name_at] for layer in stream]
-    elsewhere = [value for layer in stream for p, value in enumerate(layer) if p != name_at]
+    mentions = [p for p, token in enumerate(part["tokens"]) if token == other]  # the later names, swapped
+    at_mentions = [layer[p] for layer in stream for p in mentions]
+    last = len(lens) - 1
+    last_position_late = stream[last][-1]  # the stream at the last position, entering the last layer
+    assert max(abs(value) for layer in stream[:last] for value in layer[name_at + 1:]) < 0.05 < last_position_late
     shares = sorted(part["shares"].items(), key=lambda item: -abs(item[1]))
+    assert shares[0][0] == f"L{best['layer']}H{best['head']}" and shares[1][0] == f"{last}_mlp_out"  # head, then MLP
+    assert cost > clean  # "more than the whole difference"
     page = [
         f"| measured on the default run (step {part['step']}) | |",
         f"the model's three likeliest next tokens are {top[0]}, {top[1]} and {top[2]}, and \"{answer}\" gets "
@@ -133,19 +138,21 @@ def default_quotes(part: dict) -> tuple[list[str], list[str]]:
         f"{head(*second_patch[1:])} writes nothing to speak of ({part['direct'][second_patch[1]][second_patch[2]]}), yet "
         f"its patch restores {second_patch[0]}",
         f"without {head(*costly[0][1:])} or {head(*costly[1][1:])} the difference falls by {costly[0][0]} and "
-        f"{costly[1][0]}, without {head(*gained[0][1:])} or head {gained[1][2]} it grows by {-gained[0][0]} and "
+        f"{costly[1][0]}, without {head(*gained[0][1:])} or {head(*gained[1][1:])} it grows by {-gained[0][0]} and "
         f"{-gained[1][0]}, and no patch of these four heads restores more than "
         f"{max(abs(part['patch_heads'][layer][h]) for layer, h in four)} either way",
-        f"put back at any of them, {at_most(elsewhere)}",
+        f"put back at any of those mentions, {at_most(at_mentions)}",
+        f"By layer {last}'s entrance some of it has reached the last position too: the stream put back there restores "
+        f"{last_position_late}",
     ]
     tour = [
-        f"the answer's probability is near 0 after layers 0 to {len(lens) - 2} and {lens[-1]['probability']} after layer "
-        f"{len(lens) - 1}",
+        f"the answer's probability is at most {max(layer['probability'] for layer in lens[:-1])} after layers 0 to "
+        f"{len(lens) - 2} and {lens[-1]['probability']} after layer {len(lens) - 1}",
         f'the model goes on with "{answer}" (p {part["probability"]["answer_on_clean"]}), and with the two names swapped '
         f'with "{other}" (p {part["probability"]["other_on_corrupted"]})',
         f'The logit difference logit("{answer}") - logit("{other}") is {part["logit_difference"]}',
-        f"{signed(shares[0][1])} from the last layer's MLP (`\"{shares[0][0]}\"`), {signed(shares[1][1])} from "
-        f"{head(best['layer'], best['head'])}, {signed(shares[2][1])} from layer 0's MLP, and "
+        f"{signed(shares[0][1])} from {head(best['layer'], best['head'])}, {signed(shares[1][1])} from the last layer's "
+        f"MLP (`\"{shares[1][0]}\"`), {signed(shares[2][1])} from {head(*map(int, shares[2][0][1:].split('H')))}, and "
         f"{at_most([v for _, v in shares[3:]])} from every other part",
         f"finds the answer at rank {lens[0]['rank']}, {lens[1]['rank']} and {lens[2]['rank']} after layers 0, 1 and 2, and at "
         f"rank {lens[3]['rank']} after layer 3",
@@ -156,7 +163,8 @@ def default_quotes(part: dict) -> tuple[list[str], list[str]]:
         f"knocking out {head(*costly[0][1:])} or {head(*costly[1][1:])} costs {costly[0][0]} and {costly[1][0]}, though "
         f"neither writes more than {max(abs(part['direct'][layer][h]) for _, layer, h in costly)} either way",
         f'restores all of the answer ({min(at_name)} to {max(at_name)}) at the first name, "{answer}", at the entrance of '
-        f"every layer, and {at_most(elsewhere)} anywhere else",
+        f'every layer, and {at_most(at_mentions)} at the later mentions of "{other}"; entering layer {last}, the last '
+        f"position restores {last_position_late} of it already",
         f"puts {best['weight']} of the last token's weight on it",
         f"here a share of {own_share} for the head the answer needs, whose knock-out costs {cost}",
     ]
@@ -191,7 +199,7 @@ def induction_quotes(part: dict) -> list[str]:
         f"{seeds['seeds']}, restoring {seeds['restored'][0]} to {seeds['restored'][1]} |",
         f"it puts {best['weight']} of the last query's weight on the character to copy, and putting back its output alone "
         f"restores {best['restored']} of the answer",
-        f"Here too it writes only {signed(part['direct'][best['layer']][best['head']])} of the {part['logit_difference']} "
+        f"Unlike the default model's head, it writes only {signed(part['direct'][best['layer']][best['head']])} of the {part['logit_difference']} "
         f"directly; layer 1's MLP writes {signed(shares[0][1])}",
         f"layer 0 head {previous[2]} ({looks_back[previous[2]]} of a query's weight on the character just before, on "
         f"average over this prompt), is needed: knocking it out costs {previous[0]}, yet its patch restores "
@@ -207,10 +215,18 @@ def test_the_tools_page_and_the_tour_quote_the_record_make_docs_wrote():
     page += induction_quotes(record["induction"])
     page.append(f"| `docs/tools.json`: the default run at step {record['default']['step']} and a run of `experiment=induction` "
                 f"at step {record['induction']['step']:,}, with its {len(record['induction']['across_training'])} kept checkpoints |")
-    for part in (record["default"], record["induction"]):  # "What the two have in common"
-        L, best = len(part["lens"]), part["best_patch"]
-        assert max(part["shares"], key=part["shares"].get) == f"{L - 1}_mlp_out"  # the last MLP writes most of it
-        assert part["direct"][best["layer"]][best["head"]] < part["shares"][f"{L - 1}_mlp_out"]  # the head, less of it
+    part = record["induction"]  # "What the two have in common": here the last MLP writes most of it, the head less
+    L, best = len(part["lens"]), part["best_patch"]
+    assert max(part["shares"], key=part["shares"].get) == f"{L - 1}_mlp_out"
+    assert part["direct"][best["layer"]][best["head"]] < part["shares"][f"{L - 1}_mlp_out"]
+    default, best_default = record["default"], record["default"]["best_patch"]
+    default_mlp = default["shares"][f"{len(default['lens']) - 1}_mlp_out"]
+    page.append(f"the induction head writes {signed(part['direct'][best['layer']][best['head']])} of "
+                f"{part['logit_difference']} and the MLP most of the rest")
+    page.append(f"the default model's head writes {signed(default['direct'][best_default['layer']][best_default['head']])} "
+                f"of {default['logit_difference']} itself, and only its knock-out "
+                f"({ranked(default['knock_out'])[0][0]}) shows that the MLP's "
+                f"{signed(default_mlp)} rests on it too")
     tools, attention = flat((ROOT / "docs" / "tools.md").read_text()), flat((ROOT / "docs" / "attention.md").read_text())
     for sentence in page:
         assert flat(sentence) in tools, sentence
