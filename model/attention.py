@@ -404,8 +404,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 def rope_speeds(head_dim: int, theta: float = 10000.0, scaling: dict[str, float] | None = None) -> torch.Tensor:
     """How fast each of a head's D/2 pairs turns, in radians per token, (D/2,): pair i by
-    1 / theta^(2i / D), fast for the first pairs, slow for the last (written as transformers writes it,
-    so that its float32 rounding, which the angle multiplies by the position, is the same).
+    1 / theta^(2i / D), fast for the first pairs, slow for the last. Written as transformers writes
+    it: the angle is speed x position, so one float32 step in a speed grows with the position.
 
     scaling (Llama 3.1's "llama3" rope scaling: factor, low_freq_factor, high_freq_factor,
     original_max_position_embeddings) slows the pairs that turn less than once in the original

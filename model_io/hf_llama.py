@@ -125,14 +125,16 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
     if rope_type == "default":
         return float(theta), None
     scaling = {"original_max_position_embeddings": hf["max_position_embeddings"]} | rope  # transformers' default
+    named = {name: f"{key}.{name}" for name in ROPE_SCALING_KEYS}  # where each value came from, for a refusal
     if "original_max_position_embeddings" in hf:  # where Phi-3 writes it: transformers prefers it to the dict's
         scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        named["original_max_position_embeddings"] = "original_max_position_embeddings"
     missing = [name for name in ROPE_SCALING_KEYS if name not in scaling]
     if missing:
         raise refuse(key, rope, f"Llama 3.1's scaling needs {', '.join(missing)}")
     for name in ROPE_SCALING_KEYS:
         if not is_number(scaling[name]) or scaling[name] <= 0:
-            raise refuse(f"{key}.{name}", scaling[name], "it must be a positive number")
+            raise refuse(named[name], scaling[name], "it must be a positive number")
     return float(theta), {name: scaling[name] for name in ROPE_SCALING_KEYS}
 
 

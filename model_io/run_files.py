@@ -5,6 +5,7 @@ kept, checkpoints/step_000250.pt. Found without loading torch (the Attention tab
 TensorBoard's start); only "latest" reads a checkpoint's step, and what is inside a file is
 model_io/checkpoint.py's business."""
 
+import functools
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -135,8 +136,9 @@ def latest_checkpoint() -> tuple[Path, list[tuple[Path, int]]]:
     for path in found:
         written[path.parent] = max(written.get(path.parent, 0), path.stat().st_mtime)
     newest_first = sorted(written, key=written.get, reverse=True)
-    chosen = newest_trained(newest_first, run_facts)
-    passed = [(run_dir, run_facts(run_dir)[0]) for run_dir in newest_first[:newest_first.index(chosen)]]
+    facts = functools.cache(run_facts)  # each run's checkpoint read once
+    chosen = newest_trained(newest_first, facts)
+    passed = [(run_dir, facts(run_dir)[0]) for run_dir in newest_first[:newest_first.index(chosen)]]
     return resolve_checkpoint(str(chosen)), passed
 
 

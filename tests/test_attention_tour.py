@@ -486,9 +486,13 @@ def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_
     tour = (ROOT / "docs" / "attention.md").read_text()
     section_15 = tour[tour.index("## 15."): tour.index("## 16.")]
     recall = record["name_recall"]
-    for quoted in (f"{record['largest_induction_score_at_the_end']:.3f} or below at step {record['step']}",
+    at_most = math.ceil(record["largest_induction_score_at_the_end"] * 1000) / 1000  # rounded up: "or below"
+    for quoted in (f"{at_most:.3f} or below at step {record['step']}",
                    f"from {recall['400']:.1%} at step 400 to {recall[str(record['step'])]:.1%} at step {record['step']}"):
         assert quoted in " ".join(section_15.split()), quoted
+    for page, quoted in (("docs/induction.md", f"every `head_induction` stays at {at_most:.3f} or below"),
+                         ("docs/default_model.md", f"No head scores above {at_most:.3f} on induction")):
+        assert quoted in " ".join((ROOT / page).read_text().split()), page
     for page in ("README.md", "docs/default_model.md"):
         heads = " and ".join(f"layer {layer} head {head}" for layer, head, _ in record["heads"])
         assert f"Attention maps of {heads} at step {record['step']} of the default run" in (ROOT / page).read_text(), page

@@ -143,8 +143,9 @@ def test_rotary_speeds_are_transformers_to_the_bit_so_logits_agree_at_a_thousand
         theirs.save_pretrained(tmp_path / name)
         ours, _ = gpt_from_hf(tmp_path / name)
         attention = ours.blocks[0].attn
-        assert torch.equal(rope_speeds(64, attention.rope_theta, attention.rope_scaling), theirs.model.rotary_emb.inv_freq)
-    assert max_logit_gap(ours, theirs, tokens(length=1024)[:1]) < TOLERANCE
+        assert torch.equal(rope_speeds(attention.head_dim, attention.rope_theta, attention.rope_scaling),
+                           theirs.model.rotary_emb.inv_freq), name
+        assert max_logit_gap(ours, theirs, tokens(length=1024)[:1]) < TOLERANCE, name
 
 
 def test_a_set_rope_scaling_wins_over_rope_parameters_and_a_top_level_original_context_over_both(
@@ -239,9 +240,11 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
      'rope_parameters.factor="8": it must be a positive number'),
     ("qwen3", {"use_sliding_window": True, "max_window_layers": None, "layer_types": None},
      "use_sliding_window=true: sliding-window layers do not map"),
+    ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING}, "original_max_position_embeddings": None},
+     "original_max_position_embeddings=null: it must be a positive number"),
 ], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding window",
         "sliding layer", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
-        "sliding, no max_window_layers"])
+        "sliding, no max_window_layers", "top-level original context null"])
 def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
     config = SHAPES["qwen3,gqa,head_dim=16" if model_type == "qwen3" else "llama,mqa,tied"]
     config.save_pretrained(tmp_path)  # config.json is all gpt_config_from_hf reads

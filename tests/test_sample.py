@@ -69,6 +69,19 @@ def test_sample_says_which_run_latest_took_and_the_newer_short_runs_it_passed_ov
         "(5 steps); give run=<run dir> to use one"]
     short = tmp_path / "outputs/2026-01-02/10-00-00"
     assert checkpoint_and_note(str(short)) == (short / BEST, None)  # a run named is taken, and nothing said
+    exported = run_cli("export.py", "run=latest", "out=exported", cwd=tmp_path)  # export.py says it too, first
+    assert exported.stderr.startswith(result.stderr.splitlines()[1] + "\n"), exported.stderr
+
+
+def test_latest_names_three_runs_it_passed_over_and_counts_the_rest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    save_run(tmp_path / "outputs/2026-01-01/10-00-00", steps=800, written=1_000)
+    for hour in range(5):
+        save_run(tmp_path / f"outputs/2026-01-02/1{hour}-00-00", steps=hour, written=2_000 + hour)
+    path, note = checkpoint_and_note("latest")
+    assert path == Path("outputs/2026-01-01/10-00-00") / BEST
+    assert note.endswith(": outputs/2026-01-02/14-00-00 (4 steps), outputs/2026-01-02/13-00-00 (3 steps), "
+                         "outputs/2026-01-02/12-00-00 (2 steps) and 2 more; give run=<run dir> to use one"), note
 
 
 def test_latest_takes_a_newer_run_started_from_pretrained_weights_even_at_step_0(tmp_path, monkeypatch):

@@ -111,6 +111,7 @@ def default_quotes(part: dict) -> tuple[list[str], list[str]]:
     assert knocked[0][1:] == (best["layer"], best["head"])  # the head whose patch restores most costs most knocked out
     second_patch = ranked(part["patch_heads"])[1]  # (restored, layer, head)
     gained = gained_heads(part["knock_out"], 3)[:2]  # the two heads whose knock-out helps most
+    assert len(gained) == 2, "the page names two heads whose knock-out raises the metric"
     four = [(layer, h) for _, layer, h in costly + gained]
     assert second_patch[1:] not in four  # the head patched second is another one
     top = [f'"{piece}" ({p})' for piece, p in classic["top"]]
@@ -223,10 +224,10 @@ def test_the_tools_page_and_the_tour_quote_the_record_make_docs_wrote():
     default_mlp = default["shares"][f"{len(default['lens']) - 1}_mlp_out"]
     page.append(f"the induction head writes {signed(part['direct'][best['layer']][best['head']])} of "
                 f"{part['logit_difference']} and the MLP most of the rest")
-    page.append(f"the default model's head writes {signed(default['direct'][best_default['layer']][best_default['head']])} "
-                f"of {default['logit_difference']} itself, and only its knock-out "
-                f"({ranked(default['knock_out'])[0][0]}) shows that the MLP's "
-                f"{signed(default_mlp)} rests on it too")
+    default_own, default_cost = default["direct"][best_default["layer"]][best_default["head"]], ranked(default["knock_out"])[0][0]
+    assert default_cost > default_own + default_mlp and default_cost > 1.9 * default_own  # "twice", "more than the two"
+    page.append(f"the default model's head writes {signed(default_own)} of {default['logit_difference']} itself and the "
+                f"MLP {signed(default_mlp)}, and the head's knock-out costs {default_cost}, more than the two write together")
     tools, attention = flat((ROOT / "docs" / "tools.md").read_text()), flat((ROOT / "docs" / "attention.md").read_text())
     for sentence in page:
         assert flat(sentence) in tools, sentence
