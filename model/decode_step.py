@@ -211,6 +211,7 @@ class CompiledDecodeStep:
         self.settings = (batch_size, temperature, top_k, top_p)
         config, weight = model.config, next(model.parameters())
         floats = dict(dtype=weight.dtype, device=weight.device)
+        self.weights_as_built = (weight.dtype, weight.device)  # model.to(...) after this needs a new step
         slot_count = model.new_caches().layers[0].slots  # block_size, or a window's W
         example = (
             torch.zeros(batch_size, 1, dtype=torch.long, device=weight.device),  # token
@@ -259,6 +260,11 @@ class CompiledDecodeStep:
                 f"this CompiledDecodeStep was built for another model or for (batch_size, temperature, top_k, "
                 f"top_p) = {self.settings}, with the KV cache; got {(batch_size, temperature, top_k, top_p)}, "
                 f"use_kv_cache={use_kv_cache}")
+        weight = next(model.parameters())
+        if (weight.dtype, weight.device) != self.weights_as_built:
+            built_dtype, built_device = self.weights_as_built
+            raise ValueError(f"this CompiledDecodeStep was built for the model's weights in {built_dtype} on "
+                             f"{built_device}; they are {weight.dtype} on {weight.device} now: build the step again")
         refuse_hooks(model)
 
     def __call__(self, token: torch.Tensor, caches: Caches, uniform: torch.Tensor | None) -> torch.Tensor:
@@ -267,7 +273,7 @@ class CompiledDecodeStep:
         temperature 0."""
         # The compiled code expects the strides it was built with: token and last_embedding
         # may be slices of longer tensors, so they are copied into fresh contiguous ones.
-        token = token.clone(memory_format=torch.contiguous_format)  # (B, 1)
+        token = token.to(torch.long, memory_format=torch.contiguous_format, copy=True)  # (B, 1); int32 ids too
         position = self._position.fill_(caches.length)  # (1,)
         last_embedding, stand_in_uniform = self._stand_ins  # without smear, last_embedding is not read
         if self.model.smear is not None:

@@ -94,8 +94,8 @@ def generate_tokens(
     KVCache per layer, instead of recomputing the whole window every step. It changes the speed,
     never the tokens: both ways see the same window. (A model with a window and rotary positions
     keeps its ring caches past block_size instead of sliding; without the cache it still slides,
-    which gives the same tokens while n_layer * (window - 1) tokens fit in the 3/4 of block_size a
-    slide keeps.) (The window jumps rather than moving one token at a time because, with learned
+    which gives the same tokens while what the last token reads, n_layer * (window - 1) + 1 tokens
+    (one more with smear), fits in the 3/4 of block_size a slide keeps.) (The window jumps rather than moving one token at a time because, with learned
     positions, moving it would give every kept token a new position and make its cached keys and
     values stale; jumping by a quarter rebuilds the cache once per block_size / 4 new tokens.)
 

@@ -140,7 +140,13 @@ def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings(m
     compiled = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3), decode_step=step)
     eager = generate_tokens(model, prompt, 25, **settings, generator=torch.Generator().manual_seed(3))
     assert torch.equal(compiled, eager) and len(set(compiled[0, 11:].tolist())) > 5
+    from_int32 = generate_tokens(model, prompt.int(), 25, **settings, generator=torch.Generator().manual_seed(3),
+                                 decode_step=step)  # the ids the forward takes too, the step built for int64's
+    assert torch.equal(from_int32, eager)
     with pytest.raises(ValueError, match="this CompiledDecodeStep was built for another model or for"):
         generate_tokens(model, prompt, 5, temperature=0.5, top_p=0.9, decode_step=step)
     with pytest.raises(ValueError, match="functions are attached to this model's hook points"), model.hooks(model.knock_out({(0, 1)})):
         generate_tokens(model, prompt, 5, **settings, decode_step=step)  # it was built with every head
+    with pytest.raises(ValueError, match="^this CompiledDecodeStep was built for the model's weights in torch.float32 on "
+                                         "cpu; they are torch.bfloat16 on cpu now: build the step again$"):
+        generate_tokens(model.to(torch.bfloat16), prompt, 5, **settings, decode_step=step)
