@@ -24,8 +24,8 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
               "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-              "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "max_window_layers": 28,
-              "layer_types": None},
+              "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": 4096,
+              "max_window_layers": 28, "layer_types": None},
 }
 ROPE_THETA = 10000.0  # transformers' default base
 
@@ -69,14 +69,13 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
     for key in ("attention_bias", "mlp_bias"):
         if hf.get(key):
             raise refuse(key, hf[key], "this project reads Llama and Qwen3 without biases")
-    if model_type == "qwen3":
-        check_full_attention(hf, refuse)
+    window = qwen3_window(hf, refuse) if model_type == "qwen3" else None
     rope_theta, rope_scaling = rope_settings(hf, refuse)
     config = GPTConfig(
         vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
         n_head=n_head, n_embd=n_embd, dropout=hf["attention_dropout"] if dropout is None else dropout, bias=False,
         attention="sdpa", pos="rope", norm="rmsnorm", mlp="swiglu", tie_head=hf["tie_word_embeddings"],
-        qk_norm=model_type == "qwen3", smear=False, n_kv_head=n_kv_head, head_dim=head_dim, window=None,
+        qk_norm=model_type == "qwen3", smear=False, n_kv_head=n_kv_head, head_dim=head_dim, window=window,
         mlp_hidden=hf["intermediate_size"], rope_theta=rope_theta, rope_scaling=rope_scaling,
         norm_eps=float(hf["rms_norm_eps"]),
     )
@@ -93,16 +92,35 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_full_attention(hf: dict[str, Any], refuse: Refuse) -> None:
-    """Refuse a Qwen3 with sliding-window layers: this project has one window for every layer, or none."""
-    layer_types = hf["layer_types"]
-    if layer_types is None and hf["use_sliding_window"]:  # Qwen3Config's rule: layers from max_window_layers on slide
-        if not is_count(hf["max_window_layers"]) or hf["max_window_layers"] < hf["num_hidden_layers"]:
-            raise refuse("use_sliding_window", True, "sliding-window layers do not map to this project's model, "
-                                                     "which reads full attention in every layer")
-    elif layer_types is not None and any(kind != "full_attention" for kind in layer_types):
-        raise refuse("layer_types", layer_types, "sliding-window layers do not map to this project's model, "
-                                                 "which reads full attention in every layer")
+def qwen3_window(hf: dict[str, Any], refuse: Refuse) -> int | None:
+    """The window of a Qwen3 whose every layer slides, None when none does: a layer slides when its
+    layer_types entry says so (by default, from max_window_layers on, when use_sliding_window is
+    true), over sliding_window keys, as Qwen3Config and Qwen3's attention read them. A mix is
+    refused: this project's model has one window for every layer, or none."""
+    window = hf["sliding_window"] if hf["use_sliding_window"] else None  # Qwen3Config's rule
+    kinds, n_layer = hf["layer_types"], hf["num_hidden_layers"]
+    if kinds is None:
+        if window is None:
+            return None
+        first = hf["max_window_layers"]
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise refuse("max_window_layers", first, "it must be a whole number (the first layer that slides)")
+        kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
+    if not isinstance(kinds, list) or len(kinds) != n_layer or not set(kinds) <= {"full_attention", "sliding_attention"}:
+        raise refuse("layer_types", kinds, f'it must list "full_attention" or "sliding_attention" for each of the '
+                                           f"{n_layer} layers")
+    if set(kinds) == {"full_attention"}:
+        return None
+    if window is None:  # transformers cannot run it either
+        raise refuse("layer_types", kinds, "it names sliding layers, but no window is set: give use_sliding_window=true "
+                                           "and a sliding_window")
+    if not is_count(window):
+        raise refuse("sliding_window", window, "it must be a whole number of at least 1")
+    if set(kinds) == {"sliding_attention"}:
+        return window
+    key = "layer_types" if hf["layer_types"] is not None else "max_window_layers"
+    raise refuse(key, hf[key], "some layers slide and some do not, which does not map to this project's model: it "
+                               "has one window for every layer, or none")
 
 
 def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, float] | None]:
@@ -179,8 +197,9 @@ def export_blockers(config: GPTConfig, model_type: str) -> list[str]:
         blockers.append(f"model.smear=true ({name} has no smear)")
     if config.bias:
         blockers.append(f"model.bias=true ({name} is written here without biases)")
-    if config.window is not None:
-        blockers.append(f"model.window={config.window} ({name} is written here with full attention in every layer)")
+    if config.window is not None and not qwen3:
+        blockers.append(f"model.window={config.window} (Llama has no sliding window; a run with model.qk_norm=true "
+                        f"exports as a Qwen3, which has one)")
     if not qwen3 and config.head_dim is not None and config.n_embd % config.n_head:
         blockers.append(f"model.head_dim={config.head_dim} with n_embd={config.n_embd} not a multiple of "
                         f"n_head={config.n_head} (LlamaConfig needs one)")
@@ -203,8 +222,10 @@ def hf_config(config: GPTConfig, model_type: str) -> dict[str, Any]:
         "rope_parameters": scaling or {"rope_type": "default", "rope_theta": theta},
         "rope_theta": theta, "rope_scaling": scaling,
     }
-    if model_type == "qwen3":
-        settings["use_sliding_window"] = False
+    if model_type == "qwen3":  # a window: every layer slides over it
+        sliding = config.window is not None
+        settings |= {"use_sliding_window": sliding, "sliding_window": config.window, "max_window_layers": 0,
+                     "layer_types": [("sliding_attention" if sliding else "full_attention")] * config.n_layer}
     else:
         settings["mlp_bias"] = False
     return settings

@@ -32,9 +32,9 @@ from inspection.logit_lens import logit_lens
 from inspection.patching import logit_difference, patch_heads
 from model.attention import rope_speeds
 from model.generation import generate_tokens
-from model.gpt import GPT, eval_mode
+from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.checkpoint import Checkpoint, build_model
-from model_io.hf_models import gpt_config_from_hf, gpt_from_hf, load_hf_weights
+from model_io.hf_models import export_blockers, gpt_config_from_hf, gpt_from_hf, load_hf_weights
 from model_io.run_files import BEST
 from tests.helpers import ROOT, max_logit_gap, one_line_error, run_cli
 
@@ -49,6 +49,8 @@ SHAPES = {  # grouped-query (2:1) and multi-query, tied and untied, rope scaling
                                                 rope_parameters={"rope_theta": 500000.0, **LLAMA3_SCALING}),
     "llama,mqa,tied": LlamaConfig(**SMALL, num_key_value_heads=1, tie_word_embeddings=True),
     "qwen3,gqa,head_dim=16": Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    "qwen3,every layer sliding": Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, use_sliding_window=True,
+                                             sliding_window=5, max_window_layers=0),
 }
 
 
@@ -105,6 +107,7 @@ def test_each_shape_gives_transformers_logits_with_its_heads_sizes_and_norms(sha
     assert (config.n_head, config.kv_heads, config.head_size, config.hidden_size) == (
         hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.intermediate_size)
     assert (config.tie_head, config.qk_norm, config.norm_eps) == (hf.tie_word_embeddings, hf.model_type == "qwen3", 1e-6)
+    assert config.window == (hf.sliding_window if "sliding_attention" in getattr(hf, "layer_types", []) else None)
     assert (ours.lm_head.weight is ours.tok_emb.weight) == config.tie_head and notes == []
     assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
 
@@ -225,10 +228,12 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
     ("llama", {"rope_parameters": None, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 'rope_scaling.rope_type="yarn"'),
     ("llama", {"attention_bias": True}, "attention_bias=true: this project reads Llama and Qwen3 without biases"),
     ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu": this project\'s SwiGLU MLP gates with SiLU (silu)'),
-    ("qwen3", {"use_sliding_window": True, "max_window_layers": 1, "layer_types": None},
-     "use_sliding_window=true: sliding-window layers do not map to this project's model"),
-    ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]},
-     'layer_types=["full_attention", "sliding_attention"]: sliding-window layers do not map'),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "layer_types": None},
+     "max_window_layers=1: some layers slide and some do not, which does not map to this project's model"),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
+     'layer_types=["full_attention", "sliding_attention"]: some layers slide and some do not'),
+    ("qwen3", {"layer_types": ["sliding_attention", "sliding_attention"]},
+     'layer_types=["sliding_attention", "sliding_attention"]: it names sliding layers, but no window is set'),
     ("qwen3", {"model_type": "qwen2"}, 'model_type="qwen2": this project reads GPT2LMHeadModel (gpt2), LlamaForCausalLM'),
     # Values of the wrong kind: one line each, not a traceback, nor a default put in their place.
     ("llama", {"rms_norm_eps": None}, "rms_norm_eps=null: it must be a small positive number, e.g. 1e-05"),
@@ -238,13 +243,15 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
     ("llama", {"tie_word_embeddings": "false"}, 'tie_word_embeddings="false": it must be true or false'),
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING, "factor": "8"}},
      'rope_parameters.factor="8": it must be a positive number'),
-    ("qwen3", {"use_sliding_window": True, "max_window_layers": None, "layer_types": None},
-     "use_sliding_window=true: sliding-window layers do not map"),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": None, "layer_types": None},
+     "max_window_layers=null: it must be a whole number (the first layer that slides)"),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 0, "layer_types": None, "max_window_layers": 0},
+     "sliding_window=0: it must be a whole number of at least 1"),
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING}, "original_max_position_embeddings": None},
      "original_max_position_embeddings=null: it must be a positive number"),
-], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding window",
-        "sliding layer", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
-        "sliding, no max_window_layers", "top-level original context null"])
+], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding from layer 1",
+        "sliding layer", "sliding layers, no window", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
+        "sliding, no max_window_layers", "window 0", "top-level original context null"])
 def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
     config = SHAPES["qwen3,gqa,head_dim=16" if model_type == "qwen3" else "llama,mqa,tied"]
     config.save_pretrained(tmp_path)  # config.json is all gpt_config_from_hf reads
@@ -311,8 +318,9 @@ LLAMA3_ROPE = ["model.rope_theta=500000.0", "model.rope_scaling={factor:8.0,low_
 
 
 @pytest.mark.parametrize(("preset", "options", "hf_class"), [("llama_shape", LLAMA3_ROPE, LlamaForCausalLM),
-                                                             ("qwen3_shape", [], Qwen3ForCausalLM)],
-                         ids=["llama_shape,llama3_rope", "qwen3_shape"])
+                                                             ("qwen3_shape", [], Qwen3ForCausalLM),
+                                                             ("qwen3_shape", ["model.window=6"], Qwen3ForCausalLM)],
+                         ids=["llama_shape,llama3_rope", "qwen3_shape", "qwen3_shape,window"])
 def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
     preset: str, options: list[str], hf_class: type, tmp_path: Path
 ) -> None:
@@ -320,7 +328,8 @@ def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
     assert OmegaConf.missing_keys(cfg) == set()
     tokenizer = CharTokenizer(sorted(set("".join(generate_stories(seed=1, n_chars=20_000)))))
     model = lively(build_model(OmegaConf.to_container(cfg.model), tokenizer.vocab_size))
-    assert (model.config.rope_theta, bool(model.config.rope_scaling)) == ((500000.0, True) if options else (10000.0, False))
+    assert (model.config.rope_theta, bool(model.config.rope_scaling)) == (
+        (500000.0, True) if preset == "llama_shape" else (10000.0, False))
     assert (model.config.kv_heads, model.config.qk_norm) == (2, preset == "qwen3_shape")
     run = tmp_path / "run"
     run.mkdir()
@@ -336,6 +345,8 @@ def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
     # model.norm_eps=null is RMSNorm's "the dtype's eps": float32's, written as a number.
     assert hf["rms_norm_eps"] == torch.finfo(torch.float32).eps and theirs.config.rms_norm_eps == hf["rms_norm_eps"]
     assert (hf["num_key_value_heads"], hf["head_dim"], hf["max_position_embeddings"]) == (2, 8, 32)
+    if model.config.window is not None:  # every layer slides over the window, as Qwen3 can say it
+        assert (hf["sliding_window"], set(theirs.config.layer_types)) == (model.config.window, {"sliding_attention"})
     assert (theirs.config.bos_token_id, theirs.config.eos_token_id) == (tokenizer.bos_id, tokenizer.eot_id)
     idx = torch.tensor([[tokenizer.bos_id, *tokenizer.encode("Once upon a time")]])  # (1, T)
     assert max_logit_gap(model, theirs, idx) < TOLERANCE
@@ -344,9 +355,16 @@ def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
     assert generate_tokens(model, idx, max_new_tokens=12, temperature=0.0).tolist() == expected.tolist()
 
     back, notes = gpt_from_hf(tmp_path / "exported")  # what init_from=<exported folder> reads
-    assert notes == [] and back.config.kv_heads == 2
+    assert notes == [] and (back.config.kv_heads, back.config.window) == (2, model.config.window)
     with torch.no_grad(), eval_mode(model), eval_mode(back):
         assert torch.equal(back(idx)[0], model(idx)[0])
+
+
+def test_a_window_exports_as_qwen3s_sliding_layers_and_as_no_llama() -> None:
+    shape = dict(vocab_size=VOCAB, pos="rope", norm="rmsnorm", mlp="swiglu", smear=False, window=16)
+    assert export_blockers(GPTConfig(**shape, qk_norm=True))["qwen3"] == []
+    assert export_blockers(GPTConfig(**shape, qk_norm=False))["llama"] == [
+        "model.window=16 (Llama has no sliding window; a run with model.qk_norm=true exports as a Qwen3, which has one)"]
 
 
 def test_the_smollm2_preset_fine_tunes_a_llama_folder_and_keeps_its_shape(llama_folder: Path, tmp_path: Path) -> None:
