@@ -323,7 +323,7 @@ def export_refusal(config: GPTConfig) -> str:
     others = ", ".join(f"experiment={architecture.preset}" for model_type, architecture in ARCHITECTURES.items()
                        if model_type != nearest)
     return (f"fits none of the architectures transformers loads with no custom code. {shapes} Train one that "
-            f"exports with `python train.py experiment={ARCHITECTURES[nearest].preset}` (or {others})")
+            f"exports with `.venv/bin/python train.py experiment={ARCHITECTURES[nearest].preset}` (or {others})")
 
 
 def hf_files_for(model: GPT, bos_id: int, eos_id: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -208,7 +208,7 @@ def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_t
                   "is SwiGLU); model.smear=true (Qwen3 has no smear)."):
         assert shape in message
     assert message.count("model.smear=true") == 3 and "model.qk_norm=true (Llama does not normalise" in message
-    assert "`python train.py experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape)" in message
+    assert "`.venv/bin/python train.py experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape)" in message
     assert list(tmp_path.iterdir()) == [run]
 
 
