@@ -97,13 +97,15 @@ def qwen3_window(hf: dict[str, Any], refuse: Refuse) -> int | None:
     layer_types entry says so (by default, from max_window_layers on, when use_sliding_window is
     true), over sliding_window keys, as Qwen3Config and Qwen3's attention read them. A mix is
     refused: this project's model has one window for every layer, or none."""
+    if not isinstance(hf["use_sliding_window"], bool):
+        raise refuse("use_sliding_window", hf["use_sliding_window"], "it must be true or false")
     window = hf["sliding_window"] if hf["use_sliding_window"] else None  # Qwen3Config's rule
     kinds, n_layer = hf["layer_types"], hf["num_hidden_layers"]
     if kinds is None:
         if window is None:
             return None
         first = hf["max_window_layers"]
-        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        if not isinstance(first, int) or isinstance(first, bool):  # below 0: every layer slides, as from 0
             raise refuse("max_window_layers", first, "it must be a whole number (the first layer that slides)")
         kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
     if not isinstance(kinds, list) or len(kinds) != n_layer or not set(kinds) <= {"full_attention", "sliding_attention"}:

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from tokenizers import ByteLevelBPETokenizer
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
@@ -247,11 +248,13 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
      "max_window_layers=null: it must be a whole number (the first layer that slides)"),
     ("qwen3", {"use_sliding_window": True, "sliding_window": 0, "layer_types": None, "max_window_layers": 0},
      "sliding_window=0: it must be a whole number of at least 1"),
+    ("qwen3", {"use_sliding_window": "false", "sliding_window": 4096, "layer_types": None, "max_window_layers": 0},
+     'use_sliding_window="false": it must be true or false'),
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING}, "original_max_position_embeddings": None},
      "original_max_position_embeddings=null: it must be a positive number"),
 ], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding from layer 1",
         "sliding layer", "sliding layers, no window", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
-        "sliding, no max_window_layers", "window 0", "top-level original context null"])
+        "sliding, no max_window_layers", "window 0", "sliding text", "top-level original context null"])
 def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
     config = SHAPES["qwen3,gqa,head_dim=16" if model_type == "qwen3" else "llama,mqa,tied"]
     config.save_pretrained(tmp_path)  # config.json is all gpt_config_from_hf reads
@@ -358,6 +361,15 @@ def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
     assert notes == [] and (back.config.kv_heads, back.config.window) == (2, model.config.window)
     with torch.no_grad(), eval_mode(model), eval_mode(back):
         assert torch.equal(back(idx)[0], model(idx)[0])
+
+
+def test_every_layer_slides_from_a_max_window_layers_below_0_as_transformers_reads_it(tmp_path: Path) -> None:
+    Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, use_sliding_window=True, sliding_window=5,
+                max_window_layers=-1).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"  # without layer_types, which save_pretrained writes out: as older files are
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"layer_types": None}))
+    assert set(AutoConfig.from_pretrained(tmp_path).layer_types) == {"sliding_attention"}
+    assert gpt_config_from_hf(tmp_path)[0].window == 5
 
 
 def test_a_window_exports_as_qwen3s_sliding_layers_and_as_no_llama() -> None:
