@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -100,8 +101,9 @@ def share_of_whole(cost: float, whole: float) -> str:
         "part of the difference")
 
 
-def default_quotes(part: dict) -> tuple[list[str], list[str]]:
-    """What docs/tools.md and the tour's section 18 quote of the default run, word for word."""
+def default_story(part: dict) -> SimpleNamespace:
+    """The figures of the default run that docs/tools.md and the tour's section 18 quote, and the
+    shape of the story they tell (asserted: a record that tells another needs the pages rewritten)."""
     answer, other, lens, classic = part["answer"], part["other"], part["lens"], part["classic"]
     best, clean = part["best_patch"], part["metric"]["clean"]
     own_share = part["direct"][best["layer"]][best["head"]]
@@ -125,51 +127,69 @@ def default_quotes(part: dict) -> tuple[list[str], list[str]]:
     shares = sorted(part["shares"].items(), key=lambda item: -abs(item[1]))
     assert shares[0][0] == f"L{best['layer']}H{best['head']}" and shares[1][0] == f"{last}_mlp_out"  # head, then MLP
     assert cost > clean  # "more than the whole difference"
-    page = [
+    return SimpleNamespace(
+        answer=answer, other=other, lens=lens, classic=classic, best=best, clean=clean, own_share=own_share,
+        mlp_share=mlp_share, cost=cost, costly=costly, second_patch=second_patch, gained=gained, four=four,
+        top=top, at_name=at_name, at_mentions=at_mentions, last=last, last_position_late=last_position_late,
+        shares=shares)
+
+
+def default_quotes(part: dict) -> tuple[list[str], list[str]]:
+    """What docs/tools.md and the tour's section 18 quote of the default run, word for word."""
+    s = default_story(part)
+    return default_page_quotes(part, s), default_tour_quotes(part, s)
+
+
+def default_page_quotes(part: dict, s: SimpleNamespace) -> list[str]:
+    """docs/tools.md's sentences and table rows of the default run."""
+    return [
         f"| measured on the default run (step {part['step']}) | |",
-        f"the model's three likeliest next tokens are {top[0]}, {top[1]} and {top[2]}, and \"{answer}\" gets "
-        f"{classic['answer_probability']}",
-        f'| the clean prompt | "{part["prompt"]}": "{answer}", p {part["probability"]["answer_on_clean"]} |',
-        f'| the corrupted prompt, the names swapped | "{other}", p {part["probability"]["other_on_corrupted"]} |',
+        f"the model's three likeliest next tokens are {s.top[0]}, {s.top[1]} and {s.top[2]}, and \"{s.answer}\" gets "
+        f"{s.classic['answer_probability']}",
+        f'| the clean prompt | "{part["prompt"]}": "{s.answer}", p {part["probability"]["answer_on_clean"]} |',
+        f'| the corrupted prompt, the names swapped | "{s.other}", p {part["probability"]["other_on_corrupted"]} |',
         *table_rows(part, knocked_out_shown=3, patched_shown=2),
-        f"putting back its output alone restores {best['restored']} of the answer, and without it the difference falls "
-        f"from {clean} to {clean - cost:.2f}",
-        f"It writes {signed(own_share)} of the {part['logit_difference']} itself; the last layer's MLP, which reads what "
-        f"the head wrote, writes {signed(mlp_share)}",
-        f"{head(*second_patch[1:])} writes nothing to speak of ({part['direct'][second_patch[1]][second_patch[2]]}), yet "
-        f"its patch restores {second_patch[0]}",
-        f"without {head(*costly[0][1:])} or {head(*costly[1][1:])} the difference falls by {costly[0][0]} and "
-        f"{costly[1][0]}, without {head(*gained[0][1:])} or {head(*gained[1][1:])} it grows by {-gained[0][0]} and "
-        f"{-gained[1][0]}, and no patch of these four heads restores more than "
-        f"{max(abs(part['patch_heads'][layer][h]) for layer, h in four)} either way",
-        f"put back at any of those mentions, {at_most(at_mentions)}",
-        f"By layer {last}'s entrance some of it has reached the last position too: the stream put back there restores "
-        f"{last_position_late}",
+        f"putting back its output alone restores {s.best['restored']} of the answer, and without it the difference falls "
+        f"from {s.clean} to {s.clean - s.cost:.2f}",
+        f"It writes {signed(s.own_share)} of the {part['logit_difference']} itself; the last layer's MLP, which reads what "
+        f"the head wrote, writes {signed(s.mlp_share)}",
+        f"{head(*s.second_patch[1:])} writes nothing to speak of ({part['direct'][s.second_patch[1]][s.second_patch[2]]}), yet "
+        f"its patch restores {s.second_patch[0]}",
+        f"without {head(*s.costly[0][1:])} or {head(*s.costly[1][1:])} the difference falls by {s.costly[0][0]} and "
+        f"{s.costly[1][0]}, without {head(*s.gained[0][1:])} or {head(*s.gained[1][1:])} it grows by {-s.gained[0][0]} and "
+        f"{-s.gained[1][0]}, and no patch of these four heads restores more than "
+        f"{max(abs(part['patch_heads'][layer][h]) for layer, h in s.four)} either way",
+        f"put back at any of those mentions, {at_most(s.at_mentions)}",
+        f"By layer {s.last}'s entrance some of it has reached the last position too: the stream put back there restores "
+        f"{s.last_position_late}",
     ]
-    tour = [
-        f"the answer's probability is at most {max(layer['probability'] for layer in lens[:-1])} after layers 0 to "
-        f"{len(lens) - 2} and {lens[-1]['probability']} after layer {len(lens) - 1}",
-        f'the model goes on with "{answer}" (p {part["probability"]["answer_on_clean"]}), and with the two names swapped '
-        f'with "{other}" (p {part["probability"]["other_on_corrupted"]})',
-        f'The logit difference logit("{answer}") - logit("{other}") is {part["logit_difference"]}',
-        f"{signed(shares[0][1])} from {head(best['layer'], best['head'])}, {signed(shares[1][1])} from the last layer's "
-        f"MLP (`\"{shares[1][0]}\"`), {signed(shares[2][1])} from {head(*map(int, shares[2][0][1:].split('H')))}, and "
-        f"{at_most([v for _, v in shares[3:]])} from every other part",
-        f"finds the answer at rank {lens[0]['rank']}, {lens[1]['rank']} and {lens[2]['rank']} after layers 0, 1 and 2, and at "
-        f"rank {lens[3]['rank']} after layer 3",
-        f"Layer {best['layer']} head {best['head']} writes {signed(own_share)} of it directly, yet knocking it out costs "
-        f"{cost}, {share_of_whole(cost, clean)}, and putting back its output alone restores {best['restored']} of it",
-        f"Layer {second_patch[1]} head {second_patch[2]} writes nothing to speak of directly "
-        f"({part['direct'][second_patch[1]][second_patch[2]]}), yet its patch restores {second_patch[0]}",
-        f"knocking out {head(*costly[0][1:])} or {head(*costly[1][1:])} costs {costly[0][0]} and {costly[1][0]}, though "
-        f"neither writes more than {max(abs(part['direct'][layer][h]) for _, layer, h in costly)} either way",
-        f'restores all of the answer ({min(at_name)} to {max(at_name)}) at the first name, "{answer}", at the entrance of '
-        f'every layer, and {at_most(at_mentions)} at the later mentions of "{other}"; entering layer {last}, the last '
-        f"position restores {last_position_late} of it already",
-        f"puts {best['weight']} of the last token's weight on it",
-        f"here a share of {own_share} for the head the answer needs, whose knock-out costs {cost}",
+
+
+def default_tour_quotes(part: dict, s: SimpleNamespace) -> list[str]:
+    """The tour's section 18 sentences of the default run."""
+    return [
+        f"the answer's probability is at most {max(layer['probability'] for layer in s.lens[:-1])} after layers 0 to "
+        f"{len(s.lens) - 2} and {s.lens[-1]['probability']} after layer {len(s.lens) - 1}",
+        f'the model goes on with "{s.answer}" (p {part["probability"]["answer_on_clean"]}), and with the two names swapped '
+        f'with "{s.other}" (p {part["probability"]["other_on_corrupted"]})',
+        f'The logit difference logit("{s.answer}") - logit("{s.other}") is {part["logit_difference"]}',
+        f"{signed(s.shares[0][1])} from {head(s.best['layer'], s.best['head'])}, {signed(s.shares[1][1])} from the last layer's "
+        f"MLP (`\"{s.shares[1][0]}\"`), {signed(s.shares[2][1])} from {head(*map(int, s.shares[2][0][1:].split('H')))}, and "
+        f"{at_most([v for _, v in s.shares[3:]])} from every other part",
+        f"finds the answer at rank {s.lens[0]['rank']}, {s.lens[1]['rank']} and {s.lens[2]['rank']} after layers 0, 1 and 2, and at "
+        f"rank {s.lens[3]['rank']} after layer 3",
+        f"Layer {s.best['layer']} head {s.best['head']} writes {signed(s.own_share)} of it directly, yet knocking it out costs "
+        f"{s.cost}, {share_of_whole(s.cost, s.clean)}, and putting back its output alone restores {s.best['restored']} of it",
+        f"Layer {s.second_patch[1]} head {s.second_patch[2]} writes nothing to speak of directly "
+        f"({part['direct'][s.second_patch[1]][s.second_patch[2]]}), yet its patch restores {s.second_patch[0]}",
+        f"knocking out {head(*s.costly[0][1:])} or {head(*s.costly[1][1:])} costs {s.costly[0][0]} and {s.costly[1][0]}, though "
+        f"neither writes more than {max(abs(part['direct'][layer][h]) for _, layer, h in s.costly)} either way",
+        f'restores all of the answer ({min(s.at_name)} to {max(s.at_name)}) at the first name, "{s.answer}", at the entrance of '
+        f'every layer, and {at_most(s.at_mentions)} at the later mentions of "{s.other}"; entering layer {s.last}, the last '
+        f"position restores {s.last_position_late} of it already",
+        f"puts {s.best['weight']} of the last token's weight on it",
+        f"here a share of {s.own_share} for the head the answer needs, whose knock-out costs {s.cost}",
     ]
-    return page, tour
 
 
 def induction_quotes(part: dict) -> list[str]:
