@@ -1,6 +1,6 @@
 """Write a run as a Hugging Face folder that transformers loads with no custom code: AutoModelForCausalLM
-gives a GPT2LMHeadModel, a LlamaForCausalLM or a Qwen3ForCausalLM, whichever the run's shape is, and
-AutoTokenizer the run's tokenizer (docs/export.md).
+gives a GPT2LMHeadModel, a LlamaForCausalLM, a Qwen3ForCausalLM or a MistralForCausalLM, whichever the run's
+shape is, and AutoTokenizer the run's tokenizer (docs/export.md).
 
     python export.py run=outputs/2026-11-22/10-00-00 out=exported/stories
     python export.py run=latest out=exported/stories force=true

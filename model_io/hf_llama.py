@@ -1,7 +1,8 @@
-"""Llama and Qwen3 as transformers writes them (LlamaForCausalLM: Llama 2 and 3, SmolLM2, TinyLlama;
-Qwen3ForCausalLM): config.json's settings and the tensors' names, both ways. model_io/hf_models.py reads
-and writes the files. In this project's terms both are rotary positions, RMSNorm, a SwiGLU MLP, no
-biases and often fewer key/value heads than query heads; Qwen3 adds QK-norm and may set its own head size."""
+"""Llama, Qwen3 and Mistral as transformers writes them (LlamaForCausalLM: Llama 2 and 3, SmolLM2, TinyLlama;
+Qwen3ForCausalLM; MistralForCausalLM): config.json's settings and the tensors' names, both ways.
+model_io/hf_models.py reads and writes the files. In this project's terms all three are rotary positions,
+RMSNorm, a SwiGLU MLP, no biases and often fewer key/value heads than query heads; Qwen3 adds QK-norm and
+may set its own head size; Mistral is Llama with a window every layer slides over (or none)."""
 
 import math
 from collections.abc import Callable
@@ -15,7 +16,8 @@ from user_error import UserError
 
 Refuse = Callable[[str, Any, str], UserError]  # (key, its value, what is needed) -> one line naming config.json
 
-# LlamaConfig's and Qwen3Config's defaults (transformers 5), for keys a config.json leaves out.
+# LlamaConfig's, Qwen3Config's and MistralConfig's defaults (transformers 5), for keys a config.json leaves out.
+# The bias keys are the class's own: Mistral has none, and builds no biases whatever config.json says.
 HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None, "hidden_act": "silu",
@@ -26,6 +28,10 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
               "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
               "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": 4096,
               "max_window_layers": 28, "layer_types": None},
+    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu",
+                "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                "attention_dropout": 0.0, "sliding_window": 4096},
 }
 ROPE_THETA = 10000.0  # transformers' default base
 
@@ -44,9 +50,10 @@ IGNORED = ("rotary_emb.inv_freq",)  # a buffer some older files hold: the angles
 
 
 def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: float | None) -> tuple[GPTConfig, list[str]]:
-    """The GPTConfig of a Llama or Qwen3 config.json (block_size: max_position_embeddings), and notes for
+    """The GPTConfig of a Llama, Qwen3 or Mistral config.json (block_size: max_position_embeddings), and notes for
     the log. dropout (None: the folder's attention_dropout) applies to attention and residual branches."""
-    hf = HF_DEFAULTS[model_type] | hf
+    defaults = HF_DEFAULTS[model_type]
+    hf = defaults | hf
     for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
                 "max_position_embeddings", "vocab_size"):
         if not is_count(hf[key]):
@@ -67,9 +74,13 @@ def gpt_config(hf: dict[str, Any], model_type: str, refuse: Refuse, dropout: flo
     if hf["hidden_act"] != "silu":
         raise refuse("hidden_act", hf["hidden_act"], "this project's SwiGLU MLP gates with SiLU (silu)")
     for key in ("attention_bias", "mlp_bias"):
-        if hf.get(key):
+        if key in defaults and hf.get(key):
             raise refuse(key, hf[key], "this project reads Llama and Qwen3 without biases")
-    window = qwen3_window(hf, refuse) if model_type == "qwen3" else None
+    window = None  # Llama has none
+    if model_type == "qwen3":
+        window = qwen3_window(hf, refuse)
+    elif model_type == "mistral":
+        window = mistral_window(hf, refuse)
     rope_theta, rope_scaling = rope_settings(hf, refuse)
     config = GPTConfig(
         vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
@@ -125,6 +136,14 @@ def qwen3_window(hf: dict[str, Any], refuse: Refuse) -> int | None:
                                "has one window for every layer, or none")
 
 
+def mistral_window(hf: dict[str, Any], refuse: Refuse) -> int | None:
+    """Mistral's window, over which every layer slides: sliding_window, or None (null) for full attention."""
+    window = hf["sliding_window"]
+    if window is not None and not is_count(window):
+        raise refuse("sliding_window", window, "it must be a whole number of at least 1, or null for no window")
+    return window
+
+
 def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, float] | None]:
     """(rope_theta, our rope_scaling or None) from transformers 5's rope_parameters, or from the rope_theta
     and rope_scaling that earlier versions wrote; read as transformers 5 reads them: a rope_scaling that is
@@ -159,7 +178,7 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
 
 
 def hf_names(config: GPTConfig) -> dict[str, tuple[str, slice]]:
-    """LlamaForCausalLM's (and Qwen3ForCausalLM's) tensor names -> (ours, which of its rows). q_proj, k_proj
+    """LlamaForCausalLM's tensor names (Qwen3's and Mistral's too) -> (ours, which of its rows). q_proj, k_proj
     and v_proj share our attn.qkv: its rows [q (H*D) | k (K*D) | v (K*D)]."""
     H, K, D = config.n_head, config.kv_heads, config.head_size
     qkv_rows = {"q_proj": slice(0, H * D), "k_proj": slice(H * D, (H + K) * D), "v_proj": slice((H + K) * D, (H + 2 * K) * D)}
@@ -181,9 +200,9 @@ def full_name(name: str) -> str:
 
 
 def export_blockers(config: GPTConfig, model_type: str) -> list[str]:
-    """One phrase per option of config that LlamaForCausalLM (model_type llama) or Qwen3ForCausalLM (qwen3)
-    cannot represent as written here; empty if it maps."""
-    name, qwen3 = ("Qwen3", True) if model_type == "qwen3" else ("Llama", False)
+    """One phrase per option of config that LlamaForCausalLM (model_type llama), Qwen3ForCausalLM (qwen3) or
+    MistralForCausalLM (mistral) cannot represent as written here; empty if it maps."""
+    name, qwen3 = {"llama": "Llama", "qwen3": "Qwen3", "mistral": "Mistral"}[model_type], model_type == "qwen3"
     blockers = []
     if config.pos != "rope":
         blockers.append(f"model.pos={config.pos} ({name} turns queries and keys by rotary positions; it learns no position table)")
@@ -192,24 +211,24 @@ def export_blockers(config: GPTConfig, model_type: str) -> list[str]:
     if config.mlp != "swiglu":
         blockers.append(f"model.mlp={config.mlp} ({name}'s MLP is SwiGLU)")
     if config.qk_norm and not qwen3:
-        blockers.append("model.qk_norm=true (Llama does not normalise queries and keys; Qwen3 does)")
+        blockers.append(f"model.qk_norm=true ({name} does not normalise queries and keys; Qwen3 does)")
     if qwen3 and not config.qk_norm:
-        blockers.append("model.qk_norm=false (Qwen3 normalises queries and keys; Llama does not)")
+        blockers.append("model.qk_norm=false (Qwen3 normalises queries and keys; Llama and Mistral do not)")
     if config.smear:
         blockers.append(f"model.smear=true ({name} has no smear)")
     if config.bias:
         blockers.append(f"model.bias=true ({name} is written here without biases)")
-    if config.window is not None and not qwen3:
-        blockers.append(f"model.window={config.window} (Llama has no sliding window; a run with model.qk_norm=true "
-                        f"exports as a Qwen3, which has one)")
-    if not qwen3 and config.head_dim is not None and config.n_embd % config.n_head:
+    if config.window is not None and model_type == "llama":
+        blockers.append(f"model.window={config.window} (Llama has no sliding window; Mistral has one, and Qwen3 "
+                        f"with model.qk_norm=true)")
+    if model_type == "llama" and config.head_dim is not None and config.n_embd % config.n_head:
         blockers.append(f"model.head_dim={config.head_dim} with n_embd={config.n_embd} not a multiple of "
                         f"n_head={config.n_head} (LlamaConfig needs one)")
     return blockers
 
 
 def hf_config(config: GPTConfig, model_type: str) -> dict[str, Any]:
-    """config.json's Llama or Qwen3 settings for config (hf_models.py adds the ids and the architecture)."""
+    """config.json's Llama, Qwen3 or Mistral settings for config (hf_models.py adds the ids and the architecture)."""
     # norm_eps None is RMSNorm's "the dtype's eps": for the float32 weights written, float32's.
     eps = torch.finfo(torch.float32).eps if config.norm_eps is None else config.norm_eps
     theta = float(config.rope_theta)
@@ -219,15 +238,18 @@ def hf_config(config: GPTConfig, model_type: str) -> dict[str, Any]:
         "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
         "num_key_value_heads": config.kv_heads, "head_dim": config.head_size, "hidden_act": "silu",
         "max_position_embeddings": config.block_size, "rms_norm_eps": eps,
-        "tie_word_embeddings": config.tie_head, "attention_bias": False, "attention_dropout": config.dropout,
+        "tie_word_embeddings": config.tie_head, "attention_dropout": config.dropout,
         # transformers 5 reads rope_parameters; earlier versions (and other readers) rope_theta and rope_scaling.
         "rope_parameters": scaling or {"rope_type": "default", "rope_theta": theta},
         "rope_theta": theta, "rope_scaling": scaling,
     }
     if model_type == "qwen3":  # a window: every layer slides over it
         sliding = config.window is not None
-        settings |= {"use_sliding_window": sliding, "sliding_window": config.window, "max_window_layers": 0,
+        settings |= {"attention_bias": False, "use_sliding_window": sliding, "sliding_window": config.window,
+                     "max_window_layers": 0,
                      "layer_types": [("sliding_attention" if sliding else "full_attention")] * config.n_layer}
+    elif model_type == "mistral":  # no bias keys: MistralConfig has none
+        settings["sliding_window"] = config.window  # null: full attention
     else:
-        settings["mlp_bias"] = False
+        settings |= {"attention_bias": False, "mlp_bias": False}
     return settings

@@ -47,6 +47,7 @@ ARCHITECTURES = {  # config.json's model_type -> its Architecture; export.py tri
     "gpt2": Architecture(hf_gpt2, "GPT-2", "GPT2LMHeadModel", "gpt2_shape"),
     "llama": Architecture(hf_llama, "Llama", "LlamaForCausalLM", "llama_shape"),
     "qwen3": Architecture(hf_llama, "Qwen3", "Qwen3ForCausalLM", "qwen3_shape"),
+    "mistral": Architecture(hf_llama, "Mistral", "MistralForCausalLM", "mistral_shape"),
 }
 
 

@@ -66,7 +66,7 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["model.mlp=swish"], "error: model.mlp=swish must be one of gelu, gelu_tanh, relu2"),
         (["optim.name=sgd"], "error: optim.name=sgd must be one of adamw, muon"),
         (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),
-        (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: finetune_gpt2, finetune_smollm2, gpt2_shape, induction, llama_shape, qwen3_shape, shakespeare_char_cpu"),
+        (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: finetune_gpt2, finetune_smollm2, gpt2_shape, induction, llama_shape, mistral_shape, qwen3_shape, shakespeare_char_cpu"),
         (["resume=nowhere"], "error: resume=nowhere does not exist"),
         (["resume=auto"], "error: resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
                           "add hydra.run.dir=<folder>"),

@@ -205,10 +205,12 @@ def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_t
     for shape in ("As GPT-2 (GPT2LMHeadModel): model.pos=rope (GPT-2 learns position embeddings); model.qk_norm=true",
                   "As Llama (LlamaForCausalLM): model.norm=layernorm (Llama uses RMSNorm); model.mlp=relu2",
                   "As Qwen3 (Qwen3ForCausalLM): model.norm=layernorm (Qwen3 uses RMSNorm); model.mlp=relu2 (Qwen3's MLP "
-                  "is SwiGLU); model.smear=true (Qwen3 has no smear)."):
+                  "is SwiGLU); model.smear=true (Qwen3 has no smear).",
+                  "As Mistral (MistralForCausalLM): model.norm=layernorm (Mistral uses RMSNorm); model.mlp=relu2"):
         assert shape in message
-    assert message.count("model.smear=true") == 3 and "model.qk_norm=true (Llama does not normalise" in message
-    assert "`.venv/bin/python train.py experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape)" in message
+    assert message.count("model.smear=true") == 4 and "model.qk_norm=true (Llama does not normalise" in message
+    assert ("`.venv/bin/python train.py experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape, "
+            "experiment=mistral_shape)") in message
     assert list(tmp_path.iterdir()) == [run]
 
 

@@ -212,7 +212,8 @@ def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
 
 @pytest.mark.parametrize(("change", "words"), [
     ({"model_type": "bert"}, 'model_type="bert": this project reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), '
-                             'Qwen3ForCausalLM (qwen3); start from one of those, or train from scratch without init_from'),
+                             'Qwen3ForCausalLM (qwen3), MistralForCausalLM (mistral); start from one of those, or train '
+                             'from scratch without init_from'),
     ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06: this project's LayerNorm uses 1e-05"),
     ({"n_inner": 100}, "n_inner=100: this project's MLP is 4 * n_embd = 128 wide"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),

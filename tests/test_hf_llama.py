@@ -1,6 +1,6 @@
-"""Llama and Qwen3 folders in and out (model_io/hf_llama.py, read and written by model_io/hf_models.py), with
-transformers' LlamaForCausalLM and Qwen3ForCausalLM as the reference: tiny random models and a tiny byte-level
-BPE, written by save_pretrained in the test, never the Hub."""
+"""Llama, Qwen3 and Mistral folders in and out (model_io/hf_llama.py, read and written by model_io/hf_models.py),
+with transformers' LlamaForCausalLM, Qwen3ForCausalLM and MistralForCausalLM as the reference: tiny random models
+and a tiny byte-level BPE, written by save_pretrained in the test, never the Hub."""
 
 import json
 import shutil
@@ -18,6 +18,8 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
@@ -35,7 +37,7 @@ from model.attention import rope_speeds
 from model.generation import generate_tokens
 from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.checkpoint import Checkpoint, build_model
-from model_io.hf_models import export_blockers, gpt_config_from_hf, gpt_from_hf, load_hf_weights
+from model_io.hf_models import export_blockers, export_model_type, gpt_config_from_hf, gpt_from_hf, load_hf_weights
 from model_io.run_files import BEST
 from tests.helpers import ROOT, max_logit_gap, one_line_error, run_cli
 
@@ -45,14 +47,17 @@ LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, 
                   "original_max_position_embeddings": 16}  # with head_dim 8: one pair kept, one blended, two slowed
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=64)
-SHAPES = {  # grouped-query (2:1) and multi-query, tied and untied, rope scaling, Qwen3's own head size
+SHAPES = {  # grouped-query (2:1) and multi-query, tied and untied, rope scaling, Qwen3's own head size, windows
     "llama,gqa,untied,llama3_rope": LlamaConfig(**SMALL, num_key_value_heads=2, tie_word_embeddings=False,
                                                 rope_parameters={"rope_theta": 500000.0, **LLAMA3_SCALING}),
     "llama,mqa,tied": LlamaConfig(**SMALL, num_key_value_heads=1, tie_word_embeddings=True),
     "qwen3,gqa,head_dim=16": Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
     "qwen3,every layer sliding": Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, use_sliding_window=True,
                                              sliding_window=5, max_window_layers=0),
+    "mistral,gqa,window": MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=5),
 }
+# The folder of each model_type that test_what_does_not_map_is_one_line_naming_the_key edits.
+EDITED = {"llama": "llama,mqa,tied", "qwen3": "qwen3,gqa,head_dim=16", "mistral": "mistral,gqa,window"}
 
 
 def lively(model: torch.nn.Module) -> torch.nn.Module:
@@ -108,7 +113,8 @@ def test_each_shape_gives_transformers_logits_with_its_heads_sizes_and_norms(sha
     assert (config.n_head, config.kv_heads, config.head_size, config.hidden_size) == (
         hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.intermediate_size)
     assert (config.tie_head, config.qk_norm, config.norm_eps) == (hf.tie_word_embeddings, hf.model_type == "qwen3", 1e-6)
-    assert config.window == (hf.sliding_window if "sliding_attention" in getattr(hf, "layer_types", []) else None)
+    sliding = hf.model_type == "mistral" or "sliding_attention" in getattr(hf, "layer_types", [])  # Mistral: every layer
+    assert config.window == (hf.sliding_window if sliding else None)
     assert (ours.lm_head.weight is ours.tok_emb.weight) == config.tie_head and notes == []
     assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
 
@@ -250,13 +256,16 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
      "sliding_window=0: it must be a whole number of at least 1"),
     ("qwen3", {"use_sliding_window": "false", "sliding_window": 4096, "layer_types": None, "max_window_layers": 0},
      'use_sliding_window="false": it must be true or false'),
+    ("mistral", {"sliding_window": 0}, "sliding_window=0: it must be a whole number of at least 1, or null for no window"),
+    ("mistral", {"sliding_window": "4096"}, 'sliding_window="4096": it must be a whole number of at least 1'),
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING}, "original_max_position_embeddings": None},
      "original_max_position_embeddings=null: it must be a positive number"),
 ], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding from layer 1",
         "sliding layer", "sliding layers, no window", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
-        "sliding, no max_window_layers", "window 0", "sliding text", "top-level original context null"])
+        "sliding, no max_window_layers", "window 0", "sliding text", "mistral window 0", "mistral window text",
+        "top-level original context null"])
 def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
-    config = SHAPES["qwen3,gqa,head_dim=16" if model_type == "qwen3" else "llama,mqa,tied"]
+    config = SHAPES[EDITED[model_type]]
     config.save_pretrained(tmp_path)  # config.json is all gpt_config_from_hf reads
     path = tmp_path / "config.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | change))
@@ -322,9 +331,10 @@ LLAMA3_ROPE = ["model.rope_theta=500000.0", "model.rope_scaling={factor:8.0,low_
 
 @pytest.mark.parametrize(("preset", "options", "hf_class"), [("llama_shape", LLAMA3_ROPE, LlamaForCausalLM),
                                                              ("qwen3_shape", [], Qwen3ForCausalLM),
-                                                             ("qwen3_shape", ["model.window=6"], Qwen3ForCausalLM)],
-                         ids=["llama_shape,llama3_rope", "qwen3_shape", "qwen3_shape,window"])
-def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
+                                                             ("qwen3_shape", ["model.window=6"], Qwen3ForCausalLM),
+                                                             ("mistral_shape", ["model.window=6"], MistralForCausalLM)],
+                         ids=["llama_shape,llama3_rope", "qwen3_shape", "qwen3_shape,window", "mistral_shape,window"])
+def test_a_llama_qwen3_or_mistral_shaped_run_exports_to_transformers_and_reads_back(
     preset: str, options: list[str], hf_class: type, tmp_path: Path
 ) -> None:
     cfg = composed(f"experiment={preset}", *TINY_SHAPE, *options)
@@ -348,8 +358,10 @@ def test_a_llama_or_qwen3_shaped_run_exports_to_transformers_and_reads_back(
     # model.norm_eps=null is RMSNorm's "the dtype's eps": float32's, written as a number.
     assert hf["rms_norm_eps"] == torch.finfo(torch.float32).eps and theirs.config.rms_norm_eps == hf["rms_norm_eps"]
     assert (hf["num_key_value_heads"], hf["head_dim"], hf["max_position_embeddings"]) == (2, 8, 32)
-    if model.config.window is not None:  # every layer slides over the window, as Qwen3 can say it
-        assert (hf["sliding_window"], set(theirs.config.layer_types)) == (model.config.window, {"sliding_attention"})
+    if model.config.window is not None:  # every layer slides over the window: Mistral's one way, one of Qwen3's
+        assert (hf["sliding_window"], theirs.config.sliding_window) == (model.config.window, model.config.window)
+        if hf_class is Qwen3ForCausalLM:
+            assert set(theirs.config.layer_types) == {"sliding_attention"}
     assert (theirs.config.bos_token_id, theirs.config.eos_token_id) == (tokenizer.bos_id, tokenizer.eot_id)
     idx = torch.tensor([[tokenizer.bos_id, *tokenizer.encode("Once upon a time")]])  # (1, T)
     assert max_logit_gap(model, theirs, idx) < TOLERANCE
@@ -372,11 +384,28 @@ def test_every_layer_slides_from_a_max_window_layers_below_0_as_transformers_rea
     assert gpt_config_from_hf(tmp_path)[0].window == 5
 
 
-def test_a_window_exports_as_qwen3s_sliding_layers_and_as_no_llama() -> None:
-    shape = dict(vocab_size=VOCAB, pos="rope", norm="rmsnorm", mlp="swiglu", smear=False, window=16)
-    assert export_blockers(GPTConfig(**shape, qk_norm=True))["qwen3"] == []
-    assert export_blockers(GPTConfig(**shape, qk_norm=False))["llama"] == [
-        "model.window=16 (Llama has no sliding window; a run with model.qk_norm=true exports as a Qwen3, which has one)"]
+def test_a_window_exports_as_a_qwen3_with_qk_norm_and_as_a_mistral_without_never_as_a_llama() -> None:
+    shape = dict(vocab_size=VOCAB, pos="rope", norm="rmsnorm", mlp="swiglu", smear=False)
+    assert export_model_type(GPTConfig(**shape, qk_norm=True, window=16)) == "qwen3"
+    assert export_model_type(GPTConfig(**shape, qk_norm=False, window=16)) == "mistral"
+    assert export_model_type(GPTConfig(**shape, qk_norm=False)) == "llama"  # Llama first, where both hold it
+    assert export_blockers(GPTConfig(**shape, qk_norm=False, window=16))["llama"] == [
+        "model.window=16 (Llama has no sliding window; Mistral has one, and Qwen3 with model.qk_norm=true)"]
+    assert export_blockers(GPTConfig(**shape, qk_norm=True, window=16))["mistral"] == [
+        "model.qk_norm=true (Mistral does not normalise queries and keys; Qwen3 does)"]
+
+
+def test_a_mistral_with_no_window_reads_as_full_attention_and_its_bias_keys_are_not_read(tmp_path: Path) -> None:
+    # Mistral 7B v0.2 on writes sliding_window null. MistralConfig has no bias keys, so transformers builds no
+    # biases whatever config.json says of them (a Llama's attention_bias=true is refused instead).
+    hf_folder(tmp_path, MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"attention_bias": True, "mlp_bias": True}))
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert not any(name.endswith(".bias") for name, _ in theirs.named_parameters())
+    ours, _ = gpt_from_hf(tmp_path)
+    assert (ours.config.window, ours.config.kv_heads) == (None, 2)
+    assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
 
 
 def test_the_smollm2_preset_fine_tunes_a_llama_folder_and_keeps_its_shape(llama_folder: Path, tmp_path: Path) -> None:
