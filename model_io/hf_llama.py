@@ -106,42 +106,53 @@ def is_number(value: Any) -> bool:
 def qwen3_window(hf: dict[str, Any], refuse: Refuse) -> int | None:
     """The window of a Qwen3 whose every layer slides, None when none does: a layer slides when its
     layer_types entry says so (by default, from max_window_layers on, when use_sliding_window is
-    true), over sliding_window keys, as Qwen3Config and Qwen3's attention read them. A mix is
-    refused: this project's model has one window for every layer, or none."""
+    true), over sliding_window keys, as Qwen3Config and Qwen3's attention read them."""
     if not isinstance(hf["use_sliding_window"], bool):
         raise refuse("use_sliding_window", hf["use_sliding_window"], "it must be true or false")
     window = hf["sliding_window"] if hf["use_sliding_window"] else None  # Qwen3Config's rule
-    kinds, n_layer = hf["layer_types"], hf["num_hidden_layers"]
+    kinds = hf["layer_types"]
     if kinds is None:
         if window is None:
             return None
         first = hf["max_window_layers"]
         if not isinstance(first, int) or isinstance(first, bool):  # below 0: every layer slides, as from 0
             raise refuse("max_window_layers", first, "it must be a whole number (the first layer that slides)")
-        kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
+        kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(hf["num_hidden_layers"])]
+    key = "layer_types" if hf["layer_types"] is not None else "max_window_layers"
+    return one_window(hf, kinds, key, window, "give use_sliding_window=true and a sliding_window", refuse)
+
+
+def mistral_window(hf: dict[str, Any], refuse: Refuse) -> int | None:
+    """Mistral's window, over which every layer slides: sliding_window, or None (null) for full attention.
+    A config.json that also lists layer_types is a Ministral to transformers, whose layers slide as
+    that list says (null: as Mistral's do)."""
+    window = hf["sliding_window"]
+    if window is not None and not is_count(window):
+        raise refuse("sliding_window", window, "it must be a whole number of at least 1, or null for no window")
+    kinds = hf.get("layer_types")
+    if kinds is None:
+        return window
+    return one_window(hf, kinds, "layer_types", window, "give a sliding_window", refuse)
+
+
+def one_window(hf: dict[str, Any], kinds: Any, key: str, window: Any, set_window: str, refuse: Refuse) -> int | None:
+    """The one window of every layer that kinds (each layer's "full_attention" or "sliding_attention")
+    slides over, None when none does. A mix is refused (key names where it came from): this project's
+    model has one window for every layer, or none."""
+    n_layer = hf["num_hidden_layers"]
     if not isinstance(kinds, list) or len(kinds) != n_layer or not set(kinds) <= {"full_attention", "sliding_attention"}:
         raise refuse("layer_types", kinds, f'it must list "full_attention" or "sliding_attention" for each of the '
                                            f"{n_layer} layers")
     if set(kinds) == {"full_attention"}:
         return None
     if window is None:  # transformers cannot run it either
-        raise refuse("layer_types", kinds, "it names sliding layers, but no window is set: give use_sliding_window=true "
-                                           "and a sliding_window")
+        raise refuse("layer_types", kinds, f"it names sliding layers, but no window is set: {set_window}")
     if not is_count(window):
         raise refuse("sliding_window", window, "it must be a whole number of at least 1")
     if set(kinds) == {"sliding_attention"}:
         return window
-    key = "layer_types" if hf["layer_types"] is not None else "max_window_layers"
     raise refuse(key, hf[key], "some layers slide and some do not, which does not map to this project's model: it "
                                "has one window for every layer, or none")
-
-
-def mistral_window(hf: dict[str, Any], refuse: Refuse) -> int | None:
-    """Mistral's window, over which every layer slides: sliding_window, or None (null) for full attention."""
-    window = hf["sliding_window"]
-    if window is not None and not is_count(window):
-        raise refuse("sliding_window", window, "it must be a whole number of at least 1, or null for no window")
-    return window
 
 
 def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, float] | None]:

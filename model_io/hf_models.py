@@ -96,6 +96,9 @@ def gpt_config_from_hf(
     architecture = ARCHITECTURES[model_type]
 
     def refuse(key: str, value: Any, need: str) -> UserError:
+        if key.split(".")[0] not in hf:  # not the file's value: the one transformers fills in
+            return UserError(f"{path} leaves {key} out, and transformers' default for a {architecture.name}, "
+                             f"{json.dumps(value)}, does not fit: {need}; set {key} there")
         return UserError(f"{path} has {key}={json.dumps(value)}: {need}")
 
     config, notes = architecture.names.gpt_config(hf, model_type, refuse, dropout)

@@ -258,11 +258,17 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
      'use_sliding_window="false": it must be true or false'),
     ("mistral", {"sliding_window": 0}, "sliding_window=0: it must be a whole number of at least 1, or null for no window"),
     ("mistral", {"sliding_window": "4096"}, 'sliding_window="4096": it must be a whole number of at least 1'),
+    ("mistral", {"layer_types": ["full_attention", "sliding_attention"]},  # a Ministral, to transformers
+     'layer_types=["full_attention", "sliding_attention"]: some layers slide and some do not'),
+    ("mistral", {"sliding_window": None, "layer_types": ["sliding_attention", "sliding_attention"]},
+     'layer_types=["sliding_attention", "sliding_attention"]: it names sliding layers, but no window is set: give a '
+     'sliding_window'),
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING}, "original_max_position_embeddings": None},
      "original_max_position_embeddings=null: it must be a positive number"),
 ], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding from layer 1",
         "sliding layer", "sliding layers, no window", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
-        "sliding, no max_window_layers", "window 0", "sliding text", "mistral window 0", "mistral window text",
+        "sliding, no max_window_layers", "window 0", "sliding text", "mistral window 0", "mistral window text", "ministral's mix",
+        "ministral, no window",
         "top-level original context null"])
 def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
     config = SHAPES[EDITED[model_type]]
@@ -395,17 +401,30 @@ def test_a_window_exports_as_a_qwen3_with_qk_norm_and_as_a_mistral_without_never
         "model.qk_norm=true (Mistral does not normalise queries and keys; Qwen3 does)"]
 
 
-def test_a_mistral_with_no_window_reads_as_full_attention_and_its_bias_keys_are_not_read(tmp_path: Path) -> None:
-    # Mistral 7B v0.2 on writes sliding_window null. MistralConfig has no bias keys, so transformers builds no
-    # biases whatever config.json says of them (a Llama's attention_bias=true is refused instead).
-    hf_folder(tmp_path, MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None))
+@pytest.mark.parametrize("no_window", [{"sliding_window": None}, {"layer_types": ["full_attention"] * 2}],
+                         ids=["sliding_window null", "layer_types all full (a Ministral)"])
+def test_a_mistral_with_no_window_reads_as_full_attention_and_its_bias_keys_are_not_read(tmp_path: Path, no_window) -> None:
+    # Mistral 7B v0.2 on writes sliding_window null; a config.json with layer_types is a Ministral to
+    # transformers, whose layers slide as the list says. MistralConfig has no bias keys, so transformers
+    # builds no biases whatever config.json says of them (a Llama's attention_bias=true is refused instead).
+    hf_folder(tmp_path, MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=5))
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | {"attention_bias": True, "mlp_bias": True}))
+    path.write_text(json.dumps(json.loads(path.read_text()) | no_window | {"attention_bias": True, "mlp_bias": True}))
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert not any(name.endswith(".bias") for name, _ in theirs.named_parameters())
     ours, _ = gpt_from_hf(tmp_path)
     assert (ours.config.window, ours.config.kv_heads) == (None, 2)
     assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
+
+
+def test_a_key_left_out_whose_default_does_not_fit_is_named_as_left_out(tmp_path: Path) -> None:
+    MistralConfig(**SMALL).save_pretrained(tmp_path)  # 4 query heads
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({key: value for key, value in json.loads(path.read_text()).items()
+                                if key != "num_key_value_heads"}))  # MistralConfig's default: 8
+    assert one_line_error(gpt_config_from_hf, tmp_path) == (
+        f"{path} leaves num_key_value_heads out, and transformers' default for a Mistral, 8, does not fit: it must "
+        "divide num_attention_heads=4; set num_key_value_heads there")
 
 
 def test_the_smollm2_preset_fine_tunes_a_llama_folder_and_keeps_its_shape(llama_folder: Path, tmp_path: Path) -> None:
