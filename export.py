@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from fnmatch import fnmatch
 from pathlib import Path
 
 from runtime.startup import Starting
@@ -31,10 +32,13 @@ from data.hf_tokenizer import write_hf_tokenizer
 from data.tokenizer import Tokenizer
 from model import GPT
 from model_io.checkpoint import Checkpoint
-from model_io.hf_models import ARCHITECTURES, export_model_type, export_refusal, save_hf_model
+from model_io.hf_models import ARCHITECTURES, HUB_FILES, export_model_type, export_refusal, save_hf_model
 from model_io.run_files import BEST, LAST, checkpoint_and_note
 
 starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
+
+# What a tokenizer saved by transformers may add to HUB_FILES (export.py writes special_tokens_map.json).
+TOKENIZER_EXTRAS = ("special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="export", version_base="1.3")
@@ -77,8 +81,9 @@ def write_hf_folder(model: GPT, tokenizer: Tokenizer, folder: Path) -> None:
 
 
 def check_out(out: Path, checkpoint: Path, force: bool) -> None:
-    """UserError unless out may be written: a new or empty folder, or (force) one that holds neither
-    the checkpoint, nor the working folder, nor a run (another run's dir is a likely slip of the finger)."""
+    """UserError unless out may be written: a new or empty folder, or (force) one that holds only a model's
+    files, as an earlier export or save_pretrained left them. Never the working folder, the checkpoint's
+    folder, a run, or a folder with anything else in it: force must not delete a home or a project."""
     if out.exists() and not out.is_dir():
         raise UserError(f"out={out} is a file; give a folder that is new or empty")
     if Path.cwd().is_relative_to(out.resolve()):
@@ -87,12 +92,27 @@ def check_out(out: Path, checkpoint: Path, force: bool) -> None:
         return
     if checkpoint.resolve().is_relative_to(out.resolve()):
         raise UserError(f"out={out} holds the checkpoint being exported ({checkpoint}); give another folder")
-    if run := next((path for name in (LAST, BEST) for path in out.rglob(name)), None):
+    entries = sorted(out.iterdir())
+    if run := next((folder / name for folder in (out, *entries) for name in (LAST, BEST) if (folder / name).exists()), None):
         raise UserError(f"out={out} holds a run ({run}), which force=true would delete with it; give a folder of "
                         "its own to the export")
+    others = [p.name + "/" * p.is_dir() for p in entries if p.is_dir() or not is_model_file(p.name)]
+    if others:
+        raise UserError(f"out={out} holds {listed(others)}, which an export does not write; give a new or empty folder "
+                        "(force=true replaces only a folder of a model's files, such as an earlier export)")
     if not force:
-        raise UserError(f"out={out} is not empty; give a new or empty folder, or add force=true to replace it "
-                        f"and everything in it")
+        raise UserError(f"out={out} holds a model's files ({listed([p.name for p in entries])}); add force=true to "
+                        "replace them, or give a new or empty folder")
+
+
+def listed(names: list[str], most: int = 3) -> str:
+    """The first few names, and how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def is_model_file(name: str) -> bool:
+    """A file that export.py or transformers' save_pretrained writes into a model folder."""
+    return any(fnmatch(name, pattern) for pattern in (*HUB_FILES, *TOKENIZER_EXTRAS))
 
 
 def replace_folder(out: Path, write: Callable[[Path], None]) -> None:

@@ -214,17 +214,39 @@ def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_t
     assert list(tmp_path.iterdir()) == [run]
 
 
-def test_a_folder_in_use_is_refused_and_left_intact_unless_forced(pretrained_run: Path, tmp_path: Path) -> None:
+def test_an_earlier_export_is_replaced_only_when_forced(pretrained_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "exported"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    assert "force=true" in refusal(pretrained_run, out)
-    assert [p.name for p in tmp_path.iterdir()] == ["exported"] and [p.name for p in out.iterdir()] == ["notes.txt"]
+    export(pretrained_run, out)
+    (out / "config.json").write_text("{}")  # the earlier export, edited: a refusal must leave it so
+    assert refusal(pretrained_run, out) == (
+        f"error: out={out} holds a model's files (config.json, generation_config.json, model.safetensors and 3 more); "
+        "add force=true to replace them, or give a new or empty folder\n")
+    assert (out / "config.json").read_text() == "{}"
 
     export(pretrained_run, out, "force=true")
-    assert not (out / "notes.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no staging folder left beside it
     assert type(AutoModelForCausalLM.from_pretrained(out)) is GPT2LMHeadModel
+
+
+def test_force_never_deletes_a_folder_that_holds_more_than_a_models_files(pretrained_run: Path, tmp_path: Path) -> None:
+    # out=$HOME force=true once deleted a home folder: force replaces a model's files and nothing else.
+    home = tmp_path / "home"
+    (home / ".pyenv" / "versions").mkdir(parents=True)
+    for name in (".bashrc", "config.json", "notes.txt", "tokenizer.json"):
+        (home / name).write_text("mine")
+    before = sorted(p.relative_to(home) for p in home.rglob("*"))
+    for args in ((), ("force=true",)):
+        assert refusal(pretrained_run, home, *args) == (
+            f"error: out={home} holds .bashrc, .pyenv/, notes.txt, which an export does not write; give a new or empty "
+            "folder (force=true replaces only a folder of a model's files, such as an earlier export)\n")
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+    assert all((home / name).read_text() == "mine" for name in (".bashrc", "config.json", "notes.txt", "tokenizer.json"))
+    # A model folder with a subfolder of its own is not all a model's files either.
+    folder = tmp_path / "saved"
+    export(pretrained_run, folder)
+    (folder / "checkpoints").mkdir()
+    assert f"out={folder} holds checkpoints/, which" in refusal(pretrained_run, folder, "force=true")
+    assert (folder / "checkpoints").is_dir()
 
 
 def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_folder(pretrained_run: Path, tmp_path: Path) -> None:
@@ -261,7 +283,7 @@ def test_an_export_that_fails_midway_leaves_the_old_folder_and_no_half_written_o
     Checkpoint(model=model.state_dict(), config=config, tokenizer=tokenizer.state()).save(run / BEST)
     out = tmp_path / "exported"
     out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    (out / "config.json").write_text("the earlier export")
     assert "only GPT-2's pattern can be written" in refusal(run, out, "force=true")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "run"]
-    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert [p.name for p in out.iterdir()] == ["config.json"] and (out / "config.json").read_text() == "the earlier export"
