@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 from cli.checkpoint_commands import MOST_SAMPLED_TOKENS
 from cli.errors import CONFIGS, refused_value_line
 from cli.schema import typed_train_config
-from model.attention import ROPE_SCALING_KEYS, head_split_problem
+from model.attention import ROPE_SCALING_KEYS, head_split_problem, rope_scaling_problem
 from model.gpt import GPTConfig
 from model_io.hf_models import gpt_config_from_hf, resolve_pretrained
 from model_io.run_files import LOG_SPACED
@@ -82,18 +82,29 @@ def validate_model_config(model: Any, new_model: bool) -> None:
             f"tokens, and with model.pos={model.pos} generation never looks further back; pick a window under "
             f"{model.block_size}, or null")
     require(0 < model.rope_theta < math.inf, f"model.rope_theta={model.rope_theta} must be a number greater than 0, e.g. 10000")
-    require(model.norm_eps is None or model.norm_eps > 0, f"model.norm_eps={model.norm_eps} must be greater than 0, or null")
-    scaling = model.rope_scaling
-    require(scaling is None or (OmegaConf.is_dict(scaling) and set(scaling) == set(ROPE_SCALING_KEYS)
-                                and all(type(value) in (int, float) and value > 0 for value in scaling.values())),
-            f"model.rope_scaling={scaling} must be null or Llama 3.1's four positive numbers, e.g. "
-            "'model.rope_scaling={factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}'")
+    require(model.norm_eps is None or 0 < model.norm_eps < 1,
+            f"model.norm_eps={model.norm_eps} must be a small number greater than 0, e.g. 1e-6, or null")
+    check_rope_scaling(model.rope_scaling, model.pos)
     require(0 <= model.dropout < 1, f"model.dropout={model.dropout} must be in [0, 1), e.g. 0.1")
     head_size = model.n_embd // model.n_head if model.head_dim is None else model.head_dim
     require(model.pos != "rope" or head_size % 2 == 0,
             f"model.pos=rope needs an even head size (it turns each pair of dimensions); "
             f"{'model.head_dim' if model.head_dim else 'n_embd // n_head'} is {head_size}: make it even, e.g. "
             f"{f'model.head_dim={head_size + 1}' if model.head_dim else f'model.n_embd={(head_size + 1) * model.n_head}'}")
+
+
+def check_rope_scaling(scaling: Any, pos: str) -> None:
+    """model.rope_scaling: null, or Llama 3.1's four numbers as rope_speeds can use them, with rotary positions."""
+    example = "'model.rope_scaling={factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}'"
+    if scaling is None:
+        return
+    require(OmegaConf.is_dict(scaling) and set(scaling) == set(ROPE_SCALING_KEYS),
+            f"model.rope_scaling={scaling} must be null or Llama 3.1's four positive numbers, e.g. {example}")
+    require(pos == "rope", f"model.rope_scaling={scaling} scales rotary positions, and model.pos={pos}; drop it, or "
+                           "set model.pos=rope")
+    if problem := rope_scaling_problem(dict(scaling)):
+        name, reason = problem
+        raise UserError(f"model.rope_scaling.{name}={scaling[name]}: {reason}, e.g. {example}")
 
 
 # Each kept checkpoint is a whole copy of the weights: a list longer than this is more likely a

@@ -424,6 +424,21 @@ def rope_speeds(head_dim: int, theta: float = 10000.0, scaling: dict[str, float]
     return torch.where(slow, speeds / factor, torch.where(fast, speeds, between))  # (D/2,)
 
 
+def rope_scaling_problem(scaling: dict[str, float]) -> tuple[str, str] | None:
+    """(which of the four numbers, what is wrong with it) when rope_speeds cannot use Llama 3.1's
+    scaling as given; None when it can."""
+    for name in ROPE_SCALING_KEYS:
+        value = scaling[name]
+        if type(value) not in (int, float) or not 0 < value < math.inf:
+            return name, "it must be a positive number"
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    if high <= low:  # the blend between the two bands divides by high - low
+        return "high_freq_factor", f"it must be greater than low_freq_factor={low}"
+    if scaling["original_max_position_embeddings"] != int(scaling["original_max_position_embeddings"]):
+        return "original_max_position_embeddings", "it must be a whole number of tokens"
+    return None
+
+
 def head_split_problem(n_embd: int, n_head: int, n_kv_head: int | None = None, head_dim: int | None = None,
                        key: str = "") -> str | None:
     """What is wrong with splitting n_embd channels into n_head query heads that share n_kv_head

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from model.attention import ROPE_SCALING_KEYS
+from model.attention import ROPE_SCALING_KEYS, rope_scaling_problem
 from model.gpt import GPTConfig
 from user_error import UserError
 
@@ -182,9 +182,9 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
     missing = [name for name in ROPE_SCALING_KEYS if name not in scaling]
     if missing:
         raise refuse(key, rope, f"Llama 3.1's scaling needs {', '.join(missing)}")
-    for name in ROPE_SCALING_KEYS:
-        if not is_number(scaling[name]) or scaling[name] <= 0:
-            raise refuse(named[name], scaling[name], "it must be a positive number")
+    if problem := rope_scaling_problem(scaling):
+        name, reason = problem
+        raise refuse(named[name], scaling[name], reason)
     return float(theta), {name: scaling[name] for name in ROPE_SCALING_KEYS}
 
 

@@ -13,6 +13,8 @@ import torch
 
 from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
 
+LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}"  # Llama 3.1's rope scaling
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -98,6 +100,16 @@ from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
         (["train.seed=4294967296"], "error: train.seed=4294967296 must be a whole number from 0 to 4294967295"),
         (["optim.lr=inf"], "error: optim.lr=inf must be a number greater than 0"),
         (["model.rope_theta=inf"], "error: model.rope_theta=inf must be a number greater than 0"),
+        (["model.norm_eps=1e300"], "error: model.norm_eps=1e+300 must be a small number greater than 0, e.g. 1e-6, or null"),
+        (["model.pos=learned", f"model.rope_scaling={LLAMA3}"], "error: model.rope_scaling={'factor': 8, 'low_freq_factor': "
+         "1, 'high_freq_factor': 4, 'original_max_position_embeddings': 8192} scales rotary positions, and "
+         "model.pos=learned; drop it, or set model.pos=rope"),
+        ([f"model.rope_scaling={LLAMA3.replace('factor:8', 'factor:inf')}"],
+         "error: model.rope_scaling.factor=inf: it must be a positive number, e.g. 'model.rope_scaling={factor:8,"),
+        ([f"model.rope_scaling={LLAMA3.replace('high_freq_factor:4', 'high_freq_factor:1')}"],
+         "error: model.rope_scaling.high_freq_factor=1: it must be greater than low_freq_factor=1, e.g."),
+        ([f"model.rope_scaling={LLAMA3.replace('8192', '16.5')}"],
+         "error: model.rope_scaling.original_max_position_embeddings=16.5: it must be a whole number of tokens, e.g."),
         (["train.device=tpu9"], "error: train.device=tpu9"),
         (["tokenizer=bpe", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size=100 must be a whole number from 256"),
         (["tokenizer=char", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size is not an option of the tokenizer chosen; "

@@ -265,11 +265,13 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
      'sliding_window'),
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING}, "original_max_position_embeddings": None},
      "original_max_position_embeddings=null: it must be a positive number"),
+    ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING, "high_freq_factor": 1.0}},
+     "rope_parameters.high_freq_factor=1.0: it must be greater than low_freq_factor=1.0"),
 ], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding from layer 1",
         "sliding layer", "sliding layers, no window", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
         "sliding, no max_window_layers", "window 0", "sliding text", "mistral window 0", "mistral window text", "ministral's mix",
         "ministral, no window",
-        "top-level original context null"])
+        "top-level original context null", "scaling bands overlap"])
 def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type: str, change: dict, words: str) -> None:
     config = SHAPES[EDITED[model_type]]
     config.save_pretrained(tmp_path)  # config.json is all gpt_config_from_hf reads
