@@ -200,7 +200,9 @@ def test_missing_files_and_a_pickle_each_get_one_line(gpt2_weights_folder: Path,
      "holds tensor transformer.h.1.mlp.c_fc.weight of shape (32, 100), but its config.json's GPT-2 needs (32, 128)"),
     ({"transformer.h.2.ln_1.weight": torch.ones(32)}, "holds tensor transformer.h.2.ln_1.weight (32,), which a GPT-2"),
     ({"transformer.ln_f.bias": None}, "lacks tensor transformer.ln_f.bias, which a GPT-2 of its config.json's shape has"),
-], ids=["wrong shape", "unexpected", "missing"])
+    ({"transformer.h.1.attn.c_attn.bias": torch.zeros(96).index_fill(0, torch.tensor([50]), float("nan"))},
+     "holds nan or inf in tensor transformer.h.1.attn.c_attn.bias: these weights cannot run"),
+], ids=["wrong shape", "unexpected", "missing", "nan"])
 def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
     gpt2_weights_folder: Path, tmp_path: Path, change: dict, words: str
 ) -> None:
