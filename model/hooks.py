@@ -113,6 +113,9 @@ def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
     name, saying why this model lacks it or naming the near ones."""
     if callable(where):
         return [point for name, point in points.items() if where(name)]
+    if not isinstance(where, str):
+        raise TypeError(f"{where!r} is a {type(where).__name__}: a hook point is named by a string, e.g. "
+                        "'blocks.0.attn.hook_pattern', or picked by a function of names")
     if where not in points:
         raise ValueError(f"no hook point named {where!r} in this model: {why_missing([where], points)}")
     return [points[where]]

@@ -192,6 +192,9 @@ def test_a_layer_given_as_text_and_one_pair_not_in_a_list_are_one_line_each():
                             ([(keep, "blocks.0.attn.hook_z")], ": (<lambda>, 'blocks.0.attn.hook_z') has them the other way round")]:
         with pytest.raises(ValueError, match="^" + re.escape(usage + what)):
             model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=fwd_hooks)
+    for where in (3, None):  # a layer number for a name: once an error from inside the re module
+        with pytest.raises(TypeError, match="^" + re.escape(f"{where!r} is a {type(where).__name__}: a hook point is named by a string")):
+            model.run_with_hooks(torch.zeros(1, 3, dtype=torch.long), fwd_hooks=[(where, keep)])
 
 
 def test_a_hook_that_is_not_a_two_argument_function_is_one_line_before_anything_is_attached():

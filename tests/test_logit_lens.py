@@ -65,3 +65,6 @@ def test_the_summary_of_anything_but_one_row_of_ids_is_one_line():
         lens_summary(model, TOKENS)  # every row but the first would be left out
     with pytest.raises(ValueError, match=re.escape("got shape (12,): one text is idx[None]")):
         lens_summary(model, TOKENS[0])
+    for k in (0, 2.5, "5"):  # 0 once gave empty lists, and the others an error from inside torch
+        with pytest.raises(ValueError, match=re.escape(f"k={k!r} must be a whole number of at least 1")):
+            lens_summary(model, TOKENS[:1], k=k)
