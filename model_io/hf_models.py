@@ -331,8 +331,9 @@ def export_refusal(config: GPTConfig) -> str:
                       f"{'; '.join(phrases)}." for model_type, phrases in blockers.items())
     others = ", ".join(f"experiment={architecture.preset}" for model_type, architecture in ARCHITECTURES.items()
                        if model_type != nearest)
-    return (f"fits none of the architectures transformers loads with no custom code. {shapes} Train one that "
-            f"exports with `.venv/bin/python train.py experiment={ARCHITECTURES[nearest].preset}` (or {others})")
+    return (f"fits none of the architectures transformers loads with no custom code. {shapes} Train one without "
+            f"what is named for {ARCHITECTURES[nearest].name}, the nearest, e.g. from its preset, "
+            f"`.venv/bin/python train.py experiment={ARCHITECTURES[nearest].preset}` (or {others})")
 
 
 def hf_files_for(model: GPT, bos_id: int, eos_id: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -209,8 +209,8 @@ def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_t
                   "As Mistral (MistralForCausalLM): model.norm=layernorm (Mistral uses RMSNorm); model.mlp=relu2"):
         assert shape in message
     assert message.count("model.smear=true") == 4 and "model.qk_norm=true (Llama does not normalise" in message
-    assert ("`.venv/bin/python train.py experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape, "
-            "experiment=mistral_shape)") in message
+    assert ("Train one without what is named for GPT-2, the nearest, e.g. from its preset, `.venv/bin/python train.py "
+            "experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape, experiment=mistral_shape)") in message
     assert list(tmp_path.iterdir()) == [run]
 
 
