@@ -450,8 +450,9 @@ def head_split_problem(n_embd: int, n_head: int, n_kv_head: int | None = None, h
         return (f"{key}n_embd={n_embd} is not divisible by {key}n_head={n_head}: each head needs n_embd // n_head "
                 f"channels; pick {key}n_head from {divisors(n_embd)} (or set {key}head_dim)")
     if n_kv_head is not None and (n_kv_head < 1 or n_head % n_kv_head != 0):
-        return (f"{key}n_kv_head={n_kv_head} does not divide {key}n_head={n_head}: each key/value head serves "
-                f"n_head // n_kv_head query heads; pick {key}n_kv_head from {divisors(n_head)}")
+        wrong = f"is more than {key}n_head={n_head}" if n_kv_head > n_head else f"does not divide {key}n_head={n_head}"
+        return (f"{key}n_kv_head={n_kv_head} {wrong}: each key/value head serves n_head // n_kv_head query heads; "
+                f"pick {key}n_kv_head from {divisors(n_head)}")
     return None
 
 

@@ -40,6 +40,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
+        (["model.n_kv_head=8"], "error: model.n_kv_head=8 is more than model.n_head=4: each key/value head serves "
+                                "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
         (["model.window=0"], "error: model.window=0 must be at least 1, or null"),
         (["model.pos=learned", "model.window=128"], "error: model.window=128 hides nothing: no query sees more than "
          "model.block_size=128 tokens, and with model.pos=learned generation never looks further back; pick a window "
