@@ -4,6 +4,7 @@ architecture (ARCHITECTURES); what each calls its settings and its tensors is in
 
 import json
 import math
+import stat
 import struct
 from contextlib import ExitStack
 from dataclasses import replace
@@ -367,8 +368,10 @@ def save_hf_model(model: GPT, folder: Path, bos_id: int, eos_id: int) -> None:
     hf_config, tensors = hf_files_for(model, bos_id, eos_id)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})  # transformers wants format pt
     (folder / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+    save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})  # transformers wants format pt
+    # safetensors writes its file readable by its owner alone; give it the mode every other file gets.
+    (folder / WEIGHTS).chmod(stat.S_IMODE((folder / CONFIG).stat().st_mode))
 
 
 def download_command(repo_id: str, folder: str) -> str:

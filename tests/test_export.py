@@ -5,6 +5,7 @@ that no architecture holds, and an out folder already in use, are refused in one
 Qwen3-shaped runs: tests/test_hf_llama.py."""
 
 import shutil
+import stat
 from dataclasses import asdict
 from pathlib import Path
 
@@ -94,6 +95,8 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
     out = tmp_path / "exported"
     printed = export(run, out)
     assert f"AutoModelForCausalLM.from_pretrained('{out}')" in printed
+    # Every file as the umask makes it: safetensors alone would leave the weights to their owner (0600).
+    assert len({stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()}) == 1
     theirs = AutoModelForCausalLM.from_pretrained(out).eval()
     their_tokenizer = AutoTokenizer.from_pretrained(out)
     assert type(theirs) is hf_class
