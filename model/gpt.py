@@ -218,6 +218,9 @@ class GPT(HookedModel):
         super().__init__()
         if config.vocab_size is None:
             raise ValueError("GPTConfig.vocab_size is None: give the tokenizer's vocab_size")
+        for key, choices in (("pos", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):  # else a quiet fallback
+            if getattr(config, key) not in choices:
+                raise ValueError(f"{key}={getattr(config, key)!r} is not one of {choices}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         # With rope, positions enter inside attention instead (model/attention.py).

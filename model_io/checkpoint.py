@@ -68,6 +68,9 @@ class Checkpoint:
         required = ("model", "config", "tokenizer", "step")
         if not isinstance(saved, dict) or any(key not in saved for key in required):
             raise UserError(f"{path} is not a checkpoint of this project (it lacks {', '.join(required)})")
+        if not all(isinstance(saved[key], dict) for key in ("model", "config", "tokenizer")):
+            raise UserError(f"{path} is not a checkpoint of this project (its model, config and tokenizer are not "
+                            "all tables of named values)")
         known = {f.name for f in fields(cls)}
         return upgrade(cls(**{key: value for key, value in saved.items() if key in known}))
 
@@ -76,9 +79,15 @@ class Checkpoint:
         return tokenizer_from_state(self.tokenizer, cache_dir)
 
     def build_model(self) -> tuple[GPT, Tokenizer]:
-        """The trained model (on the CPU, in train mode) and its tokenizer."""
-        tokenizer = self.build_tokenizer()
-        model = build_model(self.config["model"], tokenizer.vocab_size)
+        """The trained model (on the CPU, in train mode) and its tokenizer; UserError where the saved
+        config or tokenizer describes none this version builds (a file edited by hand, say)."""
+        try:
+            tokenizer = self.build_tokenizer()
+            model = build_model(self.config["model"], tokenizer.vocab_size)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            detail = f"no {err}" if isinstance(err, KeyError) else str(err)
+            raise UserError(f"the checkpoint's config does not describe a model this version can build ({detail}); "
+                            "use a checkpoint train.py saved, as it saved it") from None
         load_weights(model, self.model)
         return model, tokenizer
 

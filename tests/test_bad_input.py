@@ -165,6 +165,12 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["run=truncated.pt"], "error: truncated.pt is not a readable checkpoint"),
         (["run=notes.pt"], "error: notes.pt is not a readable checkpoint"),
         (["run=mismatched.pt"], "error: the checkpoint's weights do not fit the model its config describes"),
+        (["run=alibi.pt"], "error: the checkpoint's config does not describe a model this version can build "
+                           "(pos='alibi' is not one of ('learned', 'rope')); use a checkpoint train.py saved, as it saved it"),
+        (["run=three_heads.pt"], "error: the checkpoint's config does not describe a model this version can build (n_embd="),
+        (["run=no_model.pt"], "error: the checkpoint's config does not describe a model this version can build (no 'model')"),
+        (["run=text_config.pt"], "error: text_config.pt is not a checkpoint of this project (its model, config and "
+                                 "tokenizer are not all tables of named values)"),
         (["top_p=0"], "error: top_p=0 must be in (0, 1]"),
         (["topk=5"], "error: topk is not an option; check its spelling (`python sample.py --help`"),
         (["temperature=-1"], "error: temperature=-1"),
@@ -200,6 +206,15 @@ def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tm
     wrong = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
     wrong["config"]["model"]["n_embd"] = 64  # the config now describes another model than the weights
     torch.save(wrong, tmp_path / "mismatched.pt")
+    # Edited by hand: a value no model has (once a model with no positions at all, and no word), a split
+    # no model can make, a group gone, a config that is text (each once a traceback).
+    for name, edit in [("alibi", lambda c: c["config"]["model"].update(pos="alibi")),
+                       ("three_heads", lambda c: c["config"]["model"].update(n_head=3)),
+                       ("no_model", lambda c: c["config"].pop("model")),
+                       ("text_config", lambda c: c.update(config="hello"))]:
+        edited = torch.load(trained_run / "ckpt_last.pt", weights_only=True)
+        edit(edited)
+        torch.save(edited, tmp_path / f"{name}.pt")
     run = [] if any(a.startswith("run=") for a in args) else [f"run={trained_run}"]
     before = sorted(p.name for p in trained_run.rglob("*"))
     result = run_cli("sample.py", *run, *args, cwd=tmp_path)
