@@ -40,6 +40,7 @@ from cli.config import plain_config, pretrained_config, resumed_config, validate
 from cli.errors import compile_failure, exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from cli.run_spec import run_spec
+from cli.sweep_check import said_as_its_job
 from data.batches import get_batch
 from data.token_cache import TokenData
 from data.tokenizer import Tokenizer, encoded_if_writable
@@ -71,7 +72,7 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> float:
     if env_rank() > 0:
         logging.getLogger().setLevel(logging.ERROR)  # errors only: rank 0 logs for all
-    with exit_on_user_error():
+    with exit_on_user_error(), said_as_its_job(HydraConfig.get()):
         try:
             stopped = None
             try:

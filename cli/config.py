@@ -138,11 +138,19 @@ FREE_ON_RESUME = ("model.dropout", "model.attention", "data.cache_dir")  # (the 
 
 
 def changes_setting(key: str, new: Any, old: Any) -> bool:
-    """Whether new, given for key, differs from a run's saved old: a data.path naming the same file
-    from another folder does not (a run saves its path whole: train.py)."""
+    """Whether new, given for key, differs from a run's saved old (changes_in)."""
+    return bool(changes_in(key, new, old))
+
+
+def changes_in(key: str, new: Any, old: Any) -> list[tuple[str, Any, Any]]:
+    """Each (key, new, old) where new, given for key, differs from a run's saved old. A data.path
+    naming the same file from another folder is no change (a run saves its path whole: train.py);
+    a group chosen again (data=text data.path=book.txt) changes where its values do, each named."""
     if key == "data.path" and isinstance(new, str) and isinstance(old, str):
-        return Path(new).expanduser().resolve() != Path(old).resolve()
-    return new != old
+        return [] if Path(new).expanduser().resolve() == Path(old).resolve() else [(key, new, old)]
+    if isinstance(new, dict) and isinstance(old, dict) and new.keys() == old.keys():
+        return [change for name in new for change in changes_in(f"{key}.{name}", new[name], old[name])]
+    return [] if new == old else [(key, new, old)]
 
 
 def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tuple[Any, list[str]]:
@@ -152,21 +160,19 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
     resumed = checked_saved_config(saved, cfg.resume)
     changes = []
     for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key == "resume" or key.startswith("hydra"):
+        given = override.split("=", 1)[0].lstrip("+~")
+        if given == "resume" or given.startswith("hydra"):
             continue
-        new, old = plain(OmegaConf.select(cfg, key)), plain(OmegaConf.select(resumed, key))
-        if not changes_setting(key, new, old):
-            continue
-        fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
-        asked = f"{key}={as_typed(new)}" if "." in key else override  # the value that holds, where a key came twice
-        require(
-            fixed is None or key in FREE_ON_RESUME,
-            f"resume: {asked} would change the {fixed} this run was trained with"
-            f"{f' ({as_typed(old)})' if '.' in key else ''}; start a new run for that instead",
-        )
-        OmegaConf.update(resumed, key, new, merge=False, force_add=True)
-        changes.append(f"{key} {old} -> {new}")
+        for key, new, old in changes_in(given, plain(OmegaConf.select(cfg, given)), plain(OmegaConf.select(resumed, given))):
+            fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
+            asked = f"{key}={as_typed(new)}" if "." in key else override  # the value that holds, where a key came twice
+            require(
+                fixed is None or key in FREE_ON_RESUME,
+                f"resume: {asked} would change the {fixed} this run was trained with"
+                f"{f' ({as_typed(old)})' if '.' in key else ''}; start a new run for that instead",
+            )
+            OmegaConf.update(resumed, key, new, merge=False, force_add=True)
+            changes.append(f"{key} {old} -> {new}")
     return resumed, changes
 
 

@@ -6,12 +6,15 @@ the sweep after two whole trainings. Here each job's config is composed as the s
 it, and checked, first; and a sweep under torchrun (one run of several processes) is refused."""
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from model_io.run_files import AUTO, BEST, LAST
@@ -98,3 +101,20 @@ def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictCon
             raise UserError(f"job #{number} of the sweep ({shown}) would go on with {last.parent}, which trained "
                             f"with {key}={as_typed(old)}: resume=auto takes each job's run by its number, so give the "
                             "swept values as the first sweep had them; no job has run")
+
+
+@contextmanager
+def said_as_its_job(hydra_config: DictConfig) -> Iterator[None]:
+    """A job of a sweep that stops on a UserError the checks above could not foresee (a corpus too short
+    for its block_size, a loss gone nan) says which job it was, what ran and how to go on: the sweep
+    stops there."""
+    try:
+        yield
+    except UserError as error:
+        if hydra_config.mode != RunMode.MULTIRUN:
+            raise
+        number = hydra_config.job.num
+        ran = {0: "no job had run", 1: "job #0 ran"}.get(number, f"jobs #0 to #{number - 1} ran")
+        raise UserError(f"job #{number} of the sweep ({' '.join(hydra_config.overrides.task)}): {error}; {ran}, the "
+                        f"rest did not: fix its values, then run the sweep again with resume=auto "
+                        f"hydra.sweep.dir={hydra_config.sweep.dir} (what ran is kept)") from None

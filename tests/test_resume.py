@@ -15,7 +15,16 @@ import torch
 
 from data.stories import generate_stories
 from model_io.checkpoint import Checkpoint
-from tests.helpers import ROOT, limit_file_size, read_events, run_cli, signal_after_line, stop_while, tiny_run
+from tests.helpers import (
+    ROOT,
+    assert_one_error_line,
+    limit_file_size,
+    read_events,
+    run_cli,
+    signal_after_line,
+    stop_while,
+    tiny_run,
+)
 from training.interrupt import StopSignals
 
 pytestmark = pytest.mark.slow  # each test trains, or starts a Python process that it signals
@@ -274,6 +283,16 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming run at step 10; train.max_steps 10 -> 12" in resumed.stdout
     assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").step == 12
+    # Always the same command (resume=auto): data=text chosen again was once refused as a change of the
+    # data; another file in it is named as the change it is.
+    again = run_cli("train.py", *tiny_run(own_text, **{"train.max_steps": 12, "resume": "auto"}), cwd=tmp_path)
+    assert again.returncode == 0 and "run finished at step 12 (train.max_steps=12); nothing to train" in again.stdout, \
+        again.stdout + again.stderr
+    (tmp_path / "other.txt").write_text("".join(generate_stories(9, 30_000)))
+    other = run_cli("train.py", *tiny_run(own_text, **{"train.max_steps": 13, "resume": "auto", "data.path": "other.txt"}),
+                    cwd=tmp_path)
+    assert_one_error_line(other, f"error: resume: data.path=other.txt would change the data this run was trained with "
+                                 f"({tmp_path / 'book.txt'}); start a new run for that instead")
     # From another folder (a cluster job's): the run kept its text's whole path; the same file spelt
     # from there is no change, and where the token cache lives may change.
     (tmp_path / "elsewhere").mkdir()
