@@ -28,6 +28,7 @@ class TokenData:
     tokenizer: Tokenizer
     train: np.ndarray  # (N_train,) token ids, memory-mapped from the cache
     val: np.ndarray  # (N_val,)
+    text_key: str | None = None  # a hash of the corpus's documents (None: ids made some other way)
 
 
 def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenData:
@@ -49,7 +50,8 @@ def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenDa
     # file, and check_splits_fit then says what the split needs.
     splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") if meta[f"n_{split}"]
               else np.zeros(0, dtype=meta["dtype"]) for split in SPLITS}
-    return TokenData(tokenizer_from_state(meta["tokenizer"], cache_dir), train=splits["train"], val=splits["val"])
+    return TokenData(tokenizer_from_state(meta["tokenizer"], cache_dir), train=splits["train"], val=splits["val"],
+                     text_key=survey.text_key)
 
 
 def is_complete(entry: Path) -> bool:

@@ -44,6 +44,7 @@ class Survey:
     """What one read of the corpus tells: its cache key, length and characters."""
 
     key: str
+    text_key: str  # the documents alone, without the settings: whether a resumed run reads the text it trained on
     n_chars: int
     n_train: int  # the first n_train characters are the train split
     n_bytes: int  # of the files it was read from
@@ -56,6 +57,7 @@ def survey_corpus(corpus: CorpusSpec, tokenizer: TokenizerSpec) -> Survey:
     documents begin counts too, not only the text."""
     settings = {"format": CACHE_FORMAT, "val_fraction": corpus.val_fraction, "tokenizer": tokenizer.settings()}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    text_key = hashlib.sha256()
     document, n_documents, n_chars, n_bytes, chars, has_text = None, 0, 0, 0, set(), False
     started = time.perf_counter()
     with progress("reading the corpus", total=corpus_bytes(corpus)) as bar:
@@ -63,6 +65,7 @@ def survey_corpus(corpus: CorpusSpec, tokenizer: TokenizerSpec) -> Survey:
             if piece.starts_document:
                 if document is not None:
                     key.update(document.digest())
+                    text_key.update(document.digest())
                 document, n_documents = hashlib.sha256(), n_documents + 1
             document.update(piece.text.encode("utf-8"))
             n_chars, n_bytes = n_chars + len(piece.text), piece.bytes_read
@@ -70,11 +73,12 @@ def survey_corpus(corpus: CorpusSpec, tokenizer: TokenizerSpec) -> Survey:
             has_text = has_text or bool(piece.text.strip())
     if document is not None:
         key.update(document.digest())
+        text_key.update(document.digest())
     origin = "generated" if corpus.source == "stories" else "read from disk"  # the built-in stories are made as they are read
     log.info(f"read {n_documents:,} document{'s' if n_documents != 1 else ''}, {n_chars:,} characters "
              f"({tqdm.format_sizeof(n_bytes, 'B')} {origin}) in {time.perf_counter() - started:.1f} s")
     n_train = n_chars - int(n_chars * corpus.val_fraction)
-    return Survey(key.hexdigest()[:24], n_chars, n_train, n_bytes, chars, has_text)
+    return Survey(key.hexdigest()[:24], text_key.hexdigest()[:24], n_chars, n_train, n_bytes, chars, has_text)
 
 
 def split_pieces(pieces: Iterator[Piece], n_train: int) -> Iterator[tuple[str, Piece]]:

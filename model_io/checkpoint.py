@@ -95,7 +95,7 @@ class Checkpoint:
 def upgrade(checkpoint: Checkpoint) -> Checkpoint:
     """An older checkpoint in today's form: config keys added since (ADDED_KEYS, and its corpus's
     ADDED_CORPUS_KEYS), one RNG state per rank (older runs saved one dict), the number of processes
-    that saved it (older: 1), and no fp16 loss scale."""
+    that saved it (older: 1), no fp16 loss scale, and no hash of the corpus's text."""
     corpus_keys = ADDED_CORPUS_KEYS.get(checkpoint.config.get("data", {}).get("source"), {})
     for dotted, value in {**ADDED_KEYS, **corpus_keys}.items():
         group, key = dotted.split(".")
@@ -105,7 +105,7 @@ def upgrade(checkpoint: Checkpoint) -> Checkpoint:
         run_state = checkpoint.run_state
         rng = run_state["rng"] if isinstance(run_state["rng"], list) else [run_state["rng"]]
         checkpoint.run_state = {**run_state, "rng": rng, "world_size": run_state.get("world_size", 1),
-                                "grad_scaler": run_state.get("grad_scaler") or None}
+                                "grad_scaler": run_state.get("grad_scaler") or None, "text_key": run_state.get("text_key")}
     return checkpoint
 
 

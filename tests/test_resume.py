@@ -310,6 +310,28 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text
     assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
 
 
+def test_a_text_that_changed_under_the_same_tokenizer_is_refused_on_resume(tmp_path):
+    # Two more lines of the same characters: a char tokenizer is the same, the batches are not. Taken
+    # silently once, as a resume that computes what the run left alone would have.
+    (tmp_path / "book.txt").write_text("".join(generate_stories(7, 20_000)))
+    own_text = {**SHORT_RUN, "data": "text", "data.path": "book.txt", "data.n_chars": None, "tokenizer": "char",
+                "hydra.run.dir": "run"}
+    assert run_cli("train.py", *tiny_run(own_text), cwd=tmp_path).returncode == 0
+    with open(tmp_path / "book.txt", "a") as book:
+        book.write("".join(generate_stories(7, 20_000))[:200])
+    before = checkpoint_bytes(tmp_path / "run")
+    changed = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=tmp_path)
+    assert_one_error_line(changed, "error: resume=run: the corpus's text differs from the text this run trained on (the "
+                                   "files of data.path changed since); give the run its corpus as it was, or start a new run")
+    assert checkpoint_bytes(tmp_path / "run") == before
+    # A checkpoint of an older version kept no hash of its text: it resumes as it did.
+    old = torch.load(tmp_path / "run" / "ckpt_last.pt", weights_only=True)
+    del old["run_state"]["text_key"]
+    torch.save(old, tmp_path / "run" / "ckpt_last.pt")
+    resumed = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+
+
 def checkpoint_bytes(run_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(run_dir.glob("*.pt"))}
 

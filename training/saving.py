@@ -31,7 +31,8 @@ class Saver:
         weights, optimizer = run.parallel.model_state(), run.parallel.optimizer_state(run.optimizer)  # FSDP: gathered to rank 0
         if not run.ranks.is_main:
             return  # one copy of the model is enough
-        run_state = RunState.of(state, rng_states, run.ranks.world_size, run.precision.scaler.state_dict(), evaluated)
+        run_state = RunState.of(state, rng_states, run.ranks.world_size, run.precision.scaler.state_dict(), evaluated,
+                                run.data.text_key)
         self.write(run.dir / name, weights, state.step, state.best_val_loss, optimizer, run_state.to_dict())
 
     def save_model(self, path: Path, step: int, best_val_loss: float) -> None:

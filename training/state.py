@@ -49,11 +49,13 @@ class RunState:
     skipped: int
     window_loss: float
     window_steps: int
+    text_key: str | None  # the corpus's documents, hashed (data/token_stream.py); None in older checkpoints
 
     @classmethod
     def of(cls, state: TrainState, rng: list[dict[str, Any]], world_size: int, grad_scaler: dict[str, Any] | None,
-           evaluated: bool) -> "RunState":
-        return cls(rng, world_size, grad_scaler or None, evaluated, state.skipped, state.window_loss, state.window_steps)
+           evaluated: bool, text_key: str | None) -> "RunState":
+        return cls(rng, world_size, grad_scaler or None, evaluated, state.skipped, state.window_loss, state.window_steps,
+                   text_key)
 
     def to_dict(self) -> dict[str, Any]:
         """As a checkpoint saves it (asdict would copy every tensor of the RNG states)."""
