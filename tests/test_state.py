@@ -16,13 +16,14 @@ def test_the_state_comes_back_from_a_checkpoint_file_as_it_was_saved(tmp_path):
     state = TrainState(step=30, best_val_loss=2.5, skipped=2, window_loss=7.5, window_steps=3)
     rng = [{"torch": torch.get_rng_state()}, {"torch": torch.get_rng_state() + 1}]  # two ranks'
     for evaluated in (True, False):
-        run_state = RunState.of(state, rng, world_size=2, grad_scaler={"scale": 1024.0}, evaluated=evaluated)
+        run_state = RunState.of(state, rng, world_size=2, grad_scaler={"scale": 1024.0}, evaluated=evaluated,
+                                text_key="0123abcd")
         Checkpoint(model={}, config={}, tokenizer={}, step=state.step, best_val_loss=state.best_val_loss,
                    run_state=run_state.to_dict()).save(tmp_path / "ckpt.pt")
         loaded = Checkpoint.load(tmp_path / "ckpt.pt")  # weights_only, and upgrade()
         back = RunState.from_dict(loaded.run_state)
         assert back.train_state(loaded.step, loaded.best_val_loss) == TrainState(30, 2.5, 2, 7.5, 3, evaluated=evaluated)
-        assert (back.world_size, back.grad_scaler, len(back.rng)) == (2, {"scale": 1024.0}, 2)
+        assert (back.world_size, back.grad_scaler, len(back.rng), back.text_key) == (2, {"scale": 1024.0}, 2, "0123abcd")
         assert torch.equal(back.rng[1]["torch"], rng[1]["torch"])
 
 
