@@ -68,9 +68,10 @@ class Checkpoint:
         required = ("model", "config", "tokenizer", "step")
         if not isinstance(saved, dict) or any(key not in saved for key in required):
             raise UserError(f"{path} is not a checkpoint of this project (it lacks {', '.join(required)})")
-        if not all(isinstance(saved[key], dict) for key in ("model", "config", "tokenizer")):
+        if not all(isinstance(saved[key], dict) for key in ("model", "config", "tokenizer")) or \
+                type(saved["step"]) is not int:
             raise UserError(f"{path} is not a checkpoint of this project (its model, config and tokenizer are not "
-                            "all tables of named values)")
+                            "all tables of named values, or its step is not a whole number)")
         known = {f.name for f in fields(cls)}
         return upgrade(cls(**{key: value for key, value in saved.items() if key in known}))
 
@@ -103,9 +104,10 @@ def upgrade(checkpoint: Checkpoint) -> Checkpoint:
             checkpoint.config[group][key] = value
     if checkpoint.run_state is not None:
         run_state = checkpoint.run_state
-        rng = run_state["rng"] if isinstance(run_state["rng"], list) else [run_state["rng"]]
-        checkpoint.run_state = {**run_state, "rng": rng, "world_size": run_state.get("world_size", 1),
+        checkpoint.run_state = {**run_state, "world_size": run_state.get("world_size", 1),
                                 "grad_scaler": run_state.get("grad_scaler") or None, "text_key": run_state.get("text_key")}
+        if "rng" in run_state and not isinstance(run_state["rng"], list):  # (none at all: restore says so)
+            checkpoint.run_state["rng"] = [run_state["rng"]]
     return checkpoint
 
 

@@ -332,6 +332,26 @@ def test_a_text_that_changed_under_the_same_tokenizer_is_refused_on_resume(tmp_p
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda c: c.update(optimizer=None), "error: the checkpoint's optimizer or run state is not as train.py saves them ("),
+    (lambda c: c["run_state"].pop("rng"), "error: the checkpoint's optimizer or run state is not as train.py saves them "
+                                          "(no 'rng'); resume from a checkpoint train.py saved, as it saved it"),
+    (lambda c: c["run_state"].update(rng="x"), "error: the checkpoint's optimizer or run state is not as train.py saves "
+                                               "them ("),
+    (lambda c: c.update(step="x"), "error: run/ckpt_last.pt is not a checkpoint of this project (its model, config and "
+                                   "tokenizer are not all tables of named values, or its step is not a whole number)"),
+], ids=["no optimizer", "no rng", "rng text", "step text"])
+def test_a_checkpoint_edited_by_hand_is_one_line_on_resume_and_left_as_it_is(ten_step_run, edit, message):
+    # Each was a traceback from inside the restore.
+    edited = torch.load(ten_step_run / "ckpt_last.pt", weights_only=True)
+    edit(edited)
+    torch.save(edited, ten_step_run / "ckpt_last.pt")
+    before = checkpoint_bytes(ten_step_run)
+    result = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=ten_step_run.parent)
+    assert_one_error_line(result, message)
+    assert checkpoint_bytes(ten_step_run) == before
+
+
 def checkpoint_bytes(run_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(run_dir.glob("*.pt"))}
 
