@@ -61,7 +61,7 @@ from training.build import Run, build_data_and_model, build_run, describe, resto
 from training.data_parallel import forget_dtensor_shardings
 from training.fit import Figures, fit
 from training.specs import RunSpec
-from training.state import TrainState
+from training.state import RunState, TrainState
 
 starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
 
@@ -145,6 +145,10 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds the model alone, without what an exact "
                                 "resume needs (a file of train.keep_checkpoints, or one an older version saved); resume "
                                 "from its run dir (the run's ckpt_last.pt), or sample from it")
+            RunState.from_dict(checkpoint.run_state)  # checked now, before the run dir is written to
+            if checkpoint.optimizer is None:
+                raise UserError(f"resume={cfg.resume}: this checkpoint holds no optimizer state, which an exact resume "
+                                "needs; resume from a checkpoint train.py saved, as it saved it")
         if cfg.init_from and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
             weights, changes = pretrained_config(cfg, overrides)
         validate_train_config(cfg, new_model=checkpoint is None)

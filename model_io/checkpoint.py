@@ -68,10 +68,9 @@ class Checkpoint:
         required = ("model", "config", "tokenizer", "step")
         if not isinstance(saved, dict) or any(key not in saved for key in required):
             raise UserError(f"{path} is not a checkpoint of this project (it lacks {', '.join(required)})")
-        if not all(isinstance(saved[key], dict) for key in ("model", "config", "tokenizer")) or \
-                type(saved["step"]) is not int:
-            raise UserError(f"{path} is not a checkpoint of this project (its model, config and tokenizer are not "
-                            "all tables of named values, or its step is not a whole number)")
+        if problem := shape_problem(saved):
+            raise UserError(f"{path} is not a checkpoint of this project ({problem}); use one train.py saved, as it "
+                            "saved it")
         known = {f.name for f in fields(cls)}
         return upgrade(cls(**{key: value for key, value in saved.items() if key in known}))
 
@@ -84,13 +83,40 @@ class Checkpoint:
         config or tokenizer describes none this version builds (a file edited by hand, say)."""
         try:
             tokenizer = self.build_tokenizer()
+        except (KeyError, TypeError, ValueError) as err:
+            raise UserError(f"the checkpoint's tokenizer is not one this version can build ({described(err)}); use a "
+                            "checkpoint train.py saved, as it saved it") from err
+        if "model" not in self.config:
+            raise UserError("the checkpoint's config has no model group; use a checkpoint train.py saved, as it saved it")
+        try:  # the values of its model group, which GPT checks as it is built
             model = build_model(self.config["model"], tokenizer.vocab_size)
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            detail = f"no {err}" if isinstance(err, KeyError) else str(err)
-            raise UserError(f"the checkpoint's config does not describe a model this version can build ({detail}); "
-                            "use a checkpoint train.py saved, as it saved it") from None
+        except (TypeError, ValueError) as err:
+            raise UserError(f"the checkpoint's config does not describe a model this version can build "
+                            f"({described(err)}); use a checkpoint train.py saved, as it saved it") from err
         load_weights(model, self.model)
         return model, tokenizer
+
+
+def described(err: Exception) -> str:
+    """An exception's first line, for a one-line error: a KeyError as the key that is missing."""
+    if isinstance(err, KeyError):
+        return f"no {err}"
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def shape_problem(saved: dict[str, Any]) -> str | None:
+    """What is not as train.py writes it in a checkpoint's top-level values (a file edited by hand), else None."""
+    for key, kind in (("model", dict), ("config", dict), ("tokenizer", dict), ("step", int)):
+        if not isinstance(saved[key], kind) or isinstance(saved[key], bool):  # (a state_dict is an OrderedDict)
+            return f"its {key} is {type(saved[key]).__name__}, not {kind.__name__}"
+    groups = ("model", "data", "tokenizer", "optim", "train")  # (beside top-level values: resume, init_from, ...)
+    if group := next((name for name in groups if name in saved["config"] and not isinstance(saved["config"][name], dict)),
+                     None):
+        return f"its config's {group} is {type(saved['config'][group]).__name__}, not a group of settings"
+    for key in ("optimizer", "run_state"):
+        if saved.get(key) is not None and not isinstance(saved[key], dict):
+            return f"its {key} is {type(saved[key]).__name__}, not dict"
+    return None
 
 
 def upgrade(checkpoint: Checkpoint) -> Checkpoint:

@@ -168,9 +168,10 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["run=alibi.pt"], "error: the checkpoint's config does not describe a model this version can build "
                            "(pos='alibi' is not one of ('learned', 'rope')); use a checkpoint train.py saved, as it saved it"),
         (["run=three_heads.pt"], "error: the checkpoint's config does not describe a model this version can build (n_embd="),
-        (["run=no_model.pt"], "error: the checkpoint's config does not describe a model this version can build (no 'model')"),
-        (["run=text_config.pt"], "error: text_config.pt is not a checkpoint of this project (its model, config and "
-                                 "tokenizer are not all tables of named values)"),
+        (["run=no_model.pt"], "error: the checkpoint's config has no model group; use a checkpoint train.py saved, as "
+                              "it saved it"),
+        (["run=text_config.pt"], "error: text_config.pt is not a checkpoint of this project (its config is str, not dict); "
+                                 "use one train.py saved, as it saved it"),
         (["top_p=0"], "error: top_p=0 must be in (0, 1]"),
         (["topk=5"], "error: topk is not an option; check its spelling (`python sample.py --help`"),
         (["temperature=-1"], "error: temperature=-1"),

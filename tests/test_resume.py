@@ -333,23 +333,30 @@ def test_a_text_that_changed_under_the_same_tokenizer_is_refused_on_resume(tmp_p
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda c: c.update(optimizer=None), "error: the checkpoint's optimizer or run state is not as train.py saves them ("),
-    (lambda c: c["run_state"].pop("rng"), "error: the checkpoint's optimizer or run state is not as train.py saves them "
-                                          "(no 'rng'); resume from a checkpoint train.py saved, as it saved it"),
-    (lambda c: c["run_state"].update(rng="x"), "error: the checkpoint's optimizer or run state is not as train.py saves "
-                                               "them ("),
-    (lambda c: c.update(step="x"), "error: run/ckpt_last.pt is not a checkpoint of this project (its model, config and "
-                                   "tokenizer are not all tables of named values, or its step is not a whole number)"),
-], ids=["no optimizer", "no rng", "rng text", "step text"])
-def test_a_checkpoint_edited_by_hand_is_one_line_on_resume_and_left_as_it_is(ten_step_run, edit, message):
-    # Each was a traceback from inside the restore.
+    (lambda c: c.update(optimizer=None), "error: resume=run: this checkpoint holds no optimizer state, which an exact "
+                                         "resume needs; resume from a checkpoint train.py saved, as it saved it"),
+    (lambda c: c["run_state"].pop("rng"), "error: the checkpoint's run state is not as train.py saves it (no rng); resume "
+                                          "from a checkpoint train.py saved, as it saved it"),
+    (lambda c: c["run_state"].update(rng="x"), "error: the checkpoint's run state is not as train.py saves it (its rng is "
+                                               "not a list of each rank's generator states)"),
+    (lambda c: c["run_state"].update(rng=[]), "error: the checkpoint's run state is not as train.py saves it (its rng is "
+                                              "not a list of each rank's generator states)"),
+    (lambda c: c.update(run_state="x"), "error: run/ckpt_last.pt is not a checkpoint of this project (its run_state is "
+                                        "str, not dict); use one train.py saved, as it saved it"),
+    (lambda c: c["config"].update(data="text"), "error: run/ckpt_last.pt is not a checkpoint of this project (its config's "
+                                                "data is str, not a group of settings)"),
+    (lambda c: c.update(step="x"), "error: run/ckpt_last.pt is not a checkpoint of this project (its step is str, not "
+                                   "int)"),
+], ids=["no optimizer", "no rng", "rng text", "rng empty", "run state text", "data group text", "step text"])
+def test_a_checkpoint_edited_by_hand_is_one_line_on_resume_and_nothing_is_written(ten_step_run, edit, message):
+    # Each was a traceback from inside the restore, after the run dir had been written to.
     edited = torch.load(ten_step_run / "ckpt_last.pt", weights_only=True)
     edit(edited)
     torch.save(edited, ten_step_run / "ckpt_last.pt")
-    before = checkpoint_bytes(ten_step_run)
+    before = {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()}
     result = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=ten_step_run.parent)
     assert_one_error_line(result, message)
-    assert checkpoint_bytes(ten_step_run) == before
+    assert {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()} == before
 
 
 def checkpoint_bytes(run_dir: Path) -> dict[str, bytes]:

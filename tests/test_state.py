@@ -14,7 +14,8 @@ from training.state import RunState, TrainState, capture_rng_states, restore_rng
 
 def test_the_state_comes_back_from_a_checkpoint_file_as_it_was_saved(tmp_path):
     state = TrainState(step=30, best_val_loss=2.5, skipped=2, window_loss=7.5, window_steps=3)
-    rng = [{"torch": torch.get_rng_state()}, {"torch": torch.get_rng_state() + 1}]  # two ranks'
+    rng = [capture_rng_states(np.random.default_rng(rank)) for rank in range(2)]  # two ranks'
+    rng[1]["torch"] = rng[1]["torch"] + 1
     for evaluated in (True, False):
         run_state = RunState.of(state, rng, world_size=2, grad_scaler={"scale": 1024.0}, evaluated=evaluated,
                                 text_key="0123abcd")

@@ -24,7 +24,6 @@ from training.optimizer import Optimizers, build_optimizer
 from training.specs import RunSpec
 from training.state import RunState, TrainState, restore_rng_states
 from training.step import TrainStep
-from user_error import UserError
 
 log = logging.getLogger("train")
 
@@ -152,18 +151,13 @@ def describe(run: Run) -> None:
 
 
 def restore(run: Run, checkpoint: Checkpoint) -> TrainState:
-    """Put a saved run back exactly where it stopped: weights, optimizer, RNGs, loop state; UserError
-    for an optimizer state or run state that is not as train.py saves them (a file edited by hand)."""
-    try:
-        run.parallel.load(checkpoint.model, run.optimizer, checkpoint.optimizer)
-        saved = RunState.from_dict(checkpoint.run_state)
-        restore_rng_states(saved.rng[run.ranks.rank % len(saved.rng)], run.batch_rng)  # one per rank
-        if saved.grad_scaler:
-            run.precision.scaler.load_state_dict(saved.grad_scaler)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-        detail = f"no {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
-        raise UserError(f"the checkpoint's optimizer or run state is not as train.py saves them ({detail}); resume "
-                        "from a checkpoint train.py saved, as it saved it") from None
+    """Put a saved run back exactly where it stopped: weights, optimizer, RNGs, loop state (the run state
+    checked by train.py before anything was written)."""
+    run.parallel.load(checkpoint.model, run.optimizer, checkpoint.optimizer)
+    saved = RunState.from_dict(checkpoint.run_state)
+    restore_rng_states(saved.rng[run.ranks.rank % len(saved.rng)], run.batch_rng)  # one per rank
+    if saved.grad_scaler:
+        run.precision.scaler.load_state_dict(saved.grad_scaler)
     if saved.world_size != run.ranks.world_size:
         log.info(f"note: the run was saved by {saved.world_size} process(es) and goes on with "
                  f"{run.ranks.world_size}, so its batches differ from here on")

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from user_error import UserError
+
 
 @dataclass
 class TrainState:
@@ -63,13 +65,24 @@ class RunState:
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> "RunState":
-        """A checkpoint's run_state, as upgrade() leaves an old one (model_io/checkpoint.py)."""
+        """A checkpoint's run_state, as upgrade() leaves an old one (model_io/checkpoint.py); UserError for
+        one that is not as train.py saves it (a file edited by hand)."""
+        missing = [f.name for f in fields(cls) if f.name not in saved]
+        rng = saved.get("rng")
+        if missing or not isinstance(rng, list) or not rng or \
+                not all(isinstance(states, dict) and states.keys() >= RNG_NAMES for states in rng):
+            wrong = f"no {', '.join(missing)}" if missing else "its rng is not a list of each rank's generator states"
+            raise UserError(f"the checkpoint's run state is not as train.py saves it ({wrong}); resume from a "
+                            "checkpoint train.py saved, as it saved it")
         return cls(**{f.name: saved[f.name] for f in fields(cls)})
 
     def train_state(self, step: int, best_val_loss: float) -> TrainState:
         """Where the loop was, with the checkpoint's step and best val loss."""
         return TrainState(step=step, best_val_loss=best_val_loss, skipped=self.skipped, window_loss=self.window_loss,
                           window_steps=self.window_steps, evaluated=self.evaluated)
+
+
+RNG_NAMES = {"python", "numpy", "batches", "torch"}  # what capture_rng_states saves on any machine
 
 
 def capture_rng_states(batch_rng: np.random.Generator) -> dict[str, Any]:
