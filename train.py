@@ -72,7 +72,7 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> float:
     if env_rank() > 0:
         logging.getLogger().setLevel(logging.ERROR)  # errors only: rank 0 logs for all
-    with exit_on_user_error(), said_as_its_job(HydraConfig.get()):
+    with exit_on_user_error(), said_as_its_job(HydraConfig.get(), cfg.resume):
         try:
             stopped = None
             try:
@@ -175,8 +175,9 @@ def check_same_data(data: TokenData, checkpoint: Checkpoint, resume: str | None)
                             "the run its corpus as it was, or start a new run")
         trained_on = checkpoint.run_state["text_key"]
         if trained_on is not None and data.text_key is not None and data.text_key != trained_on:
-            raise UserError(f"{asked}: the corpus's text differs from the text this run trained on (the files of "
-                            "data.path changed since); give the run its corpus as it was, or start a new run")
+            raise UserError(f"{asked}: the corpus's text differs from the text this run trained on (its files changed "
+                            "since, or, for the built-in stories, the version that writes them); give the run its "
+                            "corpus as it was, or start a new run")
 
 
 def finished(spec: RunSpec, checkpoint: Checkpoint | None) -> bool:

@@ -104,10 +104,11 @@ def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictCon
 
 
 @contextmanager
-def said_as_its_job(hydra_config: DictConfig) -> Iterator[None]:
-    """A job of a sweep that stops on a UserError the checks above could not foresee (a corpus too short
-    for its block_size, a loss gone nan) says which job it was, what ran and how to go on: the sweep
-    stops there."""
+def said_as_its_job(hydra_config: DictConfig, resume: str | None) -> Iterator[None]:
+    """A job of a sweep (-m) that stops on a UserError the checks above could not foresee (a corpus too
+    short for its block_size, a loss gone nan) says which job it was and what ran: the sweep stops
+    there. Where the job saved nothing and the sweep starts afresh or goes on by itself (resume null
+    or auto), it says how to go on: resume=auto finds the jobs that ran and starts the others."""
     try:
         yield
     except UserError as error:
@@ -115,6 +116,8 @@ def said_as_its_job(hydra_config: DictConfig) -> Iterator[None]:
             raise
         number = hydra_config.job.num
         ran = {0: "no job had run", 1: "job #0 ran"}.get(number, f"jobs #0 to #{number - 1} ran")
+        saved = any((Path(hydra_config.runtime.output_dir) / name).is_file() for name in (LAST, BEST))
+        go_on = (f": fix its values, then run the sweep again with resume=auto hydra.sweep.dir={hydra_config.sweep.dir} "
+                 "(what ran is kept)") if resume in (None, AUTO) and not saved else ""
         raise UserError(f"job #{number} of the sweep ({' '.join(hydra_config.overrides.task)}): {error}; {ran}, the "
-                        f"rest did not: fix its values, then run the sweep again with resume=auto "
-                        f"hydra.sweep.dir={hydra_config.sweep.dir} (what ran is kept)") from None
+                        f"rest did not{go_on}") from None

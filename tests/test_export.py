@@ -4,6 +4,7 @@ is the independent reference), sample.py's dtype=bf16 too; a run
 that no architecture holds, and an out folder already in use, are refused in one line. Llama- and
 Qwen3-shaped runs: tests/test_hf_llama.py."""
 
+import os
 import shutil
 import stat
 from dataclasses import asdict
@@ -93,10 +94,15 @@ def test_an_exported_run_gives_our_logits_greedy_text_and_token_ids_in_transform
 ) -> None:
     run = request.getfixturevalue(run_name)  # trained_run: train.py's defaults at a tiny size, in Qwen3's shape
     out = tmp_path / "exported"
-    printed = export(run, out)
+    umask = os.umask(0o022)
+    try:
+        printed = export(run, out)
+    finally:
+        os.umask(umask)
     assert f"AutoModelForCausalLM.from_pretrained('{out}')" in printed
-    # Every file as the umask makes it: safetensors alone would leave the weights to their owner (0600).
-    assert len({stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()}) == 1
+    # Every file as the umask makes it (022 here: readable by all): safetensors alone would leave the
+    # weights to their owner (0600).
+    assert {stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()} == {0o644}
     theirs = AutoModelForCausalLM.from_pretrained(out).eval()
     their_tokenizer = AutoTokenizer.from_pretrained(out)
     assert type(theirs) is hf_class
@@ -212,7 +218,7 @@ def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_t
                   "As Mistral (MistralForCausalLM): model.norm=layernorm (Mistral uses RMSNorm); model.mlp=relu2"):
         assert shape in message
     assert message.count("model.smear=true") == 4 and "model.qk_norm=true (Llama does not normalise" in message
-    assert ("Train one without what is named for GPT-2, the nearest, e.g. from its preset, `.venv/bin/python train.py "
+    assert ("The nearest is GPT-2: train without what is named for it, or from its preset, `.venv/bin/python train.py "
             "experiment=gpt2_shape` (or experiment=llama_shape, experiment=qwen3_shape, experiment=mistral_shape)") in message
     assert list(tmp_path.iterdir()) == [run]
 

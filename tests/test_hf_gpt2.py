@@ -28,6 +28,7 @@ from model_io.hf_models import (
     gpt_config_from_hf,
     gpt_from_hf,
     hf_files_for,
+    is_finite,
     load_hf_weights,
     resolve_pretrained,
     save_hf_model,
@@ -202,7 +203,10 @@ def test_missing_files_and_a_pickle_each_get_one_line(gpt2_weights_folder: Path,
     ({"transformer.ln_f.bias": None}, "lacks tensor transformer.ln_f.bias, which a GPT-2 of its config.json's shape has"),
     ({"transformer.h.1.attn.c_attn.bias": torch.zeros(96).index_fill(0, torch.tensor([50]), float("nan"))},
      "holds nan or inf in tensor transformer.h.1.attn.c_attn.bias: these weights cannot run"),
-], ids=["wrong shape", "unexpected", "missing", "nan"])
+    # Read through the scratch buffer, as every transposed or converted tensor is.
+    ({"transformer.h.0.mlp.c_fc.weight": torch.zeros(32, 128).index_fill(1, torch.tensor([7]), float("-inf"))},
+     "holds nan or inf in tensor transformer.h.0.mlp.c_fc.weight: these weights cannot run"),
+], ids=["wrong shape", "unexpected", "missing", "nan", "inf, transposed"])
 def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
     gpt2_weights_folder: Path, tmp_path: Path, change: dict, words: str
 ) -> None:
@@ -210,6 +214,16 @@ def test_a_tensor_of_the_wrong_shape_unexpected_or_missing_gets_one_line(
     tensors = load_file(gpt2_weights_folder / "model.safetensors") | change
     save_file({name: tensor for name, tensor in tensors.items() if tensor is not None}, folder / "model.safetensors")
     assert words in one_line_error(gpt_from_hf, folder)
+
+
+def test_the_finite_check_takes_large_finite_weights_and_finds_one_nan_or_inf_in_any_float_type():
+    assert is_finite(torch.full((3,), 1e308, dtype=torch.float64))  # their float64 sum would overflow
+    assert is_finite(torch.full((3 << 20,), 60000.0, dtype=torch.float16))  # and so would a float16 sum
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            tensor = torch.zeros(3 << 20, dtype=dtype)
+            tensor[(2 << 20) + 5] = bad  # in the third million: every part is read
+            assert not is_finite(tensor), (dtype, bad)
 
 
 @pytest.mark.parametrize(("change", "words"), [

@@ -321,8 +321,9 @@ def test_a_text_that_changed_under_the_same_tokenizer_is_refused_on_resume(tmp_p
         book.write("".join(generate_stories(7, 20_000))[:200])
     before = checkpoint_bytes(tmp_path / "run")
     changed = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=tmp_path)
-    assert_one_error_line(changed, "error: resume=run: the corpus's text differs from the text this run trained on (the "
-                                   "files of data.path changed since); give the run its corpus as it was, or start a new run")
+    assert_one_error_line(changed, "error: resume=run: the corpus's text differs from the text this run trained on (its "
+                                   "files changed since, or, for the built-in stories, the version that writes them); give "
+                                   "the run its corpus as it was, or start a new run")
     assert checkpoint_bytes(tmp_path / "run") == before
     # A checkpoint of an older version kept no hash of its text: it resumes as it did.
     old = torch.load(tmp_path / "run" / "ckpt_last.pt", weights_only=True)
