@@ -129,7 +129,7 @@ def a_project_whose_shakespeare_is_at(url: str, text: str, tmp_path: Path, monke
 
 
 def test_without_corpus_the_training_sections_download_tiny_shakespeare_once_into_the_cache(tmp_path, monkeypatch,
-                                                                                            file_server):
+                                                                                            file_server, capsys):
     served, base = file_server  # a real HTTP server on 127.0.0.1
     text = SHAKESPEARE * 3
     (served / "input.txt").write_text(text.upper())  # another file at the URL first: refused, nothing kept
@@ -150,7 +150,15 @@ def test_without_corpus_the_training_sections_download_tiny_shakespeare_once_int
     assert tiny_shakespeare(None) == shared
     given = tmp_path / "mine.txt"  # and --corpus before both
     given.write_text(text)
-    assert tiny_shakespeare(given) == given.resolve()
+    capsys.readouterr()
+    assert tiny_shakespeare(given) == given.resolve() and capsys.readouterr().out == ""
+    # Another text is taken too, and said to be another than the one the published figures are on.
+    other = tmp_path / "other.txt"
+    other.write_text(text.upper())
+    assert tiny_shakespeare(other) == other.resolve()
+    assert capsys.readouterr().out == (f"note: --corpus {other} is not tiny shakespeare as published (its sha256 "
+                                       "differs): the figures of the sections that train on it are not comparable "
+                                       "with nanoGPT's or with those in docs/speed.md\n")
 
 
 def test_without_corpus_or_network_the_benchmark_says_how_to_give_it_before_any_section_runs(
