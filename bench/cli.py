@@ -175,6 +175,8 @@ def check_out(out: Path, given: bool) -> None:
     named = f"--out {out}" if given else f"the record {out}"
     if out.is_dir():
         raise UserError(f"{named} is a folder; give the path of a .json file to write")
+    if out.exists():  # said now, not after minutes of sections, and never written over
+        raise UserError(f"{named} already exists (an earlier record?); give a new path, or move it away first")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -88,6 +88,12 @@ def test_an_out_that_cannot_be_written_is_one_clear_line_before_any_section_runs
     (tmp_path / "a_file").write_text("not a folder")
     line = bench_refusal("--only", "peak", out=tmp_path / "a_folder", monkeypatch=monkeypatch, capsys=capsys)
     assert line == f"error: --out {tmp_path / 'a_folder'} is a folder; give the path of a .json file to write"
+    # An earlier record is never written over (it would be, after minutes of sections).
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text('{"results": {}}')
+    line = bench_refusal("--only", "peak", out=earlier, monkeypatch=monkeypatch, capsys=capsys)
+    assert line == f"error: --out {earlier} already exists (an earlier record?); give a new path, or move it away first"
+    assert earlier.read_text() == '{"results": {}}'
     monkeypatch.setattr(sys, "argv", ["python -m bench", "--only", "peak", "--out", str(tmp_path / "a_file" / "bench.json")])
     with pytest.raises(SystemExit) as refused:
         main()
