@@ -43,7 +43,7 @@ from cli.run_spec import run_spec
 from cli.sweep_check import said_as_its_job
 from data.batches import get_batch
 from data.token_cache import TokenData
-from data.tokenizer import encoded_if_writable
+from data.tokenizer import Tokenizer, encoded_if_writable
 from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import Checkpoint
@@ -115,7 +115,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
             return checkpoint.best_val_loss
         ranks, precision, data, model = build_data_and_model(spec)
         if checkpoint is not None:
-            check_same_data(data, checkpoint, cfg.resume)
+            check_same_tokenizer(data.tokenizer, checkpoint, cfg.resume)
         if spec.debug == "shapes":  # the shape walk of this model instead of a run
             show_shapes(spec, ranks, data, model)
             return math.nan
@@ -152,7 +152,7 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
         if cfg.init_from and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
             weights, changes = pretrained_config(cfg, overrides)
         validate_train_config(cfg, new_model=checkpoint is None)
-        spec = run_spec(cfg, weights)
+        spec = run_spec(cfg, weights, checkpoint.run_state["text_key"] if checkpoint else None)
         if finished(spec, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
@@ -163,21 +163,16 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
     return spec, config, checkpoint
 
 
-def check_same_data(data: TokenData, checkpoint: Checkpoint, resume: str | None) -> None:
-    """A resumed run's corpus is read again (its ids from the token cache): UserError, before the run is
-    written to, if it gives another tokenizer than the run's, whose ids its weights learnt, or another
-    text than the one the run trained on (its batches would be others: no exact resume)."""
-    asked = f"resume={resume}" if resume else "resume"  # (a torchrun restart resumes without resume=)
+def check_same_tokenizer(tokenizer: Tokenizer, checkpoint: Checkpoint, resume: str | None) -> None:
+    """A resumed run's corpus is read again (its ids from the token cache; a text other than the run's is
+    refused as it is read: data/token_cache.py): UserError, before the run is written to, if it gives
+    another tokenizer than the run's, whose ids its weights learnt."""
     with said_once_per_machine():
-        if data.tokenizer.state() != checkpoint.build_tokenizer().state():
+        if tokenizer.state() != checkpoint.build_tokenizer().state():
+            asked = f"resume={resume}" if resume else "resume"  # (a torchrun restart resumes without resume=)
             raise UserError(f"{asked}: the tokenizer the corpus gives now differs from the one this run was trained "
                             "with (the text of data.path, or the folder its tokenizer came from, changed since); give "
                             "the run its corpus as it was, or start a new run")
-        trained_on = checkpoint.run_state["text_key"]
-        if trained_on is not None and data.text_key is not None and data.text_key != trained_on:
-            raise UserError(f"{asked}: the corpus's text differs from the text this run trained on (its files changed "
-                            "since, or, for the built-in stories, the version that writes them); give the run its "
-                            "corpus as it was, or start a new run")
 
 
 def finished(spec: RunSpec, checkpoint: Checkpoint | None) -> bool:

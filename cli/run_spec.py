@@ -10,16 +10,17 @@ from model_io.checkpoint import model_spec
 from training.specs import DeviceSpec, LoopSpec, OptimSpec, ProbeSpec, RunSpec, StartSpec, StepSpec
 
 
-def run_spec(cfg: Any, weights: Path | None = None) -> RunSpec:
+def run_spec(cfg: Any, weights: Path | None = None, text_key: str | None = None) -> RunSpec:
     """cfg: the config as cli/config.py checked it (a resumed run's, or with init_from the weights'
     shape and tokenizer); weights: the folder a new run with init_from loads (cli/config.py
-    pretrained_config found it), None for random weights or a resumed run's."""
+    pretrained_config found it), None for random weights or a resumed run's; text_key: a resumed
+    run's hash of the text it trained on (its checkpoint's run state), None for a new run."""
     config = plain_config(cfg)
     model, data, optim, train = config["model"], config["data"], config["optim"], config["train"]
     keep = train["keep_checkpoints"]
     return RunSpec(
         model=model_spec(model),
-        corpus=CorpusSpec.of(data),
+        corpus=CorpusSpec.of({**data, "text_key": text_key}),
         tokenizer=TokenizerSpec.of(config["tokenizer"]),
         optim=OptimSpec(**{key: value for key, value in optim.items() if key != "grad_clip"}
                         | {"betas": tuple(optim["betas"])}),

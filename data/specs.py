@@ -21,6 +21,7 @@ class CorpusSpec:
     text_field: str = "text"  # text: the field of a .jsonl line that holds the document
     url: str | None = None  # shakespeare: where it is downloaded from
     sha256: str | None = None  # shakespeare: the file's hash
+    text_key: str | None = None  # a resumed run's: the hash of the documents it trained on (another text is refused)
 
     @classmethod
     def of(cls, group: Mapping[str, Any]) -> "CorpusSpec":

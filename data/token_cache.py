@@ -38,6 +38,10 @@ def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenDa
     survey = survey_corpus(corpus, tokenizer_spec)
     if not survey.has_text:
         raise UserError("the corpus is empty; give data.path a file with text in it")
+    if corpus.text_key is not None and survey.text_key != corpus.text_key:  # before a tokenizer is learnt from it
+        raise UserError("resume: the corpus's text differs from the text this run trained on (its files changed since, "
+                        "or, for the built-in stories, the version that writes them); give the run its corpus as it "
+                        "was, or start a new run")
     cache_dir = Path(corpus.cache_dir)
     entry = cache_dir / "tokens" / survey.key
     remove_abandoned_staging(entry)

@@ -301,8 +301,15 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text
     assert moved.returncode == 0, moved.stderr
     assert "resuming ../run at step 12; train.max_steps 12 -> 14; data.cache_dir .cache -> cache" in moved.stdout
     assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").config["data"]["path"] == str(tmp_path / "book.txt")
-    # The text changed since: its tokenizer would be another (other merges, other ids), and was taken silently.
+    # The text changed since: refused as it is read (the checkpoint keeps a hash of it). A checkpoint
+    # of an older version kept none: its tokenizer would be another (other merges, other ids), and was
+    # taken silently once.
     (tmp_path / "book.txt").write_text("".join(generate_stories(8, 30_000)).replace("b", "q"))
+    changed = run_cli("train.py", "resume=run", "train.max_steps=16", cwd=tmp_path)
+    assert changed.returncode == 2 and changed.stderr.startswith("error: resume: the corpus's text differs from the text")
+    old = torch.load(tmp_path / "run" / "ckpt_last.pt", weights_only=True)
+    del old["run_state"]["text_key"]
+    torch.save(old, tmp_path / "run" / "ckpt_last.pt")
     before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
     changed = run_cli("train.py", "resume=run", "train.max_steps=16", cwd=tmp_path)
     assert changed.returncode == 2
@@ -319,12 +326,14 @@ def test_a_text_that_changed_under_the_same_tokenizer_is_refused_on_resume(tmp_p
     assert run_cli("train.py", *tiny_run(own_text), cwd=tmp_path).returncode == 0
     with open(tmp_path / "book.txt", "a") as book:
         book.write("".join(generate_stories(7, 20_000))[:200])
-    before = checkpoint_bytes(tmp_path / "run")
+    before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
+    cached = sorted((tmp_path / ".cache" / "tokens").iterdir())
     changed = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=tmp_path)
-    assert_one_error_line(changed, "error: resume=run: the corpus's text differs from the text this run trained on (its "
+    assert_one_error_line(changed, "error: resume: the corpus's text differs from the text this run trained on (its "
                                    "files changed since, or, for the built-in stories, the version that writes them); give "
                                    "the run its corpus as it was, or start a new run")
-    assert checkpoint_bytes(tmp_path / "run") == before
+    assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
+    assert sorted((tmp_path / ".cache" / "tokens").iterdir()) == cached  # refused as it was read: nothing tokenised
     # A checkpoint of an older version kept no hash of its text: it resumes as it did.
     old = torch.load(tmp_path / "run" / "ckpt_last.pt", weights_only=True)
     del old["run_state"]["text_key"]
