@@ -129,6 +129,7 @@ def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
     try:
         write(staging)
         if out.exists():
+            shutil.copymode(out, staging)  # the folder given keeps its own permissions (a private one stays so)
             os.rename(out, old)
         os.rename(staging, out)
     except OSError as err:  # a full disk, a read-only folder

@@ -39,8 +39,10 @@ def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenDa
     if not survey.has_text:
         raise UserError("the corpus is empty; give data.path a file with text in it")
     if corpus.text_key is not None and survey.text_key != corpus.text_key:  # before a tokenizer is learnt from it
-        raise UserError("resume: the corpus's text differs from the text this run trained on (its files changed since, "
-                        "or, for the built-in stories, the version that writes them); give the run its corpus as it "
+        which = (f"the text of data.path={corpus.path}" if corpus.path else
+                 "the built-in stories (another version of this project writes them otherwise)"
+                 if corpus.source == "stories" else f"the {corpus.source} corpus")
+        raise UserError(f"resume: {which} differs from the text this run trained on; give the run its corpus as it "
                         "was, or start a new run")
     cache_dir = Path(corpus.cache_dir)
     entry = cache_dir / "tokens" / survey.key

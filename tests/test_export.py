@@ -232,8 +232,10 @@ def test_an_earlier_export_is_replaced_only_when_forced(pretrained_run: Path, tm
         "add force=true to replace them, or give a new or empty folder\n")
     assert (out / "config.json").read_text() == "{}"
 
+    out.chmod(0o750)  # a folder of one's group: replaced, it keeps that
     export(pretrained_run, out, "force=true")
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no staging folder left beside it
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
     assert type(AutoModelForCausalLM.from_pretrained(out)) is GPT2LMHeadModel
 
 

@@ -306,7 +306,7 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text
     # taken silently once.
     (tmp_path / "book.txt").write_text("".join(generate_stories(8, 30_000)).replace("b", "q"))
     changed = run_cli("train.py", "resume=run", "train.max_steps=16", cwd=tmp_path)
-    assert changed.returncode == 2 and changed.stderr.startswith("error: resume: the corpus's text differs from the text")
+    assert changed.returncode == 2 and changed.stderr.startswith("error: resume: the text of data.path=")
     old = torch.load(tmp_path / "run" / "ckpt_last.pt", weights_only=True)
     del old["run_state"]["text_key"]
     torch.save(old, tmp_path / "run" / "ckpt_last.pt")
@@ -329,9 +329,8 @@ def test_a_text_that_changed_under_the_same_tokenizer_is_refused_on_resume(tmp_p
     before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
     cached = sorted((tmp_path / ".cache" / "tokens").iterdir())
     changed = run_cli("train.py", "resume=run", "train.max_steps=12", cwd=tmp_path)
-    assert_one_error_line(changed, "error: resume: the corpus's text differs from the text this run trained on (its "
-                                   "files changed since, or, for the built-in stories, the version that writes them); give "
-                                   "the run its corpus as it was, or start a new run")
+    assert_one_error_line(changed, f"error: resume: the text of data.path={tmp_path / 'book.txt'} differs from the text "
+                                   "this run trained on; give the run its corpus as it was, or start a new run")
     assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
     assert sorted((tmp_path / ".cache" / "tokens").iterdir()) == cached  # refused as it was read: nothing tokenised
     # A checkpoint of an older version kept no hash of its text: it resumes as it did.
