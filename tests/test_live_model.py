@@ -127,6 +127,22 @@ def test_a_run_with_no_checkpoint_yet_is_refused_saying_when_it_will_have_one(tr
     assert ModelCache(2**30).get(tmp_path / "young", "young").checkpoint == kept_checkpoint_path(tmp_path / "young", 10)
 
 
+def test_a_checkpoint_edited_by_hand_is_one_line_the_tab_answers_with_not_a_model_without_positions(trained_run, tmp_path):
+    # model.pos=alibi once built a model with no positions at all, and a model group of text an HTTP 500.
+    for name, edit, words in [("alibi", lambda c: c["config"]["model"].update(pos="alibi"),
+                               "the checkpoint's config does not describe a model this version can build (pos='alibi' "
+                               "is not one of ('learned', 'rope'))"),
+                              ("text", lambda c: c["config"].update(model="four layers"),
+                               "ckpt_best.pt is not a checkpoint of this project (its config's model is str, not a "
+                               "group of settings)")]:
+        edited = torch.load(trained_run / "ckpt_best.pt", weights_only=True)
+        edit(edited)
+        (tmp_path / name).mkdir()
+        torch.save(edited, tmp_path / name / "ckpt_best.pt")
+        with pytest.raises(UserError, match=re.escape(words)):
+            ModelCache(2**30).get(tmp_path / name, name)
+
+
 def tensorboard_flags(*args: str) -> argparse.Namespace:
     """The tab's flags as TensorBoard parses and then fixes them."""
     parser = argparse.ArgumentParser()
