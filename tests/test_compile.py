@@ -11,9 +11,15 @@ from tests.helpers import NO_PROBES, assert_one_error_line, logged_losses, run_c
 pytestmark = pytest.mark.compile  # torch.compile of a training run and of the decode step
 
 
+# One layer of the default model (rotary positions, QK-norm, the smear, ReLU²): each kernel Inductor
+# writes is a C++ compile of about 2 s on a 2-core CPU, and a second layer of the same operations adds
+# 6 kernels (34 rather than 28) and 10 to 15 s to the test.
+ONE_LAYER = {**NO_PROBES, "model.n_layer": 1}
+
+
 def test_a_compiled_run_learns_what_the_eager_run_learns(tmp_path):
-    eager = run_cli("train.py", *tiny_run(NO_PROBES, **{"hydra.run.dir": "eager"}), cwd=tmp_path)
-    compiled = spawn_cli("train.py", *tiny_run(NO_PROBES, **{"train.compile": True, "hydra.run.dir": "compiled"}), cwd=tmp_path,
+    eager = run_cli("train.py", *tiny_run(ONE_LAYER, **{"hydra.run.dir": "eager"}), cwd=tmp_path)
+    compiled = spawn_cli("train.py", *tiny_run(ONE_LAYER, **{"train.compile": True, "hydra.run.dir": "compiled"}), cwd=tmp_path,
                          timeout=600)
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stdout + compiled.stderr
     assert "train.compile=true: the first training step and the first evaluation compile first" in compiled.stdout
@@ -53,7 +59,7 @@ def broken_compiler(folder: Path) -> dict[str, str]:
 
 def test_a_compile_that_cannot_build_is_one_line_that_names_the_way_out(tmp_path):
     env = broken_compiler(tmp_path)  # a real failure, inside Inductor
-    result = spawn_cli("train.py", *tiny_run(**{"train.device": "cpu", "train.compile": True, "hydra.run.dir": "run"}),
+    result = spawn_cli("train.py", *tiny_run(ONE_LAYER, **{"train.device": "cpu", "train.compile": True, "hydra.run.dir": "run"}),
                        cwd=tmp_path, env=env)
     assert_one_error_line(result, "error: train.compile=true: torch.compile could not build the model (")
     assert "run with train.compile=false" in result.stderr
