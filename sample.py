@@ -32,6 +32,7 @@ from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_de
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import KEPT, checkpoint_and_note
 from runtime.devices import Machine, check_compiler, pick_device
+from runtime.huge_pages import move_to_huge_pages
 from runtime.precision import weights_dtype
 
 starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
@@ -61,8 +62,10 @@ def sample(cfg: DictConfig) -> None:
     validate_sample_config(cfg, tokenizer.vocab_size)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    if device.type == "cpu" and not cfg.compile:
-        lay_out_for_decoding(model)  # float32's one-row matmuls read faster from (in, out) there
+    if device.type == "cpu":
+        if not cfg.compile:
+            lay_out_for_decoding(model)  # float32's one-row matmuls read faster from (in, out) there
+        move_to_huge_pages(model)  # each token reads every weight: on 2 MiB pages, with fewer address lookups
     if compiles:
         print("compile=true: compiling the decode step first (seconds; longer the first time on this machine, "
               "before Inductor has cached its kernels)", file=sys.stderr, flush=True)

@@ -141,7 +141,7 @@ def gpt2_sampling_rows(g: dict) -> Rows:
     limits = ", ".join(f"{p['limit_tokens_per_sec']:.1f} tokens/s at {name} ({p['weight_bytes'] / 1e6:.0f} MB a token)"
                        for name, p in g["precisions"].items())
     rows = [(f"greedy sampling, GPT-2 small's shape, {g['new_tokens']} tokens after {g['prompt_tokens']}",
-             f"memory reads {g['read_gb_per_s']:.1f} GB/s (x.sum() over {g['read_bytes'] >> 20:,} MiB, {threads}), so the limit is {limits}; "
+             f"memory reads {g['read_gb_per_s']:.1f} GB/s (x.sum() over {g['read_bytes'] >> 20:,} MiB{' on huge pages' if g.get('huge_pages') else ''}, {threads}), so the limit is {limits}; "
              f"native bf16: {'yes' if g['native_bf16'] else 'no'}")]
     for name, p in g["precisions"].items():
         for path, label in GPT2_PATHS.items():

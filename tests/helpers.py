@@ -312,6 +312,20 @@ def ctrl_c_under_torchrun(n: int, *args: str, cwd: Path, after: str,
     return signal_after_line(process, after, signal.SIGINT, whole_group=True)
 
 
+def huge_page_bytes(tensor: torch.Tensor) -> int:
+    """The bytes on huge pages (AnonHugePages) of the memory mapping that holds tensor's first
+    element, as this process's /proc/self/smaps reports it (Linux only)."""
+    address = tensor.data_ptr()
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's first line: its address range
+            start, end = (int(bound, 16) for bound in line.split()[0].split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise AssertionError(f"no mapping of this process holds address {address:#x}")
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model weights of a run's ckpt_last.pt."""
     return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]

@@ -27,7 +27,8 @@ from bench.common import tiny_shakespeare
 from bench.training import training_flops_per_token
 from data.download import sha256_of
 from model import GPT, GPTConfig
-from tests.helpers import ROOT
+from runtime.huge_pages import huge_pages_possible
+from tests.helpers import ROOT, huge_page_bytes
 from user_error import UserError
 
 SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
@@ -368,6 +369,8 @@ def test_the_gpt2_sampling_section_puts_each_path_beside_the_bandwidth_limit_and
     def nudged_at_bf16(model, dtype, eager=False):
         copy = at_precision(model, dtype, eager)
         assert copy.lm_head.weight.t().is_contiguous() == (eager and dtype == torch.float32)  # eager: as sample.py lays it out
+        if huge_pages_possible():  # Linux: where sample.py puts them
+            assert huge_page_bytes(copy.lm_head.weight) > 0
         if dtype == torch.bfloat16:
             with torch.no_grad():
                 copy.blocks[1].mlp.proj.weight.neg_()
@@ -381,6 +384,7 @@ def test_the_gpt2_sampling_section_puts_each_path_beside_the_bandwidth_limit_and
     params = 2 * 12 * 32 * 32 + 97 * 32 + 64 * 32 + 2 * 13 * 32 + 2 * 32
     assert sampling["params"] == params and sampling["new_tokens"] == 24 and sampling["read_bytes"] == 1 << 20
     assert len(sampling["read_gb_per_s_each"]) == 3 and sampling["read_gb_per_s"] > 0  # 3 reads in the one turn
+    assert sampling["huge_pages"] is huge_pages_possible()  # the limit is read where our weights are
     assert set(sampling["precisions"]) == {"fp32", "bf16"}
     for name, element_bytes in (("fp32", 4), ("bf16", 2)):
         p = sampling["precisions"][name]
@@ -401,7 +405,7 @@ def test_the_gpt2_sampling_section_puts_each_path_beside_the_bandwidth_limit_and
     assert bf16["same_greedy_tokens"] is False
     assert 4 <= bf16["compiled_first_difference"] == bf16["eager_first_difference"] < 4 + 24  # a new token, not the prompt
     assert re.search(r"  bf16, the same greedy tokens as transformers +NO \(compiled first differs at \d+, eager at \d+", printed)
-    assert "greedy sampling, GPT-2 small's shape, 24 tokens after 4" in printed and "(x.sum() over 1 MiB, " in printed
+    assert "greedy sampling, GPT-2 small's shape, 24 tokens after 4" in printed and f"(x.sum() over 1 MiB{' on huge pages' * huge_pages_possible()}, " in printed
     assert not any((tmp_path / "results").rglob("*.safetensors"))  # the weights' folder is removed
 
 

@@ -22,7 +22,17 @@ from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, bpe_encoding
 from model.generation import EOT_SHOWN, generate_text, terminal_text
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.run_files import BEST, LAST, MIN_STEPS, checkpoint_and_note, kept_checkpoint_path, resolve_checkpoint
-from tests.helpers import ONE_PROCESS, ROOT, read_events, run_cli, small_checkpoint, streamed_pieces, text_of
+from runtime.huge_pages import huge_pages_possible
+from tests.helpers import (
+    ONE_PROCESS,
+    ROOT,
+    huge_page_bytes,
+    read_events,
+    run_cli,
+    small_checkpoint,
+    streamed_pieces,
+    text_of,
+)
 from training.data_parallel import Replicated
 from training.jobs import Samples
 from training.specs import ProbeSpec
@@ -109,14 +119,16 @@ def test_sample_prints_the_end_of_a_text_as_a_line_of_its_own_not_the_raw_token(
 
 
 @pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compile=true"])
-def test_sample_lays_out_the_weights_for_eager_decoding_on_a_cpu_and_not_for_the_compiled_step(tmp_path, monkeypatch, compile_):
+def test_sample_lays_out_the_weights_for_eager_decoding_on_a_cpu_and_not_for_the_compiled_step_and_on_huge_pages_for_both(
+        tmp_path, monkeypatch, compile_):
     import sample
 
     path = save_run(tmp_path / "run", steps=800, written=1_000)
-    laid_out = []
+    laid_out, on_huge_pages = [], []
 
     def generate_and_look(model, *args, **kwargs):
         laid_out.append([module.weight.t().is_contiguous() for module in (model.lm_head, model.blocks[0].attn.qkv)])
+        on_huge_pages.append(huge_pages_possible() and huge_page_bytes(model.lm_head.weight) > 0)
         return generate_text(model, *args, **kwargs)
 
     monkeypatch.setattr(sample, "generate_text", generate_and_look)
@@ -125,6 +137,7 @@ def test_sample_lays_out_the_weights_for_eager_decoding_on_a_cpu_and_not_for_the
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert laid_out == [[not compile_] * 2]
+    assert on_huge_pages == [huge_pages_possible()]  # Linux: runtime/huge_pages.py
 
 
 @pytest.mark.slow
