@@ -7,6 +7,10 @@ default setting (`madvise` in /sys/kernel/mm/transparent_hugepage/enabled), memo
 only where a program asks, and torch's allocator does not ask. On a 2-core AMD EPYC VM, GPT-2
 small decoded 14% faster at bf16 and 24% faster at fp32 with its weights on them, and `x.sum()`
 read 32% faster (docs/speed.md, "Weights on huge pages").
+
+Torch has a switch of its own, THP_MEM_ALLOC_ENABLE=1, but it is read once, at torch's first
+allocation (so it must be set before `import torch`), and it covers every allocation of 2 MiB or
+more; moving the weights once they are loaded depends on no order of imports.
 """
 
 import mmap
