@@ -1,12 +1,13 @@
-"""Weights on 2 MiB pages for decoding on a CPU (Linux's transparent huge pages).
+"""Weights on 2 MiB pages for a model that only runs on a CPU, as in sample.py and the tab
+(Linux's transparent huge pages).
 
 A decoding step reads every weight once, so its speed is memory's. On 4 KiB pages a 250 MB model
 is 61,000 address translations a token, and each miss in the TLB costs a walk of the page tables
-(two of them nested inside a virtual machine); on 2 MiB pages it is 120. With the kernel's
-default setting (`madvise` in /sys/kernel/mm/transparent_hugepage/enabled), memory gets them
-only where a program asks, and torch's allocator does not ask. On a 2-core AMD EPYC VM, GPT-2
-small decoded 14% faster at bf16 and 24% faster at fp32 with its weights on them, and `x.sum()`
-read 32% faster (docs/speed.md, "Weights on huge pages").
+(two of them nested inside a virtual machine); on 2 MiB pages it is 120. With the setting many
+distributions ship (`madvise` in /sys/kernel/mm/transparent_hugepage/enabled), a process gets
+them only where it asks, and torch's allocator does not ask. On a 2-core AMD EPYC VM, GPT-2
+small decoded 12% to 14% faster at bf16 and 24% faster at fp32 with its weights on them, and
+`x.sum()` read 16% to 32% faster (docs/speed.md, "Weights on huge pages").
 
 Torch has a switch of its own, THP_MEM_ALLOC_ENABLE=1, but it is read once, at torch's first
 allocation (so it must be set before `import torch`), and it covers every allocation of 2 MiB or

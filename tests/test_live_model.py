@@ -22,8 +22,9 @@ from inspection.text_forward import forward_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import kept_checkpoint_path
 from runtime.devices import DEVICE_TYPES
+from runtime.huge_pages import huge_pages_possible
 from runtime.precision import WEIGHT_DTYPES
-from tests.helpers import hydra_run_folders, save_circuit, tiny_gpt
+from tests.helpers import huge_page_bytes, hydra_run_folders, save_circuit, tiny_gpt
 from user_error import UserError
 
 # Hydra's run folders, a secret beside them and a link out to it: tests/helpers.py's builder.
@@ -175,6 +176,7 @@ def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits
     for dtype in ("fp32", "bf16"):
         loaded = ModelCache(2**30, dtype=dtype).get(trained_run, "run")
         assert {p.dtype for p in loaded.model.parameters()} == {getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])}
+        assert huge_pages_possible() is (huge_page_bytes(loaded.model.lm_head.weight) > 0)  # Linux: as sample.py puts them
         assert loaded.n_bytes == model_bytes(loaded.model)  # half the bytes against the cache's bound
         read[dtype] = loaded.read(text, [(1, 0)])
     fp32, bf16 = read["fp32"], read["bf16"]
