@@ -51,13 +51,17 @@ def move_to_huge_pages(model: nn.Module) -> bool:
     """Copy model's parameters and buffers into one huge_page_memory, each keeping its values,
     dtype, shape and strides (lay_out_for_decoding's transposed weights stay so), tied weights
     still one tensor. Returns whether it did: not where huge_pages_possible() says no, nor for a
-    model with a tensor off the CPU. For a model that only runs from now on: one that trains, or
+    model with a tensor off the CPU, nor where the mapping is refused (an address-space limit): the
+    weights then stay where they are. For a model that only runs from now on: one that trains, or
     moves to another device or dtype, gets ordinary memory again."""
     tensors = [*model.parameters(), *model.buffers()]  # a tied weight once
     if not tensors or any(t.device.type != "cpu" for t in tensors) or not huge_pages_possible():
         return False
     spans = [padded(extent(t) * t.element_size()) for t in tensors]
-    memory = huge_page_memory(sum(spans))
+    try:
+        memory = huge_page_memory(sum(spans))
+    except OSError:  # ENOMEM from mmap: a speed-up is not worth failing for
+        return False
     start = memory.storage_offset()  # bytes into the mapping: where the next tensor goes
     with torch.no_grad():
         for tensor, span in zip(tensors, spans, strict=True):

@@ -1,4 +1,7 @@
 import mmap
+import re
+import resource
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,3 +61,22 @@ def test_without_madvise_as_on_macos_the_model_is_left_where_it_is(monkeypatch):
     where = [t.data_ptr() for t in model.parameters()]
     assert huge_pages_possible() is False and move_to_huge_pages(model) is False
     assert [t.data_ptr() for t in model.parameters()] == where
+
+
+@pytest.mark.skipif(not THP_ON, reason="needs Linux with transparent huge pages (enabled: always or madvise)")
+def test_under_an_address_space_limit_the_weights_stay_where_they_are_and_still_work():
+    model = laid_out_model()
+    idx = torch.randint(0, 4096, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(idx)[0]
+    where = [t.data_ptr() for t in model.parameters()]
+    in_use = int(re.search(r"VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (in_use + HUGE_PAGE, hard))  # room for 2 MiB more: not for the model's 8 MB
+    try:
+        moved = move_to_huge_pages(model)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert moved is False and [t.data_ptr() for t in model.parameters()] == where
+    with torch.no_grad():
+        assert torch.equal(model(idx)[0], before)
