@@ -108,10 +108,12 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
         runs.update({(name, path): paths[path] for path in PATHS})
 
     tokens = {key: run(NEW_TOKENS) for key, run in runs.items()}  # the warm-up runs, whose tokens are compared
-    bandwidth, seconds, prompt_seconds = timed_turns(runs, repeats)
+    array, on_huge_pages = read_probe()
+    bandwidth, seconds, prompt_seconds = timed_turns(runs, repeats, array)
+    del array
     gb_per_s = statistics.median(bandwidth)
     result = {"params": models["fp32"][0].num_parameters(), "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
-              "threads": torch.get_num_threads(), "native_bf16": cpu_multiplies_bf16(), "huge_pages": huge_pages_possible(), "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
+              "threads": torch.get_num_threads(), "native_bf16": cpu_multiplies_bf16(), "huge_pages": on_huge_pages, "read_bytes": READ_BYTES, "read_gb_per_s": gb_per_s,
               "read_gb_per_s_each": bandwidth, "precisions": {}}
     for name, (ours, _, _) in models.items():
         result["precisions"][name] = precision_figures(
@@ -124,14 +126,24 @@ def bench_gpt2_sampling(repeats: int, work: Path) -> dict:
 Key = tuple[str, str]  # (precision, path)
 
 
-def timed_turns(runs: dict[Key, Callable[[int], torch.Tensor]],
-                repeats: int) -> tuple[list[float], dict[Key, list[float]], dict[Key, list[float]]]:
-    """In each of repeats turns: the read bandwidth (READS_PER_TURN reads), then every run for 1 new
-    token and for NEW_TOKENS; returns the GB/s of each read, and each run's seconds for NEW_TOKENS and for 1."""
-    # float32 ones, on huge pages where our weights are (they read faster there: the limit is the
-    # fastest read); summed once untimed, so its pages are there
-    array = huge_page_memory(READ_BYTES).view(torch.float32).fill_(1) if huge_pages_possible() else torch.ones(READ_BYTES // 4)
-    array.sum()
+def read_probe() -> tuple[torch.Tensor, bool]:
+    """READ_BYTES of float32 ones to time reads over, on huge pages where the system gives them (as
+    it gives them to our models' weights, which read faster there: the limit is the faster read),
+    and whether they are on them."""
+    if huge_pages_possible():
+        try:
+            return huge_page_memory(READ_BYTES).view(torch.float32).fill_(1), True
+        except OSError:  # the mapping refused: ordinary memory, as for the weights
+            pass
+    return torch.ones(READ_BYTES // 4), False
+
+
+def timed_turns(runs: dict[Key, Callable[[int], torch.Tensor]], repeats: int,
+                array: torch.Tensor) -> tuple[list[float], dict[Key, list[float]], dict[Key, list[float]]]:
+    """In each of repeats turns: the read bandwidth (READS_PER_TURN reads of array), then every run
+    for 1 new token and for NEW_TOKENS; returns the GB/s of each read, and each run's seconds for
+    NEW_TOKENS and for 1."""
+    array.sum()  # once untimed, so its pages are there
     bandwidth: list[float] = []
     seconds: dict[Key, list[float]] = {key: [] for key in runs}  # NEW_TOKENS tokens
     prompt_seconds: dict[Key, list[float]] = {key: [] for key in runs}  # 1 token

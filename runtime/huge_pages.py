@@ -1,5 +1,5 @@
-"""Weights on 2 MiB pages for a model that only runs on a CPU, as in sample.py and the tab
-(Linux's transparent huge pages).
+"""Weights on huge pages for a model that only runs on a CPU, as in sample.py and the tab
+(Linux's transparent huge pages, 2 MiB on x86-64).
 
 A decoding step reads every weight once, so its speed is memory's. On 4 KiB pages a 250 MB model
 is 61,000 address translations a token, and each miss in the TLB costs a walk of the page tables
@@ -14,13 +14,27 @@ allocation (so it must be set before `import torch`), and it covers every alloca
 more; moving the weights once they are loaded depends on no order of imports.
 """
 
+import ctypes
 import mmap
+from pathlib import Path
 
 import torch
 from torch import nn
 
-HUGE_PAGE = 2 << 20  # bytes: x86-64's and most arm64 kernels' transparent huge page
+THP = Path("/sys/kernel/mm/transparent_hugepage")
 ALIGNMENT = 64  # bytes between the start of each tensor placed: a cache line, as torch's allocator aligns
+SMALLEST_MODEL = 16 << 20  # bytes: a smaller model sits mostly in the caches, and a huge page would be much of its size
+
+
+def huge_page_size() -> int:
+    """Bytes in a transparent huge page: 2 MiB on x86-64, more on an arm64 kernel of 64 KiB pages."""
+    try:
+        return int((THP / "hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+HUGE_PAGE = huge_page_size()
 
 
 def huge_pages_possible() -> bool:
@@ -29,56 +43,81 @@ def huge_pages_possible() -> bool:
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
-            return "[never]" not in setting.read()
+        return "[never]" not in (THP / "enabled").read_text()
     except OSError:
         return False
 
 
-def huge_page_memory(nbytes: int) -> torch.Tensor:
-    """nbytes of zeros (uint8, 1-D) starting a huge page, in an anonymous private mapping advised
-    MADV_HUGEPAGE, kept mapped while any tensor viewing it lives. It spans whole huge pages, so
-    even a small one gets one (the kernel gives a huge page only where all 2 MiB are mapped)."""
+def huge_page_mapping(nbytes: int) -> tuple[mmap.mmap, int]:
+    """An anonymous private mapping advised MADV_HUGEPAGE, and the offset in it of the first huge
+    page, from which nbytes fit. It spans whole huge pages, so even a small one gets one (the
+    kernel gives a huge page only where all of it is mapped). OSError where it is refused."""
     whole_pages = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
     mapping = mmap.mmap(-1, whole_pages + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mapping.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched: each is then faulted in 2 MiB at a time
-    memory = torch.frombuffer(mapping, dtype=torch.uint8)  # holds a reference to the mapping
-    skip = -memory.data_ptr() % HUGE_PAGE  # mmap aligns to 4 KiB; the first whole huge page starts here
-    return memory[skip : skip + nbytes]
+    mapping.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched: each is then faulted in whole
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    return mapping, -address % HUGE_PAGE  # mmap aligns to 4 KiB; the first whole huge page starts here
+
+
+def huge_page_memory(nbytes: int) -> torch.Tensor:
+    """nbytes of zeros (uint8, 1-D) starting a huge page (huge_page_mapping), kept mapped while
+    this tensor or a view of it lives."""
+    mapping, start = huge_page_mapping(nbytes)
+    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=start)
 
 
 def move_to_huge_pages(model: nn.Module) -> bool:
-    """Copy model's parameters and buffers into one huge_page_memory, each keeping its values,
-    dtype, shape and strides (lay_out_for_decoding's transposed weights stay so), tied weights
-    still one tensor. Returns whether it did: not where huge_pages_possible() says no, nor for a
-    model with a tensor off the CPU, nor where the mapping is refused (an address-space limit): the
-    weights then stay where they are. For a model that only runs from now on: one that trains, or
-    moves to another device or dtype, gets ordinary memory again."""
-    tensors = [*model.parameters(), *model.buffers()]  # a tied weight once
-    if not tensors or any(t.device.type != "cpu" for t in tensors) or not huge_pages_possible():
+    """Copy model's parameters and buffers into one huge_page_mapping, each keeping its values,
+    dtype, shape and strides (lay_out_for_decoding's transposed weights stay so) and getting a
+    storage of its own over it (saving or copying a tensor takes its bytes, not the mapping's);
+    tied weights stay one tensor. The old memory is handed back to the system as each moves, so
+    the peak is the model and one tensor. Returns whether it moved them. It does not where
+    huge_pages_possible() says no, for a model under SMALLEST_MODEL bytes, one with a tensor off
+    the CPU, two views of one memory or a tensor that is not dense, nor where the mapping is
+    refused (an address-space limit): the weights then stay where they are. Moving the model to
+    another device or dtype later puts its weights in ordinary memory again."""
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.numel() > 0]  # a tied weight once
+    spans = [padded(t.nbytes) for t in tensors]
+    if sum(spans) < SMALLEST_MODEL or not huge_pages_possible() or not all(map(movable, tensors)):
         return False
-    spans = [padded(extent(t) * t.element_size()) for t in tensors]
+    if len({t.untyped_storage().data_ptr() for t in tensors}) < len(tensors):
+        return False  # views of one memory: copied apart, a write through one would not show in the other
     try:
-        memory = huge_page_memory(sum(spans))
+        mapping, start = huge_page_mapping(sum(spans))
     except OSError:  # ENOMEM from mmap: a speed-up is not worth failing for
         return False
-    start = memory.storage_offset()  # bytes into the mapping: where the next tensor goes
     with torch.no_grad():
         for tensor, span in zip(tensors, spans, strict=True):
-            placed = torch.empty(0, dtype=tensor.dtype).set_(
-                memory.untyped_storage(), start // tensor.element_size(), tensor.shape, tensor.stride())
+            memory = torch.frombuffer(mapping, dtype=torch.uint8, count=tensor.nbytes, offset=start)  # holds the mapping
+            placed = memory.view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
             placed.copy_(tensor)
-            tensor.data = placed  # the old memory is freed here: the peak is the model and one tensor
+            tensor.data = placed
+            release_freed_memory()
             start += span
     return True
 
 
-def extent(tensor: torch.Tensor) -> int:
-    """The elements from tensor's first to its last, whatever its strides (positive, as a
-    module's are): what a copy with the same strides needs."""
-    if tensor.numel() == 0:
-        return 0
-    return 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+def movable(tensor: torch.Tensor) -> bool:
+    """Whether tensor is a plain CPU tensor whose elements fill its span once each, in any order
+    of dimensions (a transposed weight is; a slice with gaps, or an expanded one, is not)."""
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_quantized:
+        return False
+    dims = sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 1)
+    expected = 1
+    for stride, size in dims:  # dense: each dimension's stride is the product of the sizes inside it
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's free memory back to the system (glibc's malloc_trim), where there is one:
+    torch's tensors of up to 32 MiB live in that heap, whose freed pages glibc otherwise keeps, so
+    a model's old copy would stay resident beside the new one."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def padded(nbytes: int) -> int:

@@ -326,6 +326,17 @@ def huge_page_bytes(tensor: torch.Tensor) -> int:
     raise AssertionError(f"no mapping of this process holds address {address:#x}")
 
 
+def moved_to_huge_pages(model: nn.Module) -> bool:
+    """Whether model's weights are as move_to_huge_pages leaves them: packed one after another
+    from the start of a huge page (torch's own allocator starts none there)."""
+    from runtime.huge_pages import HUGE_PAGE, padded
+
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.numel() > 0]
+    first = min(t.data_ptr() for t in tensors)
+    end = max(t.data_ptr() + t.nbytes for t in tensors)
+    return first % HUGE_PAGE == 0 and end - first <= sum(padded(t.nbytes) for t in tensors)
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model weights of a run's ckpt_last.pt."""
     return torch.load(run_dir / "ckpt_last.pt", weights_only=True)["model"]

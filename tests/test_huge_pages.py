@@ -1,3 +1,4 @@
+import io
 import mmap
 import re
 import resource
@@ -5,54 +6,96 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
+import runtime.huge_pages
 from model.generation import lay_out_for_decoding
-from runtime.huge_pages import HUGE_PAGE, huge_page_memory, huge_pages_possible, move_to_huge_pages
-from tests.helpers import huge_page_bytes, tiny_gpt
+from runtime.huge_pages import HUGE_PAGE, SMALLEST_MODEL, huge_page_memory, huge_pages_possible, move_to_huge_pages
+from tests.helpers import huge_page_bytes, moved_to_huge_pages, tiny_gpt
 
 THP_ON = huge_pages_possible()  # Linux with transparent huge pages not switched off: CI's machines, and these
+needs_thp = pytest.mark.skipif(not THP_ON, reason="needs Linux with transparent huge pages (enabled: always or madvise)")
 
 
 def laid_out_model():
-    """A tiny GPT as sample.py holds it for eager decoding on a CPU: weights of 8 MB (a 4,096 x 512
-    embedding, tied to the LM head), float32 ones stored transposed."""
-    model = tiny_gpt(vocab_size=4096, n_embd=512, n_head=4, n_layer=1).eval()
+    """A tiny GPT as sample.py holds it for eager decoding on a CPU, just over SMALLEST_MODEL: 29 MB
+    of weights (an 8,192 x 512 embedding, tied to the LM head), float32 ones stored transposed."""
+    model = tiny_gpt(vocab_size=8192, n_embd=512, n_head=4, n_layer=1).eval()
     lay_out_for_decoding(model)
     return model
 
 
+def status(field: str) -> int:
+    """A field of this process's /proc/self/status, in bytes (VmRSS, VmHWM, VmSize)."""
+    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
 def test_moved_weights_keep_their_values_strides_and_ties_so_the_logits_stay_the_same():
     model = laid_out_model()
-    idx = torch.randint(0, 4096, (2, 16), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(0, 8192, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(idx)[0]
     layout = [(name, t.shape, t.stride(), t.dtype) for name, t in [*model.named_parameters(), *model.named_buffers()]]
     assert any(t.stride()[0] == 1 for t in model.parameters() if t.dim() == 2)  # some weights are stored transposed
 
-    assert move_to_huge_pages(model) is THP_ON
+    assert move_to_huge_pages(model) is THP_ON is moved_to_huge_pages(model)
     assert [(name, t.shape, t.stride(), t.dtype) for name, t in [*model.named_parameters(), *model.named_buffers()]] == layout
     assert model.lm_head.weight is model.tok_emb.weight  # tied: still one tensor
     with torch.no_grad():
         assert torch.equal(model(idx)[0], before)  # the same numbers, bit for bit
 
 
-@pytest.mark.skipif(not THP_ON, reason="needs Linux with transparent huge pages (enabled: always or madvise)")
-def test_moved_weights_sit_on_huge_pages_in_one_mapping():
+@needs_thp
+def test_moved_weights_sit_on_huge_pages_each_with_a_storage_of_its_own_bytes():
     model = laid_out_model()
     move_to_huge_pages(model)
-    tensors = [*model.parameters(), *model.buffers()]
-    first = min(t.data_ptr() for t in tensors)
-    assert first % HUGE_PAGE == 0  # the first starts a huge page
-    assert max(t.data_ptr() for t in tensors) - first < sum(t.nbytes for t in tensors) + 64 * len(tensors)  # packed
-    assert all(t.data_ptr() % 64 == 0 for t in tensors)  # each on a cache line, as torch's allocator puts them
-    assert huge_page_bytes(model.lm_head.weight) >= 4 * HUGE_PAGE  # its 8 MB: the kernel kept its word
+    assert all(t.data_ptr() % 64 == 0 for t in model.parameters())  # each on a cache line, as torch's allocator puts them
+    assert huge_page_bytes(model.lm_head.weight) >= 8 * HUGE_PAGE  # its 16 MiB: the kernel kept its word
+    # Saved or copied, a small tensor takes its own bytes, not the whole mapping's.
+    bias = model.blocks[0].ln_1.weight
+    assert bias.untyped_storage().nbytes() == bias.nbytes == 512 * 4
+    saved = io.BytesIO()
+    torch.save(bias, saved)
+    assert len(saved.getvalue()) < 10_000
 
 
-@pytest.mark.skipif(not THP_ON, reason="needs Linux with transparent huge pages (enabled: always or madvise)")
+@needs_thp
 def test_even_a_small_piece_of_huge_page_memory_gets_a_huge_page():
     memory = huge_page_memory(1000).fill_(7)  # touched, so the kernel maps it now
     assert memory.data_ptr() % HUGE_PAGE == 0 and memory.numel() == 1000 and int(memory.sum()) == 7000
     assert huge_page_bytes(memory) >= HUGE_PAGE
+
+
+@needs_thp
+def test_moving_hands_the_old_copy_back_so_the_peak_is_the_model_and_about_one_tensor():
+    # 40 weights of 4 MiB: glibc keeps tensors of this size in its heap once a larger one has been
+    # freed (as loading a checkpoint frees some), and holds on to freed heap pages unless trimmed.
+    freed = torch.ones(64 << 20, dtype=torch.uint8)
+    del freed
+    model = nn.ParameterList(nn.Parameter(torch.full((1024, 1024), float(i))) for i in range(40))  # 160 MiB
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) counts from here
+    resident = status("VmRSS")
+    assert move_to_huge_pages(model)
+    assert status("VmHWM") - resident < 24 << 20  # one 4 MiB tensor and a huge page or two of slack; not 160 MiB
+    assert [float(p.detach()[0, 0]) for p in model] == [float(i) for i in range(40)]
+
+
+def test_small_models_shared_memory_and_tensors_with_gaps_are_left_where_they_are(monkeypatch):
+    small = tiny_gpt()
+    assert sum(t.nbytes for t in small.parameters()) < SMALLEST_MODEL and move_to_huge_pages(small) is False
+
+    monkeypatch.setattr(runtime.huge_pages, "SMALLEST_MODEL", 0)
+    base = torch.randn(4096, 1024)
+    views = nn.Module()
+    views.a, views.b = nn.Parameter(base[:2048]), nn.Parameter(base[1024:])  # one memory: a write to one shows in the other
+    gaps = nn.Module()
+    gaps.register_buffer("every_other", torch.randn(1024, 2048)[:, ::2])
+    expanded = nn.Module()
+    expanded.register_buffer("one_row", torch.randn(1, 1024).expand(4096, 1024))
+    for model in (views, gaps, expanded):
+        where = [t.data_ptr() for t in [*model.parameters(), *model.buffers()]]
+        assert move_to_huge_pages(model) is False
+        assert [t.data_ptr() for t in [*model.parameters(), *model.buffers()]] == where
 
 
 def test_without_madvise_as_on_macos_the_model_is_left_where_it_is(monkeypatch):
@@ -63,16 +106,15 @@ def test_without_madvise_as_on_macos_the_model_is_left_where_it_is(monkeypatch):
     assert [t.data_ptr() for t in model.parameters()] == where
 
 
-@pytest.mark.skipif(not THP_ON, reason="needs Linux with transparent huge pages (enabled: always or madvise)")
+@needs_thp
 def test_under_an_address_space_limit_the_weights_stay_where_they_are_and_still_work():
     model = laid_out_model()
-    idx = torch.randint(0, 4096, (1, 8), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(0, 8192, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(idx)[0]
     where = [t.data_ptr() for t in model.parameters()]
-    in_use = int(re.search(r"VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (in_use + HUGE_PAGE, hard))  # room for 2 MiB more: not for the model's 8 MB
+    resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + HUGE_PAGE, hard))  # room for one huge page more, not 29 MB
     try:
         moved = move_to_huge_pages(model)
     finally:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
+import runtime.huge_pages
 from attention_tab.live_model import LoadedModel, ModelCache, model_bytes, text_answer
 from attention_tab.plugin import DTYPES, TAB_DEVICE_TYPES, AttentionLoader
 from attention_tab.run_folders import logdir_roots, run_folder
@@ -24,7 +25,7 @@ from model_io.run_files import kept_checkpoint_path
 from runtime.devices import DEVICE_TYPES
 from runtime.huge_pages import huge_pages_possible
 from runtime.precision import WEIGHT_DTYPES
-from tests.helpers import huge_page_bytes, hydra_run_folders, save_circuit, tiny_gpt
+from tests.helpers import hydra_run_folders, moved_to_huge_pages, save_circuit, tiny_gpt
 from user_error import UserError
 
 # Hydra's run folders, a secret beside them and a link out to it: tests/helpers.py's builder.
@@ -170,13 +171,14 @@ def test_the_text_box_runs_on_the_cpu_in_fp32_with_512_mb_of_models_unless_told_
 
 
 @pytest.mark.slow
-def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits(trained_run):
+def test_a_bf16_cache_runs_the_model_in_bf16_with_the_fp32_numbers_to_two_digits(trained_run, monkeypatch):
+    monkeypatch.setattr(runtime.huge_pages, "SMALLEST_MODEL", 0)  # this model is too small to gain, but moves here
     text = "Once upon a time, there was a boy named Leo. One day, Leo"
     read = {}
     for dtype in ("fp32", "bf16"):
         loaded = ModelCache(2**30, dtype=dtype).get(trained_run, "run")
         assert {p.dtype for p in loaded.model.parameters()} == {getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])}
-        assert huge_pages_possible() is (huge_page_bytes(loaded.model.lm_head.weight) > 0)  # Linux: as sample.py puts them
+        assert moved_to_huge_pages(loaded.model) is huge_pages_possible()  # Linux: as sample.py puts them
         assert loaded.n_bytes == model_bytes(loaded.model)  # half the bytes against the cache's bound
         read[dtype] = loaded.read(text, [(1, 0)])
     fp32, bf16 = read["fp32"], read["bf16"]
