@@ -15,7 +15,9 @@ more; moving the weights once they are loaded depends on no order of imports.
 """
 
 import ctypes
+import functools
 import mmap
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -115,9 +117,15 @@ def release_freed_memory() -> None:
     """Hand the C heap's free memory back to the system (glibc's malloc_trim), where there is one:
     torch's tensors of up to 32 MiB live in that heap, whose freed pages glibc otherwise keeps, so
     a model's old copy would stay resident beside the new one."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    trim = malloc_trim()
     if trim is not None:
         trim(0)
+
+
+@functools.cache
+def malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once (called after each tensor moves); None in another C library."""
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 def padded(nbytes: int) -> int:
