@@ -2,8 +2,8 @@
 #   make setup            set up .venv alone (torch first, then requirements-dev.txt and the tab)
 #   make train            train the default model, then print a sample
 #   make test             run the test suite
-#   make test-fast        the tests not marked slow, browser, distributed or compile (pyproject.toml): a
-#                         minute or less; every module of the project is still run (tests/test_fast_tier.py)
+#   make test-fast        the tests not marked slow, browser, distributed or compile (pyproject.toml): the
+#                         inner loop; every module of the project is still run (tests/test_fast_tier.py)
 #   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
 #   make tensorboard      open TensorBoard on every run, with the Attention tab (attention_tab/)
 #   make bench            speed figures for this machine (python -m bench: bench/), as a table and JSON
@@ -47,7 +47,7 @@ setup: $(VENV)/.installed
 # other torch build is pulled in later. Which build the pin gets is pip's choice: a local
 # CPU wheel where pip is set up to find one; TORCH_PIP_ARGS can point it at a CPU index.
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
-	@echo "setup: creating $(VENV) (once; about a minute)"
+	@echo "setup: creating $(VENV) (once; README.md#what-make-train-prints says how long)"
 	@$(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch==$(TORCH_VERSION)"
 	@$(PY) -m pip install -qq --disable-pip-version-check torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
@@ -65,7 +65,7 @@ JUPYTER_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 browser:
 	@if command -v chromedriver >/dev/null && { command -v chromium || command -v chromium-browser; } >/dev/null; then :; \
 	elif command -v apt-get >/dev/null; then \
-	  echo "browser: installing chromium and chromium-driver for the Attention tab's tests (once; a minute or two)"; \
+	  echo "browser: installing chromium and chromium-driver for the Attention tab's tests (once)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "browser: no apt-get here: install Chromium and chromedriver (the Attention tab's browser tests need them)"; fi
 

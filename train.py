@@ -14,7 +14,7 @@ The run dir (outputs/<date>/<time>, <time>_2 for a second run started in the sam
 multirun/<date>/<time>/<n> in a sweep) receives
 .hydra/ (the config as composed), train.log, TensorBoard event files, ckpt_last.pt and
 ckpt_best.pt (and checkpoints/ with train.keep_checkpoints); a run refused at its checks writes nothing.
-Watch it with `tensorboard --logdir outputs`; sample from it with `python sample.py run=<run dir>`.
+Watch it with `make tensorboard`; sample from it with `python sample.py run=<run dir>`.
 """
 
 import gc
