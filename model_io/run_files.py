@@ -110,6 +110,8 @@ def resolve_checkpoint(run: str) -> Path:
     latest_checkpoint's."""
     if run == "latest":
         return latest_checkpoint()[0]
+    if not run.strip():  # run=$RUN with RUN unset: not the working folder
+        raise UserError("run= is empty; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     path = Path(run).expanduser()
     if path.is_dir():
         if found := model_checkpoint(path):
@@ -194,6 +196,9 @@ def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> 
 
 
 def resolve_resume(resume: str) -> Path:
+    if not resume.strip():  # resume=$RUN with RUN unset: not the working folder
+        raise UserError("resume= is empty; give a run dir (e.g. outputs/<date>/<time>), a .pt file or auto, or leave "
+                        "resume out for a new run")
     path = Path(resume).expanduser()
     if path.is_dir():
         if (path / BEST).is_file() and not (path / LAST).is_file():

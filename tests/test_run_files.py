@@ -23,6 +23,18 @@ def test_resolve_checkpoint_prefers_best_in_a_run_dir(tmp_path):
         resolve_checkpoint(str(empty))
 
 
+def test_an_empty_run_or_resume_is_refused_not_read_as_the_working_folder(tmp_path, monkeypatch):
+    small_checkpoint(tmp_path, "ckpt_last.pt")  # run=$RUN with RUN unset, typed inside a run dir
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", " "):
+        with pytest.raises(UserError, match="^" + re.escape("run= is empty; give a run dir (e.g. outputs/<date>/<time>), "
+                                                            "a .pt file, or latest") + "$"):
+            resolve_checkpoint(empty)
+        with pytest.raises(UserError, match="^" + re.escape("resume= is empty;")):
+            resolve_resume(empty)
+    assert str(resolve_checkpoint(".")) == "ckpt_last.pt"  # "." is the working folder, as given
+
+
 def test_a_sweeps_folder_given_as_a_run_names_the_run_dirs_inside_it(tmp_path):
     sweep = tmp_path / "multirun" / "2026-01-01" / "12-00-00"  # one run dir per value: 0, 1, ..., 10
     for name in ("10", "0", "1"):
