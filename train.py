@@ -149,7 +149,7 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
             if checkpoint.optimizer is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds no optimizer state, which an exact resume "
                                 "needs; resume from a checkpoint train.py saved, as it saved it")
-        if cfg.init_from and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
+        if cfg.init_from is not None and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
             weights, changes = pretrained_config(cfg, overrides)
         validate_train_config(cfg, new_model=checkpoint is None)
         spec = run_spec(cfg, weights, checkpoint.run_state["text_key"] if checkpoint else None)

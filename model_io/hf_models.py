@@ -394,6 +394,9 @@ def resolve_pretrained(name_or_folder: str | Path, cache_dir: Path | None = None
     huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE respected) and the folder they are in."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id  # the Hub's library only when needed
 
+    if not str(name_or_folder).strip():  # init_from=$FOLDER with FOLDER unset: not the working folder
+        raise UserError("init_from= is empty; give a Hugging Face folder or a Hub repo id (like gpt2), or leave "
+                        "init_from out to train from scratch")
     folder = Path(name_or_folder).expanduser()
     try:
         validate_repo_id(str(name_or_folder))

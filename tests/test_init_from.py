@@ -113,6 +113,14 @@ def test_a_choice_that_contradicts_the_weights_is_one_line_and_writes_nothing(gp
     assert not (tmp_path / "run").exists()
 
 
+def test_an_empty_init_from_is_one_line_not_a_run_from_scratch(tmp_path):
+    result = run_cli("train.py", "init_from=", "hydra.run.dir=run", cwd=tmp_path)  # init_from=$FOLDER with FOLDER unset
+    assert result.returncode == 2 and result.stderr.strip() == ("error: init_from= is empty; give a Hugging Face folder "
+                                                                "or a Hub repo id (like gpt2), or leave init_from out to "
+                                                                "train from scratch")
+    assert not (tmp_path / "run").exists()
+
+
 def test_without_the_hub_init_from_gpt2_fails_at_once_saying_how_to_get_the_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1; no test needs the network
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
