@@ -78,7 +78,7 @@ def move_to_huge_pages(model: nn.Module) -> bool:
     the CPU, two views of one memory or a tensor that is not dense, nor where the mapping is
     refused (an address-space limit): the weights then stay where they are. Moving the model to
     another device or dtype later puts its weights in ordinary memory again."""
-    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.numel() > 0]  # a tied weight once
+    tensors = weight_tensors(model)
     spans = [padded(t.nbytes) for t in tensors]
     if sum(spans) < SMALLEST_MODEL or not huge_pages_possible() or not all(map(movable, tensors)):
         return False
@@ -97,6 +97,11 @@ def move_to_huge_pages(model: nn.Module) -> bool:
             release_freed_memory()
             start += span
     return True
+
+
+def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """model's parameters and buffers that hold elements, a tied weight once: what a move places."""
+    return [t for t in [*model.parameters(), *model.buffers()] if t.numel() > 0]
 
 
 def movable(tensor: torch.Tensor) -> bool:

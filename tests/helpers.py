@@ -329,9 +329,9 @@ def huge_page_bytes(tensor: torch.Tensor) -> int:
 def moved_to_huge_pages(model: nn.Module) -> bool:
     """Whether model's weights are as move_to_huge_pages leaves them: packed one after another
     from the start of a huge page (torch's own allocator starts none there)."""
-    from runtime.huge_pages import HUGE_PAGE, padded
+    from runtime.huge_pages import HUGE_PAGE, padded, weight_tensors
 
-    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.numel() > 0]
+    tensors = weight_tensors(model)
     first = min(t.data_ptr() for t in tensors)
     end = max(t.data_ptr() + t.nbytes for t in tensors)
     return first % HUGE_PAGE == 0 and end - first <= sum(padded(t.nbytes) for t in tensors)

@@ -11,7 +11,7 @@ from tests.helpers import NO_PROBES, assert_one_error_line, logged_losses, run_c
 pytestmark = pytest.mark.compile  # torch.compile of a training run and of the decode step
 
 
-# One layer of the default model (rotary positions, QK-norm, the smear, ReLU²): each kernel Inductor
+# One layer of the default model (rotary positions, QK-norm, RMSNorm, SwiGLU): each kernel Inductor
 # writes is a C++ compile of about 2 s on a 2-core CPU, and a second layer of the same operations adds
 # 6 kernels (34 rather than 28) and 10 to 15 s to the test.
 ONE_LAYER = {**NO_PROBES, "model.n_layer": 1}
