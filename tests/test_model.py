@@ -91,6 +91,36 @@ def test_every_eager_generation_step_leaves_cudnns_attention_out_and_gives_it_ba
     assert torch.backends.cuda.cudnn_sdp_enabled()  # training and everything else keep PyTorch's choice
 
 
+@pytest.mark.parametrize(("dtype", "rows", "one_row_onednn"), [(torch.bfloat16, 1, False), (torch.bfloat16, 2, True),
+                                                            (torch.float32, 1, True)],
+                         ids=["bf16, one row", "bf16, two rows", "fp32, one row"])
+def test_a_bfloat16_step_of_one_row_runs_without_onednn_and_every_other_step_with_it(dtype, rows, one_row_onednn):
+    # One bfloat16 row reads its weights twice as fast in torch's own loop as in oneDNN's
+    # (model/generation.py); prompts and several rows are faster in oneDNN's. The switch is process-wide.
+    model, allowed = tiny_gpt(block_size=8).to(dtype), []
+    model.register_forward_pre_hook(lambda module, args: allowed.append((args[0].shape[1], torch.backends.mkldnn.enabled)))
+    assert torch.backends.mkldnn.enabled
+    generate_tokens(model, torch.zeros(rows, 3, dtype=torch.long), max_new_tokens=10, temperature=0.0)
+    # The prompt, one token at a time until the cache holds 8, then 6 (3/4 of 8) again.
+    assert allowed == [(n, n > 1 or one_row_onednn) for n in (3, 1, 1, 1, 1, 1, 6, 1, 1, 6)]
+    assert torch.backends.mkldnn.enabled  # training, the tab and everything else keep it
+
+
+def test_onednn_comes_back_when_a_one_row_step_is_interrupted():
+    model = tiny_gpt(block_size=8).to(torch.bfloat16)
+    steps = []
+
+    def interrupt_the_third(module, args):
+        steps.append(torch.backends.mkldnn.enabled)
+        if len(steps) == 3:
+            raise KeyboardInterrupt  # Ctrl-C inside sample.py's step
+
+    model.register_forward_pre_hook(interrupt_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        generate_tokens(model, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=10, temperature=0.0)
+    assert steps == [True, False, False] and torch.backends.mkldnn.enabled
+
+
 def test_last_only_gives_the_last_positions_logits_of_the_whole_forward():
     model, idx = tiny_gpt(), torch.randint(0, 64, (2, 10))
     with torch.no_grad(), eval_mode(model):
