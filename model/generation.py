@@ -42,12 +42,10 @@ GROWING_SHAPE_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENT
 
 @contextmanager
 def one_bfloat16_row_without_onednn(model: GPT, rows: int) -> Iterator[None]:
-    """Inside, when the step computes one row (rows == 1) with bfloat16 weights on a CPU, torch's
-    oneDNN is off: F.linear of one bfloat16 row then runs torch's own matrix-vector loop, which
-    streams the weight at about the memory's read rate, twice oneDNN's (GPT-2 small decoded 1.8x to
-    1.95x faster, the same tokens: docs/speed.md). Several rows (a prompt, several samples) keep
-    oneDNN, much faster there. The switch is torch's, for the whole process: a thread computing
-    beside this one meanwhile would run without oneDNN too."""
+    """oneDNN off inside, for a step whose matmuls have one row (rows == 1) of bfloat16 on a CPU:
+    torch's own matrix-vector loop then reads the weights from memory about twice as fast (GPT-2
+    small decoded about 1.9x faster, the same tokens: docs/speed.md). More rows keep oneDNN, faster
+    there. The switch is process-wide: a thread computing meanwhile runs without oneDNN too."""
     weight = model.lm_head.weight
     if rows != 1 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not torch.backends.mkldnn.enabled:
         yield
@@ -77,8 +75,7 @@ def lay_out_for_decoding(model: GPT) -> None:
     Why: eager decoding spends most of a token in one-row matmuls x (1, in) @ W.T, which read every
     weight once, and MKL's float32 call reads (in, out) much faster than (out, in) (docs/speed.md,
     with the figures). bfloat16 weights stay as they are: torch's loop for one bfloat16 row
-    (one_bfloat16_row_without_onednn) reads (out, in) far faster than (in, out), and oneDNN's call for
-    several rows a little faster.
+    (one_bfloat16_row_without_onednn) reads (out, in) far faster than (in, out), and oneDNN a little faster.
 
     Done once, in place: no second copy is kept. For a model that only generates, eagerly, on a CPU
     (sample.py with compile=false): not for one that trains or is saved again (safetensors refuses
@@ -166,7 +163,7 @@ def eager_step(model: GPT, tokens: torch.Tensor, start: int, end: int, caches: C
             caches = model.new_caches()
             logits, _ = model(tokens[:, start:end], caches=caches, last_only=True)  # (B, 1, vocab_size), filling the caches
         else:
-            with one_bfloat16_row_without_onednn(model, rows=len(tokens)):
+            with one_bfloat16_row_without_onednn(model, rows=len(tokens)):  # one matmul row per sample
                 logits, _ = model(tokens[:, end - 1 : end], caches=caches)  # (B, 1, vocab_size): the newest token alone
     next_logits = logits[:, -1, :]  # (B, vocab_size)
     if not torch.isfinite(next_logits).all():

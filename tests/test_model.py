@@ -94,20 +94,22 @@ def test_every_eager_generation_step_leaves_cudnns_attention_out_and_gives_it_ba
 @pytest.mark.parametrize(("dtype", "rows", "one_row_onednn"), [(torch.bfloat16, 1, False), (torch.bfloat16, 2, True),
                                                             (torch.float32, 1, True)],
                          ids=["bf16, one row", "bf16, two rows", "fp32, one row"])
-def test_a_bfloat16_step_of_one_row_runs_without_onednn_and_every_other_step_with_it(dtype, rows, one_row_onednn):
+def test_a_bfloat16_step_of_one_row_runs_without_onednn_and_every_other_step_with_it(dtype, rows, one_row_onednn,
+                                                                                          monkeypatch):
     # One bfloat16 row reads its weights twice as fast in torch's own loop as in oneDNN's
     # (model/generation.py); prompts and several rows are faster in oneDNN's. The switch is process-wide.
     model, allowed = tiny_gpt(block_size=8).to(dtype), []
     model.register_forward_pre_hook(lambda module, args: allowed.append((args[0].shape[1], torch.backends.mkldnn.enabled)))
-    assert torch.backends.mkldnn.enabled
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)  # as torch starts; and put back after a failure
     generate_tokens(model, torch.zeros(rows, 3, dtype=torch.long), max_new_tokens=10, temperature=0.0)
     # The prompt, one token at a time until the cache holds 8, then 6 (3/4 of 8) again.
     assert allowed == [(n, n > 1 or one_row_onednn) for n in (3, 1, 1, 1, 1, 1, 6, 1, 1, 6)]
     assert torch.backends.mkldnn.enabled  # training, the tab and everything else keep it
 
 
-def test_onednn_comes_back_when_a_one_row_step_is_interrupted():
+def test_onednn_comes_back_when_a_one_row_step_is_interrupted(monkeypatch):
     model = tiny_gpt(block_size=8).to(torch.bfloat16)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
     steps = []
 
     def interrupt_the_third(module, args):
@@ -119,6 +121,14 @@ def test_onednn_comes_back_when_a_one_row_step_is_interrupted():
     with pytest.raises(KeyboardInterrupt):
         generate_tokens(model, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=10, temperature=0.0)
     assert steps == [True, False, False] and torch.backends.mkldnn.enabled
+
+
+def test_onednn_switched_off_by_the_user_stays_off_through_generation(monkeypatch):
+    model, allowed = tiny_gpt(block_size=8).to(torch.bfloat16), []
+    model.register_forward_pre_hook(lambda module, args: allowed.append(torch.backends.mkldnn.enabled))
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    generate_tokens(model, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=4, temperature=0.0)
+    assert allowed == [False] * 4 and not torch.backends.mkldnn.enabled  # not turned on at a step's end
 
 
 def test_last_only_gives_the_last_positions_logits_of_the_whole_forward():
@@ -328,7 +338,7 @@ def test_weights_laid_out_for_decoding_keep_names_values_and_tying_and_sample_th
 def test_laying_out_for_decoding_leaves_bf16_weights_and_an_already_laid_out_model_as_they_are():
     bf16 = tiny_gpt().to(torch.bfloat16)
     lay_out_for_decoding(bf16)
-    assert all(parameter.is_contiguous() for parameter in bf16.parameters())  # oneDNN's bf16 reads (out, in) faster
+    assert all(parameter.is_contiguous() for parameter in bf16.parameters())  # one bf16 row's loop reads (out, in) faster
     model = tiny_gpt()
     lay_out_for_decoding(model)
     storage = model.lm_head.weight.data_ptr()
