@@ -260,26 +260,30 @@ class HookedModel(nn.Module):
 class ActivationCache(Mapping[str, torch.Tensor]):
     """The activations one forward passed through its hook points, by name.
 
-    cache["blocks.0.attn.hook_pattern"], or by TransformerLens's short form cache["pattern", 0];
-    cache["embed"] for the points outside the blocks."""
+    cache["blocks.0.attn.hook_pattern"], or by TransformerLens's short forms cache["pattern", 0] and,
+    for a name that two parts of a block have, cache["scale", 0, "ln2"]; cache["embed"] for the
+    points outside the blocks."""
 
     def __init__(self, activations: dict[str, torch.Tensor], model: HookedModel) -> None:
         self.activations = activations
         self.model = model
 
-    def name_of(self, key: str | tuple[str, int]) -> str:
-        """The full name of a key: a full name stays; ("pattern", 0) -> "blocks.0.attn.hook_pattern";
-        "embed" -> "hook_embed"."""
+    def name_of(self, key: str | tuple[str, int] | tuple[str, int, str]) -> str:
+        """The full name of a key: a full name stays; ("pattern", 0) -> "blocks.0.attn.hook_pattern"
+        (the first part of the block that has the name: ("scale", 0) is ln1's); ("scale", 0, "ln2")
+        -> "blocks.0.ln2.hook_scale"; "embed" -> "hook_embed"."""
         known = self.model.hook_dict
-        short, layer = (key, None) if isinstance(key, str) else key
+        short, layer, part = self.parts_of(key)
         if layer is None and short in known:
             return short
         short = SHORT_NAMES.get(short, short)
         if layer is None:
-            candidates = [key, f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
+            candidates = [short, f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
         else:
             n_layer = len(self.model.blocks)
             try:
+                if isinstance(layer, bool):
+                    raise TypeError  # True would be layer 1
                 layer = operator.index(layer)  # an int, numpy's or torch's too; not "1" or 1.0
             except TypeError:
                 raise KeyError(f"layer {layer!r} of {key!r} is not a whole number: give it as an int, e.g. "
@@ -288,13 +292,29 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                 raise KeyError(f"layer {layer} of {key!r} is not in this model: its {n_layer} layers are 0 to "
                                f"{n_layer - 1} (or -{n_layer} to -1 from the end)")
             layer = layer % n_layer
-            candidates = [f"blocks.{layer}.{part}hook_{short}" for part in ("", "attn.", "mlp.", "ln1.", "ln2.")]
+            prefixes = ("", "attn.", "mlp.", "ln1.", "ln2.") if part is None else (BLOCK_PARTS[part],)
+            candidates = [f"blocks.{layer}.{prefix}hook_{short}" for prefix in prefixes]
         for name in candidates:
             if name in known:
                 return name
         raise KeyError(f"no hook point for {key!r} in this model: {why_missing(candidates, known)}")
 
-    def __getitem__(self, key: str | tuple[str, int]) -> torch.Tensor:
+    @staticmethod
+    def parts_of(key: object) -> tuple[str, object, str | None]:
+        """(name, layer or None, part of the block or None) of a key in one of the forms name_of
+        takes; KeyError naming those forms for anything else."""
+        if isinstance(key, str):
+            return key, None, None
+        if isinstance(key, tuple) and len(key) in (2, 3) and isinstance(key[0], str):
+            part = key[2] if len(key) == 3 else None
+            if part is None or (isinstance(part, str) and part in BLOCK_PARTS and key[1] is not None):
+                return key[0], key[1], part
+            raise KeyError(f"the part of a block in {key!r} is attn, mlp, ln1, ln2 or block (or TransformerLens's "
+                           f"a, attention, m, b, blocks), after a layer: e.g. ('scale', 0, 'ln2')")
+        raise KeyError(f"a cache's key is a name, (name, layer) or (name, layer, part of the block), e.g. "
+                       f"'blocks.0.ln2.hook_scale', ('scale', 0) or ('scale', 0, 'ln2'); not {key!r}")
+
+    def __getitem__(self, key: str | tuple[str, int] | tuple[str, int, str]) -> torch.Tensor:
         name = self.name_of(key)
         if name not in self.activations:
             kept = ", ".join(self.activations) if len(self.activations) <= 8 else (
@@ -334,4 +354,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
 
 
 # TransformerLens's short forms that are not the end of a hook's name.
-SHORT_NAMES = {"attn": "pattern", "scores": "attn_scores"}
+SHORT_NAMES = {"attn": "pattern", "scores": "attn_scores", "attn_logits": "attn_scores", "query": "q", "key": "k",
+               "value": "v", "mlp_pre": "pre", "mlp_post": "post"}
+# The third part of a key such as ("scale", 0, "ln2"), TransformerLens's spellings too: where in block
+# `layer` the name is.
+BLOCK_PARTS = {"attn": "attn.", "a": "attn.", "attention": "attn.", "mlp": "mlp.", "m": "mlp.", "ln1": "ln1.",
+               "ln2": "ln2.", "block": "", "blocks": "", "b": ""}

@@ -178,6 +178,22 @@ def test_a_cache_refuses_a_layer_the_model_lacks_counting_from_either_end():
             cache["pattern", layer]
 
 
+def test_a_cache_key_of_another_form_says_which_forms_there_are():
+    model = tiny_gpt()
+    _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long))
+    assert cache["scale", 1, "ln2"] is cache["blocks.1.ln2.hook_scale"] is not cache["scale", 1]  # ("scale", 1): ln1's
+    forms = "a cache's key is a name, (name, layer) or (name, layer, part of the block), e.g. 'blocks.0.ln2.hook_scale'"
+    for key in [("pattern",), ("pattern", 0, "attn", 1), 5, (0, "pattern")]:  # once a ValueError from unpacking
+        with pytest.raises(KeyError, match=re.escape(forms)):
+            cache[key]
+    parts = "is attn, mlp, ln1, ln2 or block (or TransformerLens's a, attention, m, b, blocks), after a layer"
+    for key in [("scale", 0, "ln3"), ("scale", None, "ln2"), ("scale", 0, 2)]:
+        with pytest.raises(KeyError, match=re.escape(f"the part of a block in {key!r} {parts}")):
+            cache[key]
+    with pytest.raises(KeyError, match=re.escape("layer True of ('pattern', True) is not a whole number")):
+        cache["pattern", True]  # once layer 1, as knock_out refuses it
+
+
 def test_a_layer_given_as_text_and_one_pair_not_in_a_list_are_one_line_each():
     model = tiny_gpt()
     _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long))

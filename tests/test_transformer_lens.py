@@ -46,6 +46,23 @@ def test_the_hook_points_hold_transformer_lens_activations_under_the_same_names(
                                atol=1e-5, rtol=1e-5)
 
 
+# TransformerLens's short keys: (name, layer), and (name, layer, part) where two parts of a block
+# have the name, with its aliases for names and parts.
+SHORT_KEYS = [("scale", 0, "ln1"), ("scale", 1, "ln2"), ("normalized", 0, "ln2"), ("pattern", 1), ("attn", 0),
+              ("pattern", 0, "a"), ("z", 1, "attn"), ("key", 0), ("query", 1), ("value", 0), ("post", 1, "m"),
+              ("mlp_post", 0), ("resid_pre", 1, "b"), ("resid_post", 0, "block"), ("attn_out", 1), ("q", -1)]
+
+
+def test_a_short_key_finds_in_our_cache_what_it_finds_in_transformer_lenss(both):
+    ours, bridge, tokens = both
+    with torch.no_grad():
+        _, our_cache = ours.run_with_cache(tokens)
+        _, their_cache = bridge.run_with_cache(tokens)
+    for key in SHORT_KEYS:
+        torch.testing.assert_close(our_cache[key], their_cache[key], atol=1e-5, rtol=1e-5, msg=str(key))
+    assert our_cache.name_of(("scale", 1, "ln2")) == "blocks.1.ln2.hook_scale"  # and not ln1's, which ("scale", 1) gives
+
+
 def test_a_head_zeroed_through_hook_z_costs_the_same_loss_in_both(both):
     ours, bridge, tokens = both
 
