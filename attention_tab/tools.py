@@ -138,7 +138,8 @@ def patch_example(run: str, loaded: LoadedModel) -> dict:
     """The prompts the patching tool starts from, in words the run's tokenizer reads: the name swap
     of inspection/name_swap.py (its stories' sentence, with the first two of their names that
     are one token each): run, checkpoint, step, and clean, corrupted, token, other as text; or,
-    where the tokenizer has no such names, those four null and `why` saying so (the page asks on
+    where the tokenizer has no such names or the model's block_size cannot hold the sentence, those
+    four null and `why` saying so (the page asks on
     its own for every run: no example is an answer, not a bad request)."""
     try:
         names = one_token_names(loaded.tokenizer)[:2]
@@ -149,7 +150,8 @@ def patch_example(run: str, loaded: LoadedModel) -> dict:
             raise UserError("this run's tokenizer makes no two of the stories' names one token each: type two prompts of "
                             "your own")
         answer, other = names
-        name_swap(loaded.tokenizer, answer, other)  # UserError when the swapped prompt has another length
+        # UserError when the swapped prompt has another length, or does not fit in the model's block_size
+        name_swap(loaded.tokenizer, answer, other, block_size=loaded.model.config.block_size)
     except UserError as err:
         return {**checkpoint_fields(run, loaded), "clean": None, "corrupted": None, "token": None, "other": None,
                 "why": str(err)}

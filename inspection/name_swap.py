@@ -41,9 +41,11 @@ def one_token_names(tokenizer: Tokenizer, names: Iterable[str] = FEMALE_NAMES) -
     return [name for name in names if len(encoded_if_writable(tokenizer, " " + name)) == 1]
 
 
-def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY) -> NameSwap:
+def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY,
+              block_size: int | None = None) -> NameSwap:
     """The clean prompt (template with answer and other) and the corrupted one (the names swapped),
-    as token ids after the start token (<|endoftext|>); UserError unless each name is one token."""
+    as token ids after the start token (<|endoftext|>); UserError unless each name is one token, and
+    unless the prompt fits in block_size tokens where the model's is given."""
     for name in (answer, other):
         if not name.strip():
             raise UserError(f"a name is {name!r}: give two names, each one token for this run's tokenizer")
@@ -63,5 +65,8 @@ def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1
     if len(clean) != len(corrupted):
         raise UserError(f"the prompt is {len(clean)} tokens with the names one way round and {len(corrupted)} the other: "
                         "patching needs prompts of the same length; pick names that are one token each")
+    if block_size is not None and len(clean) > block_size:
+        raise UserError(f"the name swap's prompt is {len(clean) - 1} tokens after the start token, and this model reads "
+                        f"at most {block_size - 1} (its block_size is {block_size}): type two shorter prompts of your own")
     ids = [tokenizer.encode(" " + name)[0] for name in (answer, other)]
     return NameSwap(torch.tensor([clean]), torch.tensor([corrupted]), *ids, tokenizer.token_strings(clean))

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from tiktoken_ext.openai_public import r50k_pat_str
@@ -25,6 +26,8 @@ from tokenizers import (
 from tokenizers import Tokenizer as HFTokenizer
 from transformers import AutoTokenizer, GPT2Tokenizer, PreTrainedTokenizerFast
 
+from attention_tab.live_model import LoadedModel
+from attention_tab.tools import patch_example
 from data.bpe import GPT2_PATTERN, N_BYTES
 from data.hf_tokenizer import (
     LLAMA3_PATTERN,
@@ -553,6 +556,21 @@ def test_the_inspection_tools_start_each_text_with_the_start_token(family_tokeni
     assert swap.clean[0, 0] == swap.corrupted[0, 0] == bos
     probe = RecallProbe.build(tokenizer, block_size=64, seed=1, max_windows=1)
     assert probe.windows[0, 0] == bos and probe.targets  # the first window starts a story
+
+
+def test_a_name_swap_longer_than_the_models_block_size_is_one_line_and_the_tab_offers_no_example(family_tokenizers):
+    tokenizer = family_tokenizers["llama3"]
+    names = one_token_names(tokenizer)[:2]
+    fits = name_swap(tokenizer, *names).clean.shape[1]  # the start token and the story's sentence
+    assert name_swap(tokenizer, *names, block_size=fits).clean.shape == (1, fits)
+    too_short = f"the name swap's prompt is {fits - 1} tokens after the start token, and this model reads at most {fits - 2} "
+    with pytest.raises(UserError, match="^" + re.escape(too_short + f"(its block_size is {fits - 1}): type two shorter prompts")):
+        name_swap(tokenizer, *names, block_size=fits - 1)
+    # The tab's patching tool then fills in no example (its Patch would be refused), and says why.
+    for block_size, why in ((fits, None), (fits - 1, too_short)):
+        loaded = LoadedModel(tiny_gpt(block_size=block_size), tokenizer, Path("ckpt_best.pt"), 0, (0, 0), 0)
+        example = patch_example("run", loaded)
+        assert (example["clean"] is None) == (why is not None) and (example["why"] or "").startswith(why or ""), example
 
 
 @pytest.mark.parametrize("name", ["llama3", "tinyllama"])
