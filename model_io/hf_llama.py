@@ -166,9 +166,10 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
     theta = rope.get("rope_theta", hf.get("rope_theta", ROPE_THETA))
     if not is_number(theta) or theta <= 0:
         raise refuse("rope_theta", theta, "the rotary base must be a positive number, e.g. 10000.0")
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    field = "rope_type" if "rope_type" in rope else "type"  # transformers 4 wrote "type": named as the file has it
+    rope_type = rope.get(field, "default")
     if rope_type not in ("default", "llama3"):
-        raise refuse(f"{key}.rope_type", rope_type, 'this project\'s rotary positions take no scaling ("default") '
+        raise refuse(f"{key}.{field}", rope_type, 'this project\'s rotary positions take no scaling ("default") '
                                                     'or Llama 3.1\'s ("llama3")')
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise refuse(f"{key}.partial_rotary_factor", rope["partial_rotary_factor"], "this project turns every dim of a head")

@@ -232,7 +232,7 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
 @pytest.mark.parametrize(("model_type", "change", "words"), [
     ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
      'rope_parameters.rope_type="dynamic": this project\'s rotary positions take no scaling ("default") or Llama 3.1\'s'),
-    ("llama", {"rope_parameters": None, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 'rope_scaling.rope_type="yarn"'),
+    ("llama", {"rope_parameters": None, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 'rope_scaling.type="yarn"'),
     ("llama", {"attention_bias": True}, "attention_bias=true: this project reads Llama and Qwen3 without biases"),
     ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu": this project\'s SwiGLU MLP gates with SiLU (silu)'),
     ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "layer_types": None},
