@@ -10,7 +10,7 @@ from torch import nn
 from model import GPT, eval_mode
 from model.generation import generate_text, generate_tokens, lay_out_for_decoding
 from model.gpt import ReLUSquared, relu_squared
-from model.sampling import filter_logits
+from model.sampling import choose_next_token, filter_logits
 from tests.helpers import ARCHITECTURE_OPTIONS, previous_token_copier, tiny_gpt
 
 
@@ -223,6 +223,17 @@ def test_generating_from_diverged_weights_raises_floating_point_error_instead_of
         model.lm_head.weight.fill_(float("nan"))
     with pytest.raises(FloatingPointError, match="NaN or inf: its weights have diverged"):
         generate_tokens(model, torch.zeros(1, 2, dtype=torch.long), 3, temperature=0)
+
+
+def test_greedy_takes_the_first_of_tied_likeliest_tokens_in_each_row_at_every_precision():
+    logits = torch.tensor([[0.5, 2.0, 1.0, 2.0], [3.0, -1.0, 3.0, 3.0]])  # ties at 1 and 3; at 0, 2 and 3
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        chosen = choose_next_token(logits.to(dtype), temperature=0, top_k=None, top_p=None, uniform=None)
+        assert chosen.tolist() == [[1], [0]], dtype
+    # 1.0 and 1.0078125 (1 + 2**-7) are one bfloat16 step apart: still told apart.
+    # And bfloat16's range is float32's: 8e4 beats 7e4, though float16 would make both inf.
+    close = torch.tensor([[1.0, 1.0078125, 1.0], [7e4, 8e4, -7e4]], dtype=torch.bfloat16)
+    assert choose_next_token(close, temperature=0, top_k=None, top_p=None, uniform=None).tolist() == [[1], [1]]
 
 
 def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
