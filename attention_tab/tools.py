@@ -139,8 +139,8 @@ def patch_example(run: str, loaded: LoadedModel) -> dict:
     of inspection/name_swap.py (its stories' sentence, with the first two of their names that
     are one token each): run, checkpoint, step, and clean, corrupted, token, other as text; or,
     where the tokenizer has no such names or the model's block_size cannot hold the sentence, those
-    four null and `why` saying so (the page asks on
-    its own for every run: no example is an answer, not a bad request)."""
+    four null and `why` saying so (the page asks on its own for every run: no example is an answer,
+    not a bad request)."""
     try:
         names = one_token_names(loaded.tokenizer)[:2]
     except UserError:  # a tokenizer without a space (a character one): no name is a word of its own

@@ -67,6 +67,7 @@ def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1
                         "patching needs prompts of the same length; pick names that are one token each")
     if block_size is not None and len(clean) > block_size:
         raise UserError(f"the name swap's prompt is {len(clean) - 1} tokens after the start token, and this model reads "
-                        f"at most {block_size - 1} (its block_size is {block_size}): type two shorter prompts of your own")
+                        f"at most {block_size - 1} (its block_size is {block_size}): use shorter prompts (a template of your own, or "
+                        "two typed in the Attention tab)")
     ids = [tokenizer.encode(" " + name)[0] for name in (answer, other)]
     return NameSwap(torch.tensor([clean]), torch.tensor([corrupted]), *ids, tokenizer.token_strings(clean))

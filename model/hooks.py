@@ -271,7 +271,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     def name_of(self, key: str | tuple[str, int] | tuple[str, int, str]) -> str:
         """The full name of a key: a full name stays; ("pattern", 0) -> "blocks.0.attn.hook_pattern"
         (the first part of the block that has the name: ("scale", 0) is ln1's); ("scale", 0, "ln2")
-        -> "blocks.0.ln2.hook_scale"; "embed" -> "hook_embed"."""
+        -> "blocks.0.ln2.hook_scale" (a part that lacks the name is refused, where TransformerLens
+        would take the name's own part); "embed" -> "hook_embed"."""
         known = self.model.hook_dict
         short, layer, part = self.parts_of(key)
         if layer is None and short in known:
@@ -282,7 +283,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         else:
             n_layer = len(self.model.blocks)
             try:
-                if isinstance(layer, bool):
+                if isinstance(layer, bool) or getattr(layer, "dtype", None) == torch.bool:
                     raise TypeError  # True would be layer 1
                 layer = operator.index(layer)  # an int, numpy's or torch's too; not "1" or 1.0
             except TypeError:
@@ -305,12 +306,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         takes; KeyError naming those forms for anything else."""
         if isinstance(key, str):
             return key, None, None
-        if isinstance(key, tuple) and len(key) in (2, 3) and isinstance(key[0], str):
+        if isinstance(key, (tuple, list)) and len(key) in (2, 3) and isinstance(key[0], str):
             part = key[2] if len(key) == 3 else None
-            if part is None or (isinstance(part, str) and part in BLOCK_PARTS and key[1] is not None):
-                return key[0], key[1], part
-            raise KeyError(f"the part of a block in {key!r} is attn, mlp, ln1, ln2 or block (or TransformerLens's "
-                           f"a, attention, m, b, blocks), after a layer: e.g. ('scale', 0, 'ln2')")
+            if part is not None and not (isinstance(part, str) and part in BLOCK_PARTS):
+                raise KeyError(f"the part of a block in {key!r} is attn, mlp, ln1, ln2 or block (or TransformerLens's "
+                               f"a, attention, m, b, blocks): e.g. ('scale', 0, 'ln2')")
+            if part is not None and key[1] is None:
+                raise KeyError(f"{key!r} names a part of a block but no layer: give one, e.g. ({key[0]!r}, 0, {part!r})")
+            return key[0], key[1], part
         raise KeyError(f"a cache's key is a name, (name, layer) or (name, layer, part of the block), e.g. "
                        f"'blocks.0.ln2.hook_scale', ('scale', 0) or ('scale', 0, 'ln2'); not {key!r}")
 

@@ -166,7 +166,7 @@ def rope_settings(hf: dict[str, Any], refuse: Refuse) -> tuple[float, dict[str, 
     theta = rope.get("rope_theta", hf.get("rope_theta", ROPE_THETA))
     if not is_number(theta) or theta <= 0:
         raise refuse("rope_theta", theta, "the rotary base must be a positive number, e.g. 10000.0")
-    field = "rope_type" if "rope_type" in rope else "type"  # transformers 4 wrote "type": named as the file has it
+    field = "rope_type" if "rope_type" in rope else "type"  # early transformers 4 wrote only "type": named as the file has it
     rope_type = rope.get(field, "default")
     if rope_type not in ("default", "llama3"):
         raise refuse(f"{key}.{field}", rope_type, 'this project\'s rotary positions take no scaling ("default") '

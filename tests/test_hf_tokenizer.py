@@ -564,7 +564,7 @@ def test_a_name_swap_longer_than_the_models_block_size_is_one_line_and_the_tab_o
     fits = name_swap(tokenizer, *names).clean.shape[1]  # the start token and the story's sentence
     assert name_swap(tokenizer, *names, block_size=fits).clean.shape == (1, fits)
     too_short = f"the name swap's prompt is {fits - 1} tokens after the start token, and this model reads at most {fits - 2} "
-    with pytest.raises(UserError, match="^" + re.escape(too_short + f"(its block_size is {fits - 1}): type two shorter prompts")):
+    with pytest.raises(UserError, match="^" + re.escape(too_short + f"(its block_size is {fits - 1}): use shorter prompts")):
         name_swap(tokenizer, *names, block_size=fits - 1)
     # The tab's patching tool then fills in no example (its Patch would be refused), and says why.
     for block_size, why in ((fits, None), (fits - 1, too_short)):

@@ -186,12 +186,16 @@ def test_a_cache_key_of_another_form_says_which_forms_there_are():
     for key in [("pattern",), ("pattern", 0, "attn", 1), 5, (0, "pattern")]:  # once a ValueError from unpacking
         with pytest.raises(KeyError, match=re.escape(forms)):
             cache[key]
-    parts = "is attn, mlp, ln1, ln2 or block (or TransformerLens's a, attention, m, b, blocks), after a layer"
-    for key in [("scale", 0, "ln3"), ("scale", None, "ln2"), ("scale", 0, 2)]:
+    parts = "is attn, mlp, ln1, ln2 or block (or TransformerLens's a, attention, m, b, blocks): e.g. ('scale', 0, 'ln2')"
+    for key in [("scale", 0, "ln3"), ("scale", 0, 2)]:
         with pytest.raises(KeyError, match=re.escape(f"the part of a block in {key!r} {parts}")):
             cache[key]
-    with pytest.raises(KeyError, match=re.escape("layer True of ('pattern', True) is not a whole number")):
-        cache["pattern", True]  # once layer 1, as knock_out refuses it
+    with pytest.raises(KeyError, match=re.escape("('scale', None, 'ln2') names a part of a block but no layer: give one, "
+                                                 "e.g. ('scale', 0, 'ln2')")):
+        cache["scale", None, "ln2"]
+    for true in (True, torch.tensor(True)):  # once layer 1, as knock_out refuses it
+        with pytest.raises(KeyError, match=re.escape(f"layer {true!r} of ('pattern', {true!r}) is not a whole number")):
+            cache["pattern", true]
 
 
 def test_a_layer_given_as_text_and_one_pair_not_in_a_list_are_one_line_each():
