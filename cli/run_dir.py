@@ -8,10 +8,12 @@ in .hydra/resumed-<time>/) and train.log, which also gets the lines logged befor
 
 import atexit
 import logging
+import os
 import time
 from logging.handlers import MemoryHandler
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from cli.errors import path_error_line
@@ -39,6 +41,7 @@ def claimed(fresh_dir: str) -> str:
     train.py train.seed=$s & done`, never share a run dir, where each would overwrite the other's
     checkpoints."""
     path, n = Path(fresh_dir), 1
+    existed = deepest_existing(absolute(path).parent)  # (path itself may be another run's: then this run's is path_2)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         while True:
@@ -52,8 +55,36 @@ def claimed(fresh_dir: str) -> str:
         raise UserError(path_error_line(err)) from None
     # A command that ends with it still empty (`--cfg all --resolve` works the folder out and
     # runs nothing) takes it back, as a refused run does (RunRecord.close).
-    atexit.register(take_back_empty_folders, path.absolute(), Path.cwd())
+    EXISTED_BEFORE[absolute(path)] = existed
+    atexit.register(take_back_empty_folders, absolute(path))
     return str(path)
+
+
+# For each run dir of this process, the deepest of its folders that existed before the run: the ones
+# below it were made for the run, and a run that writes nothing takes them back (take_back_empty_folders).
+EXISTED_BEFORE: dict[Path, Path] = {}
+
+
+def absolute(folder: str | Path) -> Path:
+    """folder from the root, with any .. worked out (as Hydra writes hydra.runtime.output_dir)."""
+    return Path(os.path.abspath(folder))
+
+
+def deepest_existing(folder: Path) -> Path:
+    """folder itself if it exists, else its nearest parent that does."""
+    return next(path for path in [folder, *folder.parents] if path.is_dir())
+
+
+class NoteGivenRunDir(Callback):
+    """Before Hydra makes a hydra.run.dir given on the command line (with any missing parents), notes
+    which of its folders already exist (configs/train.yaml, hydra.callbacks), so that a refused run
+    takes back the folders made for it, outside the working folder too, and never one that was there
+    (an empty folder you made and named). The default run dir is noted where it is claimed."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
+        if not OmegaConf.is_interpolation(config.hydra.run, "dir"):  # given: the default is run_dir_for's
+            run_dir = absolute(config.hydra.run.dir)
+            EXISTED_BEFORE[run_dir] = deepest_existing(run_dir)
 
 
 # Cached: the folder is claimed once for a composed config, however often Hydra reads the value.
@@ -97,10 +128,12 @@ class RunRecord:
             take_back_empty_folders(self.run_dir)
 
 
-def take_back_empty_folders(run_dir: Path, start: Path | None = None) -> None:
-    """Remove run_dir if it is empty, and its parents that are empty too, inside start, the
-    folder the command ran in (they were all made for this run)."""
-    start = start or Path.cwd()
+def take_back_empty_folders(run_dir: Path) -> None:
+    """Remove run_dir if it is empty, and its parents that are empty too, below the deepest of them
+    that existed before the run (EXISTED_BEFORE; not noted: the folder the command ran in): they
+    were made for this run."""
+    run_dir = absolute(run_dir)
+    start = EXISTED_BEFORE.pop(run_dir, None) or Path.cwd()
     for folder in [run_dir, *run_dir.parents]:
         if folder == start or not folder.is_relative_to(start):
             return

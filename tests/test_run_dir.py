@@ -20,7 +20,10 @@ folder = Path(sys.argv[1])
 print("ready", flush=True)
 while not (folder / "go").exists():
     time.sleep(0.001)
-print(" ".join(claimed(str(folder / "outputs" / str(i))) for i in range(200)))
+runs = [claimed(str(folder / "outputs" / str(i))) for i in range(200)]
+for run in runs:
+    (Path(run) / "train.log").touch()  # as a run writes into its folder: an empty one is taken back at the exit
+print(" ".join(runs))
 """
 
 
@@ -67,3 +70,24 @@ def test_the_run_dir_is_claimed_once_however_often_it_is_read_and_a_command_that
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0 and "dir: outputs/" in printed.stdout, printed.stderr  # worked out, printed
     assert not (tmp_path / "outputs" / "outputs").exists()  # and taken back as the command ended
+
+
+def test_a_refused_run_takes_back_the_folders_made_for_it_wherever_they_are_and_no_folder_that_was_there(tmp_path):
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    (work / "mine").mkdir()  # an empty folder of the user's, named as the run dir
+    for run_dir in ["mine", "made/for/it", str(elsewhere / "made" / "for_it"), "../elsewhere/made/too", None]:
+        given = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]  # None: the default, outputs/<date>/<time>
+        result = run_cli("train.py", "model.n_head=-1", *given, cwd=work)
+        assert result.returncode == 2 and result.stderr == "error: model.n_head=-1 must be at least 1\n", result.stderr
+    assert [path.name for path in work.iterdir()] == ["mine"] and list(elsewhere.iterdir()) == []
+    # Another run's folder of each second this one may start in: this one claims <time>_2, and takes back only that.
+    now = time.time()
+    earlier = [work / "outputs" / time.strftime("%Y-%m-%d/%H-%M-%S", time.localtime(now + s)) for s in range(-1, 30)]
+    for run in earlier:
+        run.mkdir(parents=True)
+        (run / "train.log").write_text("another run's log")
+    assert run_cli("train.py", "model.n_head=-1", cwd=work).returncode == 2
+    assert sorted(path.name for path in work.iterdir()) == ["mine", "outputs"]
+    assert set((work / "outputs").glob("*/*")) == set(earlier)
