@@ -4,6 +4,7 @@ runs start in the same second."""
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
@@ -44,12 +45,20 @@ def test_runs_started_together_each_claim_a_run_dir_of_their_own(tmp_path):
     assert set(everything) == expected
 
 
-def test_a_run_started_in_the_second_of_a_run_that_holds_its_folder_trains_beside_it(tmp_path):
-    now = time.time()
-    earlier = [tmp_path / "outputs" / time.strftime("%Y-%m-%d/%H-%M-%S", time.localtime(now + s)) for s in range(-1, 30)]
-    for run in earlier:  # another run's, of each second the new one may start in
+def other_runs_in_every_second_from_now(folder: Path, file: str, content: bytes) -> list[Path]:
+    """folder/outputs/<date>/<time> of another run, holding file, for each second a run started now
+    (or in the next 30 s) may take as its default run dir."""
+    now, runs = time.time(), []
+    for second in range(-1, 30):
+        run = folder / "outputs" / time.strftime("%Y-%m-%d/%H-%M-%S", time.localtime(now + second))
         run.mkdir(parents=True)
-        (run / "ckpt_last.pt").write_bytes(b"another run's checkpoint")
+        (run / file).write_bytes(content)
+        runs.append(run)
+    return runs
+
+
+def test_a_run_started_in_the_second_of_a_run_that_holds_its_folder_trains_beside_it(tmp_path):
+    earlier = other_runs_in_every_second_from_now(tmp_path, "ckpt_last.pt", b"another run's checkpoint")
     result = run_cli("train.py", *tiny_run(**{"train.max_steps": 2, "train.eval_interval": 2, "train.sample_interval": 0,
                                               "train.attn_log_interval": 0}), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -83,11 +92,7 @@ def test_a_refused_run_takes_back_the_folders_made_for_it_wherever_they_are_and_
         assert result.returncode == 2 and result.stderr == "error: model.n_head=-1 must be at least 1\n", result.stderr
     assert [path.name for path in work.iterdir()] == ["mine"] and list(elsewhere.iterdir()) == []
     # Another run's folder of each second this one may start in: this one claims <time>_2, and takes back only that.
-    now = time.time()
-    earlier = [work / "outputs" / time.strftime("%Y-%m-%d/%H-%M-%S", time.localtime(now + s)) for s in range(-1, 30)]
-    for run in earlier:
-        run.mkdir(parents=True)
-        (run / "train.log").write_text("another run's log")
+    earlier = other_runs_in_every_second_from_now(work, "train.log", b"another run's log")
     assert run_cli("train.py", "model.n_head=-1", cwd=work).returncode == 2
     assert sorted(path.name for path in work.iterdir()) == ["mine", "outputs"]
     assert set((work / "outputs").glob("*/*")) == set(earlier)
