@@ -62,7 +62,11 @@ def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
     if (text := text_among(ids)) is not None:
         raise UserError(f"{name}={quoted(text)} is text: give its token id, e.g. tokenizer.encode({quoted(text)})[0] "
                         "for a text of one token")
-    ids = torch.as_tensor(ids).reshape(-1)  # (1,) or (B,)
+    try:
+        ids = torch.as_tensor(ids).reshape(-1)  # (1,) or (B,)
+    except (TypeError, RuntimeError, ValueError):  # None, or what no tensor holds
+        raise UserError(f"{name}={ids!r} is not a token id: give one, e.g. {name}=tokenizer.encode(' Mia')[0], "
+                        "or one per row of the batch") from None
     if ids.numel() not in (1, B):
         raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")
     if ids.is_floating_point() or not bool(((ids >= 0) & (ids < V)).all()):

@@ -29,8 +29,8 @@ not H: grouped queries shrink it by H / K. With a window it is a ring of W slots
 
 Hook points (model/hooks.py) name the activations a learner asks about: hook_q, hook_k and
 hook_v after the split into heads, hook_rot_q and hook_rot_k after QK-norm and rotary positions,
-hook_attn_scores and hook_pattern (the manual path's scores before the mask and weights after
-softmax), and hook_z, each head's output before the merge. They are TransformerLens's names, with
+hook_attn_scores and hook_pattern (the manual path's scores after the mask, -inf where a key is
+hidden, and weights after softmax), and hook_z, each head's output before the merge. They are TransformerLens's names, with
 its layout: (B, T, H, D) for the per-head vectors, (B, T, K, D) for keys and values. A function
 attached to one can read the activation or hand back another (knocking a head out is zeroing its
 slice of hook_z); with none attached, each is the identity. A function on hook_attn_scores or
@@ -350,15 +350,17 @@ class CausalSelfAttention(nn.Module):
         # 4. Score every (query, key) pair by their dot product. Dividing by sqrt(D) keeps
         #    the scores' spread near 1 whatever D is, so softmax does not saturate.
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
-        scores = self.hook_attn_scores(scores)  # (B, H, T, S), before the mask
 
         # 5. Hide what a query may not see, then turn each query's row of scores into
         #    weights over keys: softmax over the last dim (keys), so each row sums to 1.
         #    exp(-inf) = 0, so hidden keys get exactly zero weight.
         scores = scores.masked_fill(~visible, float("-inf"))  # (B, H, T, S)
+        scores = self.hook_attn_scores(scores)  # (B, H, T, S): -inf where a key is hidden, as in TransformerLens
         weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
         if no_key_visible is not None:
             weights = weights.masked_fill(no_key_visible, 0.0)  # (B, H, T, S): such rows attend to nothing
+        if self.hook_attn_scores.fns:  # a function that hid every key of a row made it 0/0 = NaN:
+            weights = weights.nan_to_num(nan=0.0)  # (B, H, T, S): such a row attends to nothing, as in TransformerLens
         weights = self.hook_pattern(weights)  # (B, H, T, S)
 
         # 6. Each query's output is the weighted average of the values it attends to.

@@ -297,6 +297,10 @@ class GPT(HookedModel):
         batch, no tokens, not integers, an id outside the vocabulary. The shape and dtype cost nothing
         to check; the ids are checked where they are on the CPU (on a GPU the check would wait for
         it) and outside a compile (whose graph it would break)."""
+        if not isinstance(idx, torch.Tensor):  # a text, a list of ids, a NumPy array
+            how = ("encode it first, e.g. torch.tensor([tokenizer.encode(text)])" if isinstance(idx, str) else
+                   "e.g. torch.tensor([ids]) for one text's list of ids, torch.as_tensor(array) for a (B, T) array")
+            raise ValueError(f"idx must be a tensor of token ids of shape (B, T); got a {type(idx).__name__}: {how}")
         if idx.dim() != 2 or idx.shape[1] == 0:
             hint = ": one text is idx[None], a batch of 1" if idx.dim() == 1 and idx.numel() else ""
             raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1; got shape {tuple(idx.shape)}{hint}")

@@ -45,6 +45,11 @@ class HookPoint:
     def __call__(self, activation: torch.Tensor) -> torch.Tensor:
         if not self.fns:
             return activation
+        if activation.requires_grad:
+            # A function may edit its activation in place, as TransformerLens's often do. Under autograd it
+            # edits a copy: the activation may be a view autograd will not let change (hook_q, a slice of
+            # one split) or a tensor a backward reads (hook_pattern, softmax's output).
+            activation = activation.clone()
         for fn in tuple(self.fns):
             replaced = fn(activation, self)
             if replaced is not None:
@@ -112,11 +117,19 @@ def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
     """The points of `points` that a name or a test on names picks; ValueError for an unknown
     name, saying why this model lacks it or naming the near ones."""
     if callable(where):
+        if not can_take(where, "name"):
+            raise TypeError(f"the test on names takes {parameters_of(where)}: it is called with one argument, a hook "
+                            "point's name, and returns whether to pick it (a hook function goes in fwd_hooks)")
         return [point for name, point in points.items() if where(name)]
     if not isinstance(where, str):
         raise TypeError(f"{where!r} is a {type(where).__name__}: a hook point is named by a string, e.g. "
                         "'blocks.0.attn.hook_pattern', or picked by a function of names")
     if where not in points:
+        ending = f"hook_{SHORT_NAMES.get(where, where).removeprefix('hook_')}"
+        if any(name.endswith(f".{ending}") for name in points):  # a short name, as cache["pattern", 0] takes
+            raise ValueError(f"no hook point named {where!r}: here a point is named in full, e.g. "
+                             f"{next(name for name in points if name.endswith(f'.{ending}'))}; every layer's: "
+                             f"lambda name: name.endswith({ending!r})")
         raise ValueError(f"no hook point named {where!r} in this model: {why_missing([where], points)}")
     return [points[where]]
 
@@ -225,6 +238,12 @@ class HookedModel(nn.Module):
         """Whether any function is attached anywhere (the compiled decode step runs none)."""
         return any(point.fns for point in self.hook_dict.values())
 
+    def reset_hooks(self) -> None:
+        """Detach every function from every point (TransformerLens's name for it): for one attached
+        with HookPoint.add_hook whose remover was lost, e.g. in a notebook cell run twice."""
+        for point in self.hook_dict.values():
+            point.fns.clear()
+
     def run_with_hooks(
         self, idx: torch.Tensor, fwd_hooks: Iterable[tuple[Where, HookFn]] = (), targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -234,18 +253,26 @@ class HookedModel(nn.Module):
 
     def run_with_cache(
         self, idx: torch.Tensor, names: Where | Iterable[str] | None = None,
-        fwd_hooks: Iterable[tuple[Where, HookFn]] = (),
+        fwd_hooks: Iterable[tuple[Where, HookFn]] = (), *, names_filter: Where | Iterable[str] | None = None,
     ) -> tuple[torch.Tensor, "ActivationCache"]:
         """forward(idx) keeping the activations at the points `names` picks (a name, a list of
-        names, a test on names; None: every point), detached from autograd. fwd_hooks run too, and
-        the cache keeps what they hand on. Returns (logits, cache)."""
+        names, a test on names; None: every point), detached from autograd; names_filter is
+        TransformerLens's word for it. fwd_hooks run too, and the cache keeps what they hand on.
+        Returns (logits, cache)."""
+        if names_filter is not None:
+            if names is not None:
+                raise ValueError("names and names_filter are two words for one thing: give one of them")
+            names = names_filter
         points = self.hook_dict
         if names is None:
             picked = list(points.values())
         elif isinstance(names, str) or callable(names):
             picked = pick(points, names)
-        else:
+        elif isinstance(names, Iterable):
             picked = [point for name in names for point in pick(points, name)]
+        else:
+            raise TypeError(f"names={names!r}: give a name, a list of names or a test on names (None: every point), "
+                            "e.g. names=['blocks.0.attn.hook_pattern']")
         activations: dict[str, torch.Tensor] = {}
 
         def keep(activation: torch.Tensor, hook: HookPoint) -> None:
@@ -335,25 +362,47 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     def __repr__(self) -> str:
         return f"ActivationCache({len(self)} activations: {', '.join(list(self)[:3])}{', ...' if len(self) > 3 else ''})"
 
-    def stack_activation(self, short: str) -> torch.Tensor:
-        """One short name's activation in every layer, stacked: (L, ...), e.g. "pattern" ->
-        (L, B, H, T, S)."""
-        return torch.stack([self[short, layer] for layer in range(len(self.model.blocks))])
+    def stack_activation(self, short: str, layer: int | None = -1, part: str | None = None) -> torch.Tensor:
+        """One short name's activation in each layer before `layer` (-1 or None: every layer, as in
+        TransformerLens), stacked: (layers, ...), e.g. "pattern" -> (L, B, H, T, S). part: where in
+        the block, for a name two parts have, e.g. ("scale", ..., "ln2")."""
+        return torch.stack([self[(short, index) if part is None else (short, index, part)]
+                            for index in self.layers_before(layer)])
 
-    def stack_head_results(self, return_labels: bool = False) -> Any:
-        """What each head writes into the residual stream: its hook_z through its own D columns of
-        the output projection, (L * H, B, T, C), heads in layer order (the projection's bias, shared
-        by the heads, is left out, as in TransformerLens). Their sum over a layer's heads plus that
-        bias is the layer's attention output. With return_labels, also ["L0H0", "L0H1", ...]."""
+    def stack_head_results(self, layer: int | None = -1, return_labels: bool = False) -> Any:
+        """What each head of the layers before `layer` (-1 or None: every layer, as in TransformerLens)
+        writes into the residual stream: its hook_z through its own D columns of the output
+        projection, (layers * H, B, T, C), heads in layer order (the projection's bias, shared by the
+        heads, is left out, as in TransformerLens). Their sum over a layer's heads plus that bias is
+        the layer's attention output. With return_labels, also ["L0H0", "L0H1", ...]."""
         results, labels = [], []
-        for layer, block in enumerate(self.model.blocks):
-            z = self["z", layer]  # (B, T, H, D)
+        for index in self.layers_before(layer):
+            z = self["z", index]  # (B, T, H, D)
             H, D = z.shape[2], z.shape[3]
-            W_O = block.attn.proj.weight.view(-1, H, D)  # (C, H * D) -> (C, H, D): head h's columns
+            W_O = self.model.blocks[index].attn.proj.weight.view(-1, H, D)  # (C, H * D) -> (C, H, D): head h's columns
             results.append(torch.einsum("bthd,chd->hbtc", z, W_O.to(z.dtype)))  # (H, B, T, C)
-            labels += [f"L{layer}H{head}" for head in range(H)]
-        stacked = torch.cat(results)  # (L * H, B, T, C)
+            labels += [f"L{index}H{head}" for head in range(H)]
+        stacked = torch.cat(results)  # (layers * H, B, T, C)
         return (stacked, labels) if return_labels else stacked
+
+    def layers_before(self, layer: object) -> range:
+        """The layers a stack takes, 0 .. layer - 1, as TransformerLens counts them: layer is 1 to L
+        (-1 or None: all L); ValueError in one line for anything else."""
+        n_layer = len(self.model.blocks)
+        if layer is None:
+            return range(n_layer)
+        try:
+            if isinstance(layer, bool) or getattr(layer, "dtype", None) == torch.bool:
+                raise TypeError  # True would be layer 1
+            count = operator.index(layer)  # an int, numpy's or torch's too
+        except TypeError:
+            count = None
+        if count == -1:
+            return range(n_layer)
+        if count is not None and 1 <= count <= n_layer:
+            return range(count)
+        raise ValueError(f"layer={layer!r}: a stack takes the layers before it, so layer is 1 to {n_layer} "
+                         f"(-1 or None: all {n_layer}), as in TransformerLens; for the labels, return_labels=True")
 
 
 # TransformerLens's short forms that are not the end of a hook's name.

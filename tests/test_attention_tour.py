@@ -236,9 +236,10 @@ def test_tour_torch_dot_takes_two_1d_vectors_where_the_at_operator_dispatches_by
     with torch.no_grad():
         module(torch.randn(2, 5, 12))
     q, k, scores = made["hook_q"], made["hook_k"], made["hook_attn_scores"]  # (B, T, H, D), (B, S, K, D), (B, H, T, S)
-    for b, h, t, s in ((0, 0, 4, 1), (1, 2, 3, 3), (1, 1, 0, 4)):
+    for b, h, t, s in ((0, 0, 4, 1), (1, 2, 3, 3), (1, 1, 4, 0)):
         expected = torch.dot(q[b, t, h], k[b, s, h]) / math.sqrt(module.head_dim)
         torch.testing.assert_close(scores[b, h, t, s], expected, atol=ATOL, rtol=RTOL)
+    assert scores[1, 1, 0, 4] == float("-inf")  # a later key: hook_attn_scores comes after the mask, as in TransformerLens
 
 
 def test_tour_q_dot_k_has_variance_d_only_when_the_channels_have_mean_0():

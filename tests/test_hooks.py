@@ -53,10 +53,10 @@ def test_the_cache_holds_what_the_forward_used_step_by_step():
         torch.testing.assert_close(model.lm_head(model.ln_f(last)), logits, atol=1e-5, rtol=1e-5)
         for layer, block in enumerate(model.blocks):
             q, k, v = (cache[name, layer].transpose(1, 2) for name in ("rot_q", "rot_k", "v"))  # (B, H, T, D)
-            scores = q @ k.transpose(-2, -1) / math.sqrt(C // H)  # (B, H, T, T)
-            torch.testing.assert_close(cache["attn_scores", layer], scores, atol=1e-5, rtol=1e-5)
             future = torch.ones(T, T, dtype=torch.bool).triu(1)
-            pattern = scores.masked_fill(future, float("-inf")).softmax(-1)
+            scores = (q @ k.transpose(-2, -1) / math.sqrt(C // H)).masked_fill(future, float("-inf"))  # (B, H, T, T)
+            torch.testing.assert_close(cache["attn_scores", layer], scores, atol=1e-5, rtol=1e-5)  # -inf where hidden
+            pattern = scores.softmax(-1)
             torch.testing.assert_close(cache["pattern", layer], pattern, atol=1e-6, rtol=1e-5)
             torch.testing.assert_close(cache["z", layer], (pattern @ v).transpose(1, 2), atol=1e-6, rtol=1e-5)  # (B, T, H, D)
             # The heads' results and the output projection's bias add up to what attention adds.
@@ -97,6 +97,18 @@ def test_functions_are_detached_after_run_with_hooks_even_when_one_raises():
     assert not model.has_hooks()
 
 
+def test_reset_hooks_detaches_what_add_hook_attached_and_whose_remover_was_lost():
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, 65, (B, T), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        intact, _ = model(idx)
+        for _ in range(2):  # a notebook cell run twice
+            model.blocks[0].attn.hook_z.add_hook(lambda z, hook: torch.zeros_like(z))
+        assert model.has_hooks() and not torch.equal(model(idx)[0], intact)
+        model.reset_hooks()
+        assert not model.has_hooks() and torch.equal(model(idx)[0], intact)
+
+
 def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attached():
     model = tiny_gpt()
     message = re.escape("no hook point named 'blocks.0.attn.hook_patern' in this model: did you mean "
@@ -107,6 +119,28 @@ def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attach
     assert not model.has_hooks()  # the good name before it was not left attached
     with pytest.raises(ValueError, match="no hook point named 'blocks.7.hook_resid_pre' in this model: did you mean"):
         model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["blocks.7.hook_resid_pre"])
+
+
+def test_run_with_cache_takes_transformer_lenss_names_filter_and_says_in_one_line_what_names_are():
+    model = tiny_gpt()
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    _, cache = model.run_with_cache(idx, names_filter=lambda name: name.endswith("hook_q"))  # TransformerLens's keyword
+    assert list(cache) == ["blocks.0.attn.hook_q", "blocks.1.attn.hook_q"]
+    short = ("no hook point named 'scores': here a point is named in full, e.g. blocks.0.attn.hook_attn_scores; every "
+             "layer's: lambda name: name.endswith('hook_attn_scores')")  # as cache["scores", 0] would find it
+    for names, error, message in [
+        ("scores", ValueError, short),
+        (3, TypeError, "names=3: give a name, a list of names or a test on names (None: every point), e.g. "
+                       "names=['blocks.0.attn.hook_pattern']"),
+        (lambda activation, hook: True, TypeError, "the test on names takes (activation, hook): it is called with one "
+                                                   "argument, a hook point's name, and returns whether to pick it (a hook "
+                                                   "function goes in fwd_hooks)"),
+    ]:
+        with pytest.raises(error, match="^" + re.escape(message) + "$"):
+            model.run_with_cache(idx, names=names)
+    with pytest.raises(ValueError, match="^names and names_filter are two words for one thing: give one of them$"):
+        model.run_with_cache(idx, names="hook_embed", names_filter="hook_embed")
+    assert not model.has_hooks()
 
 
 @pytest.mark.parametrize(("options", "name", "why"), [
@@ -176,6 +210,22 @@ def test_a_cache_refuses_a_layer_the_model_lacks_counting_from_either_end():
         with pytest.raises(KeyError, match=re.escape(f"layer {layer} of ('pattern', {layer}) is not in this model: its 2 "
                                                      "layers are 0 to 1 (or -2 to -1 from the end)")):
             cache["pattern", layer]
+
+
+def test_a_stack_takes_the_layers_before_the_one_given_and_refuses_others_in_one_line():
+    model = tiny_gpt()  # 2 layers of 2 heads
+    _, cache = model.run_with_cache(torch.zeros(1, 3, dtype=torch.long))
+    first, labels = cache.stack_head_results(1, return_labels=True)  # as TransformerLens counts: layer 0's heads
+    assert labels == ["L0H0", "L0H1"] and torch.equal(first, cache.stack_head_results(None)[:2])
+    assert cache.stack_activation("scale", 1, "ln2").shape == (1, 1, 3, 1)
+    assert torch.equal(cache.stack_activation("scale", -1, "ln2")[1], cache["scale", 1, "ln2"])  # ln2's, not ln1's
+    for layer in (0, 3, True, -2, 1.0):  # True was return_labels when it came first
+        with pytest.raises(ValueError, match=re.escape(f"layer={layer!r}: a stack takes the layers before it, so layer "
+                                                       "is 1 to 2 (-1 or None: all 2), as in TransformerLens; for the "
+                                                       "labels, return_labels=True")):
+            cache.stack_head_results(layer)
+    with pytest.raises(ValueError, match=re.escape("layer=0: a stack takes the layers before it")):
+        cache.stack_activation("pattern", 0)
 
 
 def test_a_cache_key_of_another_form_says_which_forms_there_are():

@@ -59,6 +59,8 @@ def test_on_the_circuit_the_induction_head_writes_the_copied_tokens_logit_and_no
     (0, [1, 2, 3], None, "token gives 3 token ids for a batch of 2: give one id, or one per row"),
     (0, " Leo", None, "token=' Leo' is text: give its token id, e.g. tokenizer.encode(' Leo')[0] for a text of one token"),
     (0, [3, " Leo"], None, "token=' Leo' is text: give its token id"),
+    (0, None, None, "token=None is not a token id: give one, e.g. token=tokenizer.encode(' Mia')[0], or one per row"),
+    (0, [3, None], None, "token=[3, None] is not a token id"),
     (0, 3, 3, "token and other are both id 3: their difference is 0 whatever the model does"),
     (-1.0, 3, None, "position -1.0 is not a whole number: give the token's index, e.g. -1 for the last"),
 ])

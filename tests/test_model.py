@@ -205,6 +205,9 @@ class DigitTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join("|" if i == self.eot_id else str(i) for i in ids)
 
+    def in_byte_run(self, token_id: int) -> bool:
+        return False
+
 
 def test_generate_text_feeds_end_of_text_then_the_prompt_and_returns_the_prompt_and_its_continuation():
     model = tiny_gpt(vocab_size=11)
@@ -290,7 +293,11 @@ def test_a_sequence_longer_than_block_size_is_refused():
     (torch.tensor([[1.0, 2.0]]), "idx must be token ids of dtype torch.long (or torch.int32); got torch.float32: use idx.long()"),
     (torch.tensor([[1, 2]], dtype=torch.uint16), "idx must be token ids of dtype torch.long (or torch.int32); got torch.uint16: "
                                                  "use idx.long()"),  # the token cache's dtype
-], ids=["no tokens", "no batch", "past the vocabulary", "negative", "floats", "uint16"])
+    ("Once upon a time", "idx must be a tensor of token ids of shape (B, T); got a str: encode it first, e.g. "
+                         "torch.tensor([tokenizer.encode(text)])"),  # TransformerLens's models take a text
+    ([[1, 2]], "idx must be a tensor of token ids of shape (B, T); got a list: e.g. torch.tensor([ids]) for one text's "
+               "list of ids, torch.as_tensor(array) for a (B, T) array"),
+], ids=["no tokens", "no batch", "past the vocabulary", "negative", "floats", "uint16", "a text", "a list"])
 def test_ids_the_model_cannot_read_are_one_line_naming_them(idx, message):
     # What a learner hands model(), run_with_cache() or the tools by mistake; torch's own errors
     # for these come from deep inside (an IndexError of the embedding, of idx.shape[1]).

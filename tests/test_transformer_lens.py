@@ -13,7 +13,8 @@ from inspection.patching import logit_difference, patch_heads, patch_residual
 from model_io.hf_models import gpt_from_hf
 from tests.helpers import tiny_gpt2
 
-NAMES = ["blocks.{l}.attn.hook_q", "blocks.{l}.attn.hook_k", "blocks.{l}.attn.hook_v", "blocks.{l}.attn.hook_pattern",
+NAMES = ["blocks.{l}.attn.hook_q", "blocks.{l}.attn.hook_k", "blocks.{l}.attn.hook_v", "blocks.{l}.attn.hook_attn_scores",
+         "blocks.{l}.attn.hook_pattern",
          "blocks.{l}.attn.hook_z", "blocks.{l}.hook_attn_out", "blocks.{l}.hook_resid_mid", "blocks.{l}.mlp.hook_post",
          "blocks.{l}.hook_resid_post", "blocks.{l}.ln1.hook_scale", "blocks.{l}.ln2.hook_normalized"]
 
@@ -42,8 +43,13 @@ def test_the_hook_points_hold_transformer_lens_activations_under_the_same_names(
         torch.testing.assert_close(our_cache[name], their_cache[name], atol=1e-5, rtol=1e-5, msg=name)
     torch.testing.assert_close(our_logits, their_logits, atol=1e-5, rtol=1e-5)
     # What each head writes: TransformerLens's own split of the attention outputs, head by head.
-    torch.testing.assert_close(our_cache.stack_head_results(), their_cache.stack_head_results(layer=-1),
-                               atol=1e-5, rtol=1e-5)
+    # As TransformerLens counts layer: the heads of the layers before it (-1: all of them).
+    for layer in (-1, 1, 2):
+        ours_stacked, our_labels = our_cache.stack_head_results(layer, return_labels=True)
+        theirs_stacked, their_labels = their_cache.stack_head_results(layer=layer, return_labels=True)
+        torch.testing.assert_close(ours_stacked, theirs_stacked, atol=1e-5, rtol=1e-5)
+        assert our_labels == their_labels
+        torch.testing.assert_close(our_cache.stack_activation("pattern", layer), their_cache.stack_activation("pattern", layer))
 
 
 # TransformerLens's short keys: (name, layer), and (name, layer, part) where two parts of a block
@@ -79,6 +85,34 @@ def test_a_head_zeroed_through_hook_z_costs_the_same_loss_in_both(both):
     loss = lambda logits: F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()).item()  # noqa: E731
     assert loss(our_logits) == pytest.approx(loss(their_logits), abs=1e-5)
     assert not torch.allclose(our_logits, intact, atol=1e-2)  # the head mattered: the test can tell a miss
+
+
+def test_functions_that_edit_in_place_or_hide_a_whole_row_give_transformer_lenss_logits(both):
+    # As TransformerLens's hooks are often written: edit the activation in place, return nothing. Under
+    # autograd too, where hook_q is a slice of one split and hook_pattern what softmax's backward reads.
+    ours, bridge, tokens = both
+
+    def hide_the_first_key(scores, hook):  # (B, H, T, S): query 0 sees no key at all now
+        scores[..., 0] = float("-inf")
+
+    def zero_head_0(q, hook):  # (B, T, H, D)
+        q[:, :, 0] = 0.0
+
+    def halve_the_first_weight(pattern, hook):  # (B, H, T, S)
+        pattern[..., 0] *= 0.5
+
+    hooks = [("blocks.0.attn.hook_attn_scores", hide_the_first_key), ("blocks.1.attn.hook_q", zero_head_0),
+             ("blocks.1.attn.hook_pattern", halve_the_first_weight)]
+    our_logits, _ = ours.run_with_hooks(tokens, fwd_hooks=hooks)
+    their_logits = bridge.run_with_hooks(tokens, fwd_hooks=hooks)
+    assert not our_logits.isnan().any()  # the row with no key attends to nothing, as in TransformerLens
+    torch.testing.assert_close(our_logits, their_logits, atol=1e-5, rtol=1e-5)
+    our_logits.sum().backward()  # the edits left what autograd saved alone
+    assert ours.blocks[1].attn.qkv.weight.grad.isfinite().all()
+    ours.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        intact, _ = ours(tokens)
+    assert not torch.allclose(our_logits, intact, atol=1e-2)  # the edits mattered: the test can tell a miss
 
 
 @pytest.fixture(scope="module")
