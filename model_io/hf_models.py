@@ -153,9 +153,9 @@ def load_hf_weights(folder: Path, model: GPT) -> None:
     copies.)"""
     folder = Path(folder)
     check_hf_folder(folder)
-    _, model_type = read_hf_config(folder)
+    hf, model_type = read_hf_config(folder)
     parameters = dict(model.named_parameters(remove_duplicate=False))  # tied: lm_head.weight too
-    plan, tied_copy = _load_plan(folder, ARCHITECTURES[model_type], model.config, parameters)
+    plan, tied_copy = _load_plan(folder, ARCHITECTURES[model_type], model.config, parameters, hf.get("vocab_size"))
     # A tensor to transpose (Conv1D) or convert passes through one scratch buffer, reused: a new
     # temporary per tensor leaves glibc's heap fragmented, 0.4 GB over one copy at gpt2-medium.
     staged = [read for read in plan if _needs_staging(read, parameters[read.ours])]
@@ -267,11 +267,11 @@ def weight_files(folder: Path) -> list[Path]:
     return [folder / shard for shard in shards]
 
 
-def _load_plan(folder: Path, architecture: Architecture, config: GPTConfig,
-               parameters: dict[str, nn.Parameter]) -> tuple[list[Read], tuple[Path, str] | None]:
+def _load_plan(folder: Path, architecture: Architecture, config: GPTConfig, parameters: dict[str, nn.Parameter],
+               file_vocab: object = None) -> tuple[list[Read], tuple[Path, str] | None]:
     """Every tensor to read, in file order, and where a tied model's file also holds an lm_head.weight
     (its file and name; None if it does not); UserError on the first tensor missing, unexpected or of
-    the wrong shape."""
+    the wrong shape, an embedding or head of other than config.json's vocab_size (file_vocab) among them."""
     names = architecture.names
     expected = {hf: place for hf, place in names.hf_names(config).items() if place[0] in parameters}
     found = {}  # the architecture's full name -> (the file's name, the file, its header entry, its data start)
@@ -303,7 +303,12 @@ def _load_plan(folder: Path, architecture: Architecture, config: GPTConfig,
             need.reverse()
         have = list(entry["shape"])
         crops = ours in CROPPABLE and len(have) == 2 and have[0] >= need[0] and have[1] == need[1]
-        if ours in ("tok_emb.weight", "lm_head.weight") and len(have) == 2 and have[0] < need[0] and have[1] == need[1]:
+        vocabulary = ours in ("tok_emb.weight", "lm_head.weight") and len(have) == 2
+        if vocabulary and file_vocab is not None and have[0] != file_vocab:  # transformers refuses such a folder
+            raise UserError(f"{path} holds tensor {name} of {have[0]} rows, but {folder / CONFIG} has vocab_size="
+                            f"{json.dumps(file_vocab)}: the two must agree; if the tensor is right, set vocab_size to "
+                            f"{have[0]} there")
+        if vocabulary and have[0] < need[0] and have[1] == need[1]:
             raise UserError(f"{path} holds tensor {name} of {have[0]} rows, fewer than the {need[0]} ids of the "
                             f"folder's tokenizer: its last ids would have no row; resize the model to the tokenizer "
                             "in transformers (model.resize_token_embeddings(len(tokenizer))) and save the folder again")

@@ -229,6 +229,20 @@ def test_a_tokenizer_with_more_ids_than_the_weights_have_rows_is_one_line_that_s
         "(model.resize_token_embeddings(len(tokenizer))) and save the folder again")
 
 
+def test_a_config_whose_vocab_size_is_not_the_embeddings_rows_is_one_line_as_transformers_refuses_it(
+        llama_folder: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "edited"
+    shutil.copytree(llama_folder, folder)
+    hf = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf, "vocab_size": VOCAB - 20}))  # the tokenizer still fits
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):  # the reference: transformers will not load it
+        AutoModelForCausalLM.from_pretrained(folder)
+    assert one_line_error(gpt_from_hf, folder) == (
+        f"{folder / 'model.safetensors'} holds tensor lm_head.weight of {VOCAB} rows, but "
+        f"{folder / 'config.json'} has vocab_size={VOCAB - 20}: the two must agree; if the tensor is right, set "
+        f"vocab_size to {VOCAB} there")
+
+
 @pytest.mark.parametrize(("model_type", "change", "words"), [
     ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
      'rope_parameters.rope_type="dynamic": this project\'s rotary positions take no scaling ("default") or Llama 3.1\'s'),
