@@ -377,6 +377,11 @@ class TokenizersTokenizer:
         # A token can hold part of a multi-byte character; show such bytes as \xNN, as TiktokenTokenizer does.
         return [self.token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
 
+    def in_byte_run(self, token_id: int) -> bool:
+        """Whether this is one of Llama 2's byte tokens (<0x46>), which the decoder reads as one run with
+        the byte tokens beside it: a valid byte in a run that holds a broken character turns to U+FFFD too."""
+        return self.byte_fallback and BYTE_FALLBACK_TOKEN.fullmatch(self.backend.id_to_token(token_id) or "") is not None
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for on its own (decode would drop a lone Llama 2 token's leading space)."""
         if token_id in self.added:

@@ -69,6 +69,7 @@ class Tokenizer(Protocol):
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
     def token_strings(self, ids: Sequence[int]) -> list[str]: ...
+    def in_byte_run(self, token_id: int) -> bool: ...
     def state(self) -> dict[str, Any]: ...
 
 
@@ -135,6 +136,10 @@ class CharTokenizer:
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         return [EOT if i == self.eot_id else self.chars[i] for i in ids]
 
+    def in_byte_run(self, token_id: int) -> bool:
+        """Whether decode reads this token together with its neighbours (TokenizersTokenizer's byte tokens): never."""
+        return False
+
     def state(self) -> dict[str, Any]:
         return {"kind": self.kind, "chars": "".join(self.chars)}
 
@@ -167,6 +172,11 @@ class TiktokenTokenizer:
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         # A token can hold part of a multi-byte character; show such bytes as \xNN.
         return [self.encoding.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
+
+    def in_byte_run(self, token_id: int) -> bool:
+        """Whether decode reads this token together with its neighbours (TokenizersTokenizer's byte tokens):
+        never; a byte of a broken character turns to U+FFFD alone, the characters before it stay."""
+        return False
 
     def state(self) -> dict[str, Any]:
         if self.kind == "gpt2":

@@ -65,6 +65,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
+    def in_byte_run(self, token_id: int) -> bool: ...  # decoded together with the tokens beside it (TextStream)
 
 
 def lay_out_for_decoding(model: GPT) -> None:
@@ -217,9 +218,9 @@ class TextStream:
     """Hands on_text the first row's text as it grows: after each token, what its decoded text has
     gained since the last call. Text that a later token could still change is held back until it
     cannot: the trailing tokens that decode alone to a broken character (a BPE token's share of a
-    character's bytes, or Llama 2's byte tokens, which its decoder reads as one run) wait for a
-    token that decodes whole, and a carriage return for what follows it (terminal_text shows a
-    lone one as an escape).
+    character's bytes), and Llama 2's byte tokens, which its decoder reads as one run (a valid byte
+    before a broken one turns to U+FFFD with it), wait for a token that decodes whole, and a carriage
+    return for what follows it (terminal_text shows a lone one as an escape).
 
     With eot_text, each call decodes the tokens since the last end of text the model wrote, not
     the whole text: decode() splits the text there, so what follows decodes alone to the same
@@ -237,7 +238,7 @@ class TextStream:
         """tokens: (B, T) the tokens so far, the start token(s) first."""
         ids = tokens[0, self.start :].tolist()
         for i in range(self.looked_at, len(ids)):  # each new token, decoded alone once
-            if "\ufffd" not in self.tokenizer.decode(ids[i : i + 1]):
+            if "\ufffd" not in self.tokenizer.decode(ids[i : i + 1]) and not self.tokenizer.in_byte_run(ids[i]):
                 self.whole = i + 1
         self.looked_at = len(ids)
         text = decode(self.tokenizer, ids[: self.whole], self.eot_text)

@@ -408,6 +408,12 @@ def test_a_stray_byte_token_turns_the_characters_before_it_in_its_run_into_u_fff
     ids = [tokenizer.bos_id, *tokenizer.encode("Hi 日"), stray, *tokenizer.encode(" there and more")]
     whole = decode(tokenizer, ids[1:], EOT_SHOWN)
     assert "日" not in whole and "".join(streamed_pieces(tokenizer, ids, EOT_SHOWN, whole)) == whole
+    # So too a byte that is a whole character alone ("F", as the model may write it), then a stray one.
+    f_byte = family_references["tinyllama"].convert_tokens_to_ids("<0x46>")
+    ids = [tokenizer.bos_id, *tokenizer.encode("Hi"), f_byte, stray, *tokenizer.encode(" there and more")]
+    whole = decode(tokenizer, ids[1:], EOT_SHOWN)
+    assert tokenizer.decode([f_byte]) == "F" and "F" not in whole  # the decoder read F and the stray byte as one run
+    assert "".join(streamed_pieces(tokenizer, ids, EOT_SHOWN, whole)) == whole
 
 
 @pytest.mark.parametrize("name", [*FAMILIES, "tinyllama_saved_by_transformers"])
