@@ -288,8 +288,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     """The activations one forward passed through its hook points, by name.
 
     cache["blocks.0.attn.hook_pattern"], or by TransformerLens's short forms cache["pattern", 0] and,
-    for a name that two parts of a block have, cache["scale", 0, "ln2"]; cache["embed"] for the
-    points outside the blocks."""
+    for a name that two parts of a block have, cache["scale", 0, "ln2"] (in one word, as TransformerLens
+    also takes them: "pattern0", "scale0ln2"); cache["embed"] for the points outside the blocks."""
 
     def __init__(self, activations: dict[str, torch.Tensor], model: HookedModel) -> None:
         self.activations = activations
@@ -332,7 +332,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """(name, layer or None, part of the block or None) of a key in one of the forms name_of
         takes; KeyError naming those forms for anything else."""
         if isinstance(key, str):
-            return key, None, None
+            compact = re.fullmatch(r"([a-z]+)(\d+)([a-z]\w*)?", key)  # TransformerLens's "pattern1", "scale1ln2"
+            if compact is None:
+                return key, None, None
+            key = (compact[1], int(compact[2]), *([compact[3]] if compact[3] else []))
         if isinstance(key, (tuple, list)) and len(key) in (2, 3) and isinstance(key[0], str):
             part = key[2] if len(key) == 3 else None
             if part is not None and not (isinstance(part, str) and part in BLOCK_PARTS):

@@ -56,7 +56,8 @@ def test_the_hook_points_hold_transformer_lens_activations_under_the_same_names(
 # have the name, with its aliases for names and parts.
 SHORT_KEYS = [("scale", 0, "ln1"), ("scale", 1, "ln2"), ("normalized", 0, "ln2"), ("pattern", 1), ("attn", 0),
               ("pattern", 0, "a"), ("z", 1, "attn"), ("key", 0), ("query", 1), ("value", 0), ("post", 1, "m"),
-              ("mlp_post", 0), ("resid_pre", 1, "b"), ("resid_post", 0, "block"), ("attn_out", 1), ("q", -1)]
+              ("mlp_post", 0), ("resid_pre", 1, "b"), ("resid_post", 0, "block"), ("attn_out", 1), ("q", -1),
+              "pattern1", "scale1ln2", "z0a", "post1m", "embed"]  # in one word, as TransformerLens also spells them
 
 
 def test_a_short_key_finds_in_our_cache_what_it_finds_in_transformer_lenss(both):
