@@ -21,6 +21,7 @@ import gc
 import logging
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -36,7 +37,7 @@ try:  # what make setup installs into .venv: another python gets one line, not a
 except ModuleNotFoundError as missing:
     sys.exit(not_installed(missing, "train.py"))
 
-from cli.config import plain_config, pretrained_config, resumed_config, validate_train_config
+from cli.config import check_text_still_there, plain_config, pretrained_config, resumed_config, validate_train_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from cli.run_spec import run_spec
@@ -140,7 +141,9 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
     with said_once_per_machine():
         if source := checkpoint_to_resume(cfg.resume, run_dir, restarted):
             checkpoint = Checkpoint.load(source)
-            cfg, changes = resumed_config(cfg, checkpoint.config, overrides)
+            text_hashed = bool((checkpoint.run_state or {}).get("text_key"))
+            cfg, changes = resumed_config(cfg, checkpoint.config, overrides, text_hashed)
+            check_text_still_there(cfg, text_hashed)
             if checkpoint.run_state is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds the model alone, without what an exact "
                                 "resume needs (a file of train.keep_checkpoints, or one an older version saved); resume "
@@ -214,10 +217,10 @@ def report(run: Run, figures: Figures) -> None:
         step, accuracy = figures.recall
         recalled = f", name recall {accuracy['name']:.1%} at step {step}"
     log.info(f"done: best val loss {figures.best_val_loss:.4f}{recalled}; checkpoints, logs and TensorBoard events in {shown}")
-    log.info(f"  watch:  .venv/bin/tensorboard --logdir {os.path.dirname(shown) or '.'}")
+    log.info(f"  watch:  .venv/bin/tensorboard --logdir {shlex.quote(os.path.dirname(shown) or '.')}")  # to paste, spaces too
     example = "Once upon a time"  # unless a character tokenizer's corpus lacks one of its letters
     prompt = f" prompt='{example}'" if encoded_if_writable(run.data.tokenizer, example) else ""
-    log.info(f"  sample: .venv/bin/python sample.py run={shown}{prompt}")
+    log.info(f"  sample: .venv/bin/python sample.py {shlex.quote(f'run={shown}')}{prompt}")
 
 
 if __name__ == "__main__":

@@ -153,11 +153,14 @@ def changes_in(key: str, new: Any, old: Any) -> list[tuple[str, Any, Any]]:
     return [] if new == old else [(key, new, old)]
 
 
-def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tuple[Any, list[str]]:
+def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str], text_hashed: bool = False) -> tuple[Any, list[str]]:
     """The saved run's config, with the command line's overrides that differ from it applied.
     Returns (config, ["train.max_steps 1500 -> 3000", ...]); UserError for an override
-    that would change the model, tokenizer or data."""
+    that would change the model, tokenizer or data.
+    text_hashed: the checkpoint keeps a hash of its text, so data.path may change (a moved corpus,
+    another machine's path): the text read there is refused unless it is the same."""
     resumed = checked_saved_config(saved, cfg.resume)
+    free = (*FREE_ON_RESUME, "data.path") if text_hashed else FREE_ON_RESUME
     changes = []
     for override in overrides:
         given = override.split("=", 1)[0].lstrip("+~")
@@ -167,13 +170,25 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str]) -> tup
             fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
             asked = f"{key}={as_typed(new)}" if "." in key else override  # the value that holds, where a key came twice
             require(
-                fixed is None or key in FREE_ON_RESUME,
+                fixed is None or key in free,
                 f"resume: {asked} would change the {fixed} this run was trained with"
                 f"{f' ({as_typed(old)})' if '.' in key else ''}; start a new run for that instead",
             )
+            if key == "data.path" and new:  # kept whole, as a new run keeps it (train.py)
+                new = str(Path(new).expanduser().absolute())
             OmegaConf.update(resumed, key, new, merge=False, force_add=True)
             changes.append(f"{key} {old} -> {new}")
     return resumed, changes
+
+
+def check_text_still_there(resumed: Any, text_hashed: bool) -> None:
+    """UserError, in one line, for a resumed run whose text file (data.path) is no longer where it was,
+    saying how to go on: give its new place, where the checkpoint keeps a hash to check the text by."""
+    path = OmegaConf.select(resumed, "data.path")
+    if path and not Path(path).expanduser().exists():
+        how = (f"if it moved, give resume={resumed.resume} data.path=<where it is now> (the text is checked against the "
+               "run's)" if text_hashed else "put it back there (this checkpoint keeps no hash to check a moved one by)")
+        raise UserError(f"resume: data.path={path}, the text this run trained on, does not exist; {how}")
 
 
 # What the weights fix, and what a run starting from them may still choose (model.block_size

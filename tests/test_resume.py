@@ -291,15 +291,27 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text
     (tmp_path / "other.txt").write_text("".join(generate_stories(9, 30_000)))
     other = run_cli("train.py", *tiny_run(own_text, **{"train.max_steps": 13, "resume": "auto", "data.path": "other.txt"}),
                     cwd=tmp_path)
-    assert_one_error_line(other, f"error: resume: data.path=other.txt would change the data this run was trained with "
-                                 f"({tmp_path / 'book.txt'}); start a new run for that instead")
+    assert other.returncode == 2 and other.stderr == (f"error: resume: the text of data.path={tmp_path / 'other.txt'} differs "
+                                                      "from the text this run trained on; give the run its corpus as it was, "
+                                                      "or start a new run\n")
+    # The same text moved (to another machine's path, say): found missing, then taken where it is now.
+    (tmp_path / "book.txt").rename(tmp_path / "moved.txt")
+    gone = run_cli("train.py", "resume=run", "train.max_steps=13", cwd=tmp_path)
+    assert_one_error_line(gone, f"error: resume: data.path={tmp_path / 'book.txt'}, the text this run trained on, does not "
+                                "exist; if it moved, give resume=run data.path=<where it is now> (the text is checked "
+                                "against the run's)")
+    found = run_cli("train.py", "resume=run", "train.max_steps=13", "data.path=moved.txt", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert f"data.path {tmp_path / 'book.txt'} -> {tmp_path / 'moved.txt'}" in found.stdout
+    (tmp_path / "moved.txt").rename(tmp_path / "book.txt")
     # From another folder (a cluster job's): the run kept its text's whole path; the same file spelt
     # from there is no change, and where the token cache lives may change.
     (tmp_path / "elsewhere").mkdir()
     moved = run_cli("train.py", "resume=../run", "train.max_steps=14", f"data.path={tmp_path / 'book.txt'}",
                     "data.cache_dir=cache", cwd=tmp_path / "elsewhere")
     assert moved.returncode == 0, moved.stderr
-    assert "resuming ../run at step 12; train.max_steps 12 -> 14; data.cache_dir .cache -> cache" in moved.stdout
+    assert (f"resuming ../run at step 13; train.max_steps 13 -> 14; data.path {tmp_path / 'moved.txt'} -> "
+            f"{tmp_path / 'book.txt'}; data.cache_dir .cache -> cache") in moved.stdout
     assert Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").config["data"]["path"] == str(tmp_path / "book.txt")
     # The text changed since: refused as it is read (the checkpoint keeps a hash of it). A checkpoint
     # of an older version kept none: its tokenizer would be another (other merges, other ids), and was

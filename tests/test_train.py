@@ -1,6 +1,8 @@
 """One tiny run of train.py, end to end: what it leaves in its run dir, that its val loss falls,
 and a run on character tokens that logs, learns and samples as the default BPE run does."""
 
+import shlex
+
 import pytest
 import torch
 
@@ -73,10 +75,15 @@ def test_a_tiny_char_run_trains_logs_labelled_maps_and_samples(tmp_path):
 def test_the_closing_hint_leaves_out_a_prompt_the_runs_characters_cannot_write(tmp_path):
     (tmp_path / "book.txt").write_text("".join(generate_stories(3, 30_000)).lower())  # no capital O
     lower = {"tokenizer": "char", "data": "text", "data.path": "book.txt", "data.n_chars": None, "train.max_steps": 2,
-             "train.eval_interval": 2, "train.attn_log_interval": 0, "train.sample_interval": 0, "hydra.run.dir": "run"}
+             "train.eval_interval": 2, "train.attn_log_interval": 0, "train.sample_interval": 0, "hydra.run.dir": "my run"}
     result = run_cli("train.py", *tiny_run(lower), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.endswith("  sample: .venv/bin/python sample.py run=run\n")  # a command that runs as printed
+    assert result.stdout.endswith("  sample: .venv/bin/python sample.py 'run=my run'\n")  # quoted: a space in the folder
+    command = shlex.split(result.stdout.splitlines()[-1].removeprefix("  sample: "))  # a command that runs as printed
+    assert command[:2] == [".venv/bin/python", "sample.py"]
+    sampled = run_cli("sample.py", *command[2:], "max_new_tokens=5", cwd=tmp_path)
+    assert sampled.returncode == 0, sampled.stderr
+    assert "  watch:  .venv/bin/tensorboard --logdir .\n" in result.stdout
     assert "recall" not in result.stdout  # a text of the user's has no recall probe
 
 

@@ -2,6 +2,7 @@
 
 import logging
 import math
+import shlex
 import signal
 import time
 from dataclasses import dataclass, field
@@ -75,8 +76,9 @@ def fit(run: Run, state: TrainState) -> Figures:
                 book.catch_up()
                 saver.save(LAST, state, evaluated=False)
                 tb.close()
-                again = (f".venv/bin/python train.py resume={run.shown_dir}" if ranks.world_size == 1 else
-                         f"the same torchrun command ({ranks.world_size} processes), with resume={run.shown_dir}")
+                resume = shlex.quote(f"resume={run.shown_dir}")  # a command to paste: a folder may hold a space
+                again = (f".venv/bin/python train.py {resume}" if ranks.world_size == 1 else
+                         f"the same torchrun command ({ranks.world_size} processes), with {resume}")
                 log.info(f"stopped by {signal.Signals(stop_signal).name} after step {state.step}; saved "
                          f"{run.shown_dir}/{LAST}. Resume with: {again}")
                 raise SystemExit(128 + stop_signal)
