@@ -197,6 +197,14 @@ def decoded_chunks(file: Path, stream: BinaryIO) -> Iterator[str]:
             return
 
 
+def json_kind(value: object) -> str:
+    """What a value read from JSON is, in JSON's words: "a JSON number", "null"."""
+    if value is None:
+        return "null"
+    kind = {bool: "boolean", dict: "object", list: "array", str: "string"}.get(type(value), "number")
+    return f"a JSON {kind}"
+
+
 def jsonl_documents(file: Path, stream: BinaryIO, text_field: str) -> Iterator[Piece]:
     """One document per line of JSON: the string in its text_field."""
     for line_no, raw in enumerate(stream, start=1):
@@ -210,12 +218,12 @@ def jsonl_documents(file: Path, stream: BinaryIO, text_field: str) -> Iterator[P
                 continue  # a blank line
             raise UserError(f"{where}: not valid JSON ({err.msg}, column {err.colno}); fix or remove that line") from None
         if not isinstance(record, dict) or text_field not in record:
-            fields = ", ".join(map(repr, record)) if isinstance(record, dict) else f"a JSON {type(record).__name__}, no fields"
+            fields = ", ".join(map(repr, record)) if isinstance(record, dict) else f"{json_kind(record)}, no fields"
             raise UserError(f"{where}: no {text_field!r} field (it has {fields}); "
                             "set data.text_field to the field that holds the text")
         text = record[text_field]
         if not isinstance(text, str):
-            raise UserError(f"{where}: {text_field!r} holds a JSON {type(text).__name__}, not text; "
+            raise UserError(f"{where}: {text_field!r} holds {json_kind(text)}, not text; "
                             "set data.text_field to the field that holds the text")
         try:
             text.encode("utf-8")

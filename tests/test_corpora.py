@@ -86,8 +86,9 @@ def test_jsonl_reads_the_field_data_text_field_names(tmp_path):
 @pytest.mark.parametrize(("content", "message"), [
     ('{"text": "ok"}\n{"text": oops}\n', "s.jsonl, line 2: not valid JSON (Expecting value, column 10); fix or remove that line"),
     ('{"text": "ok"}\n\n{"body": "x", "id": 3}\n', "s.jsonl, line 3: no 'text' field (it has 'body', 'id'); set data.text_field"),
-    ('["a list"]\n', "s.jsonl, line 1: no 'text' field (it has a JSON list, no fields)"),
-    ('{"text": 42}\n', "s.jsonl, line 1: 'text' holds a JSON int, not text"),
+    ('["a list"]\n', "s.jsonl, line 1: no 'text' field (it has a JSON array, no fields)"),
+    ('{"text": 42}\n', "s.jsonl, line 1: 'text' holds a JSON number, not text"),
+    ('{"text": null}\n', "s.jsonl, line 1: 'text' holds null, not text"),  # in JSON's words, not Python's NoneType
     ('{"text": "ok"}\n{"text": "half a pair \\ud800"}\n', "s.jsonl, line 2: 'text' holds a lone surrogate escape"),
 ])
 def test_a_bad_jsonl_line_is_named_by_file_and_line(tmp_path, content, message):
