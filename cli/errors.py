@@ -2,6 +2,7 @@
 (user_error.py) for what the project refuses, and the wording of what Hydra and OmegaConf refuse."""
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -170,6 +171,13 @@ def config_error_line(err: Exception) -> str:
         other_way = {"list": f", or write a list in brackets ('{key}=[a,b]')", "plain": "",
                      "text": f", or quote the value to keep it whole ('{key}=\"a, b\"')"}[kind]
         return f"{argument}: a comma here means a sweep; add -m for one run per value{other_way}"
+    said = str(cause)
+    if full_key and (converted := re.search(r"Cannot convert '(list|dict)' to string", said)):  # prompt=[a]
+        marks, example = ("[ ]", "[a]") if converted[1] == "list" else ("{ }", "{a}")
+        return (f"{full_key}: {marks} make a {converted[1]} of a value; to keep them as text, quote the value inside "
+                f"the shell's quotes, e.g. '{full_key}=\"{example}\"'")
+    if full_key and "does not support deletion" in said:  # ~model.n_layer
+        return f"~{full_key}: ~ removes a key, and every option here keeps a value; set it instead ({full_key}=<value>)"
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"

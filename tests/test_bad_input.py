@@ -37,6 +37,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["-sc"], "error: --shell-completion needs what to do: install=bash, uninstall=bash, query=bash (or zsh, fish)"),
         (["--experimental-rerun=job.pickle"], "error: --experimental-rerun=job.pickle is not a flag of this command"),
         (["model.n_layer=${oops}"], "error: model.n_layer: Interpolation key 'oops' not found"),
+        (["~model.n_layer"], "error: ~model.n_layer: ~ removes a key, and every option here keeps a value; set it instead "
+                             "(model.n_layer=<value>)"),
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
@@ -181,6 +183,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep; add -m for one run "
                                          "per value, or quote the value to keep it whole ('prompt=\"a, b\"')"),
         (["prompt='a','b'"], "error: prompt='a','b': a comma here means a sweep"),
+        (["prompt=[a]"], "error: prompt: [ ] make a list of a value; to keep them as text, quote the value inside the "
+                         "shell's quotes, e.g. 'prompt=\"[a]\"'"),
         (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
         (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
