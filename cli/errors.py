@@ -149,8 +149,11 @@ def config_error_line(err: Exception) -> str:
     full_key = getattr(cause, "full_key", None)
     if full_key and isinstance(cause, ConfigAttributeError | ConfigKeyError):  # a key no schema has
         if owners := group_options_with(full_key):  # tokenizer.vocab_size with tokenizer=char
+            # With resume=, the group chosen here is the default's: the run's own is read later.
+            resuming = any(arg.startswith("resume=") for arg in sys.argv[1:])
+            also = f" (with resume=, give the run's group as well, e.g. {owners[0]})" if resuming else ""
             return (f"{full_key} is not an option of the {full_key.split('.')[0]} chosen; "
-                    f"{' and '.join(owners)} {'has' if len(owners) == 1 else 'have'} it")
+                    f"{' and '.join(owners)} {'has' if len(owners) == 1 else 'have'} it{also}")
         return f"{full_key} is not an option; check its spelling ({options_hint()})"
     if isinstance(cause, ValidationError) and (refused := refused_value_line(cause)):
         return refused

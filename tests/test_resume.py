@@ -294,6 +294,9 @@ def test_a_run_on_your_own_text_resumes_where_it_stopped_and_not_on_another_text
     assert other.returncode == 2 and other.stderr == (f"error: resume: the text of data.path={tmp_path / 'other.txt'} differs "
                                                       "from the text this run trained on; give the run its corpus as it was, "
                                                       "or start a new run\n")
+    alone = run_cli("train.py", "resume=run", "data.text_field=text", cwd=tmp_path)  # the composed group is the default's
+    assert_one_error_line(alone, "error: data.text_field is not an option of the data chosen; data=text has it (with "
+                                 "resume=, give the run's group as well, e.g. data=text)")
     # The same text moved (to another machine's path, say): found missing, then taken where it is now.
     (tmp_path / "book.txt").rename(tmp_path / "moved.txt")
     gone = run_cli("train.py", "resume=run", "train.max_steps=13", cwd=tmp_path)
