@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from runtime.startup import Starting
-from user_error import UserError, not_installed
+from user_error import UserError, command_argument, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
     starting = Starting()  # Ctrl-C while importing is one line too, and no garbage is collected (runtime/startup.py)
@@ -143,7 +143,7 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
             checkpoint = Checkpoint.load(source)
             text_hashed = bool((checkpoint.run_state or {}).get("text_key"))
             cfg, changes = resumed_config(cfg, checkpoint.config, overrides, text_hashed)
-            check_text_still_there(cfg, text_hashed)
+            check_text_still_there(cfg, checkpoint.config, text_hashed)
             if checkpoint.run_state is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds the model alone, without what an exact "
                                 "resume needs (a file of train.keep_checkpoints, or one an older version saved); resume "
@@ -220,7 +220,7 @@ def report(run: Run, figures: Figures) -> None:
     log.info(f"  watch:  .venv/bin/tensorboard --logdir {shlex.quote(os.path.dirname(shown) or '.')}")  # to paste, spaces too
     example = "Once upon a time"  # unless a character tokenizer's corpus lacks one of its letters
     prompt = f" prompt='{example}'" if encoded_if_writable(run.data.tokenizer, example) else ""
-    log.info(f"  sample: .venv/bin/python sample.py {shlex.quote(f'run={shown}')}{prompt}")
+    log.info(f"  sample: .venv/bin/python sample.py {command_argument('run', shown)}{prompt}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ so that data/ and model/ can raise it without importing the training loop's pack
 """
 
 
+import re
+import shlex
 import sys
 
 
@@ -40,3 +42,13 @@ def not_installed(missing: ModuleNotFoundError, script: str) -> str:
     """The one line a script says when run by a python without the packages `make setup` installs."""
     return (f"error: {missing.name} is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
             "(make setup makes .venv), or activate .venv first")
+
+
+def command_argument(key: str, value: str) -> str:
+    """key=value as one argument of a command printed to be pasted into a shell: in Hydra's quotes
+    where the value holds what Hydra's grammar reads otherwise (, = : ' ( [ { $, a letter outside
+    ASCII), then in the shell's where it holds a space or a quote. run=outputs/<date>/<time> stays
+    as it is; run=../my run becomes 'run=../my run'."""
+    if not re.fullmatch(r"[A-Za-z0-9_./@+%*?|-]+( +[A-Za-z0-9_./@+%*?|-]+)*", value):
+        value = '"' + value.replace('"', '\\"').replace("${", "\\${") + '"'  # OmegaConf then reads \${ as ${
+    return shlex.quote(f"{key}={value}")

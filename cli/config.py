@@ -181,11 +181,13 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str], text_h
     return resumed, changes
 
 
-def check_text_still_there(resumed: Any, text_hashed: bool) -> None:
-    """UserError, in one line, for a resumed run whose text file (data.path) is no longer where it was,
-    saying how to go on: give its new place, where the checkpoint keeps a hash to check the text by."""
+def check_text_still_there(resumed: Any, saved: dict[str, Any], text_hashed: bool) -> None:
+    """UserError, in one line, for a resumed run whose text file (data.path, as saved) is no longer where it
+    was, saying how to go on: give its new place, where the checkpoint keeps a hash to check the text by. (A
+    new data.path given on the command line is checked as any is, when the corpus is read.)"""
     path = OmegaConf.select(resumed, "data.path")
-    if path and not Path(path).expanduser().exists():
+    unchanged = path == saved.get("data", {}).get("path") and resumed.data.source != "stories"  # (stories read no file)
+    if path and unchanged and not Path(path).expanduser().exists():
         how = (f"if it moved, give resume={resumed.resume} data.path=<where it is now> (the text is checked against the "
                "run's)" if text_hashed else "put it back there (this checkpoint keeps no hash to check a moved one by)")
         raise UserError(f"resume: data.path={path}, the text this run trained on, does not exist; {how}")

@@ -6,7 +6,6 @@ the sweep after two whole trainings. Here each job's config is composed as the s
 it, and checked, first; and a sweep under torchrun (one run of several processes) is refused."""
 
 import itertools
-import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from model_io.run_files import AUTO, BEST, LAST
-from user_error import UserError, as_typed
+from user_error import UserError, as_typed, command_argument
 
 
 def job_overrides(task_overrides: list[str], params: dict | None = None) -> list[list[str]]:
@@ -119,6 +118,6 @@ def said_as_its_job(hydra_config: DictConfig, resume: str | None) -> Iterator[No
         ran = {0: "no job had run", 1: "job #0 ran"}.get(number, f"jobs #0 to #{number - 1} ran")
         saved = any((Path(hydra_config.runtime.output_dir) / name).is_file() for name in (LAST, BEST))
         go_on = (f": fix its values, then run the sweep again with resume=auto "
-                 f"{shlex.quote(f'hydra.sweep.dir={hydra_config.sweep.dir}')} (what ran is kept)") if resume in (None, AUTO) and not saved else ""
+                 f"{command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))} (what ran is kept)") if resume in (None, AUTO) and not saved else ""
         raise UserError(f"job #{number} of the sweep ({' '.join(hydra_config.overrides.task)}): {error}; {ran}, the "
                         f"rest did not{go_on}") from None

@@ -5,6 +5,8 @@ import shlex
 
 import pytest
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from data.stories import generate_stories
 from tests.helpers import (
@@ -16,6 +18,7 @@ from tests.helpers import (
     text_of,
     tiny_run,
 )
+from user_error import command_argument
 
 pytestmark = pytest.mark.slow  # every test reads the shared trained run
 
@@ -85,6 +88,18 @@ def test_the_closing_hint_leaves_out_a_prompt_the_runs_characters_cannot_write(t
     assert sampled.returncode == 0, sampled.stderr
     assert "  watch:  .venv/bin/tensorboard --logdir .\n" in result.stdout
     assert "recall" not in result.stdout  # a text of the user's has no recall probe
+
+
+@pytest.mark.parametrize("folder", ["outputs/2026-11-28/19-03-35", "../my run", "../josé", "a,b", "it's", "(x)", "a=b",
+                                    "a:b", 'say "hi"', "x${y}", "[1]"])
+def test_a_printed_command_argument_reads_back_as_the_folder_through_the_shell_and_hydra(folder):
+    # The closing lines' and the stop's commands are pasted: the shell splits them, then Hydra parses the
+    # value (a comma would be a sweep, a colon or a quote an error) and OmegaConf resolves it.
+    argument = command_argument("run", folder)
+    (word,) = shlex.split(argument)  # one argument for the shell
+    parsed = OverridesParser.create().parse_overrides([word])[0]
+    assert parsed.key_or_group == "run" and OmegaConf.create({"run": parsed.value()}).run == folder
+    assert (argument == f"run={folder}") == (folder == "outputs/2026-11-28/19-03-35")  # quoted only where needed
 
 
 def test_a_run_shorter_than_its_warmup_says_its_learning_rate_never_peaks(tmp_path):

@@ -2,7 +2,6 @@
 
 import logging
 import math
-import shlex
 import signal
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from training.saving import Checkpoints, KeptCheckpoints, Saver
 from training.state import TrainState
 from training.step import QueuedStep, StepResult
 from training.tensorboard_log import RunLogger
+from user_error import command_argument
 
 log = logging.getLogger("train")
 
@@ -76,7 +76,7 @@ def fit(run: Run, state: TrainState) -> Figures:
                 book.catch_up()
                 saver.save(LAST, state, evaluated=False)
                 tb.close()
-                resume = shlex.quote(f"resume={run.shown_dir}")  # a command to paste: a folder may hold a space
+                resume = command_argument("resume", run.shown_dir)  # a command to paste: a folder may hold a space
                 again = (f".venv/bin/python train.py {resume}" if ranks.world_size == 1 else
                          f"the same torchrun command ({ranks.world_size} processes), with {resume}")
                 log.info(f"stopped by {signal.Signals(stop_signal).name} after step {state.step}; saved "
