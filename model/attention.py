@@ -360,7 +360,8 @@ class CausalSelfAttention(nn.Module):
         if no_key_visible is not None:
             weights = weights.masked_fill(no_key_visible, 0.0)  # (B, H, T, S): such rows attend to nothing
         if self.hook_attn_scores.fns:  # a function that hid every key of a row made it 0/0 = NaN:
-            weights = weights.nan_to_num(nan=0.0)  # (B, H, T, S): such a row attends to nothing, as in TransformerLens
+            hidden = scores.isneginf().all(dim=-1, keepdim=True)  # (B, H, T, 1)
+            weights = weights.masked_fill(hidden, 0.0)  # (B, H, T, S): such a row attends to nothing, as in TransformerLens
         weights = self.hook_pattern(weights)  # (B, H, T, S)
 
         # 6. Each query's output is the weighted average of the values it attends to.

@@ -274,13 +274,18 @@ class HookedModel(nn.Module):
             raise TypeError(f"names={names!r}: give a name, a list of names or a test on names (None: every point), "
                             "e.g. names=['blocks.0.attn.hook_pattern']")
         activations: dict[str, torch.Tensor] = {}
+        copies = False  # set below: whether another function may edit, in place, a tensor two points share
 
         def keep(activation: torch.Tensor, hook: HookPoint) -> None:
-            activations[hook.name] = activation.detach()
+            activations[hook.name] = activation.detach().clone() if copies else activation.detach()
 
-        # The cache's functions come after fwd_hooks, so it keeps the activation the forward used.
-        with self.hooks(fwd_hooks), self.hooks([(point.name, keep) for point in picked]):
-            logits, _ = self(idx)
+        # The cache's functions come after fwd_hooks, so it keeps the activation the forward used. With
+        # other functions attached it keeps a copy: resid_post of one block is resid_pre of the next, one
+        # tensor, which a function there may edit in place after the first was kept.
+        with self.hooks(fwd_hooks):
+            copies = self.has_hooks()
+            with self.hooks([(point.name, keep) for point in picked]):
+                logits, _ = self(idx)
         return logits, ActivationCache(activations, self)  # in the order the forward reached them
 
 

@@ -109,6 +109,33 @@ def test_reset_hooks_detaches_what_add_hook_attached_and_whose_remover_was_lost(
         assert not model.has_hooks() and torch.equal(model(idx)[0], intact)
 
 
+def test_the_cache_keeps_what_a_point_handed_on_though_a_later_function_edits_that_tensor_in_place():
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, 65, (B, T), generator=torch.Generator().manual_seed(5))
+
+    def add_in_place(x, hook):  # at blocks.1.hook_resid_pre: the very tensor blocks.0.hook_resid_post handed on
+        x += 100.0
+
+    with torch.no_grad():  # as the docs advise: no copy from autograd's side
+        _, plain = model.run_with_cache(idx, names=["blocks.0.hook_resid_post"])
+        _, edited = model.run_with_cache(idx, names=["blocks.0.hook_resid_post", "blocks.1.hook_resid_pre"],
+                                         fwd_hooks=[("blocks.1.hook_resid_pre", add_in_place)])
+    torch.testing.assert_close(edited["resid_post", 0], plain["resid_post", 0], atol=0, rtol=0)
+    torch.testing.assert_close(edited["resid_pre", 1], plain["resid_post", 0] + 100.0)
+
+
+def test_a_model_gone_nan_stays_nan_with_a_function_reading_hook_attn_scores():
+    # A row a function hides whole attends to nothing (tests/test_transformer_lens.py); a NaN of the
+    # model's own is not hidden by that, nor by the cache, which reads every point.
+    model = tiny_gpt(attention="manual").eval()
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight[0] = float("nan")  # head 0's first query channel
+        idx = torch.randint(0, 65, (B, T), generator=torch.Generator().manual_seed(4))
+        assert model(idx)[0].isnan().any()
+        assert model.run_with_hooks(idx, fwd_hooks=[("blocks.0.attn.hook_attn_scores", lambda s, hook: None)])[0].isnan().any()
+        assert model.run_with_cache(idx)[0].isnan().any()
+
+
 def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attached():
     model = tiny_gpt()
     message = re.escape("no hook point named 'blocks.0.attn.hook_patern' in this model: did you mean "
