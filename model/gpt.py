@@ -15,7 +15,6 @@ Nothing here reads files or config: train.py and sample.py build a GPTConfig and
 """
 
 import math
-import operator
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from model.attention import CausalSelfAttention, KVCache
-from model.hooks import HookedModel, HookFn, HookPoint, is_pattern, name_hook_points
+from model.hooks import HookedModel, HookFn, HookPoint, is_pattern, is_whole_number, name_hook_points
 from model.norms import LayerNorm, RMSNorm
 
 
@@ -372,17 +371,6 @@ class GPT(HookedModel):
             if layer not in range(n_layer) or head not in range(n_head):
                 missing = f"no layer {layer} (in {spelt(layer, head)})" if layer not in range(n_layer) else f"no head {head} in layer {layer}"
                 raise ValueError(f"{missing}: this model has layers 0 to {n_layer - 1} and heads 0 to {n_head - 1}")
-
-
-def is_whole_number(value: object) -> bool:
-    """An int (a 0-d integer tensor's or numpy's too), not a bool or a float: what a layer or head number is."""
-    if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool or getattr(value, "ndim", 0) != 0:
-        return False
-    try:
-        operator.index(value)  # what a list index takes: no floats, no float tensors or arrays
-    except TypeError:
-        return False
-    return True
 
 
 def zero_heads(heads: list[int]) -> HookFn:

@@ -200,6 +200,17 @@ def checked_pairs(fwd_hooks: object) -> list[tuple[Where, object]]:
     return pairs
 
 
+def is_whole_number(value: object) -> bool:
+    """An int (a 0-d integer tensor's or numpy's too), not a bool or a float: what a layer or head number is."""
+    if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool or getattr(value, "ndim", 0) != 0:
+        return False
+    try:
+        operator.index(value)  # what a list index takes: no floats, no float tensors or arrays
+    except TypeError:
+        return False
+    return True
+
+
 def is_pattern(name: str) -> bool:
     """Picks every layer's attention weights, blocks.<l>.attn.hook_pattern."""
     return name.endswith("attn.hook_pattern")
@@ -314,13 +325,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             candidates = [short, f"hook_{short}", f"ln_final.hook_{short}", f"smear.hook_{short}"]
         else:
             n_layer = len(self.model.blocks)
-            try:
-                if isinstance(layer, bool) or getattr(layer, "dtype", None) == torch.bool:
-                    raise TypeError  # True would be layer 1
-                layer = operator.index(layer)  # an int, numpy's or torch's too; not "1" or 1.0
-            except TypeError:
+            if not is_whole_number(layer):  # True would be layer 1; "1" and 1.0 are no index
                 raise KeyError(f"layer {layer!r} of {key!r} is not a whole number: give it as an int, e.g. "
-                               f"({short!r}, {n_layer - 1})") from None
+                               f"({short!r}, {n_layer - 1})")
+            layer = operator.index(layer)  # an int, numpy's or torch's too
             if not -n_layer <= layer < n_layer:  # as a list's index: -1 is the last layer, -n_layer the first
                 raise KeyError(f"layer {layer} of {key!r} is not in this model: its {n_layer} layers are 0 to "
                                f"{n_layer - 1} (or -{n_layer} to -1 from the end)")
@@ -399,12 +407,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         n_layer = len(self.model.blocks)
         if layer is None:
             return range(n_layer)
-        try:
-            if isinstance(layer, bool) or getattr(layer, "dtype", None) == torch.bool:
-                raise TypeError  # True would be layer 1
-            count = operator.index(layer)  # an int, numpy's or torch's too
-        except TypeError:
-            count = None
+        count = operator.index(layer) if is_whole_number(layer) else None  # True would be 1
         if count == -1:
             return range(n_layer)
         if count is not None and 1 <= count <= n_layer:
