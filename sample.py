@@ -4,6 +4,7 @@ model's config, its weights and its tokenizer.
     python sample.py run=outputs/2026-11-22/10-00-00 prompt="Once upon a time"
     python sample.py run=latest max_new_tokens=200 temperature=0.8 top_k=50 num_samples=3 seed=1
     python sample.py run=latest dtype=bf16 compile=true   # half the bytes a token reads
+    python sample.py -m run=latest temperature=0.5,1.0     # one sampling per value, each under its name
 
 Every option is in configs/sample.yaml. Nothing is written anywhere.
 """
@@ -20,12 +21,14 @@ try:  # what make setup installs into .venv: another python gets one line, not a
     starting = Starting()  # Ctrl-C while importing is one line too, and no garbage is collected (runtime/startup.py)
     import hydra
     import torch
+    from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 except ModuleNotFoundError as missing:
     sys.exit(not_installed(missing, "sample.py"))
 
 from cli.checkpoint_commands import prompt_as_typed, validate_sample_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
+from cli.sweep_check import sweep_job
 from model import GPT
 from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_decoding, terminal_text
@@ -41,6 +44,8 @@ starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs ove
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with exit_on_user_error(writes=False):
+        if job := sweep_job(HydraConfig.get()):  # -m: each job's text, or its error, under its name
+            print(f"=== {job} ===", flush=True)
         sample(cfg)
 
 

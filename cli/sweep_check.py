@@ -103,6 +103,14 @@ def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictCon
                             "swept values as the first sweep had them; no job has run")
 
 
+def sweep_job(hydra_config: DictConfig) -> str | None:
+    """How a job of a sweep (-m) names itself: 'job #1 of the sweep (top_k=5 seed=2)', its number
+    and its overrides; None in a run of its own."""
+    if hydra_config.mode != RunMode.MULTIRUN:
+        return None
+    return f"job #{hydra_config.job.num} of the sweep ({' '.join(hydra_config.overrides.task)})"
+
+
 @contextmanager
 def said_as_its_job(hydra_config: DictConfig, resume: str | None) -> Iterator[None]:
     """A job of a sweep (-m) that stops on a UserError the checks above could not foresee (a corpus too
@@ -112,12 +120,12 @@ def said_as_its_job(hydra_config: DictConfig, resume: str | None) -> Iterator[No
     try:
         yield
     except UserError as error:
-        if hydra_config.mode != RunMode.MULTIRUN:
+        if (job := sweep_job(hydra_config)) is None:
             raise
         number = hydra_config.job.num
         ran = {0: "no job had run", 1: "job #0 ran"}.get(number, f"jobs #0 to #{number - 1} ran")
         saved = any((Path(hydra_config.runtime.output_dir) / name).is_file() for name in (LAST, BEST))
         go_on = (f": fix its values, then run the sweep again with resume=auto "
                  f"{command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))} (what ran is kept)") if resume in (None, AUTO) and not saved else ""
-        raise UserError(f"job #{number} of the sweep ({' '.join(hydra_config.overrides.task)}): {error}; {ran}, the "
+        raise UserError(f"{job}: {error}; {ran}, the "
                         f"rest did not{go_on}") from None

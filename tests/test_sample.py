@@ -171,6 +171,23 @@ def test_the_prompt_is_the_text_as_typed_even_where_hydra_reads_a_number_or_a_bo
     assert (result.returncode, result.stdout) == (0, text + "\n"), result.stderr
 
 
+def test_a_sweep_prints_each_jobs_text_under_its_name_and_a_bad_job_says_its_error_there(tmp_path):
+    checkpoint, _ = small_checkpoint(tmp_path, text="Once upon hirt.")
+    args = [f"run={checkpoint}", "prompt=On", "max_new_tokens=12", "temperature=1"]
+    alone = {seed: run_cli("sample.py", *args, f"seed={seed}", cwd=tmp_path).stdout for seed in (1, 2)}
+    assert alone[1] != alone[2]
+    (tmp_path / "sweep").mkdir(), (tmp_path / "bad").mkdir()  # each sweep's record under its multirun/
+    swept = run_cli("sample.py", "-m", *args, "seed=1,2", cwd=tmp_path / "sweep")
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stdout == "".join(f"=== job #{job} of the sweep ({' '.join(args)} seed={seed}) ===\n{alone[seed]}"
+                                   for job, seed in enumerate((1, 2)))
+    bad = run_cli("sample.py", "-m", *args, "top_k=3,100", cwd=tmp_path / "bad")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    first, second = (f"=== job #{job} of the sweep ({' '.join(args)} top_k={top_k}) ===\n" for job, top_k in ((0, 3), (1, 100)))
+    assert bad.stdout.startswith(first + "On") and bad.stdout.endswith("\n" + second)  # job #1's error came after its name
+    assert bad.stderr.strip() == "error: top_k=100 must be between 1 and the vocabulary size 14 (or 0: off)"
+
+
 @pytest.mark.slow
 def test_sampling_with_and_without_the_kv_cache_gives_the_same_text(trained_run, tmp_path):
     # <eot> + 4 prompt tokens + 27 new ones fill the tiny run's block_size of 32 exactly.
