@@ -158,11 +158,12 @@ def gzip_errors_said(file: Path) -> Iterator[None]:
 
 
 def text_document(file: Path, stream: BinaryIO) -> Iterator[Piece]:
-    """A text file as one document, in pieces; nothing at all if it is only whitespace."""
+    """A text file as one document, in pieces; nothing at all if it is only whitespace. The byte
+    order mark some Windows editors write first (U+FEFF) is not part of the text."""
     held = ""  # leading whitespace, or a last "\r" that may begin a CRLF
     started = False
-    for text in decoded_chunks(file, stream):
-        text = held + text
+    for number, text in enumerate(decoded_chunks(file, stream)):
+        text = held + (text.removeprefix("\ufeff") if number == 0 else text)
         text, held = (text[:-1], "\r") if text.endswith("\r") else (text, "")
         text = text.replace("\r\n", "\n")
         if not started and not text.strip():

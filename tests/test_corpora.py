@@ -107,3 +107,11 @@ def test_a_long_file_comes_in_pieces_that_join_to_it_across_split_characters_and
     (tmp_path / "bad.txt").write_bytes(b"ok ok " * 5 + b"\xff")
     with pytest.raises(UserError, match=r"bad\.txt is not UTF-8 text \(byte 30 is 0xff\)"):
         list(corpus.read_corpus(text_files_cfg(tmp_path / "bad.txt")))
+    # Saved with a byte order mark (Notepad's "UTF-8 with BOM"): the same text, no U+FEFF character;
+    # the mark still counts in a bad byte's place in the file. A U+FEFF later on is text.
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text.encode() + "\ufeff".encode())
+    pieces = list(corpus.read_corpus(text_files_cfg(tmp_path / "bom.txt")))
+    assert "".join(p.text for p in pieces) == text.replace("\r\n", "\n") + "\ufeff"
+    (tmp_path / "bad.txt").write_bytes(b"\xef\xbb\xbf" + b"ok ok " * 5 + b"\xff")
+    with pytest.raises(UserError, match=r"bad\.txt is not UTF-8 text \(byte 33 is 0xff\)"):
+        list(corpus.read_corpus(text_files_cfg(tmp_path / "bad.txt")))
