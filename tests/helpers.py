@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from transformers import GPT2LMHeadModel
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project's packages: every folder of it with an __init__.py but the tests' own.
+PACKAGES = tuple(sorted(path.parent.name for path in ROOT.glob("*/__init__.py") if path.parent.name != "tests"))
 # One process on the CPU, as train.py runs without torchrun: for the in-process pieces (TrainStep, fit).
 ONE_PROCESS = Ranks(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 

@@ -12,10 +12,9 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import PACKAGES, ROOT
 
-# The project's packages, every folder of it with an __init__.py but the tests' own, and its top-level modules.
-PACKAGES = tuple(sorted(path.parent.name for path in ROOT.glob("*/__init__.py") if path.parent.name != "tests"))
+# Besides the project's packages (tests/helpers.py), its top-level modules.
 SCRIPTS = ("train", "sample", "export")
 MODULES = ("user_error",)
 # An import statement inside a string: the code a test runs in a new Python process.

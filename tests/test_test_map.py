@@ -7,9 +7,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import PACKAGES, ROOT
 
-FOLDERS = ("cli", "model", "model_io", "data", "training", "runtime", "inspection", "attention_tab", "bench")
 SCRIPTS = ("train.py", "sample.py", "export.py", "user_error.py")
 SECTION = "## Where each module's tests are"
 ROW = re.compile(r"^\| `([\w/]+\.py)` \| (.+) \|$", re.MULTILINE)
@@ -19,7 +18,7 @@ NOTHING_TO_TEST = "none: a docstring only"
 
 def project_modules() -> list[str]:
     """Every module of the project as a path: "training/step.py", "train.py"."""
-    return sorted([str(path.relative_to(ROOT)) for folder in FOLDERS for path in (ROOT / folder).glob("*.py")]
+    return sorted([str(path.relative_to(ROOT)) for folder in PACKAGES for path in (ROOT / folder).glob("*.py")]
                   + list(SCRIPTS))
 
 
