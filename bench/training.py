@@ -13,6 +13,7 @@ import torch
 from bench.common import ROOT, logged, median_time
 from model import GPT
 from model_io.checkpoint import Checkpoint
+from training.tensorboard_log import TOKENS_PER_SEC, VAL_LOSS
 
 TARGET_VAL_LOSS = 1.886  # nanoGPT's README CPU recipe on tiny shakespeare
 
@@ -76,7 +77,7 @@ def bench_training(repeats: int, steps: int, corpus: Path, peak_gflops: float | 
         seconds.append(time.perf_counter() - started)
         if result.returncode != 0:
             sys.exit(f"error: the {name} benchmark run failed:\n{result.stderr}")
-        rates.append(statistics.median(logged(run_dir, "train/tokens_per_sec")[1:]))
+        rates.append(statistics.median(logged(run_dir, TOKENS_PER_SEC)[1:]))
         max_rss = max(max_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     model, _ = Checkpoint.load(run_dir / "ckpt_last.pt").build_model()
     tokens_per_sec = statistics.median(rates)
@@ -111,7 +112,7 @@ def timed_training_runs(name: str, args: list[str], repeats: int, corpus: Path, 
         seconds.append(time.perf_counter() - started)
         if result.returncode != 0:
             sys.exit(f"error: the {name} benchmark run failed:\n{result.stderr}")
-        losses.append(logged(run_dir, "loss/val")[-1])
+        losses.append(logged(run_dir, VAL_LOSS)[-1])
     val_loss = statistics.median(losses)
     return {"seconds": statistics.median(seconds), "val_loss": val_loss, "val_losses": losses,
             "reached_target": val_loss <= TARGET_VAL_LOSS}

@@ -47,6 +47,7 @@ from inspection.tab_format import (  # noqa: E402
 from inspection.text_forward import forward_text  # noqa: E402
 from model_io.checkpoint import Checkpoint  # noqa: E402
 from model_io.run_files import resolve_checkpoint  # noqa: E402
+from training.tensorboard_log import NAME_RECALL  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 ATTENTION_MAPS = Path(__file__).resolve().parent / "attention_maps.png"
@@ -167,7 +168,7 @@ def run_record(run: str, heads: list[tuple[int, int, str]]) -> dict:
     induction = [events.Scalars(tag)[-1].value for tag in tags if (where := head_scalar_of(tag)) and where[0] == "induction"]
     model, tokenizer = checkpoint.build_model()
     return {"step": checkpoint.step, "config": checkpoint.config,
-            "name_recall": {str(e.step): round(e.value, 4) for e in events.Scalars("recall/accuracy_name")},
+            "name_recall": {str(e.step): round(e.value, 4) for e in events.Scalars(NAME_RECALL)},
             "largest_induction_score_at_the_end": round(max(induction), 4),
             "framed_cell": framed_cell(checkpoint, model, tokenizer, heads[0][:2]),
             "without_each_head": ablation_table(events, model.config.n_layer, model.config.n_head),
@@ -203,7 +204,7 @@ def ablation_table(events, n_layer: int, n_head: int) -> dict:
     order = sorted(without, key=without.get)
     rows = [[*head, round(without[head], 3), round(look_back[head], 3), round(induction[head], 3)] for head in order[:3]]
     others = order[3:]
-    return {"intact": round(events.Scalars("recall/accuracy_name")[-1].value, 3), "heads": rows,
+    return {"intact": round(events.Scalars(NAME_RECALL)[-1].value, 3), "heads": rows,
             "others": {"count": len(others),
                        "without": [round(min(without[h] for h in others), 3), round(max(without[h] for h in others), 3)],
                        "look_back": [round(min(look_back[h] for h in others), 3), round(max(look_back[h] for h in others), 3)],

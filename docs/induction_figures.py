@@ -29,6 +29,7 @@ from inspection.heatmap import INK as INK_LINE  # noqa: E402
 from inspection.tab_format import INDUCTION_ABLATION, head_metric_prefix, head_scalar_parts  # noqa: E402
 from model_io.checkpoint import Checkpoint  # noqa: E402
 from model_io.run_files import resolve_checkpoint  # noqa: E402
+from training.tensorboard_log import BATCH_LOSS, IN_CONTEXT_LOSS  # noqa: E402
 from user_error import UserError  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent
@@ -51,7 +52,7 @@ def read_run(run: str) -> tuple[Checkpoint, dict[str, dict[int, float]], float]:
     events = EventAccumulator(str(path.parent), size_guidance={"scalars": 0})
     events.Reload()
     scalars = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
-    walls = [e.wall_time for e in events.Scalars("train/batch_loss")]
+    walls = [e.wall_time for e in events.Scalars(BATCH_LOSS)]
     return checkpoint, scalars, walls[-1] - walls[0]
 
 
@@ -109,7 +110,7 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
     last = max(induction)
     before, after = rise(induction)
     jump = rise(induction, start=JUMP)
-    in_context = scalars["loss/in_context"]
+    in_context = scalars[IN_CONTEXT_LOSS]
     best_previous = max(heads_of(scalars, head_metric_prefix("previous_token")).items(), key=lambda kv: kv[1][last])
     return {
         "step": checkpoint.step, "seconds": round(seconds), "config": checkpoint.config,
@@ -126,7 +127,7 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
                              "without": {f"{layer}.{h}": round(series[last], 2) for (layer, h), series in sorted(without.items())}},
         "in_context": {str(step): round(value, 3) for step, value in sorted(in_context.items())},
         "series": {name: {str(step): round(value, 3) for step, value in sorted(values.items())} for name, values in (
-            ("induction_head", induction), ("previous_token_head", previous_score), ("batch_loss", scalars["train/batch_loss"]),
+            ("induction_head", induction), ("previous_token_head", previous_score), ("batch_loss", scalars[BATCH_LOSS]),
             ("second_copy_intact", intact))},
     }
 
@@ -147,15 +148,15 @@ def scores_figure(record: dict, scalars: dict[str, dict[int, float]], path: Path
     band = [(jump[0], jump[1], "the jump")]  # from the last step below JUMP to the first at AFTER or more
     scores = Plot("every head's induction score on random characters repeated once (grey: the other heads)", "step",
                   "score", (0, top), (0, 1), x_ticks, [0, 0.25, 0.5, 0.75, 1], lines, bands=band, legend=(top * 0.45, 0.2))
-    in_context = scalars["loss/in_context"]
+    in_context = scalars[IN_CONTEXT_LOSS]
     evals = sorted(in_context)
     low = min(in_context.values())
-    context = Plot("loss/in_context: val loss late in the window minus early", "step", "nats", (0, top), (low - 0.05, 0.05),
+    context = Plot(f"{IN_CONTEXT_LOSS}: val loss late in the window minus early", "step", "nats", (0, top), (low - 0.05, 0.05),
                    x_ticks, [round(low, 2), round(low / 2, 2), 0], [Line("", evals, [in_context[s] for s in evals], ORANGE)],
                    bands=band)
-    train = scalars["train/batch_loss"]
+    train = scalars[BATCH_LOSS]
     logged = sorted(train)
-    losses = Plot("train/batch_loss: the training loss", "step", "nats", (0, top), (0, 4.5), x_ticks, [0, 1, 2, 3, 4],
+    losses = Plot(f"{BATCH_LOSS}: the training loss", "step", "nats", (0, top), (0, 4.5), x_ticks, [0, 1, 2, 3, 4],
                   [Line("", logged, [train[s] for s in logged], INK_LINE)], bands=band)
     one_above_another([scores.draw(SHOWN_WIDTH, 300), context.draw(SHOWN_WIDTH, 170), losses.draw(SHOWN_WIDTH, 170)]).save(
         path, optimize=True)

@@ -19,7 +19,7 @@ from training.progress import ProgressBar
 from training.saving import Checkpoints, KeptCheckpoints, Saver
 from training.state import TrainState
 from training.step import QueuedStep, StepResult
-from training.tensorboard_log import RunLogger
+from training.tensorboard_log import BATCH_LOSS, TOKENS_PER_SEC, RunLogger
 from user_error import command_argument
 
 log = logging.getLogger("train")
@@ -152,8 +152,8 @@ class StepLog:
         tokens_per_sec = self.timed_steps * self.tokens_per_step / self.seconds
         if (step % self.log_interval == 0 or step == self.max_steps) and state.window_steps:
             mean_loss = state.take_window()
-            self.tb.scalars(step, {"train/batch_loss": mean_loss, "train/lr": lr, "train/grad_norm": result.grad_norm,
-                                   "train/tokens_per_sec": tokens_per_sec})
+            self.tb.scalars(step, {BATCH_LOSS: mean_loss, "train/lr": lr, "train/grad_norm": result.grad_norm,
+                                   TOKENS_PER_SEC: tokens_per_sec})
             if result.loss_scale is not None:
                 self.tb.scalars(step, {"train/loss_scale": result.loss_scale})
             log.info(f"step {step}/{self.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "

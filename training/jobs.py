@@ -15,7 +15,7 @@ from model.generation import EOT_SHOWN, generate_text, terminal_text
 from training.build import Run
 from training.evaluation import evaluate
 from training.state import TrainState
-from training.tensorboard_log import RunLogger
+from training.tensorboard_log import IN_CONTEXT_LOSS, RunLogger, loss_tag
 
 log = logging.getLogger("train")
 
@@ -56,9 +56,9 @@ class Evaluation:
         evaluated = evaluate(run.eval_model, run.data, step.batch_size, step.block_size, loop.eval_iters,
                              run.ranks, run.precision, loop.seed, splits, lockstep=run.parallel.collective_forwards)
         losses = evaluated.losses
-        self.tb.scalars(state.step, {f"loss/{split}": loss for split, loss in losses.items()})
+        self.tb.scalars(state.step, {loss_tag(split): loss for split, loss in losses.items()})
         if evaluated.in_context is not None:
-            self.tb.scalars(state.step, {"loss/in_context": evaluated.in_context})
+            self.tb.scalars(state.step, {IN_CONTEXT_LOSS: evaluated.in_context})
         log.info(f"step {state.step}: " + ", ".join(f"{split} loss {loss:.4f}" for split, loss in losses.items()))
         self.history.append({"step": state.step, **losses})
 

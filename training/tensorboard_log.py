@@ -50,6 +50,20 @@ from inspection.tab_format import (
     weights_summary,
 )
 
+# The scalars that bench/ and docs/ read back from a run, by the tags above.
+BATCH_LOSS, TOKENS_PER_SEC = "train/batch_loss", "train/tokens_per_sec"
+IN_CONTEXT_LOSS = "loss/in_context"
+RECALL_ACCURACY = "recall/accuracy"
+NAME_RECALL = f"{RECALL_ACCURACY}_name"
+
+
+def loss_tag(split: str) -> str:
+    """An evaluation's mean loss on a split: loss/train, loss/val."""
+    return f"loss/{split}"
+
+
+VAL_LOSS = loss_tag("val")
+
 
 def attention_tag(layer: int, head: int) -> str:
     return f"attention/layer_{layer}/head_{head}"
@@ -143,8 +157,8 @@ class RunLogger:
         self.scalars(0, metrics)
 
     def recall(self, step: int, scores: RecallScores) -> None:
-        self.scalars(step, {"recall/accuracy": scores.accuracy,
-                            **{f"recall/accuracy_{kind}": value for kind, value in scores.accuracy_by_kind.items()}})
+        self.scalars(step, {RECALL_ACCURACY: scores.accuracy,
+                            **{f"{RECALL_ACCURACY}_{kind}": value for kind, value in scores.accuracy_by_kind.items()}})
         self.per_head(step, RECALL_HEADS, scores.head_weight)
         top = three_heads(scores.head_weight, highest=True)
         self.text("recall/top_heads", f"weight on the earlier mention: {top}", step)
