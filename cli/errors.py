@@ -181,12 +181,10 @@ def config_error_line(err: Exception) -> str:
                 f"the shell's quotes, e.g. '{full_key}=\"{example}\"'")
     if full_key and "does not support deletion" in said:  # ~model.n_layer
         return f"~{full_key}: ~ removes a key, and every option here keeps a value; set it instead ({full_key}=<value>)"
-    if deleted := re.match(r"Could not delete from config\. '(.+)' does not exist", said):  # ~data.path with data=stories
+    if deleted := re.match(r"Could not delete from config\. '(.+)' does not exist", said):  # ~data.path: null, or no key
         key = deleted[1]
-        owners = group_options_with(key)
-        which = (f"{key} is not an option of the {key.split('.')[0]} chosen ({' and '.join(owners)} "
-                 f"{'has' if len(owners) == 1 else 'have'} it)") if owners else f"{key} is not an option"
-        return f"~{key}: {which}, and ~ removes nothing here: every option keeps a value ({options_hint()})"
+        return (f"~{key}: ~ removes a key, and every option here keeps a value ({key} holds null, or is not an "
+                f"option); set it instead ({key}=<value>) or leave it out ({options_hint()})")
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"
