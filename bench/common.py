@@ -4,12 +4,13 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cli.run_spec import composed_run_spec
 from data.corpus import cached_copy, not_a_file
 from data.download import sha256_of
 from data.specs import CorpusSpec
@@ -25,22 +26,26 @@ STEADY_THREADS = 1
 SHARED_SHAKESPEARE = ROOT.parent / "shared/corpora/tinyshakespeare.txt"
 
 
+def published_shakespeare() -> CorpusSpec:
+    """data=shakespeare's corpus as train.py composes it: where tiny shakespeare is downloaded from, and its hash."""
+    return composed_run_spec("data=shakespeare").corpus
+
+
 def tiny_shakespeare(given: Path | None) -> Path:
     """The corpus of the sections that train on tiny shakespeare: --corpus if given, else the copy
     beside the project, else the one `data=shakespeare` downloads into .cache/corpora/ (its hash
     checked), fetched now if it is not there yet; or one line saying how to give it."""
-    config = yaml.safe_load((ROOT / "configs/data/shakespeare.yaml").read_text())
+    published = published_shakespeare()
     if given is not None:
         if not given.is_file():
             raise UserError(f"--corpus {given} {not_a_file(given)}; give tiny shakespeare's input.txt")
-        if sha256_of(given.read_bytes()) != config["sha256"]:  # taken all the same: a file of yours may be the point
+        if sha256_of(given.read_bytes()) != published.sha256:  # taken all the same: a file of yours may be the point
             print(f"note: --corpus {given} is not tiny shakespeare as published (its sha256 differs): the figures of the "
                   "sections that train on it are not comparable with nanoGPT's or with those in docs/speed.md", flush=True)
         return given.resolve()
     if SHARED_SHAKESPEARE.is_file():
         return SHARED_SHAKESPEARE
-    corpus = CorpusSpec(source="shakespeare", val_fraction=config["val_fraction"], url=config["url"],
-                        sha256=config["sha256"], cache_dir=str(ROOT / config["cache_dir"]))
+    corpus = replace(published, cache_dir=str(ROOT / published.cache_dir))
     give = 'give --corpus <file> (make bench ARGS="--corpus <file>")'
     try:
         return cached_copy(corpus, offline_advice=f"with a copy of it, {give}", mismatch_advice=f"With a copy of it, {give}")

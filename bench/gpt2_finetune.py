@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from bench.gpt2_sampling import GPT2_SMALL
-from cli.config import composed_train_config
-from cli.run_spec import run_spec
+from cli.run_spec import composed_run_spec
 from data.batches import get_batch
 from model import GPT, GPTConfig
 from runtime.precision import Precision
@@ -58,7 +57,7 @@ def our_step(tokens: np.ndarray) -> Side:
                        n_layer=GPT2_SMALL["n_layer"], n_head=GPT2_SMALL["n_head"], n_embd=GPT2_SMALL["n_embd"],
                        bias=True, pos="learned", norm="layernorm", mlp="gelu_tanh", qk_norm=False, smear=False)
     model = GPT(config)
-    default = run_spec(composed_train_config([]))  # configs/ as train.py reads them, then nanoGPT's choices
+    default = composed_run_spec()  # configs/ as train.py reads them, then nanoGPT's choices
     optimizer = build_optimizer(model, replace(default.optim, name="adamw", lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS), CPU)
     spec = StepSpec(batch_size=BATCH_SIZE, block_size=SEQUENCE_LENGTH, grad_accum_steps=1, grad_clip=GRAD_CLIP,
                     skip_nonfinite=False)

@@ -22,8 +22,7 @@ from bench.common import median_time
 from bench.gpt2_sampling import at_precision, first_difference
 from bench.sampling import DEFAULT_RUN_VOCAB
 from bench.training import training_flops_per_token
-from cli.config import composed_train_config
-from cli.run_spec import run_spec
+from cli.run_spec import composed_run_spec
 from data.token_cache import TokenData
 from model import GPT, generate_tokens
 from model.decode_step import CompiledDecodeStep
@@ -161,7 +160,7 @@ def run_config(shape: Shape, sizes: Sizes, device: torch.device, compiled: bool,
     """The run's spec as train.py builds it from these overrides, in dtype (bf16 unless told) on device."""
     overrides = [*shape.overrides, *sizes.shrink, f"train.device={device}", f"train.dtype={dtype}",
                  f"train.compile={str(compiled).lower()}"]
-    return run_spec(composed_train_config(overrides))
+    return composed_run_spec(*overrides)
 
 
 def matmul_tflops(n: int, calls: int, repeats: int, device: torch.device) -> float:

@@ -5,12 +5,12 @@ with a window of 256 tokens."""
 import copy
 import statistics
 import time
+from dataclasses import replace
 
 import torch
-import yaml
 
-from bench.common import ROOT
 from bench.sampling import DEFAULT_RUN_VOCAB
+from cli.run_spec import composed_run_spec
 from model import GPT, GPTConfig
 from model.gpt import Caches
 from model_io.checkpoint import build_model
@@ -29,8 +29,8 @@ VARIANTS = {"MHA": {}, "GQA 4:1": {"n_kv_head": 2}, "MQA": {"n_kv_head": 1}, "wi
 def kv_model(variant: dict, context: int) -> GPT:
     """The default model with N_HEAD heads and the variant's settings, sized for `context` tokens;
     random weights, the same for every context (seed 0)."""
-    config = {**yaml.safe_load((ROOT / "configs/model/gpt.yaml").read_text()), "n_head": N_HEAD, **variant}
-    config["block_size"] = WINDOW_BLOCK_SIZE if config["window"] else context
+    config = replace(composed_run_spec().model, n_head=N_HEAD, **variant)
+    config = replace(config, block_size=WINDOW_BLOCK_SIZE if config.window else context)
     torch.manual_seed(0)
     return build_model(config, DEFAULT_RUN_VOCAB).eval()
 

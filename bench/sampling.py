@@ -1,11 +1,12 @@
 """The sampling section: tokens/s with and without the KV cache, and with the compiled decode step."""
 
 import time
+from dataclasses import replace
 
 import torch
-import yaml
 
-from bench.common import ROOT, median_time
+from bench.common import median_time
+from cli.run_spec import composed_run_spec
 from model import GPT, GPTConfig, generate_tokens
 from model.decode_step import CompiledDecodeStep
 from model_io.checkpoint import build_model
@@ -19,7 +20,7 @@ DEFAULT_RUN_VOCAB = 1274
 
 
 def sampling_models() -> dict[str, GPT]:
-    default = {**yaml.safe_load((ROOT / "configs/model/gpt.yaml").read_text()), "block_size": 256}
+    default = replace(composed_run_spec().model, block_size=256)
     return {"L6_H6_C384": GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)),
             "default": build_model(default, DEFAULT_RUN_VOCAB)}
 

@@ -3,17 +3,17 @@
 at GPT-2 small's shape (gpt2_text)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-import yaml
 
 from attention_tab.live_model import THREADS, LoadedModel, answer, model_bytes, repeated_answer
 from attention_tab.tools import attribution_answer, lens_answer, patch_answer, patch_example
-from bench.common import ROOT, median_time, torch_threads
+from bench.common import median_time, torch_threads
+from cli.run_spec import composed_run_spec
 from data.batches import probe_ids
 from data.bpe import GPT2_PATTERN
-from data.specs import CorpusSpec, TokenizerSpec
 from data.stories import generate_stories
 from data.token_cache import prepare_tokens
 from data.tokenizer import TiktokenTokenizer, Tokenizer, bpe_encoding
@@ -28,10 +28,8 @@ TOOL_ANSWERS_PER_RUN = 3  # each takes a tenth of a second or less: three are en
 
 def default_run_data(cache_dir: Path):
     """The default run's corpus and tokenizer (stories, BPE: 1,274 tokens), built as train.py builds them."""
-    data_cfg, tokenizer_cfg = (yaml.safe_load((ROOT / f"configs/{name}.yaml").read_text())
-                               for name in ("data/stories", "tokenizer/bpe"))
-    data_cfg.pop("defaults"), tokenizer_cfg.pop("defaults")  # the schemas Hydra checks them against
-    return prepare_tokens(CorpusSpec.of({**data_cfg, "cache_dir": str(cache_dir)}), TokenizerSpec.of(tokenizer_cfg))
+    default = composed_run_spec()
+    return prepare_tokens(replace(default.corpus, cache_dir=str(cache_dir)), default.tokenizer)
 
 
 def bench_text(repeats: int, work: Path) -> dict:
@@ -40,9 +38,8 @@ def bench_text(repeats: int, work: Path) -> dict:
     random tokens it reads (<|endoftext|> and 63 tokens twice); and the tools' answers: the lens
     and attribution on that text, patching on the tab's example (the name swap)."""
     data = default_run_data(work / "cache")
-    config = yaml.safe_load((ROOT / "configs/model/gpt.yaml").read_text())
     torch.manual_seed(0)
-    model = build_model(config, data.tokenizer.vocab_size).eval()
+    model = build_model(composed_run_spec().model, data.tokenizer.vocab_size).eval()
     text = data.tokenizer.decode(probe_ids(data.val, data.tokenizer, model.config.block_size - 1))
     return {**time_answers(model, data.tokenizer, text, repeats, ANSWERS_PER_RUN),
             **time_repeated_answers(model, data.tokenizer, repeats, ANSWERS_PER_RUN),

@@ -1,10 +1,11 @@
 """The door: the composed and checked config becomes one frozen RunSpec (training/specs.py), the
 only thing train.py hands the code below it."""
 
+import functools
 from pathlib import Path
 from typing import Any
 
-from cli.config import plain_config
+from cli.config import composed_train_config, plain_config
 from data.specs import CorpusSpec, TokenizerSpec
 from model_io.checkpoint import model_spec
 from training.specs import DeviceSpec, LoopSpec, OptimSpec, ProbeSpec, RunSpec, StartSpec, StepSpec
@@ -44,3 +45,11 @@ def run_spec(cfg: Any, weights: Path | None = None, text_key: str | None = None)
         start=StartSpec(init_from=config["init_from"], weights=weights),
         debug=config.get("debug"),
     )
+
+
+@functools.cache
+def composed_run_spec(*overrides: str) -> RunSpec:
+    """The spec train.py builds from configs/ and these overrides for a new run of random weights (none:
+    the default run's), for code that builds a run or a part of it without a command line (bench/, docs/):
+    the presets, schemas and interpolations apply as they do for train.py."""
+    return run_spec(composed_train_config(list(overrides)))

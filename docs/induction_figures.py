@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli.errors import exit_on_user_error  # noqa: E402
+from cli.run_spec import composed_run_spec  # noqa: E402
 from data.tokenizer import special_ids  # noqa: E402
 from docs.drawing import BLUE, FAINT, ORANGE, RED, SHOWN_WIDTH, Line, Plot, one_above_another  # noqa: E402
 from docs.figures import draw_maps  # noqa: E402
@@ -36,7 +36,6 @@ DOCS = Path(__file__).resolve().parent
 SCORES, MAP, RECORD = "induction_scores.png", "induction_map.png", "induction.json"  # written in docs/ or --out
 SHOWN_TOKENS = 12  # random tokens in each copy of the drawn sequence: 24 rows, 12 px each
 BEFORE, AFTER, CROSSING = 0.05, 0.5, 0.3  # the issue's marks: below, above, and the seeds' crossing
-PRESET_STEPS = yaml.safe_load((DOCS.parent / "configs" / "experiment" / "induction.yaml").read_text())["train"]["max_steps"]
 JUMP = 0.2  # the steep part of the rise starts where the score leaves this
 
 
@@ -103,7 +102,7 @@ def run_record(checkpoint: Checkpoint, scalars: dict[str, dict[int, float]], sec
     if max(induction.values()) < AFTER:
         raise UserError(f"no head's induction score reached {AFTER} by step {max(induction)} (the best: layer {head[0]} "
                         f"head {head[1]}, {max(induction.values()):.3f}); draw a run of the preset's whole "
-                        f"{PRESET_STEPS:,} steps")
+                        f"{composed_run_spec('experiment=induction').loop.max_steps:,} steps")
     previous_score = heads_of(scalars, head_metric_prefix("previous_token"))[previous]
     without = heads_of(scalars, INDUCTION_ABLATION)
     intact = scalars[f"{INDUCTION_ABLATION}/intact"]

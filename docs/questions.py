@@ -11,18 +11,19 @@ import linecache
 import math
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from PIL import Image, ImageDraw
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cli.run_spec import composed_run_spec  # noqa: E402
 from docs.drawing import (  # noqa: E402
     BLUE,
     FAINT,
@@ -216,10 +217,10 @@ def residual_spread(n_layer: int = 16) -> dict[str, list[float]]:
     """Q24: the residual stream's std after each block, over the embeddings' std, for the default
     model's options at 16 blocks of width 64: with the project's init and two others."""
     spread = {}
-    defaults = yaml.safe_load((ROOT / "configs" / "model" / "gpt.yaml").read_text())
+    shape = replace(composed_run_spec().model, n_layer=n_layer, n_embd=64, n_head=4, block_size=32)
     for init in INITS:
         torch.manual_seed(0)
-        model = build_model({**defaults, "n_layer": n_layer, "n_embd": 64, "n_head": 4, "block_size": 32}, vocab_size=64)
+        model = build_model(shape, vocab_size=64)
         with torch.no_grad():
             for name, layer in model.named_modules():
                 if init == INITS[1] and name.endswith(("attn.proj", "mlp.proj")):
@@ -271,9 +272,8 @@ def cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, length: int, window
 def kv_cache_sizes() -> dict:
     """Section 9: the KV cache's bytes against the context length for the default model's shape,
     with every head its own keys, fewer key/value heads, and a window; and SmolLM2-135M's."""
-    defaults = yaml.safe_load((ROOT / "configs" / "model" / "gpt.yaml").read_text())
-    L, H = defaults["n_layer"], defaults["n_head"]
-    D = defaults["n_embd"] // H
+    default = composed_run_spec().model
+    L, H, D = default.n_layer, default.n_head, default.head_size
     settings = {f"every head its own keys and values (K = {H})": (H, None),
                 f"grouped, K = {H // 2} (2 query heads each)": (H // 2, None),
                 f"multi-query, K = 1 ({H} query heads each)": (1, None),
@@ -282,10 +282,10 @@ def kv_cache_sizes() -> dict:
     at_context = {K: cache_bytes(smol["n_layer"], K, smol["head_dim"], smol["context"], dtype=torch.bfloat16)
                   for K in (smol["n_kv_head"], smol["n_head"])}
     return {
-        "default_shape": {"n_layer": L, "n_head": H, "head_dim": D, "block_size": defaults["block_size"], "bytes": 4},
+        "default_shape": {"n_layer": L, "n_head": H, "head_dim": D, "block_size": default.block_size, "bytes": 4},
         "context": CONTEXTS,
         "mib": {name: [cache_bytes(L, K, D, S, window) / 2**20 for S in CONTEXTS] for name, (K, window) in settings.items()},
-        "default_full_block_kib": {str(K): cache_bytes(L, K, D, defaults["block_size"]) / 2**10 for K in (H, H // 2, 1)},
+        "default_full_block_kib": {str(K): cache_bytes(L, K, D, default.block_size) / 2**10 for K in (H, H // 2, 1)},
         "smollm2_135m": {**smol, "bytes_per_token": {str(K): n // smol["context"] for K, n in at_context.items()},
                          "mib_at_context": {str(K): n / 2**20 for K, n in at_context.items()}},
     }

@@ -7,11 +7,11 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import bench.attention
 import bench.common
@@ -125,12 +125,12 @@ def test_recipe_steps_that_are_not_counts_are_one_clear_line_before_any_section_
 
 
 def a_project_whose_shakespeare_is_at(url: str, text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """bench.common looking at a project folder of its own, whose configs/data/shakespeare.yaml
-    downloads text from url, with no copy beside it: that folder."""
+    """bench.common looking at a project folder of its own, whose data=shakespeare downloads text
+    from url, with no copy beside it: that folder."""
     root = tmp_path / "project"
-    (root / "configs/data").mkdir(parents=True)
-    config = {"url": url, "sha256": sha256_of(text.encode()), "val_fraction": 0.1, "cache_dir": ".cache"}
-    (root / "configs/data/shakespeare.yaml").write_text(yaml.safe_dump(config))
+    root.mkdir()
+    published = replace(bench.common.published_shakespeare(), url=url, sha256=sha256_of(text.encode()))
+    monkeypatch.setattr(bench.common, "published_shakespeare", lambda: published)
     monkeypatch.setattr(bench.common, "ROOT", root)
     monkeypatch.setattr(bench.common, "SHARED_SHAKESPEARE", tmp_path / "shared/corpora/tinyshakespeare.txt")
     return root
