@@ -103,11 +103,11 @@ def copy_in(edits: list[tuple[int, tuple, torch.Tensor]], B: int) -> Callable[[t
     return patch
 
 
-def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
-    """UserError unless the two prompts are token tensors of the same shape (B, T)."""
-    if clean.dim() != 2 or corrupted.dim() != 2:
-        raise UserError(f"clean and corrupted are token ids of shape (B, T), not {tuple(clean.shape)} and "
-                        f"{tuple(corrupted.shape)}")
+def check_pair(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> None:
+    """ValueError, as the model says it (GPT.check_token_ids), where either prompt is no batch of
+    its token ids (a text, a list, one row); UserError unless the two have the same shape (B, T)."""
+    for ids in (clean, corrupted):
+        model.check_token_ids(ids)
     if clean.shape[1] != corrupted.shape[1]:
         raise UserError(f"the clean prompt has {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}: "
                         "patching swaps activations position by position, so give prompts of the same length")
@@ -121,7 +121,7 @@ def baselines(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: 
               names: Callable[[str], bool]) -> tuple[ActivationCache, float, float]:
     """The clean run's activations at `names`, and the metric on both prompts; UserError when the
     metric does not tell them apart (there is nothing to restore)."""
-    check_pair(clean, corrupted)
+    check_pair(model, clean, corrupted)
     with eval_mode(model):
         clean_logits, cache = model.run_with_cache(clean, names=names)
         corrupted_logits, _ = model(corrupted)

@@ -382,6 +382,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """One short name's activation in each layer before `layer` (-1 or None: every layer, as in
         TransformerLens), stacked: (layers, ...), e.g. "pattern" -> (L, B, H, T, S). part: where in
         the block, for a name two parts have, e.g. ("scale", ..., "ln2")."""
+        if "." in short or short.startswith("hook_"):  # a point's name: blocks.0.hook_resid_post, hook_resid_post
+            name = short.rsplit(".", 1)[-1].removeprefix("hook_")
+            raise ValueError(f"stack_activation takes a short name, the same in every layer, not a hook point's: "
+                             f"{name!r} for {short!r}, e.g. cache.stack_activation({name!r})")
         return torch.stack([self[(short, index) if part is None else (short, index, part)]
                             for index in self.layers_before(layer)])
 

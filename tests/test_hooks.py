@@ -253,6 +253,10 @@ def test_a_stack_takes_the_layers_before_the_one_given_and_refuses_others_in_one
             cache.stack_head_results(layer)
     with pytest.raises(ValueError, match=re.escape("layer=0: a stack takes the layers before it")):
         cache.stack_activation("pattern", 0)
+    for full in ("blocks.1.attn.hook_pattern", "hook_pattern"):  # a point's name, where the short one goes
+        with pytest.raises(ValueError, match=re.escape(f"takes a short name, the same in every layer, not a hook point's: "
+                                                       f"'pattern' for {full!r}, e.g. cache.stack_activation('pattern')")):
+            cache.stack_activation(full)
 
 
 def test_a_cache_key_of_another_form_says_which_forms_there_are():

@@ -118,6 +118,18 @@ def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("tool", [patch_heads, patch_residual])
+def test_a_prompt_that_is_no_batch_of_token_ids_gets_the_models_one_line(circuit, tool):
+    model, clean, corrupted, metric = circuit
+    for bad, message in (("Leo met Mia", "idx must be a tensor of token ids of shape (B, T); got a str: encode it first"),
+                         (clean.tolist(), "idx must be a tensor of token ids of shape (B, T); got a list: e.g. torch.tensor"),
+                         (clean[0], f"idx must be token ids of shape (B, T) with T >= 1; got shape ({clean.shape[1]},): "
+                                    "one text is idx[None]")):
+        for pair in ((bad, corrupted), (clean, bad)):
+            with pytest.raises(ValueError, match="^" + re.escape(message)):
+                tool(model, *pair, metric)
+
+
 def test_patching_a_token_against_itself_is_one_line_not_nothing_to_restore(circuit):
     model, clean, corrupted, _ = circuit
     assert one_line_error(patch_heads, model, clean, corrupted, logit_difference(-1, 7, 7)) == (
