@@ -49,8 +49,9 @@ def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1
     for name in (answer, other):
         if not name.strip():
             raise UserError(f"a name is {name!r}: give two names, each one token for this run's tokenizer")
-    if answer.strip() == other.strip():
-        raise UserError(f"both names are {answer.strip()!r}: swapped, the prompt is the same, so give two different names")
+    answer, other = answer.strip(), other.strip()  # " Mia" is Mia: the template puts the space before each name
+    if answer == other:
+        raise UserError(f"both names are {answer!r}: swapped, the prompt is the same, so give two different names")
     for name in (answer, other):
         pieces = tokenizer.token_strings(tokenizer.encode(" " + name))
         if len(pieces) != 1:

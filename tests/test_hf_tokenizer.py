@@ -558,8 +558,11 @@ def test_the_inspection_tools_start_each_text_with_the_start_token(family_tokeni
     assert repeated_ids(tokenizer, 4, seed=0, block_size=64)[0] == bos
     for seed in range(50):  # and the random tokens after it are never a special one, the start token included
         assert not {bos, tokenizer.eot_id} & set(repeated_ids(tokenizer, 31, seed=seed, block_size=64)[1:])
-    swap = name_swap(tokenizer, *one_token_names(tokenizer)[:2])
+    answer, other = one_token_names(tokenizer)[:2]
+    swap = name_swap(tokenizer, answer, other)
     assert swap.clean[0, 0] == swap.corrupted[0, 0] == bos
+    spaced = name_swap(tokenizer, f" {answer}", f"{other}\n")  # a name typed with the space before it: the same swap
+    assert (spaced.clean.tolist(), spaced.answer, spaced.other) == (swap.clean.tolist(), swap.answer, swap.other)
     probe = RecallProbe.build(tokenizer, block_size=64, seed=1, max_windows=1)
     assert probe.windows[0, 0] == bos and probe.targets  # the first window starts a story
 
