@@ -33,7 +33,7 @@ from data.tokenizer import Tokenizer
 from model import GPT
 from model_io.checkpoint import Checkpoint
 from model_io.hf_models import ARCHITECTURES, HUB_FILES, export_model_type, export_refusal, save_hf_model
-from model_io.run_files import BEST, LAST, checkpoint_and_note
+from model_io.run_files import checkpoint_and_note, newest_checkpoint
 
 starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs over what is made from here
 
@@ -93,7 +93,7 @@ def check_out(out: Path, checkpoint: Path, force: bool) -> None:
     if checkpoint.resolve().is_relative_to(out.resolve()):
         raise UserError(f"out={out} holds the checkpoint being exported ({checkpoint}); give another folder")
     entries = sorted(out.iterdir())
-    if run := next((folder / name for folder in (out, *entries) for name in (LAST, BEST) if (folder / name).exists()), None):
+    if run := next(filter(None, map(newest_checkpoint, (out, *entries))), None):
         raise UserError(f"out={out} holds a run ({run}), which force=true would delete with it; give a folder of "
                         "its own to the export")
     others = [p.name + "/" * p.is_dir() for p in entries if p.is_dir() or not is_model_file(p.name)]

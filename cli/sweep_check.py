@@ -17,7 +17,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from model_io.run_files import AUTO, BEST, LAST
+from model_io.run_files import AUTO, BEST, LAST, newest_checkpoint
 from user_error import UserError, as_typed, command_argument
 
 
@@ -124,7 +124,7 @@ def said_as_its_job(hydra_config: DictConfig, resume: str | None) -> Iterator[No
             raise
         number = hydra_config.job.num
         ran = {0: "no job had run", 1: "job #0 ran"}.get(number, f"jobs #0 to #{number - 1} ran")
-        saved = any((Path(hydra_config.runtime.output_dir) / name).is_file() for name in (LAST, BEST))
+        saved = newest_checkpoint(Path(hydra_config.runtime.output_dir)) is not None
         go_on = (f": fix its values, then run the sweep again with resume=auto "
                  f"{command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))} (what ran is kept)") if resume in (None, AUTO) and not saved else ""
         raise UserError(f"{job}: {error}; {ran}, the "

@@ -177,7 +177,7 @@ def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> 
     last = run_dir / LAST
     if (resume == AUTO or restarted) and last.is_file():
         return last
-    held = next((path for path in (last, run_dir / BEST) if path.is_file()), None)  # what a run there would write over
+    held = newest_checkpoint(run_dir)  # what a run there would write over
     shown = os.path.relpath(run_dir)
     if resume in (None, AUTO):
         if held == last:  # (resume=auto has gone on from it above)
