@@ -136,26 +136,25 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
     """The run's spec and config (as plain values: what its checkpoints and TensorBoard keep),
     checked, and the checkpoint it resumes from (None for a new run). These checks read the
     config and the run dir alone: every process would fail them alike."""
-    checkpoint, changes, weights = None, [], None
+    checkpoint, changes, weights, text_key = None, [], None, None
     restarted = restart_count() > 0  # by torchrun, after a process failed: go on from the run's last checkpoint
     with said_once_per_machine():
         if source := checkpoint_to_resume(cfg.resume, run_dir, restarted):
             checkpoint = Checkpoint.load(source)
-            text_hashed = bool((checkpoint.run_state or {}).get("text_key"))
-            cfg, changes = resumed_config(cfg, checkpoint.config, overrides, text_hashed)
-            check_text_still_there(cfg, checkpoint.config, text_hashed)
             if checkpoint.run_state is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds the model alone, without what an exact "
                                 "resume needs (a file of train.keep_checkpoints, or one an older version saved); resume "
                                 "from its run dir (the run's ckpt_last.pt), or sample from it")
-            RunState.from_dict(checkpoint.run_state)  # checked now, before the run dir is written to
+            text_key = RunState.from_dict(checkpoint.run_state).text_key  # checked now, before the run dir is written to
+            cfg, changes = resumed_config(cfg, checkpoint.config, overrides, text_hashed=bool(text_key))
+            check_text_still_there(cfg, checkpoint.config, text_hashed=bool(text_key))
             if checkpoint.optimizer is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds no optimizer state, which an exact resume "
                                 "needs; resume from a checkpoint train.py saved, as it saved it")
         if cfg.init_from is not None and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
             weights, changes = pretrained_config(cfg, overrides)
         validate_train_config(cfg, new_model=checkpoint is None)
-        spec = run_spec(cfg, weights, checkpoint.run_state["text_key"] if checkpoint else None)
+        spec = run_spec(cfg, weights, text_key)
         if finished(spec, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "
                             f"train.max_steps={cfg.train.max_steps}; give a larger train.max_steps to train on")
