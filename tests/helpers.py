@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import ByteLevelBPETokenizer
 from torch import nn
 
+from cli.config import composed_train_config, plain_config
 from cli.errors import run_cli as cli_entry
 from cli.run_spec import run_spec
 from data.stories import generate_stories
@@ -41,7 +41,7 @@ from inspection.head_metrics import induction_probe, induction_score
 from inspection.recall_probe import RecallProbe
 from model import GPT, CausalSelfAttention, GPTConfig
 from model.gpt import eval_mode
-from model_io.checkpoint import Checkpoint
+from model_io.checkpoint import Checkpoint, upgrade
 from model_io.run_files import BEST, kept_checkpoint_path
 from runtime.ranks import Ranks
 from training.specs import OptimSpec, RunSpec
@@ -80,13 +80,27 @@ def tiny_run(*presets: dict[str, object], **overrides: object) -> list[str]:
 
 def tiny_config(*presets: dict[str, object], **overrides: object) -> DictConfig:
     """configs/train.yaml composed in-process with tiny_run(*presets, **overrides)."""
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=tiny_run(*presets, **overrides))
+    return composed_train_config(tiny_run(*presets, **overrides))
 
 
 def tiny_spec(*presets: dict[str, object], **overrides: object) -> RunSpec:
     """tiny_config's run as the frozen spec cli/run_spec.py makes of it: what training/ takes."""
     return run_spec(tiny_config(*presets, **overrides))
+
+
+def preset_beside_record(record_config: dict, *overrides: str) -> tuple[dict, dict]:
+    """configs/ as train.py composes them with these overrides, and a run's config recorded by make
+    docs as a checkpoint of that run loads today (with the keys added since, at their old
+    behaviour), both as plain values: group by group the same where that run is a run of the preset."""
+    preset = plain_config(composed_train_config(list(overrides)))
+    return preset, upgrade(Checkpoint(model={}, config=record_config, tokenizer={})).config
+
+
+def groups_that_differ(preset: dict, record: dict, groups: tuple[str, ...] = ("model", "data", "optim", "tokenizer")) -> list[str]:
+    """The groups whose settings differ, cache_dir aside (where each machine keeps its caches)."""
+    def settings(group: dict) -> dict:
+        return {key: value for key, value in group.items() if key != "cache_dir"}
+    return [group for group in groups if settings(preset[group]) != settings(record[group])]
 
 
 def optim_spec(**changes: object) -> OptimSpec:

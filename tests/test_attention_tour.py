@@ -462,21 +462,14 @@ def test_every_picture_of_the_docs_is_shown_at_its_own_size_so_its_labels_stay_1
 def test_the_run_the_docs_quote_is_a_run_of_the_defaults_and_the_text_quotes_it_right():
     # docs/attention_maps.png and the numbers of sections 14 to 16 come from one run, recorded by `make docs`
     # in docs/attention_maps.json: when a default changes, this fails until they are redrawn.
-    from hydra import compose, initialize_config_dir
-
-    import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
-    from cli.config import plain_config
-    from model_io.checkpoint import Checkpoint, upgrade
     from runtime.devices import Machine
     from runtime.precision import choose_dtype
+    from tests.helpers import preset_beside_record
 
     record = json.loads((ROOT / "docs" / "attention_maps.json").read_text())
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        defaults = plain_config(compose("train"))
-    # The record in today's form, as a checkpoint of that run would load (keys added since, at the
-    # values that do what the run did), and train.dtype=auto as it resolves on the CPU it ran on:
-    # a run of today's defaults there computes exactly what that run computed.
-    record["config"] = upgrade(Checkpoint(model={}, config=record["config"], tokenizer={})).config
+    # The record in today's form, as a checkpoint of that run would load, and train.dtype=auto as it
+    # resolves on the CPU it ran on: a run of today's defaults there computes exactly what that run computed.
+    defaults, record["config"] = preset_beside_record(record["config"])
     for config in (defaults, record["config"]):
         config["train"]["dtype"] = choose_dtype(config["train"]["dtype"], torch.device("cpu"), Machine())[0]
     for group in ("model", "data", "tokenizer", "optim", "train"):

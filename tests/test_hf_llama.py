@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from tokenizers import ByteLevelBPETokenizer
@@ -28,6 +27,7 @@ from transformers import (
 )
 
 import cli.schema  # noqa: F401  (stores the schemas that configs/train.yaml extends)
+from cli.config import composed_train_config
 from data.stories import generate_stories
 from data.tokenizer import EOT, CharTokenizer
 from inspection.logit_attribution import logit_attribution
@@ -39,7 +39,7 @@ from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import export_blockers, export_model_type, gpt_config_from_hf, gpt_from_hf, load_hf_weights
 from model_io.run_files import BEST
-from tests.helpers import ROOT, max_logit_gap, one_line_error, run_cli
+from tests.helpers import max_logit_gap, one_line_error, run_cli
 
 VOCAB = 300  # the tiny BPE's tokens, <|endoftext|> included, and the models' vocabulary
 TOLERANCE = 1e-5  # fp32: the same math in another order is ~1e-6 apart here
@@ -338,11 +338,6 @@ def test_logit_lens_attribution_and_head_patching_work_on_an_imported_gqa_llama(
         assert restored.patched[layer, head].item() == pytest.approx(expected, abs=1e-4)
 
 
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
-
-
 TINY_SHAPE = ["model.n_layer=2", "model.n_embd=32", "model.block_size=32"]  # 4 heads (the default), 2 key/value heads
 
 
@@ -359,7 +354,7 @@ LLAMA3_ROPE = ["model.rope_theta=500000.0", "model.rope_scaling={factor:8.0,low_
 def test_a_llama_qwen3_or_mistral_shaped_run_exports_to_transformers_and_reads_back(
     preset: str, options: list[str], hf_class: type, tmp_path: Path
 ) -> None:
-    cfg = composed(f"experiment={preset}", *TINY_SHAPE, *options)
+    cfg = composed_train_config([f"experiment={preset}", *TINY_SHAPE, *options])
     assert OmegaConf.missing_keys(cfg) == set()
     tokenizer = CharTokenizer(sorted(set("".join(generate_stories(seed=1, n_chars=20_000)))))
     model = lively(build_model(OmegaConf.to_container(cfg.model), tokenizer.vocab_size))
@@ -444,7 +439,7 @@ def test_a_key_left_out_whose_default_does_not_fit_is_named_as_left_out(tmp_path
 
 
 def test_the_smollm2_preset_fine_tunes_a_llama_folder_and_keeps_its_shape(llama_folder: Path, tmp_path: Path) -> None:
-    preset = composed("experiment=finetune_smollm2")
+    preset = composed_train_config(["experiment=finetune_smollm2"])
     assert OmegaConf.missing_keys(preset) == set() and preset.init_from == "HuggingFaceTB/SmolLM2-135M"
     assert (preset.optim.name, preset.optim.lr, preset.optim.schedule, preset.model.block_size) == ("adamw", 1e-3, "cosine", 256)
     result = run_cli("train.py", "experiment=finetune_smollm2", f"init_from={llama_folder}", "model.block_size=32",

@@ -9,7 +9,6 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 
 from data.corpus import load_documents
@@ -22,13 +21,15 @@ from inspection.ablation import induction_loss_without_each_head, second_copy_lo
 from inspection.head_metrics import induction_score
 from inspection.tab_format import INDUCTION_ABLATION, head_scalar_tag
 from model.attention import CausalSelfAttention
-from model_io.checkpoint import Checkpoint, upgrade
+from model_io.checkpoint import Checkpoint
 from runtime.precision import Precision
 from tests.helpers import (
     INDUCTION_HEAD,
     ONE_PROCESS,
     PREVIOUS_TOKEN_HEAD,
     ROOT,
+    groups_that_differ,
+    preset_beside_record,
     read_events,
     run_cli,
     run_script,
@@ -277,18 +278,9 @@ def induction_page_quotes(record: dict) -> list[str]:
 def test_the_induction_page_quotes_the_run_make_docs_recorded_and_that_run_is_the_preset():
     # docs/induction_figures.py (make docs INDUCTION_RUNS=...) writes docs/induction.json from the
     # preset's runs; the page's numbers are that record's, and the record's run is today's preset.
-    from hydra import compose, initialize_config_dir
-
-    import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
-
     record = json.loads((ROOT / "docs" / "induction.json").read_text())
-    # The record's config as a checkpoint of it loads: with the keys added since (their old behaviour).
-    record["config"] = upgrade(Checkpoint(model={}, config=record["config"], tokenizer={})).config
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        preset = OmegaConf.to_container(compose("train", overrides=["experiment=induction"]), resolve=True)
-    for group in ("model", "data", "optim", "tokenizer"):
-        assert {k: v for k, v in preset[group].items() if k != "cache_dir"} == {
-            k: v for k, v in record["config"][group].items() if k != "cache_dir"}, group
+    preset, record["config"] = preset_beside_record(record["config"], "experiment=induction")
+    assert groups_that_differ(preset, record["config"]) == []
     for key in ("max_steps", "batch_size", "attn_log_interval", "probe_tokens"):
         assert preset["train"][key] == record["config"]["train"][key], key
     page = (ROOT / "docs" / "induction.md").read_text()

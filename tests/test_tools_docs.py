@@ -9,14 +9,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 from PIL import Image
 
 from docs.tools import SURE
 from inspection.name_swap import one_token_names
 from inspection.patching import patch_heads
-from model_io.checkpoint import Checkpoint, upgrade
-from tests.helpers import ROOT
+from model_io.checkpoint import Checkpoint
+from tests.helpers import ROOT, groups_that_differ, preset_beside_record
 
 RECORD = ROOT / "docs" / "tools.json"
 
@@ -256,20 +255,11 @@ def test_the_tools_page_and_the_tour_quote_the_record_make_docs_wrote():
 
 
 def test_the_records_runs_are_the_default_run_and_the_induction_preset():
-    from hydra import compose, initialize_config_dir
-
-    import cli.schema  # noqa: F401 (stores the schemas the config is composed against)
-
     record = json.loads(RECORD.read_text())
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        for part, overrides in (("default", []), ("induction", ["experiment=induction"])):
-            config = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
-            # The record's config as a checkpoint of it loads: with the keys added since (their old behaviour).
-            kept = upgrade(Checkpoint(model={}, config=record[part]["config"], tokenizer={})).config
-            for group in ("model", "data", "optim", "tokenizer"):
-                assert {k: v for k, v in config[group].items() if k != "cache_dir"} == {
-                    k: v for k, v in kept[group].items() if k != "cache_dir"}, (part, group)
-            assert record[part]["step"] == config["train"]["max_steps"] == kept["train"]["max_steps"], part
+    for part, overrides in (("default", []), ("induction", ["experiment=induction"])):
+        config, kept = preset_beside_record(record[part]["config"], *overrides)
+        assert groups_that_differ(config, kept) == [], part
+        assert record[part]["step"] == config["train"]["max_steps"] == kept["train"]["max_steps"], part
 
 
 def test_the_records_shares_add_up_to_its_logit_difference():
