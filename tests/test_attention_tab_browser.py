@@ -194,6 +194,27 @@ def test_the_page_is_as_large_as_headless_chromium_was_asked(browser):
     assert js(browser, "return [innerWidth, innerHeight]") == [1280, 800]
 
 
+PANEL_BOXES = """const box = s => document.querySelector(s).getBoundingClientRect();
+return {page: [innerWidth, document.documentElement.scrollWidth],
+        panels: [".token-view", ".matrix-view", ".side"].map(s => [Math.round(box(s).left), Math.round(box(s).width)])};"""
+
+
+def test_a_page_too_narrow_for_the_three_panels_side_by_side_stacks_them_and_cuts_none(tab):
+    try:
+        for width, height in ((800, 600), (1024, 768)):  # below the 1280 x 800 the panels are laid out for
+            tab.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+            boxes = js(tab, PANEL_BOXES)
+            assert boxes["page"] == [width, width], boxes  # nothing runs off the right edge
+            assert all(left >= 0 and left + size <= width and size >= 300 for left, size in boxes["panels"]), boxes
+    finally:
+        tab.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
+    boxes = js(tab, PANEL_BOXES)  # and at 1280 x 800 side by side again, the matrix view between the others
+    (token, _), (matrix, matrix_width), (side, _) = boxes["panels"]
+    assert token < matrix < side and matrix_width >= 300, boxes
+
+
 def test_the_tab_opens_the_newest_run_that_trained_not_a_run_named_later_that_trained_20_steps(browser):
     assert browser.opened_first == "a-trained"  # 150 steps; "run" (20), "uniform" and the others logged less
 
