@@ -32,7 +32,7 @@ from inspection.logit_lens import lens_summary
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
 from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG
 from model_io.checkpoint import Checkpoint
-from model_io.run_files import kept_checkpoint_path
+from model_io.run_files import BEST, kept_checkpoint_path
 from tests.helpers import (
     CIRCUIT_N,
     CIRCUIT_SEED,
@@ -664,6 +664,25 @@ def circuit_model(logdir, step: int | None = None):
     model, _ = Checkpoint.load(path).build_model()
     ids = [CIRCUIT_TOKENIZER.eot_id, *induction_probe(CIRCUIT_TOKENIZER.vocab_size, CIRCUIT_N, CIRCUIT_SEED, special_ids(CIRCUIT_TOKENIZER))]
     return model.eval(), torch.tensor([ids])  # (1, 2N + 1)
+
+
+def test_patching_beside_the_probe_asks_the_runs_best_checkpoint_not_the_one_the_slider_was_at_before(tab, logdir):
+    choose_run(tab, "circuit")
+    show_repeated(tab, CIRCUIT_N, CIRCUIT_SEED)  # read by the run's checkpoints: the slider moves over them
+    tab.find_element(By.CSS_SELECTOR, "input[type=range]").send_keys(Keys.HOME)
+    waiting(tab).until(lambda d: js(d, "return document.body.dataset.drawnCheckpoint") == "step_000000.pt")
+    click(tab, tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]"))  # the slider is over logged steps again
+    waiting(tab).until(lambda d: js(d, "return document.body.dataset.drawnMode") == "probe")
+    click(tab, tab.find_element(By.CSS_SELECTOR, ".tool-tab[data-tool=patching]"))
+    for label, value in {"clean prompt": "abcdefghabcdefg", "corrupted prompt": "abcdefXhabcdefg", "metric token": "h",
+                         "metric against token": "a"}.items():
+        box = tab.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']")
+        box.clear()
+        box.send_keys(value)
+    click(tab, tab.find_element(By.XPATH, "//button[text()='patch']"))
+    root = wait_for_tool(tab, "patching")
+    best = Checkpoint.load(logdir / "circuit" / BEST)
+    assert root.find_element(By.CSS_SELECTOR, "h2").text == f"Activation patching · ckpt_best.pt (step {best.step})"
 
 
 def test_the_lens_and_attribution_show_the_python_numbers_at_the_pinned_query_and_follow_the_checkpoint_slider(tab, logdir):

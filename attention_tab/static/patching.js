@@ -63,8 +63,10 @@ export class Patching extends Tool {
     this.app.redraw();
   }
 
-  // Asks at the checkpoint the slider is at (null: the run's best, else last), and again when it moves.
-  draw({checkpoint}) {
+  // Asks at the checkpoint the slider is at (null: the run's best, else last), and again when it moves;
+  // on the probe the slider is over logged steps, no checkpoint: the run's best, else last.
+  draw({mode, checkpoint: chosen}) {
+    const checkpoint = mode === "probe" ? null : chosen;
     if (this.run !== this.app.run) this.submitted = null;  // another run: no patch until asked for there
     this.followRun();
     if (this.exampleFor !== this.app.run.run) this.askExample();
