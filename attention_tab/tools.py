@@ -166,6 +166,7 @@ def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, toke
         labels        {clean [T], corrupted [T]}
         token, other  {id, label}; other null: the metric is token's logit alone
         clean, corrupted   the metric on each prompt
+        caution       null, or a line to read beside the shares: the metric barely moves between the prompts
         heads         [L][H]: the share of clean - corrupted that one head's output (at every
                       position) taken from the clean run restores: 0 nothing, 1 all
         residual      [L][T]: the same for the residual stream entering layer l, at one position"""
@@ -181,4 +182,5 @@ def patch_answer(run: str, loaded: LoadedModel, clean: str, corrupted: str, toke
     return {**checkpoint_fields(run, loaded),
             "labels": {"clean": labels_of(loaded, clean_idx[0].tolist()), "corrupted": labels_of(loaded, corrupted_idx[0].tolist())},
             "token": target, "other": against, "clean": number(heads.clean), "corrupted": number(heads.corrupted),
+            "caution": heads.caution,
             "heads": finite(heads.fraction), "residual": finite(residual.fraction)}

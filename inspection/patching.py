@@ -25,6 +25,9 @@ from user_error import UserError
 
 Metric = Callable[[torch.Tensor], torch.Tensor | float]  # logits (B, T, V) -> one number
 LOGIT_BUDGET = 2**25  # floats of logits in one patched batch (128 MB): a batch holds LOGIT_BUDGET // (B * T * V) patches
+# A logit difference that moves less than this between the two prompts: the model barely tells
+# them apart, and every fraction divides by that move (Restored.caution says so).
+SMALL_GAP = 1.0
 
 
 @dataclass
@@ -35,6 +38,16 @@ class Restored:
     clean: float  # the metric on the clean prompt
     corrupted: float  # the metric on the corrupted prompt
     patched: torch.Tensor  # the metric with each patch, the fraction's numerator plus `corrupted`
+
+    @property
+    def caution(self) -> str | None:
+        """One line to read beside the fractions where the metric moves by less than SMALL_GAP
+        between the prompts (a logit difference's scale); None where it moves more."""
+        gap = self.clean - self.corrupted
+        if abs(gap) >= SMALL_GAP:
+            return None
+        return (f"the metric moves by only {gap:+.2f} between the two prompts, and each fraction divides by that: "
+                "they say little where the model barely tells the prompts apart")
 
 
 def logit_difference(position: int, token: Tokens, other: Tokens | None = None) -> Metric:

@@ -28,7 +28,7 @@ from inspection.heatmap import readable_token
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
 from inspection.name_swap import name_swap, one_token_names
-from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from inspection.patching import SMALL_GAP, knock_out_effects, logit_difference, patch_heads, patch_residual
 from inspection.tab_format import PLUGIN_NAME, TAB_METRICS, WEIGHTS_TAG, head_scalar_tag
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import BEST, kept_checkpoint_path
@@ -461,6 +461,7 @@ def test_patching_restores_all_of_the_metric_with_either_head_of_the_circuit_and
     np.testing.assert_allclose(answer["heads"], heads.fraction, atol=1e-6)
     np.testing.assert_allclose(answer["residual"], residual.fraction, atol=1e-6)
     assert (answer["clean"], answer["corrupted"]) == (pytest.approx(heads.clean), pytest.approx(heads.corrupted))
+    assert answer["caution"] is None  # the metric moves by 12: no caution
     assert answer["labels"]["corrupted"][7] == "X" and answer["token"]["label"] == "h" and answer["other"]["label"] == "a"
     assert np.array(answer["heads"]) == pytest.approx(np.array([[1, 0], [1, 0]]), abs=1e-6)  # both heads of the circuit carry it
     # The stream entering layer 0 carries it at the corrupted "g"; the one entering layer 1, one
@@ -479,6 +480,10 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     assert [tokenizer.encode(example[key]) for key in ("token", "other")] == [[swap.answer], [swap.other]]
     patched = ask(base, "patch", {"run": name, **{key: example[key] for key in ("clean", "corrupted", "token", "other")}})
     assert np.array(patched["heads"]).shape == (2, 2)
+    gap = patched["clean"] - patched["corrupted"]  # the tiny run barely tells the names apart: said beside the shares
+    assert abs(gap) < SMALL_GAP and patched["caution"] == (
+        f"the metric moves by only {gap:+.2f} between the two prompts, and each fraction divides by that: they say "
+        "little where the model barely tells the prompts apart")
     # A character model's names are no tokens of their own: no example, and why (the page asks for every run).
     none = ask(base, "patch_example", {"run": sibling(name, "circuit")})
     assert [none[key] for key in ("clean", "corrupted", "token", "other")] == [None] * 4

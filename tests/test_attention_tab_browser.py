@@ -29,6 +29,7 @@ from inspection.head_metrics import induction_probe
 from inspection.heatmap import COLORMAP, FUTURE, colour_level, hidden_cells
 from inspection.logit_attribution import logit_attribution
 from inspection.logit_lens import lens_summary
+from inspection.name_swap import name_swap, one_token_names
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
 from inspection.tab_format import PLUGIN_NAME, WEIGHTS_TAG
 from model_io.checkpoint import Checkpoint
@@ -762,4 +763,18 @@ def test_patching_two_prompts_fills_both_grids_with_patch_heads_and_patch_residu
     assert root.find_element(By.CSS_SELECTOR, "h2").text == "Activation patching"  # no checkpoint of the circuit's
     assert not root.find_element(By.CSS_SELECTOR, ".tool-error").is_displayed()
     assert not root.find_element(By.CSS_SELECTOR, ".tool-grids").is_displayed()
+    assert not root.find_element(By.CSS_SELECTOR, ".caution").is_displayed()  # (the circuit's metric moved by 12)
+    # The name swap, which this run of 20 steps barely tells apart: said beside the shares.
+    model, tokenizer = Checkpoint.load(logdir / "run" / BEST).build_model()
+    swap = name_swap(tokenizer, *one_token_names(tokenizer)[:2])
+    typed = {"clean prompt": tokenizer.decode(swap.clean[0, 1:].tolist()), "metric token": tokenizer.decode([swap.answer]),
+             "corrupted prompt": tokenizer.decode(swap.corrupted[0, 1:].tolist()), "metric against token": tokenizer.decode([swap.other])}
+    for label, value in typed.items():
+        box = tab.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']")
+        box.clear()
+        box.send_keys(value)
+    click(tab, tab.find_element(By.XPATH, "//button[text()='patch']"))
+    wait_for_tool(tab, "patching")
+    caution = root.find_element(By.CSS_SELECTOR, ".caution")
+    assert caution.is_displayed() and caution.text == patch_heads(model, swap.clean, swap.corrupted, swap.metric()).caution
     choose_run(tab, "circuit")

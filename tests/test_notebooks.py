@@ -12,6 +12,7 @@ import torch
 from nbclient import NotebookClient
 
 from inspection.heatmap import render_attention_map
+from inspection.patching import SMALL_GAP
 from tests.helpers import ROOT, tiny_gpt
 
 matplotlib.use("Agg")  # pictures drawn off screen: plt.show() then shows nothing
@@ -64,8 +65,8 @@ def test_each_notebook_runs_top_to_bottom_on_a_trained_run(path: Path, trained_r
         metric, total = re.search(r"metric (\S+); the shares add up to (\S+)", printed).groups()
         assert metric == total
         clean, corrupted = map(float, re.search(r"metric clean (\S+), corrupted (\S+);", printed).groups())
-        if abs(abs(clean - corrupted) - 1.0) > 0.01:  # the printed figures are rounded: at the line itself, either way
-            assert ("note: the metric moves by only" in printed) == (abs(clean - corrupted) < 1.0), printed  # patching's gap
+        if abs(abs(clean - corrupted) - SMALL_GAP) > 0.01:  # the printed figures are rounded: at the line itself, either way
+            assert ("note: the metric moves by only" in printed) == (abs(clean - corrupted) < SMALL_GAP), printed  # patching's gap
 
 
 @pytest.mark.parametrize("options", [{}, {"n_kv_head": 1, "window": 3}, {"n_kv_head": 2, "n_head": 4, "window": 5, "pos": "rope",

@@ -24,6 +24,7 @@ export class Patching extends Tool {
     this.exampleFor = null;
     this.exampleNote = el("p", {class: "hint"});
     this.summary = el("p", {class: "tool-summary"});
+    this.caution = el("p", {class: "hint caution", hidden: true});  // the metric barely moves: the shares say little
     this.grids = el("div", {class: "tool-grids stacked"});
     this.root = el("section", {class: "panel tool patching", "aria-label": "Activation patching", hidden: true},
       this.title,
@@ -35,7 +36,7 @@ export class Patching extends Tool {
       el("p", {class: "hint"}, "Two prompts of as many tokens, the corrupted one changing the answer; the metric is the "
         + "logit difference at the last token. Each cell: the share of clean − corrupted that one activation, taken from "
         + "the clean run, brings back (0 nothing, 1 all)."),
-      this.exampleNote, this.error, this.summary, this.grids);
+      this.exampleNote, this.error, this.summary, this.caution, this.grids);
   }
 
   // The run's example into the boxes the user left empty or as the last example had them.
@@ -72,6 +73,7 @@ export class Patching extends Tool {
     if (this.exampleFor !== this.app.run.run) this.askExample();
     this.title.textContent = `Activation patching${this.answer ? ` · ${answeredBy(this.answer)}` : ""}`;
     this.summary.hidden = this.grids.hidden = !this.answer;
+    this.caution.hidden = !this.answer?.caution;
     if (!this.submitted) return;
     this.ask(JSON.stringify([this.app.run.run, checkpoint, this.submitted]), checkpoint, this.submitted);
     if (this.answer && this.drawn !== this.answer) this.drawAnswer(this.answer);
@@ -84,6 +86,7 @@ export class Patching extends Tool {
     this.summary.textContent = `logit of ${metric} at the last token: clean ${formatValue(clean, 2)}, `
       + `corrupted ${formatValue(corrupted, 2)}`;
     Object.assign(this.summary.dataset, {clean: clean ?? "", corrupted: corrupted ?? ""});
+    this.caution.textContent = answer.caution ?? "";
     const colour = (value) => divergingColour(value, 1);
     const rows = heads.map((_, l) => `L${l}`);
     const T = labels.clean.length;
