@@ -640,6 +640,9 @@ def test_a_bad_n_gets_its_one_line_under_the_sources_and_the_views_stay(tab):
     waiting(tab).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").text.startswith("n must"))
     assert error.text == "n must be a whole number; the box holds something else"
     assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]
+    click(tab, tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]"))  # another source: the line goes with it
+    waiting(tab).until(lambda d: js(d, "return document.body.dataset.drawnMode") == "probe")
+    assert not error.is_displayed()
 
 
 def open_tool(driver, name: str):

@@ -237,6 +237,7 @@ class AttentionTab {
   }
 
   showMode(mode) {
+    this.textBox.say("");  // a refusal of what was typed goes with the source it was typed for
     if (mode === "repeated" && !this.state.readings.repeated) return this.textBox.submitRepeated();  // read them first
     this.set({mode: mode !== "probe" && this.state.readings[mode] ? mode : "probe"});
     const reading = this.state.readings[this.state.mode];
