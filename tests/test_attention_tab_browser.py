@@ -640,6 +640,14 @@ def test_a_bad_n_gets_its_one_line_under_the_sources_and_the_views_stay(tab):
     waiting(tab).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").text.startswith("n must"))
     assert error.text == "n must be a whole number; the box holds something else"
     assert js(tab, "return [document.body.dataset.drawnMode, document.body.dataset.drawnTokens]") == ["repeated", str(2 * CIRCUIT_N + 1)]
+    box.clear()
+    box.send_keys(str(CIRCUIT_N))
+    seed = tab.find_element(By.CSS_SELECTOR, "input[aria-label='seed']")
+    for typed in ("1e3", "2.5"):  # numbers the browser takes, but no whole numbers: the same words
+        seed.clear()
+        seed.send_keys(typed, Keys.ENTER)
+        waiting(tab).until(lambda d: d.find_element(By.CSS_SELECTOR, ".source-error").text.startswith("seed must"))
+        assert error.text == "seed must be a whole number; the box holds something else"
     click(tab, tab.find_element(By.CSS_SELECTOR, "input[type=radio][value=probe]"))  # another source: the line goes with it
     waiting(tab).until(lambda d: js(d, "return document.body.dataset.drawnMode") == "probe")
     assert not error.is_displayed()

@@ -34,11 +34,12 @@ export class TextBox {
     this.app.readText(this.input.value);
   }
 
-  // The n and seed in the boxes (n empty: the route's default). A box holding what is no number
-  // ("1e", or letters where the browser lets them in) reads as empty: it is refused here, rather
-  // than read as the default.
+  // The n and seed in the boxes (n empty: the route's default). A box holding what is no whole
+  // number is refused here, in the same words whatever it holds: "1e" or letters, which the
+  // browser reads as empty (the default, else), and "1e3" or "2.5", numbers the route refuses.
   submitRepeated() {
-    const bad = [["n", this.n], ["seed", this.seed]].find(([, box]) => box.validity.badInput);
+    const whole = (box) => !box.validity.badInput && /^(-?\d+)?$/.test(box.value.trim());
+    const bad = [["n", this.n], ["seed", this.seed]].find(([, box]) => !whole(box));
     if (bad) {
       this.say(`${bad[0]} must be a whole number; the box holds something else`);
       this.app.redraw();  // the views, and the source chosen, stay as they were (as for the server's refusals)
