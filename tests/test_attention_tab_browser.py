@@ -196,24 +196,27 @@ def test_the_page_is_as_large_as_headless_chromium_was_asked(browser):
 
 
 PANEL_BOXES = """const box = s => document.querySelector(s).getBoundingClientRect();
+const [map, view] = [box("canvas.matrix"), box(".matrix-view")];
 return {page: [innerWidth, document.documentElement.scrollWidth],
-        panels: [".token-view", ".matrix-view", ".side"].map(s => [Math.round(box(s).left), Math.round(box(s).width)])};"""
+        panels: [".token-view", ".matrix-view", ".side"].map(s => [Math.round(box(s).left), Math.round(box(s).width)]),
+        mapInside: map.width > 0 && map.left >= view.left && map.right <= view.right,
+        tokensScroll: getComputedStyle(document.querySelector(".token-scroll")).overflowY};"""
 
 
 def test_a_page_too_narrow_for_the_three_panels_side_by_side_stacks_them_and_cuts_none(tab):
     try:
-        for width, height in ((800, 600), (1024, 768)):  # below the 1280 x 800 the panels are laid out for
+        for width, height in ((800, 600), (1024, 768), (1199, 800), (1200, 800)):  # the panels side by side need 1,192 px
             tab.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                                 {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
             boxes = js(tab, PANEL_BOXES)
+            (token, _), (matrix, _), (side, _) = boxes["panels"]
             assert boxes["page"] == [width, width], boxes  # nothing runs off the right edge
             assert all(left >= 0 and left + size <= width and size >= 300 for left, size in boxes["panels"]), boxes
+            assert boxes["mapInside"] and boxes["tokensScroll"] == "auto", boxes  # the map whole; the tokens scroll
+            assert (token < matrix < side) == (width >= 1200), boxes  # side by side, else one under another
     finally:
         tab.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                             {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
-    boxes = js(tab, PANEL_BOXES)  # and at 1280 x 800 side by side again, the matrix view between the others
-    (token, _), (matrix, matrix_width), (side, _) = boxes["panels"]
-    assert token < matrix < side and matrix_width >= 300, boxes
 
 
 def test_the_tab_opens_the_newest_run_that_trained_not_a_run_named_later_that_trained_20_steps(browser):
