@@ -6,7 +6,8 @@ model's config, its weights and its tokenizer.
     python sample.py run=latest dtype=bf16 compile=true   # half the bytes a token reads
     python sample.py -m run=latest temperature=0.5,1.0     # one sampling per value, each under its name
 
-Every option is in configs/sample.yaml. Nothing is written anywhere.
+Every option is in configs/sample.yaml. Nothing is written anywhere (with -m, Hydra keeps a record
+of the sweep under multirun/).
 """
 
 import sys
@@ -28,7 +29,7 @@ except ModuleNotFoundError as missing:
 
 from cli.checkpoint_commands import prompt_as_typed, validate_sample_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
-from cli.sweep_check import sweep_job
+from cli.sweep_check import said_as_its_job, sweep_job
 from model import GPT
 from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_decoding, terminal_text
@@ -43,8 +44,8 @@ starting.done()  # Ctrl-C raises KeyboardInterrupt again; the collector runs ove
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent / "configs"), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error(writes=False):
-        if job := sweep_job(HydraConfig.get()):  # -m: each job's text, or its error, under its name
+    with exit_on_user_error(writes=False), said_as_its_job(HydraConfig.get(), trains=False):
+        if job := sweep_job(HydraConfig.get()):  # -m: each job's text under its name (its error names it too)
             print(f"=== {job} ===", flush=True)
         sample(cfg)
 

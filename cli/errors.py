@@ -183,8 +183,8 @@ def config_error_line(err: Exception) -> str:
         return f"~{full_key}: ~ removes a key, and every option here keeps a value; set it instead ({full_key}=<value>)"
     if deleted := re.match(r"Could not delete from config\. '(.+)' does not exist", said):  # ~data.path: null, or no key
         key = deleted[1]
-        return (f"~{key}: ~ removes a key, and every option here keeps a value ({key} holds null, or is not an "
-                f"option); set it instead ({key}=<value>) or leave it out ({options_hint()})")
+        return (f"~{key}: ~ removes a key, and none can be removed here: {key} is an option that holds null (leave "
+                f"it out) or no option at all (check its spelling; {options_hint()})")
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"

@@ -112,11 +112,12 @@ def sweep_job(hydra_config: DictConfig) -> str | None:
 
 
 @contextmanager
-def said_as_its_job(hydra_config: DictConfig, resume: str | None) -> Iterator[None]:
+def said_as_its_job(hydra_config: DictConfig, resume: str | None = None, trains: bool = True) -> Iterator[None]:
     """A job of a sweep (-m) that stops on a UserError the checks above could not foresee (a corpus too
-    short for its block_size, a loss gone nan) says which job it was and what ran: the sweep stops
-    there. Where the job saved nothing and the sweep starts afresh or goes on by itself (resume null
-    or auto), it says how to go on: resume=auto finds the jobs that ran and starts the others."""
+    short for its block_size, a loss gone nan; sample.py's top_k over the vocabulary) says which job
+    it was and what ran: the sweep stops there. A training job that saved nothing, where the sweep
+    starts afresh or goes on by itself (resume null or auto), says how to go on: resume=auto finds the
+    jobs that ran and starts the others."""
     try:
         yield
     except UserError as error:
@@ -126,6 +127,6 @@ def said_as_its_job(hydra_config: DictConfig, resume: str | None) -> Iterator[No
         ran = {0: "no job had run", 1: "job #0 ran"}.get(number, f"jobs #0 to #{number - 1} ran")
         saved = newest_checkpoint(Path(hydra_config.runtime.output_dir)) is not None
         go_on = (f": fix its values, then run the sweep again with resume=auto "
-                 f"{command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))} (what ran is kept)") if resume in (None, AUTO) and not saved else ""
-        raise UserError(f"{job}: {error}; {ran}, the "
-                        f"rest did not{go_on}") from None
+                 f"{command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))} (what ran is kept)"
+                 ) if trains and resume in (None, AUTO) and not saved else ""
+        raise UserError(f"{job}: {error}; {ran}, the rest did not{go_on}") from None

@@ -13,6 +13,7 @@ points (blocks.{l}.attn.hook_z, blocks.{l}.hook_resid_pre) and run as a few batc
 patches to a batch, not one forward each. A knock-out is a patch too: zeros for the head's z.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,11 +43,12 @@ class Restored:
     @property
     def caution(self) -> str | None:
         """One line to read beside the fractions where the metric moves by less than SMALL_GAP
-        between the prompts (a logit difference's scale); None where it moves more."""
+        between the prompts (set for a logit difference, logit_difference's metric); None where it
+        moves more, or is not a number (the fractions show that themselves)."""
         gap = self.clean - self.corrupted
-        if abs(gap) >= SMALL_GAP:
+        if not math.isfinite(gap) or abs(gap) >= SMALL_GAP:
             return None
-        return (f"the metric moves by only {gap:+.2f} between the two prompts, and each fraction divides by that: "
+        return (f"the metric moves by only {gap:+.3g} between the two prompts, and each fraction divides by that: "
                 "they say little where the model barely tells the prompts apart")
 
 
@@ -117,10 +119,13 @@ def copy_in(edits: list[tuple[int, tuple, torch.Tensor]], B: int) -> Callable[[t
 
 
 def check_pair(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> None:
-    """ValueError, as the model says it (GPT.check_token_ids), where either prompt is no batch of
-    its token ids (a text, a list, one row); UserError unless the two have the same shape (B, T)."""
-    for ids in (clean, corrupted):
-        model.check_token_ids(ids)
+    """ValueError, as the model says it (GPT.check_token_ids) but naming the prompt, where either is
+    no batch of its token ids (a text, a list, one row); UserError unless the two have the same shape (B, T)."""
+    for name, ids in (("clean", clean), ("corrupted", corrupted)):
+        try:
+            model.check_token_ids(ids)
+        except ValueError as error:
+            raise ValueError(str(error).replace("idx", name)) from None
     if clean.shape[1] != corrupted.shape[1]:
         raise UserError(f"the clean prompt has {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}: "
                         "patching swaps activations position by position, so give prompts of the same length")

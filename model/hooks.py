@@ -134,6 +134,24 @@ def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
     return [points[where]]
 
 
+def stack_call_for(point: str, points: Iterable[str]) -> str:
+    """What to write instead of stack_activation(point), a hook point's name, for a model with these
+    points: the short name and, for a point of a block's norm, the part ("blocks.0.ln2.hook_scale" ->
+    ('scale', part='ln2')); a point outside the blocks has one activation, no layers to stack."""
+    points = list(points)
+    named = point if point in points else next(  # hook_resid_post: a block's point, named without its block
+        (name for name in points if re.fullmatch(rf"blocks\.0\.(?:\w+\.)?{re.escape(point)}", name)), None)
+    if named is None:
+        return f"no hook point of this model is named {point!r}: {why_missing([point], points)}"
+    in_block = re.fullmatch(r"blocks\.\d+\.(?:(\w+)\.)?hook_(\w+)", named)
+    if in_block is None:
+        return f"{point!r} is one activation, not one per layer: read cache[{point!r}]"
+    part, short = in_block.groups()
+    if part in ("ln1", "ln2"):  # the names both norms have: scale, normalized
+        return f"for {point!r}, cache.stack_activation({short!r}, part={part!r})"
+    return f"for {point!r}, cache.stack_activation({short!r})"
+
+
 def why_missing(names: list[str], points: Iterable[str]) -> str:
     """Why a model with these hook points has none of names: the reason it lacks a TransformerLens
     name (MISSING_FOR_A_REASON, for a layer it has), else the points nearest the first name that has any."""
@@ -382,10 +400,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """One short name's activation in each layer before `layer` (-1 or None: every layer, as in
         TransformerLens), stacked: (layers, ...), e.g. "pattern" -> (L, B, H, T, S). part: where in
         the block, for a name two parts have, e.g. ("scale", ..., "ln2")."""
-        if "." in short or short.startswith("hook_"):  # a point's name: blocks.0.hook_resid_post, hook_resid_post
-            name = short.rsplit(".", 1)[-1].removeprefix("hook_")
+        if "." in short or short.startswith("hook_"):  # a point's name: blocks.0.ln2.hook_scale, hook_resid_post
             raise ValueError(f"stack_activation takes a short name, the same in every layer, not a hook point's: "
-                             f"{name!r} for {short!r}, e.g. cache.stack_activation({name!r})")
+                             f"{stack_call_for(short, self.model.hook_dict)}")
         return torch.stack([self[(short, index) if part is None else (short, index, part)]
                             for index in self.layers_before(layer)])
 

@@ -482,7 +482,7 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
     assert np.array(patched["heads"]).shape == (2, 2)
     gap = patched["clean"] - patched["corrupted"]  # the tiny run barely tells the names apart: said beside the shares
     assert abs(gap) < SMALL_GAP and patched["caution"] == (
-        f"the metric moves by only {gap:+.2f} between the two prompts, and each fraction divides by that: they say "
+        f"the metric moves by only {gap:+.3g} between the two prompts, and each fraction divides by that: they say "
         "little where the model barely tells the prompts apart")
     # A character model's names are no tokens of their own: no example, and why (the page asks for every run).
     none = ask(base, "patch_example", {"run": sibling(name, "circuit")})

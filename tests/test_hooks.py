@@ -253,10 +253,17 @@ def test_a_stack_takes_the_layers_before_the_one_given_and_refuses_others_in_one
             cache.stack_head_results(layer)
     with pytest.raises(ValueError, match=re.escape("layer=0: a stack takes the layers before it")):
         cache.stack_activation("pattern", 0)
-    for full in ("blocks.1.attn.hook_pattern", "hook_pattern"):  # a point's name, where the short one goes
-        with pytest.raises(ValueError, match=re.escape(f"takes a short name, the same in every layer, not a hook point's: "
-                                                       f"'pattern' for {full!r}, e.g. cache.stack_activation('pattern')")):
+    for full, instead in (("blocks.1.attn.hook_pattern", "for 'blocks.1.attn.hook_pattern', cache.stack_activation('pattern')"),
+                          ("hook_resid_post", "for 'hook_resid_post', cache.stack_activation('resid_post')"),  # a block's, unnamed
+                          ("blocks.0.ln2.hook_scale", "for 'blocks.0.ln2.hook_scale', cache.stack_activation('scale', part='ln2')"),
+                          ("hook_embed", "'hook_embed' is one activation, not one per layer: read cache['hook_embed']"),
+                          ("ln_final.hook_scale", "'ln_final.hook_scale' is one activation, not one per layer: read "
+                                                  "cache['ln_final.hook_scale']"),
+                          ("hook_nothing", "no hook point of this model is named 'hook_nothing': docs/hooks.md lists them all")):
+        with pytest.raises(ValueError, match="^" + re.escape("stack_activation takes a short name, the same in every layer, "
+                                                             f"not a hook point's: {instead}") + "$"):
             cache.stack_activation(full)
+    assert torch.equal(cache.stack_activation("scale", part="ln2")[0], cache["blocks.0.ln2.hook_scale"])  # what the line gives
 
 
 def test_a_cache_key_of_another_form_says_which_forms_there_are():

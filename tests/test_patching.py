@@ -121,12 +121,12 @@ def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
 @pytest.mark.parametrize("tool", [patch_heads, patch_residual])
 def test_a_prompt_that_is_no_batch_of_token_ids_gets_the_models_one_line(circuit, tool):
     model, clean, corrupted, metric = circuit
-    for bad, message in (("Leo met Mia", "idx must be a tensor of token ids of shape (B, T); got a str: encode it first"),
-                         (clean.tolist(), "idx must be a tensor of token ids of shape (B, T); got a list: e.g. torch.tensor"),
-                         (clean[0], f"idx must be token ids of shape (B, T) with T >= 1; got shape ({clean.shape[1]},): "
-                                    "one text is idx[None]")):
-        for pair in ((bad, corrupted), (clean, bad)):
-            with pytest.raises(ValueError, match="^" + re.escape(message)):
+    for bad, message in (("Leo met Mia", "{} must be a tensor of token ids of shape (B, T); got a str: encode it first"),
+                         (clean.tolist(), "{} must be a tensor of token ids of shape (B, T); got a list: e.g. torch.tensor"),
+                         (clean[0], f"{{}} must be token ids of shape (B, T) with T >= 1; got shape ({clean.shape[1]},): "
+                                    "one text is {}[None]")):
+        for name, pair in (("clean", (bad, corrupted)), ("corrupted", (clean, bad))):  # the prompt named
+            with pytest.raises(ValueError, match="^" + re.escape(message.format(name, name))):
                 tool(model, *pair, metric)
 
 

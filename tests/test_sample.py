@@ -185,7 +185,8 @@ def test_a_sweep_prints_each_jobs_text_under_its_name_and_a_bad_job_says_its_err
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     first, second = (f"=== job #{job} of the sweep ({' '.join(args)} top_k={top_k}) ===\n" for job, top_k in ((0, 3), (1, 100)))
     assert bad.stdout.startswith(first + "On") and bad.stdout.endswith("\n" + second)  # job #1's error came after its name
-    assert bad.stderr.strip() == "error: top_k=100 must be between 1 and the vocabulary size 14 (or 0: off)"
+    assert bad.stderr.strip() == (f"error: job #1 of the sweep ({' '.join(args)} top_k=100): top_k=100 must be between 1 and "
+                                  "the vocabulary size 14 (or 0: off); job #0 ran, the rest did not")
 
 
 @pytest.mark.slow
