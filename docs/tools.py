@@ -31,6 +31,7 @@ from inspection.logit_attribution import logit_attribution  # noqa: E402
 from inspection.logit_lens import logit_lens  # noqa: E402
 from inspection.name_swap import CLASSIC, NAMES, STORY, name_swap  # noqa: E402
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual  # noqa: E402
+from inspection.repeated_tokens import repeated_pair  # noqa: E402
 from model import GPT, eval_mode  # noqa: E402
 from model_io.checkpoint import Checkpoint  # noqa: E402
 from model_io.run_files import kept_checkpoints, resolve_checkpoint  # noqa: E402
@@ -95,19 +96,6 @@ def default_part(run: str) -> dict:
                         "top": [[piece, round(p, 3)] for piece, p in zip(tokenizer.token_strings(top.indices.tolist()), top.values.tolist(), strict=True)],
                         "answer_probability": round(probs[swap.answer].item(), 3)},
             **findings(model, tokenizer, swap.clean, swap.corrupted, swap.answer, swap.other)}
-
-
-def repeated_pair(vocab_size: int, start_id: int, eot_id: int, n: int, seed: int) -> tuple[list[int], list[int], int, int]:
-    """(clean, corrupted, answer, other): the start token (<eot>), n distinct random tokens (neither it nor
-    eot_id), then the same n less the last, so that the last query should copy the first copy's last
-    token (answer); corrupted puts another token (other, not in clean) in that one place."""
-    generator = torch.Generator().manual_seed(seed)
-    choices = [i for i in range(vocab_size) if i not in (start_id, eot_id)]
-    drawn = [choices[i] for i in torch.randperm(len(choices), generator=generator)[: n + 1].tolist()]  # n + 1 distinct
-    tokens, other = drawn[:n], drawn[n]
-    clean = [start_id, *tokens, *tokens[:-1]]  # (2n,)
-    corrupted = [*clean[:n], other, *clean[n + 1 :]]  # the first copy's last token, at position n, changed
-    return clean, corrupted, tokens[-1], other
 
 
 def induction_part(run: str) -> dict:

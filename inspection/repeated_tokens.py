@@ -49,6 +49,21 @@ def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> li
     return [tokenizer.bos_id, *induction_probe(tokenizer.vocab_size, n, seed, avoid=special_ids(tokenizer))]
 
 
+def repeated_pair(vocab_size: int, start_id: int, eot_id: int, n: int, seed: int) -> tuple[list[int], list[int], int, int]:
+    """A pair to patch an induction head with (inspection/patching.py): (clean, corrupted, answer,
+    other). clean is the start token (start_id), n distinct random tokens (neither it nor eot_id),
+    then the same n less the last, so that the last query should copy the first copy's last token
+    (answer); corrupted puts another token (other, not in clean) in that one place. docs/tools.py
+    patches the induction preset's model with it."""
+    generator = torch.Generator().manual_seed(seed)
+    choices = [i for i in range(vocab_size) if i not in (start_id, eot_id)]
+    drawn = [choices[i] for i in torch.randperm(len(choices), generator=generator)[: n + 1].tolist()]  # n + 1 distinct
+    tokens, other = drawn[:n], drawn[n]
+    clean = [start_id, *tokens, *tokens[:-1]]  # (2n,)
+    corrupted = [*clean[:n], other, *clean[n + 1 :]]  # the first copy's last token, at position n, changed
+    return clean, corrupted, tokens[-1], other
+
+
 def forward_repeated(model: GPT, tokenizer: Tokenizer, n: int, seed: int,
                      knocked_out: Collection[tuple[int, int]] = (), intact: Predictions | None = None) -> RepeatedForward:
     """The model reads the repeated tokens with the heads in knocked_out switched off (forward_ids)."""

@@ -13,6 +13,7 @@ from data.tokenizer import CharTokenizer
 from inspection import patching
 from inspection.name_swap import name_swap
 from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from inspection.repeated_tokens import repeated_pair
 from tests.helpers import INDUCTION_HEAD, one_line_error, shift_then_copy_model, tiny_gpt
 from user_error import UserError
 
@@ -35,6 +36,18 @@ def test_patching_the_induction_heads_output_restores_the_answer_and_no_other_he
     model, clean, corrupted, metric = circuit
     restored = patch_heads(model, clean, corrupted, metric)
     assert restored.clean == pytest.approx(12.0, abs=0.01) and restored.corrupted == pytest.approx(-12.0, abs=0.01)
+    expected = torch.zeros(2, 2, dtype=torch.float64)
+    expected[INDUCTION_HEAD] = 1.0
+    torch.testing.assert_close(restored.fraction, expected, atol=1e-3, rtol=0)
+
+
+def test_the_repeated_pair_differs_where_the_last_query_copies_from_and_the_induction_head_alone_restores_it():
+    model = shift_then_copy_model()
+    clean, corrupted, answer, other = repeated_pair(model.config.vocab_size, start_id=0, eot_id=1, n=N, seed=0)
+    assert len(clean) == len(corrupted) == 2 * N and clean[0] == 0 and clean[N] == answer and clean[-1] == clean[N - 1]
+    assert [t for t, (a, b) in enumerate(zip(clean, corrupted, strict=True)) if a != b] == [N] and corrupted[N] == other
+    assert len(set(clean[1 : N + 1])) == N and not {0, 1, other} & set(clean[1:])  # distinct, no start, end or other
+    restored = patch_heads(model, torch.tensor([clean]), torch.tensor([corrupted]), logit_difference(-1, answer, other))
     expected = torch.zeros(2, 2, dtype=torch.float64)
     expected[INDUCTION_HEAD] = 1.0
     torch.testing.assert_close(restored.fraction, expected, atol=1e-3, rtol=0)
