@@ -152,7 +152,8 @@ def baselines(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: 
 
 def restored_fraction(patched: torch.Tensor, clean: float, corrupted: float, shape: tuple) -> Restored:
     """patched: (P,) the metric with each patch -> Restored, its fraction and patched viewed as shape."""
-    return Restored(((patched - corrupted) / (clean - corrupted)).view(shape), clean, corrupted, patched.view(shape))
+    fraction = (patched - corrupted) / (clean - corrupted) + 0.0  # + 0.0: nothing restored prints as 0, not -0
+    return Restored(fraction.view(shape), clean, corrupted, patched.view(shape))
 
 
 def patch_heads(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric) -> Restored:

@@ -59,6 +59,9 @@ def test_patching_the_stream_restores_the_answer_only_where_the_prompts_differ(c
     expected = torch.zeros(2, 2 * N - 1, dtype=torch.float64)
     expected[:, N - 1] = 1.0  # entering either block, the changed token's position holds it all
     torch.testing.assert_close(fraction, expected, atol=1e-3, rtol=0)
+    backwards = patch_residual(model, corrupted, clean, metric).fraction  # the metric falls from clean to corrupted
+    torch.testing.assert_close(backwards, expected, atol=1e-3, rtol=0)
+    assert not torch.signbit(backwards[:, : N - 1]).any()  # before the change, the same stream: 0, printed as 0 not -0
 
 
 def test_patches_batched_together_give_what_each_gives_run_alone(monkeypatch):
