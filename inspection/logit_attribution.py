@@ -108,14 +108,7 @@ def residual_parts(model: GPT, idx: torch.Tensor) -> tuple[list[str], torch.Tens
     wanted = ("hook_embed", "smear.hook_out", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
     with eval_mode(model):
         logits, cache = model.run_with_cache(idx, names=lambda name: name.endswith(wanted))
-    B, T = idx.shape
-    labels, parts = ["embed"], [cache["hook_embed"]]  # (B, T, C)
-    if model.smear is not None:
-        labels.append("smear")
-        parts.append(cache["smear.hook_out"] - cache["hook_embed"])  # (B, T, C): what the smear added
-    if model.pos_emb is not None:
-        labels.append("pos_embed")
-        parts.append(cache["hook_pos_embed"].expand(B, T, -1))  # (T, C) -> (B, T, C)
+    labels, parts = cache.embedding_parts()  # embed, smear, pos_embed: (B, T, C) each
     heads, head_labels = cache.stack_head_results(return_labels=True)  # (L * H, B, T, C)
     H = model.config.n_head
     bias = torch.zeros_like(parts[0])  # (B, T, C)

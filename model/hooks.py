@@ -422,6 +422,90 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         stacked = torch.cat(results)  # (layers * H, B, T, C)
         return (stacked, labels) if return_labels else stacked
 
+    def embedding_parts(self) -> tuple[list[str], list[torch.Tensor]]:
+        """What the first block's input adds up to, each (B, T, C): "embed", then "smear" (what
+        model.smear added to it) and "pos_embed" (learned positions) where the model has them."""
+        embed = self["hook_embed"]  # (B, T, C)
+        labels, parts = ["embed"], [embed]
+        if "smear.hook_out" in self.model.hook_dict:
+            labels.append("smear")
+            parts.append(self["smear.hook_out"] - embed)  # (B, T, C)
+        if "hook_pos_embed" in self.model.hook_dict:
+            labels.append("pos_embed")
+            parts.append(self["hook_pos_embed"].expand_as(embed))  # (T, C) -> (B, T, C)
+        return labels, parts
+
+    def accumulated_resid(self, layer: int | None = -1, incl_mid: bool = False, apply_ln: bool = False,
+                          mlp_input: bool = False, return_labels: bool = False) -> Any:
+        """The residual stream entering each layer up to `layer` (0 to L; -1 or None: every layer, then
+        the stream the final norm reads), as in TransformerLens: (P, B, T, C), labelled "0_pre", ...,
+        "final_post"; "{l}_mid" too, between the attention and the MLP, with incl_mid (and for `layer`
+        itself with mlp_input). apply_ln: each as its norm reads it, through the final norm itself
+        where the stack ends there (a logit lens), else by apply_ln_to_stack."""
+        n_layer, end = len(self.model.blocks), self.layer_up_to(layer)
+        labels, parts = [], []
+        for index in range(end + 1):
+            if index == n_layer:
+                labels.append("final_post")
+                parts.append(self["resid_post", n_layer - 1])  # (B, T, C)
+                continue
+            labels.append(f"{index}_pre")
+            parts.append(self["resid_pre", index])  # (B, T, C)
+            if (incl_mid and index < end) or (mlp_input and index == end):
+                labels.append(f"{index}_mid")
+                parts.append(self["resid_mid", index])  # (B, T, C)
+        stacked = torch.stack(parts)  # (P, B, T, C)
+        if apply_ln:
+            stacked = (torch.stack([self.model.ln_f(part) for part in stacked]) if end == n_layer  # (P, B, T, C)
+                       else self.apply_ln_to_stack(stacked, end, mlp_input))
+        return (stacked, labels) if return_labels else stacked
+
+    def decompose_resid(self, layer: int | None = -1, mlp_input: bool = False, mode: str = "all", apply_ln: bool = False,
+                        incl_embeds: bool = True, return_labels: bool = False) -> Any:
+        """The parts the residual stream entering `layer` (0 to L; -1 or None: the stream the final norm
+        reads) adds up to, as in TransformerLens: (P, B, T, C), the embeddings (embedding_parts; without
+        them, incl_embeds=False), then each earlier layer's "{l}_attn_out" and "{l}_mlp_out" (mode
+        "attn" or "mlp": one of them), and with mlp_input `layer`'s own attention output.
+        apply_ln: by apply_ln_to_stack."""
+        if mode not in ("all", "attn", "mlp"):
+            raise ValueError(f"mode={mode!r}: give all, attn or mlp, as in TransformerLens")
+        end = self.layer_up_to(layer)
+        labels, parts = self.embedding_parts() if incl_embeds else ([], [])
+        kinds = {"all": ("attn_out", "mlp_out"), "attn": ("attn_out",), "mlp": ("mlp_out",)}[mode]
+        added = [(index, kind) for index in range(end) for kind in kinds]
+        if mlp_input and "attn_out" in kinds:  # what the layer's MLP norm reads: its attention's output too
+            added.append((end, "attn_out"))
+        for index, kind in added:
+            labels.append(f"{index}_{kind}")
+            parts.append(self[kind, index])  # (B, T, C)
+        stacked = torch.stack(parts)  # (P, B, T, C)
+        if apply_ln:
+            stacked = self.apply_ln_to_stack(stacked, end, mlp_input)
+        return (stacked, labels) if return_labels else stacked
+
+    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = -1, mlp_input: bool = False) -> torch.Tensor:
+        """residual_stack (P, B, T, C), parts of the stream entering `layer` (-1 or None: the final
+        norm's; with mlp_input, the stream the layer's MLP norm reads), as that norm treats them
+        without its gain and bias, as in TransformerLens: centred where the norms are LayerNorms, then
+        divided by the scale (B, T, 1) the norm found for the whole stream, so they still add up."""
+        n_layer, end = len(self.model.blocks), self.layer_up_to(layer)
+        name = "ln_final.hook_scale" if end == n_layer else f"blocks.{end}.ln{2 if mlp_input else 1}.hook_scale"
+        if self.model.config.norm == "layernorm":
+            residual_stack = residual_stack - residual_stack.mean(dim=-1, keepdim=True)  # (P, B, T, C)
+        return residual_stack / self[name]  # (P, B, T, C) / (B, T, 1)
+
+    def layer_up_to(self, layer: object) -> int:
+        """The layer a residual stack ends at, as TransformerLens counts it: 0 to L, the stream
+        entering that layer (L: the one the final norm reads; -1 or None too); ValueError in one line
+        for anything else."""
+        n_layer = len(self.model.blocks)
+        if layer is None or (is_whole_number(layer) and operator.index(layer) == -1):
+            return n_layer
+        if is_whole_number(layer) and 0 <= operator.index(layer) <= n_layer:
+            return operator.index(layer)
+        raise ValueError(f"layer={layer!r}: a residual stack ends at the stream entering a layer, 0 to {n_layer} "
+                         f"({n_layer}, -1 or None: the one the final norm reads), as in TransformerLens")
+
     def layers_before(self, layer: object) -> range:
         """The layers a stack takes, 0 .. layer - 1, as TransformerLens counts them: layer is 1 to L
         (-1 or None: all L); ValueError in one line for anything else."""

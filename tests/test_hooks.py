@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model.gpt import GPTConfig
-from tests.helpers import ARCHITECTURE_OPTIONS, ROOT, tiny_gpt
+from tests.helpers import ARCHITECTURE_OPTIONS, ROOT, lively, tiny_gpt
 
 B, T, C, H, L = 2, 9, 32, 2, 2
 
@@ -225,6 +225,9 @@ def test_the_hooks_pages_example_runs_on_a_trained_run(trained_run, tmp_path, mo
     names: dict = {}
     exec(compile(example, "docs/hooks.md", "exec"), names)
     assert names["results"].shape[0] == len(names["labels"]) == 4  # 2 layers x 2 heads
+    assert names["part_labels"][0] == "embed" and names["part_labels"][-2:] == ["1_attn_out", "1_mlp_out"]
+    with torch.no_grad():  # the last layer's lens: the logits (the example's last logits have heads knocked out)
+        torch.testing.assert_close(names["lens"][-1], names["model"](names["idx"])[0], atol=1e-4, rtol=1e-5)
     assert set(names["cache"]) == {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"}
     assert not names["model"].has_hooks()
 
@@ -264,6 +267,28 @@ def test_a_stack_takes_the_layers_before_the_one_given_and_refuses_others_in_one
                                                              f"not a hook point's: {instead}") + "$"):
             cache.stack_activation(full)
     assert torch.equal(cache.stack_activation("scale", part="ln2")[0], cache["blocks.0.ln2.hook_scale"])  # what the line gives
+
+
+@pytest.mark.parametrize("options", [dict(norm="layernorm", pos="learned", bias=True), dict(norm="rmsnorm", pos="rope", smear=True)],
+                         ids=["layernorm, learned positions, biases", "rmsnorm, rotary, smear"])
+def test_the_parts_of_the_final_stream_through_apply_ln_to_stack_add_up_to_what_the_final_norm_makes(options):
+    # TransformerLens's linear picture of the final norm: each part centred (LayerNorm) and divided by
+    # the scale the norm found for the whole stream; with the norm's gain and bias, the sum is its output.
+    # (tests/test_transformer_lens.py compares the stacks themselves with TransformerLens's, on GPT-2.)
+    model = lively(tiny_gpt(**options)).eval()
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(0)))
+        parts, labels = cache.decompose_resid(return_labels=True)  # (P, B, T, C)
+        assert labels[:2] == (["embed", "pos_embed"] if options["pos"] == "learned" else ["embed", "smear"])
+        torch.testing.assert_close(parts.sum(0), cache["resid_post", -1], atol=1e-5, rtol=0)  # the parts add up
+        gain, bias = model.ln_f.weight, getattr(model.ln_f, "bias", None)  # (C,) each; RMSNorm and bias=false: no bias
+        bias = 0 if bias is None else bias
+        through = cache.apply_ln_to_stack(parts).sum(0) * gain + bias  # (B, T, C)
+        torch.testing.assert_close(through, cache["ln_final.hook_normalized"] * gain + bias, atol=1e-5, rtol=1e-5)
+        lens = cache.accumulated_resid(apply_ln=True)  # (L + 1, B, T, C): the last, the final norm's own output
+        torch.testing.assert_close(lens[-1] @ model.lm_head.weight.T, logits, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match=re.escape("layer=3: a residual stack ends at the stream entering a layer, 0 to 2")):
+        cache.accumulated_resid(3)
 
 
 def test_a_cache_key_of_another_form_says_which_forms_there_are():

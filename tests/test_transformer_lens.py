@@ -52,6 +52,28 @@ def test_the_hook_points_hold_transformer_lens_activations_under_the_same_names(
         torch.testing.assert_close(our_cache.stack_activation("pattern", layer), their_cache.stack_activation("pattern", layer))
 
 
+def test_the_residual_streams_stacks_and_parts_are_transformer_lenss_with_their_labels(both):
+    ours, bridge, tokens = both
+    with torch.no_grad():
+        _, our_cache = ours.run_with_cache(tokens)
+        _, their_cache = bridge.run_with_cache(tokens)
+        for method, options in (("accumulated_resid", {}), ("accumulated_resid", {"layer": 1, "incl_mid": True}),
+                                ("accumulated_resid", {"layer": 1, "mlp_input": True, "apply_ln": True}),
+                                ("accumulated_resid", {"apply_ln": True}),  # through the final norm itself: a logit lens
+                                ("accumulated_resid", {"layer": 0}), ("decompose_resid", {}),
+                                ("decompose_resid", {"layer": 1, "mode": "attn", "mlp_input": True, "apply_ln": True}),
+                                ("decompose_resid", {"mode": "mlp", "incl_embeds": False}),
+                                ("decompose_resid", {"apply_ln": True})):
+            stacked, labels = getattr(our_cache, method)(**options, return_labels=True)
+            their_stacked, their_labels = getattr(their_cache, method)(**options, return_labels=True)
+            assert labels == their_labels, (method, options)
+            torch.testing.assert_close(stacked, their_stacked, atol=1e-5, rtol=1e-5, msg=f"{method} {options}")
+        parts = our_cache.decompose_resid(layer=1, mlp_input=True)  # what layer 1's MLP norm reads, in parts
+        torch.testing.assert_close(parts.sum(0), our_cache["resid_mid", 1], atol=1e-5, rtol=0)  # which add up to it
+        torch.testing.assert_close(our_cache.apply_ln_to_stack(parts, 1, mlp_input=True),
+                                   their_cache.apply_ln_to_stack(parts, 1, mlp_input=True), atol=1e-5, rtol=1e-5)
+
+
 # TransformerLens's short keys: (name, layer), and (name, layer, part) where two parts of a block
 # have the name, with its aliases for names and parts.
 SHORT_KEYS = [("scale", 0, "ln1"), ("scale", 1, "ln2"), ("normalized", 0, "ln2"), ("pattern", 1), ("attn", 0),
