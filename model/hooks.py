@@ -152,6 +152,21 @@ def stack_call_for(point: str, points: Iterable[str]) -> str:
     return f"for {point!r}, cache.stack_activation({short!r})"
 
 
+PosSlice = int | slice | None  # the positions a residual stack keeps, as TransformerLens's pos_slice
+
+
+def at_positions(tensor: torch.Tensor, pos_slice: PosSlice, dim: int = -2) -> torch.Tensor:
+    """tensor at the positions pos_slice keeps along dim: an int drops that dimension (TransformerLens's
+    pos_slice=-1: the last token), a slice keeps it; None keeps every position."""
+    if pos_slice is None:
+        return tensor
+    if is_whole_number(pos_slice):
+        return tensor.select(dim, operator.index(pos_slice))
+    if isinstance(pos_slice, slice):
+        return tensor[(slice(None),) * (dim % tensor.dim()) + (pos_slice,)]
+    raise ValueError(f"pos_slice={pos_slice!r}: give a position (an int, e.g. -1 for the last token), a slice, or None")
+
+
 def why_missing(names: list[str], points: Iterable[str]) -> str:
     """Why a model with these hook points has none of names: the reason it lacks a TransformerLens
     name (MISSING_FOR_A_REASON, for a layer it has), else the points nearest the first name that has any."""
@@ -406,12 +421,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return torch.stack([self[(short, index) if part is None else (short, index, part)]
                             for index in self.layers_before(layer)])
 
-    def stack_head_results(self, layer: int | None = -1, return_labels: bool = False) -> Any:
+    def stack_head_results(self, layer: int | None = -1, return_labels: bool = False, pos_slice: PosSlice = None,
+                           apply_ln: bool = False) -> Any:
         """What each head of the layers before `layer` (-1 or None: every layer, as in TransformerLens)
         writes into the residual stream: its hook_z through its own D columns of the output
         projection, (layers * H, B, T, C), heads in layer order (the projection's bias, shared by the
         heads, is left out, as in TransformerLens). Their sum over a layer's heads plus that bias is
-        the layer's attention output. With return_labels, also ["L0H0", "L0H1", ...]."""
+        the layer's attention output. With return_labels, also ["L0H0", "L0H1", ...]; pos_slice and
+        apply_ln as for accumulated_resid."""
         results, labels = [], []
         for index in self.layers_before(layer):
             z = self["z", index]  # (B, T, H, D)
@@ -419,7 +436,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             W_O = self.model.blocks[index].attn.proj.weight.view(-1, H, D)  # (C, H * D) -> (C, H, D): head h's columns
             results.append(torch.einsum("bthd,chd->hbtc", z, W_O.to(z.dtype)))  # (H, B, T, C)
             labels += [f"L{index}H{head}" for head in range(H)]
-        stacked = torch.cat(results)  # (layers * H, B, T, C)
+        stacked = at_positions(torch.cat(results), pos_slice)  # (layers * H, B, T, C), T as pos_slice leaves it
+        if apply_ln:
+            stacked = self.apply_ln_to_stack(stacked, layer, pos_slice=pos_slice)
         return (stacked, labels) if return_labels else stacked
 
     def embedding_parts(self) -> tuple[list[str], list[torch.Tensor]]:
@@ -436,12 +455,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return labels, parts
 
     def accumulated_resid(self, layer: int | None = -1, incl_mid: bool = False, apply_ln: bool = False,
-                          mlp_input: bool = False, return_labels: bool = False) -> Any:
+                          pos_slice: PosSlice = None, mlp_input: bool = False, return_labels: bool = False) -> Any:
         """The residual stream entering each layer up to `layer` (0 to L; -1 or None: every layer, then
         the stream the final norm reads), as in TransformerLens: (P, B, T, C), labelled "0_pre", ...,
         "final_post"; "{l}_mid" too, between the attention and the MLP, with incl_mid (and for `layer`
-        itself with mlp_input). apply_ln: each as its norm reads it, through the final norm itself
-        where the stack ends there (a logit lens), else by apply_ln_to_stack."""
+        itself with mlp_input). pos_slice: the positions kept, an int (that dimension dropped: (P, B,
+        C)) or a slice. apply_ln: each as its norm reads it, through the final norm itself where the
+        stack ends there (a logit lens), else by apply_ln_to_stack."""
         n_layer, end = len(self.model.blocks), self.layer_up_to(layer)
         labels, parts = [], []
         for index in range(end + 1):
@@ -454,45 +474,58 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             if (incl_mid and index < end) or (mlp_input and index == end):
                 labels.append(f"{index}_mid")
                 parts.append(self["resid_mid", index])  # (B, T, C)
-        stacked = torch.stack(parts)  # (P, B, T, C)
+        stacked = at_positions(torch.stack(parts), pos_slice)  # (P, B, T, C), T as pos_slice leaves it
         if apply_ln:
             stacked = (torch.stack([self.model.ln_f(part) for part in stacked]) if end == n_layer  # (P, B, T, C)
-                       else self.apply_ln_to_stack(stacked, end, mlp_input))
+                       else self.apply_ln_to_stack(stacked, end, mlp_input, pos_slice))
         return (stacked, labels) if return_labels else stacked
 
     def decompose_resid(self, layer: int | None = -1, mlp_input: bool = False, mode: str = "all", apply_ln: bool = False,
-                        incl_embeds: bool = True, return_labels: bool = False) -> Any:
+                        pos_slice: PosSlice = None, incl_embeds: bool = True, return_labels: bool = False) -> Any:
         """The parts the residual stream entering `layer` (0 to L; -1 or None: the stream the final norm
         reads) adds up to, as in TransformerLens: (P, B, T, C), the embeddings (embedding_parts; without
         them, incl_embeds=False), then each earlier layer's "{l}_attn_out" and "{l}_mlp_out" (mode
-        "attn" or "mlp": one of them), and with mlp_input `layer`'s own attention output.
-        apply_ln: by apply_ln_to_stack."""
+        "attn" or "mlp": one of them), and with mlp_input `layer`'s own attention output. pos_slice
+        as for accumulated_resid; apply_ln: by apply_ln_to_stack."""
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode={mode!r}: give all, attn or mlp, as in TransformerLens")
         end = self.layer_up_to(layer)
-        labels, parts = self.embedding_parts() if incl_embeds else ([], [])
+        if mlp_input and end == len(self.model.blocks):
+            raise ValueError(f"mlp_input=True reads the stream a layer's MLP norm reads, and layer={layer!r} is the final "
+                             f"norm's: give a layer from 0 to {end - 1}")
         kinds = {"all": ("attn_out", "mlp_out"), "attn": ("attn_out",), "mlp": ("mlp_out",)}[mode]
         added = [(index, kind) for index in range(end) for kind in kinds]
         if mlp_input and "attn_out" in kinds:  # what the layer's MLP norm reads: its attention's output too
             added.append((end, "attn_out"))
+        labels, parts = self.embedding_parts() if incl_embeds else ([], [])
         for index, kind in added:
             labels.append(f"{index}_{kind}")
             parts.append(self[kind, index])  # (B, T, C)
-        stacked = torch.stack(parts)  # (P, B, T, C)
+        if not parts:
+            raise ValueError(f"layer={layer!r} without the embeddings leaves no part to stack: give a later layer, "
+                             "or incl_embeds=True")
+        stacked = at_positions(torch.stack(parts), pos_slice)  # (P, B, T, C), T as pos_slice leaves it
         if apply_ln:
-            stacked = self.apply_ln_to_stack(stacked, end, mlp_input)
+            stacked = self.apply_ln_to_stack(stacked, end, mlp_input, pos_slice)
         return (stacked, labels) if return_labels else stacked
 
-    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = -1, mlp_input: bool = False) -> torch.Tensor:
+    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = -1, mlp_input: bool = False,
+                          pos_slice: PosSlice = None) -> torch.Tensor:
         """residual_stack (P, B, T, C), parts of the stream entering `layer` (-1 or None: the final
         norm's; with mlp_input, the stream the layer's MLP norm reads), as that norm treats them
         without its gain and bias, as in TransformerLens: centred where the norms are LayerNorms, then
-        divided by the scale (B, T, 1) the norm found for the whole stream, so they still add up."""
+        divided by the scale (B, T, 1) the norm found for the whole stream, so they still add up. A
+        stack of some positions, (P, B, C) or (P, B, T', C), takes the pos_slice that picked them."""
         n_layer, end = len(self.model.blocks), self.layer_up_to(layer)
         name = "ln_final.hook_scale" if end == n_layer else f"blocks.{end}.ln{2 if mlp_input else 1}.hook_scale"
+        scale = at_positions(self[name], pos_slice, dim=1)  # (B, T, 1) -> (B, 1) or (B, T', 1)
+        if tuple(residual_stack.shape[1:-1]) != tuple(scale.shape[:-1]):
+            raise ValueError(f"a stack of shape {tuple(residual_stack.shape)} does not fit the scale of shape "
+                             f"{tuple(scale.shape)} the norm found (batch and positions, then 1): give the pos_slice "
+                             "that picked its positions (pos_slice=-1 for [:, :, -1]), or scale first and index after")
         if self.model.config.norm == "layernorm":
             residual_stack = residual_stack - residual_stack.mean(dim=-1, keepdim=True)  # (P, B, T, C)
-        return residual_stack / self[name]  # (P, B, T, C) / (B, T, 1)
+        return residual_stack / scale  # (P, B, T, C) / (B, T, 1)
 
     def layer_up_to(self, layer: object) -> int:
         """The layer a residual stack ends at, as TransformerLens counts it: 0 to L, the stream

@@ -289,6 +289,18 @@ def test_the_parts_of_the_final_stream_through_apply_ln_to_stack_add_up_to_what_
         torch.testing.assert_close(lens[-1] @ model.lm_head.weight.T, logits, atol=1e-4, rtol=1e-5)
     with pytest.raises(ValueError, match=re.escape("layer=3: a residual stack ends at the stream entering a layer, 0 to 2")):
         cache.accumulated_resid(3)
+    _, one = model.run_with_cache(torch.zeros(1, 9, dtype=torch.long))  # one text: (1, T, 1) would broadcast silently
+    for stack, message in ((one.accumulated_resid()[:, :, -1], "a stack of shape (3, 1, 32) does not fit the scale of "
+                            "shape (1, 9, 1) the norm found"),
+                           (one.accumulated_resid(pos_slice=slice(0, 4)), "a stack of shape (3, 1, 4, 32) does not fit")):
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            one.apply_ln_to_stack(stack)
+    assert one.apply_ln_to_stack(one.accumulated_resid()[:, :, -1], pos_slice=-1).shape == (3, 1, 32)  # with its pos_slice
+    for call, message in ((lambda: one.decompose_resid(0, incl_embeds=False), "layer=0 without the embeddings leaves no part"),
+                          (lambda: one.decompose_resid(-1, mlp_input=True), "mlp_input=True reads the stream a layer's MLP"),
+                          (lambda: one.accumulated_resid(pos_slice="last"), "pos_slice='last': give a position (an int")):
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            call()
 
 
 def test_a_cache_key_of_another_form_says_which_forms_there_are():

@@ -4,6 +4,8 @@ give the same activations under the same names, the same loss with a head zeroed
 same activation patching (transformer_lens.patching, which takes the bridge) and the same direct
 logit attribution (its cache's full residual decomposition through the frozen final norm)."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -63,7 +65,11 @@ def test_the_residual_streams_stacks_and_parts_are_transformer_lenss_with_their_
                                 ("accumulated_resid", {"layer": 0}), ("decompose_resid", {}),
                                 ("decompose_resid", {"layer": 1, "mode": "attn", "mlp_input": True, "apply_ln": True}),
                                 ("decompose_resid", {"mode": "mlp", "incl_embeds": False}),
-                                ("decompose_resid", {"apply_ln": True})):
+                                ("decompose_resid", {"apply_ln": True}),
+                                ("accumulated_resid", {"pos_slice": -1, "apply_ln": True, "incl_mid": True}),  # the last token's
+                                ("decompose_resid", {"layer": 1, "pos_slice": slice(2, 5), "apply_ln": True}),
+                                ("stack_head_results", {"pos_slice": -1, "apply_ln": True}),
+                                ("stack_head_results", {"layer": 1, "apply_ln": True})):
             stacked, labels = getattr(our_cache, method)(**options, return_labels=True)
             their_stacked, their_labels = getattr(their_cache, method)(**options, return_labels=True)
             assert labels == their_labels, (method, options)
@@ -72,6 +78,12 @@ def test_the_residual_streams_stacks_and_parts_are_transformer_lenss_with_their_
         torch.testing.assert_close(parts.sum(0), our_cache["resid_mid", 1], atol=1e-5, rtol=0)  # which add up to it
         torch.testing.assert_close(our_cache.apply_ln_to_stack(parts, 1, mlp_input=True),
                                    their_cache.apply_ln_to_stack(parts, 1, mlp_input=True), atol=1e-5, rtol=1e-5)
+        last = parts[:, :, -1]  # (P, B, C): one position, indexed before scaling
+        torch.testing.assert_close(our_cache.apply_ln_to_stack(last, 1, mlp_input=True, pos_slice=-1),
+                                   their_cache.apply_ln_to_stack(last, 1, mlp_input=True, pos_slice=-1), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=re.escape(f"a stack of shape {tuple(last.shape)} does not fit the scale of shape "
+                                                   f"(2, 12, 1) the norm found (batch and positions, then 1): give the pos_slice")):
+        our_cache.apply_ln_to_stack(last, 1, mlp_input=True)  # TransformerLens's pos_slice forgotten: refused, not broadcast
 
 
 # TransformerLens's short keys: (name, layer), and (name, layer, part) where two parts of a block
