@@ -103,7 +103,7 @@ MISSING_FOR_A_REASON = {
                        "a model trained with model.pos=learned has hook_pos_embed",
     r"blocks\.\d+\.attn\.hook_rot_[qk]": "this model has neither rotary positions nor QK-norm (model.pos=learned, "
                                         "model.qk_norm=false): its queries and keys are hook_q and hook_k as used",
-    r"blocks\.\d+\.attn\.hook_result": "no forward here makes each head's output through W_O (the output projection "
+    r"blocks\.\d+\.(attn\.)?hook_result": "no forward here makes each head's output through W_O (the output projection "
                                        "is one matmul over all heads): cache.stack_head_results() computes it from hook_z",
     r"blocks\.\d+\.hook_[qkv]_input": "the heads' inputs are not split here: every head reads ln1's output (its "
                                      "hook_normalized times its gain, plus its bias if it has one); one head's own queries, keys and "

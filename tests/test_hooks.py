@@ -174,6 +174,7 @@ def test_run_with_cache_takes_transformer_lenss_names_filter_and_says_in_one_lin
     ({"pos": "rope"}, "hook_pos_embed", "this model has no position embeddings: its positions are rotary (model.pos=rope)"),
     ({"pos": "learned", "qk_norm": False}, "blocks.1.attn.hook_rot_k", "this model has neither rotary positions nor QK-norm"),
     ({}, "blocks.0.attn.hook_result", "no forward here makes each head's output through W_O"),
+    ({}, "blocks.0.hook_result", "no forward here makes each head's output through W_O"),  # attn. left out: the same
     ({}, "blocks.0.hook_v_input", "the heads' inputs are not split here: every head reads ln1's output (its hook_normalized "
      "times its gain, plus its bias if it has one); one head's own queries, keys and values are blocks.<l>.attn.hook_q, hook_k and hook_v "
      "at [:, :, head]"),
