@@ -122,10 +122,7 @@ def check_pair(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> None
     """ValueError, as the model says it (GPT.check_token_ids) but naming the prompt, where either is
     no batch of its token ids (a text, a list, one row); UserError unless the two have the same shape (B, T)."""
     for name, ids in (("clean", clean), ("corrupted", corrupted)):
-        try:
-            model.check_token_ids(ids)
-        except ValueError as error:
-            raise ValueError(str(error).replace("idx", name)) from None
+        model.check_token_ids(ids, name)
     if clean.shape[1] != corrupted.shape[1]:
         raise UserError(f"the clean prompt has {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}: "
                         "patching swaps activations position by position, so give prompts of the same length")

@@ -291,7 +291,7 @@ class GPT(HookedModel):
             x = x + self.hook_pos_embed(self.pos_emb(positions))  # (B, T, C) + (T, C) -> (B, T, C)
         return self.dropout(x)
 
-    def check_token_ids(self, idx: torch.Tensor) -> None:
+    def check_token_ids(self, idx: torch.Tensor, name: str = "idx") -> None:
         """ValueError, in one line, for what a learner may hand the model by mistake: not a (B, T)
         batch, no tokens, not integers, an id outside the vocabulary. The shape and dtype cost nothing
         to check; the ids are checked where they are on the CPU (on a GPU the check would wait for
@@ -299,12 +299,12 @@ class GPT(HookedModel):
         if not isinstance(idx, torch.Tensor):  # a text, a list of ids, a NumPy array
             how = ("encode it first, e.g. torch.tensor([tokenizer.encode(text)])" if isinstance(idx, str) else
                    "e.g. torch.tensor([ids]) for one text's list of ids, torch.as_tensor(array) for a (B, T) array")
-            raise ValueError(f"idx must be a tensor of token ids of shape (B, T); got a {type(idx).__name__}: {how}")
+            raise ValueError(f"{name} must be a tensor of token ids of shape (B, T); got a {type(idx).__name__}: {how}")
         if idx.dim() != 2 or idx.shape[1] == 0:
-            hint = ": one text is idx[None], a batch of 1" if idx.dim() == 1 and idx.numel() else ""
-            raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1; got shape {tuple(idx.shape)}{hint}")
+            hint = f": one text is {name}[None], a batch of 1" if idx.dim() == 1 and idx.numel() else ""
+            raise ValueError(f"{name} must be token ids of shape (B, T) with T >= 1; got shape {tuple(idx.shape)}{hint}")
         if idx.dtype not in (torch.long, torch.int32):  # what the embedding reads
-            raise ValueError(f"idx must be token ids of dtype torch.long (or torch.int32); got {idx.dtype}: use idx.long()")
+            raise ValueError(f"{name} must be token ids of dtype torch.long (or torch.int32); got {idx.dtype}: use {name}.long()")
         if idx.device.type == "cpu" and not torch.compiler.is_compiling():
             low, high = torch.aminmax(idx)
             if low < 0 or high >= self.config.vocab_size:

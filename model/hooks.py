@@ -152,19 +152,25 @@ def stack_call_for(point: str, points: Iterable[str]) -> str:
     return f"for {point!r}, cache.stack_activation({short!r})"
 
 
-PosSlice = int | slice | None  # the positions a residual stack keeps, as TransformerLens's pos_slice
+PosSlice = int | slice | tuple | list | torch.Tensor | None  # the positions a stack keeps: TransformerLens's pos_slice
 
 
 def at_positions(tensor: torch.Tensor, pos_slice: PosSlice, dim: int = -2) -> torch.Tensor:
     """tensor at the positions pos_slice keeps along dim: an int drops that dimension (TransformerLens's
-    pos_slice=-1: the last token), a slice keeps it; None keeps every position."""
+    pos_slice=-1: the last token); a slice, a (start, stop) tuple or a list of positions keeps it;
+    None keeps every position."""
     if pos_slice is None:
         return tensor
     if is_whole_number(pos_slice):
         return tensor.select(dim, operator.index(pos_slice))
+    if isinstance(pos_slice, tuple):  # TransformerLens's (start, stop[, step])
+        pos_slice = slice(*pos_slice)
     if isinstance(pos_slice, slice):
         return tensor[(slice(None),) * (dim % tensor.dim()) + (pos_slice,)]
-    raise ValueError(f"pos_slice={pos_slice!r}: give a position (an int, e.g. -1 for the last token), a slice, or None")
+    if isinstance(pos_slice, list | torch.Tensor) and all(is_whole_number(p) for p in pos_slice):  # positions, kept in order
+        return tensor.index_select(dim, torch.as_tensor(pos_slice, dtype=torch.long, device=tensor.device).flatten())
+    raise ValueError(f"pos_slice={pos_slice!r}: give a position (an int, e.g. -1 for the last token), a slice or "
+                     "(start, stop), a list of positions, or None")
 
 
 def why_missing(names: list[str], points: Iterable[str]) -> str:
@@ -421,14 +427,15 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return torch.stack([self[(short, index) if part is None else (short, index, part)]
                             for index in self.layers_before(layer)])
 
-    def stack_head_results(self, layer: int | None = -1, return_labels: bool = False, pos_slice: PosSlice = None,
-                           apply_ln: bool = False) -> Any:
+    def stack_head_results(self, layer: int | None = -1, return_labels: bool = False, incl_remainder: bool = False,
+                           pos_slice: PosSlice = None, apply_ln: bool = False) -> Any:
         """What each head of the layers before `layer` (-1 or None: every layer, as in TransformerLens)
         writes into the residual stream: its hook_z through its own D columns of the output
         projection, (layers * H, B, T, C), heads in layer order (the projection's bias, shared by the
         heads, is left out, as in TransformerLens). Their sum over a layer's heads plus that bias is
-        the layer's attention output. With return_labels, also ["L0H0", "L0H1", ...]; pos_slice and
-        apply_ln as for accumulated_resid."""
+        the layer's attention output. With return_labels, also ["L0H0", "L0H1", ...]; incl_remainder:
+        then "remainder", the rest of the stream leaving the last layer taken; pos_slice and apply_ln
+        as for accumulated_resid. The arguments in TransformerLens's order."""
         results, labels = [], []
         for index in self.layers_before(layer):
             z = self["z", index]  # (B, T, H, D)
@@ -437,6 +444,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             results.append(torch.einsum("bthd,chd->hbtc", z, W_O.to(z.dtype)))  # (H, B, T, C)
             labels += [f"L{index}H{head}" for head in range(H)]
         stacked = at_positions(torch.cat(results), pos_slice)  # (layers * H, B, T, C), T as pos_slice leaves it
+        if incl_remainder:
+            taken = at_positions(self["resid_post", len(self.layers_before(layer)) - 1], pos_slice)  # (B, T, C)
+            stacked = torch.cat([stacked, (taken - stacked.sum(0))[None]])  # (layers * H + 1, B, T, C)
+            labels.append("remainder")
         if apply_ln:
             stacked = self.apply_ln_to_stack(stacked, layer, pos_slice=pos_slice)
         return (stacked, labels) if return_labels else stacked
@@ -476,7 +487,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                 parts.append(self["resid_mid", index])  # (B, T, C)
         stacked = at_positions(torch.stack(parts), pos_slice)  # (P, B, T, C), T as pos_slice leaves it
         if apply_ln:
-            stacked = (torch.stack([self.model.ln_f(part) for part in stacked]) if end == n_layer  # (P, B, T, C)
+            stacked = (torch.stack([self.model.ln_f.past_its_hook_points(part) for part in stacked]) if end == n_layer
                        else self.apply_ln_to_stack(stacked, end, mlp_input, pos_slice))
         return (stacked, labels) if return_labels else stacked
 
@@ -490,10 +501,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode={mode!r}: give all, attn or mlp, as in TransformerLens")
         end = self.layer_up_to(layer)
-        if mlp_input and end == len(self.model.blocks):
-            raise ValueError(f"mlp_input=True reads the stream a layer's MLP norm reads, and layer={layer!r} is the final "
-                             f"norm's: give a layer from 0 to {end - 1}")
         kinds = {"all": ("attn_out", "mlp_out"), "attn": ("attn_out",), "mlp": ("mlp_out",)}[mode]
+        if mlp_input and "attn_out" in kinds and end == len(self.model.blocks):
+            raise ValueError(f"mlp_input=True adds the attention output a layer's MLP norm reads, and layer={layer!r} is "
+                             f"the final norm's: give a layer from 0 to {end - 1}")
         added = [(index, kind) for index in range(end) for kind in kinds]
         if mlp_input and "attn_out" in kinds:  # what the layer's MLP norm reads: its attention's output too
             added.append((end, "attn_out"))
@@ -519,10 +530,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         n_layer, end = len(self.model.blocks), self.layer_up_to(layer)
         name = "ln_final.hook_scale" if end == n_layer else f"blocks.{end}.ln{2 if mlp_input else 1}.hook_scale"
         scale = at_positions(self[name], pos_slice, dim=1)  # (B, T, 1) -> (B, 1) or (B, T', 1)
-        if tuple(residual_stack.shape[1:-1]) != tuple(scale.shape[:-1]):
+        fits = residual_stack.dim() in (scale.dim(), scale.dim() + 1) and (  # (P, B, T, C) or (B, T, C), as the scale
+            tuple(residual_stack.shape[-scale.dim():-1]) == tuple(scale.shape[:-1]))
+        if not fits:
             raise ValueError(f"a stack of shape {tuple(residual_stack.shape)} does not fit the scale of shape "
-                             f"{tuple(scale.shape)} the norm found (batch and positions, then 1): give the pos_slice "
-                             "that picked its positions (pos_slice=-1 for [:, :, -1]), or scale first and index after")
+                             f"{tuple(scale.shape)} the norm found{'' if pos_slice is None else f' at pos_slice={pos_slice!r}'}: "
+                             f"its last dimensions must be {(*scale.shape[:-1], 'C')}, parts first or not; a stack of some "
+                             "positions takes the pos_slice that picked them (pos_slice=-1 for [:, :, -1])")
         if self.model.config.norm == "layernorm":
             residual_stack = residual_stack - residual_stack.mean(dim=-1, keepdim=True)  # (P, B, T, C)
         return residual_stack / scale  # (P, B, T, C) / (B, T, 1)

@@ -29,6 +29,11 @@ class NormHooks:
     def add_hook_points(self) -> None:
         self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
 
+    def past_its_hook_points(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm of x, fused, with no function on its hook points called: for streams other than the
+        one the forward normalises (a logit lens's), which those functions are not about."""
+        return super().forward(x)  # (B, T, C)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.fns or self.hook_normalized.fns):
             return super().forward(x)  # (B, T, C), fused

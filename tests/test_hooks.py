@@ -297,8 +297,11 @@ def test_the_parts_of_the_final_stream_through_apply_ln_to_stack_add_up_to_what_
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             one.apply_ln_to_stack(stack)
     assert one.apply_ln_to_stack(one.accumulated_resid()[:, :, -1], pos_slice=-1).shape == (3, 1, 32)  # with its pos_slice
+    lens = one.accumulated_resid(apply_ln=True)
+    with model.hooks([("ln_final.hook_scale", lambda scale, hook: scale * 2)]):  # about the forward's stream, not the lens's
+        torch.testing.assert_close(one.accumulated_resid(apply_ln=True), lens, atol=0, rtol=0)
     for call, message in ((lambda: one.decompose_resid(0, incl_embeds=False), "layer=0 without the embeddings leaves no part"),
-                          (lambda: one.decompose_resid(-1, mlp_input=True), "mlp_input=True reads the stream a layer's MLP"),
+                          (lambda: one.decompose_resid(-1, mlp_input=True), "mlp_input=True adds the attention output a layer's MLP"),
                           (lambda: one.accumulated_resid(pos_slice="last"), "pos_slice='last': give a position (an int")):
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             call()

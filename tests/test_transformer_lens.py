@@ -69,7 +69,10 @@ def test_the_residual_streams_stacks_and_parts_are_transformer_lenss_with_their_
                                 ("accumulated_resid", {"pos_slice": -1, "apply_ln": True, "incl_mid": True}),  # the last token's
                                 ("decompose_resid", {"layer": 1, "pos_slice": slice(2, 5), "apply_ln": True}),
                                 ("stack_head_results", {"pos_slice": -1, "apply_ln": True}),
-                                ("stack_head_results", {"layer": 1, "apply_ln": True})):
+                                ("stack_head_results", {"layer": 1, "apply_ln": True, "incl_remainder": True}),
+                                ("accumulated_resid", {"pos_slice": (2, 5), "apply_ln": True, "layer": 1}),  # (start, stop)
+                                ("accumulated_resid", {"pos_slice": [0, 3, 7]}),  # some positions, in order
+                                ("decompose_resid", {"mode": "mlp", "mlp_input": True})):  # no attention part to add
             stacked, labels = getattr(our_cache, method)(**options, return_labels=True)
             their_stacked, their_labels = getattr(their_cache, method)(**options, return_labels=True)
             assert labels == their_labels, (method, options)
@@ -81,8 +84,12 @@ def test_the_residual_streams_stacks_and_parts_are_transformer_lenss_with_their_
         last = parts[:, :, -1]  # (P, B, C): one position, indexed before scaling
         torch.testing.assert_close(our_cache.apply_ln_to_stack(last, 1, mlp_input=True, pos_slice=-1),
                                    their_cache.apply_ln_to_stack(last, 1, mlp_input=True, pos_slice=-1), atol=1e-5, rtol=1e-5)
+        final = our_cache["resid_post", -1][:, -1]  # (B, C): one stream, no parts, as TransformerLens also takes it
+        torch.testing.assert_close(our_cache.apply_ln_to_stack(final, pos_slice=-1),
+                                   their_cache.apply_ln_to_stack(final, pos_slice=-1), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=re.escape(f"a stack of shape {tuple(last.shape)} does not fit the scale of shape "
-                                                   f"(2, 12, 1) the norm found (batch and positions, then 1): give the pos_slice")):
+                                                   "(2, 12, 1) the norm found: its last dimensions must be (2, 12, 'C'), parts "
+                                                   "first or not; a stack of some positions takes the pos_slice that picked them")):
         our_cache.apply_ln_to_stack(last, 1, mlp_input=True)  # TransformerLens's pos_slice forgotten: refused, not broadcast
 
 
