@@ -455,12 +455,12 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     def embedding_parts(self) -> tuple[list[str], list[torch.Tensor]]:
         """What the first block's input adds up to, each (B, T, C): "embed", then "smear" (what
         model.smear added to it) and "pos_embed" (learned positions) where the model has them."""
-        embed = self["hook_embed"]  # (B, T, C)
+        embed, points = self["hook_embed"], self.model.hook_dict  # (B, T, C); the model's points
         labels, parts = ["embed"], [embed]
-        if "smear.hook_out" in self.model.hook_dict:
+        if "smear.hook_out" in points:
             labels.append("smear")
             parts.append(self["smear.hook_out"] - embed)  # (B, T, C)
-        if "hook_pos_embed" in self.model.hook_dict:
+        if "hook_pos_embed" in points:
             labels.append("pos_embed")
             parts.append(self["hook_pos_embed"].expand_as(embed))  # (T, C) -> (B, T, C)
         return labels, parts
@@ -470,8 +470,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """The residual stream entering each layer up to `layer` (0 to L; -1 or None: every layer, then
         the stream the final norm reads), as in TransformerLens: (P, B, T, C), labelled "0_pre", ...,
         "final_post"; "{l}_mid" too, between the attention and the MLP, with incl_mid (and for `layer`
-        itself with mlp_input). pos_slice: the positions kept, an int (that dimension dropped: (P, B,
-        C)) or a slice. apply_ln: each as its norm reads it, through the final norm itself where the
+        itself with mlp_input). pos_slice: the positions kept (at_positions: an int drops that
+        dimension, (P, B, C)). apply_ln: each as its norm reads it, through the final norm itself where the
         stack ends there (a logit lens), else by apply_ln_to_stack."""
         n_layer, end = len(self.model.blocks), self.layer_up_to(layer)
         labels, parts = [], []
@@ -487,7 +487,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                 parts.append(self["resid_mid", index])  # (B, T, C)
         stacked = at_positions(torch.stack(parts), pos_slice)  # (P, B, T, C), T as pos_slice leaves it
         if apply_ln:
-            stacked = (torch.stack([self.model.ln_f.past_its_hook_points(part) for part in stacked]) if end == n_layer
+            stacked = (self.model.ln_f.past_its_hook_points(stacked) if end == n_layer  # the norm reads the last dim
                        else self.apply_ln_to_stack(stacked, end, mlp_input, pos_slice))
         return (stacked, labels) if return_labels else stacked
 

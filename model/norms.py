@@ -32,7 +32,7 @@ class NormHooks:
     def past_its_hook_points(self, x: torch.Tensor) -> torch.Tensor:
         """The norm of x, fused, with no function on its hook points called: for streams other than the
         one the forward normalises (a logit lens's), which those functions are not about."""
-        return super().forward(x)  # (B, T, C)
+        return super().forward(x)  # (..., C): any leading dimensions, as a stack of streams has
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.fns or self.hook_normalized.fns):
