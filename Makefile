@@ -46,15 +46,20 @@ setup: $(VENV)/.installed
 # torch first, pinned, so that the torch range in requirements.txt is already met and no
 # other torch build is pulled in later. Which build the pin gets is pip's choice: a local
 # CPU wheel where pip is set up to find one; TORCH_PIP_ARGS can point it at a CPU index.
+# pip compiles each installed file to bytecode one after another; compileall does it on every core
+# afterwards (about 40 s of one core's work for torch and the rest). Like pip, it goes past the few
+# files that do not compile on this Python (torch ships one written for 3.12): hence the || true.
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	@echo "setup: creating $(VENV) (once; README.md#what-make-train-prints says how long)"
 	@$(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch==$(TORCH_VERSION)"
-	@$(PY) -m pip install -qq --disable-pip-version-check torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
+	@$(PY) -m pip install -qq --disable-pip-version-check --no-compile torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
 	@echo "setup: installing requirements-dev.txt (hydra-core, tensorboard, tiktoken, rustbpe, transformers, pytest, ruff, selenium, ...)"
-	@$(PY) -m pip install -qq --disable-pip-version-check -r requirements-dev.txt
+	@$(PY) -m pip install -qq --disable-pip-version-check --no-compile -r requirements-dev.txt
 	@echo "setup: installing the Attention tab for TensorBoard (attention_tab/, editable)"
 	@$(PY) -m pip install -qq --disable-pip-version-check --no-deps -e .
+	@echo "setup: compiling the packages' Python to bytecode, on every core"
+	@$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 	@touch $@
 	@echo "setup: done (make help lists the commands)"
 
