@@ -6,6 +6,7 @@ the sweep after two whole trainings. Here each job's config is composed as the s
 it, and checked, first; and a sweep under torchrun (one run of several processes) is refused."""
 
 import itertools
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,9 +118,19 @@ def said_as_its_job(hydra_config: DictConfig, resume: str | None = None, trains:
     short for its block_size, a loss gone nan; sample.py's top_k over the vocabulary) says which job
     it was and what ran: the sweep stops there. A training job that saved nothing, where the sweep
     starts afresh or goes on by itself (resume null or auto), says how to go on: resume=auto finds the
-    jobs that ran and starts the others."""
+    jobs that ran and starts the others. So does a training job stopped by a signal (Ctrl-C), which
+    saved its run (training/fit.py says how to go on with that job alone) and ends the sweep."""
     try:
         yield
+    except SystemExit as stop:
+        signalled = isinstance(stop.code, int) and stop.code > 128  # 128 + the signal's number
+        if signalled and trains and resume in (None, AUTO) and (job := sweep_job(hydra_config)) is not None:
+            number = hydra_config.job.num
+            before = {0: "no job ran before it", 1: "job #0 ran before it"}.get(number, f"jobs #0 to #{number - 1} ran before it")
+            logging.getLogger("train").info(
+                f"{job} was stopped; {before}, the ones after it did not run: to go on with the whole sweep, run the "
+                f"same -m command again with resume=auto {command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))}")
+        raise
     except UserError as error:
         if (job := sweep_job(hydra_config)) is None:
             raise

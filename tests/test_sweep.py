@@ -1,10 +1,16 @@
 """A Hydra sweep (train.py -m): one run dir per value, each with its HParams for TensorBoard."""
 
+import os
+import re
+import signal
+import subprocess
+import sys
+
 import pytest
 import torch
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-from tests.helpers import assert_one_error_line, read_events, run_cli, tiny_run
+from tests.helpers import ROOT, assert_one_error_line, read_events, run_cli, signal_after_line, tiny_run
 
 pytestmark = pytest.mark.slow  # a multirun of training runs
 
@@ -106,6 +112,28 @@ def test_a_job_that_stops_midway_names_itself_what_ran_and_how_the_sweep_goes_on
     assert (tmp_path / "sweep" / "0" / "ckpt_last.pt").read_bytes() == first
     assert [torch.load(tmp_path / "sweep" / job / "ckpt_last.pt", weights_only=True)["config"]["model"]["block_size"]
             for job in ("0", "1", "2")] == [16, 32, 8]
+
+
+def test_ctrl_c_in_a_sweep_saves_its_job_ends_the_sweep_and_says_how_to_go_on_with_every_job(tmp_path):
+    # A real process and a real SIGINT. The stop line gives the command that goes on with the job
+    # alone; the sweep's line the one that goes on with the job and then runs the ones after it.
+    sweep = {"train.max_steps": 30, "train.log_interval": 1, "hydra.sweep.dir": "sweep"}
+    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *tiny_run(sweep, **{"train.seed": "1,2"})],
+                               cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    output = signal_after_line(process, "step 5/30", signal.SIGINT)
+    assert process.returncode == 130, output
+    stopped = re.search(r"stopped by SIGINT after step (\d+); saved sweep/0/ckpt_last.pt", output)
+    assert stopped, output
+    assert ("job #0 of the sweep (" in output and "train.seed=1) was stopped; no job ran before it, the ones after it did "
+            "not run: to go on with the whole sweep, run the same -m command again with resume=auto hydra.sweep.dir=sweep"
+            in output), output
+    assert not (tmp_path / "sweep" / "1").exists()
+    # As it says: job #0 goes on from its step, then job #1 trains.
+    again = run_cli("train.py", "-m", *tiny_run(sweep, resume="auto", **{"train.seed": "1,2"}), cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resuming sweep/0 at step {stopped.group(1)}" in again.stdout
+    assert [torch.load(tmp_path / "sweep" / job / "ckpt_last.pt", weights_only=True)["step"] for job in "01"] == [30, 30]
 
 
 def test_resume_auto_in_a_sweep_needs_a_named_sweep_dir(tmp_path):
