@@ -46,9 +46,10 @@ setup: $(VENV)/.installed
 # torch first, pinned, so that the torch range in requirements.txt is already met and no
 # other torch build is pulled in later. Which build the pin gets is pip's choice: a local
 # CPU wheel where pip is set up to find one; TORCH_PIP_ARGS can point it at a CPU index.
-# pip compiles each installed file to bytecode one after another; compileall does it on every core
-# afterwards (41 s of pip's time for torch and the rest, a 2-core AMD EPYC VM, 2026-11-28). Like pip, it goes past the few
-# files that do not compile on this Python (torch ships one written for 3.12): hence the || true.
+# pip compiles each installed file to bytecode one after another; compileall does it on every
+# core afterwards (41 s of pip's time for torch and the rest, a 2-core AMD EPYC VM, 2026-11-28).
+# Like pip, it goes past the few files that do not compile on this Python (torch ships one
+# written for 3.12): hence the || true.
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	@echo "setup: creating $(VENV) (once; README.md#what-make-train-prints says how long)"
 	@$(PYTHON) -m venv $(VENV)

@@ -128,8 +128,8 @@ def said_as_its_job(hydra_config: DictConfig, resume: str | None = None, trains:
             number = hydra_config.job.num
             before = {0: "no job ran before it", 1: "job #0 ran before it"}.get(number, f"jobs #0 to #{number - 1} ran before it")
             logging.getLogger("train").info(
-                f"{job} was stopped; {before}, the ones after it did not run: to go on with the whole sweep, run the "
-                f"same -m command again with resume=auto {command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))}")
+                f"{job} was stopped, and the sweep with it ({before}): to go on with every job, run the same -m "
+                f"command again with resume=auto {command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))}")
         raise
     except UserError as error:
         if (job := sweep_job(hydra_config)) is None:

@@ -125,8 +125,8 @@ def test_ctrl_c_in_a_sweep_saves_its_job_ends_the_sweep_and_says_how_to_go_on_wi
     assert process.returncode == 130, output
     stopped = re.search(r"stopped by SIGINT after step (\d+); saved sweep/0/ckpt_last.pt", output)
     assert stopped, output
-    assert ("job #0 of the sweep (" in output and "train.seed=1) was stopped; no job ran before it, the ones after it did "
-            "not run: to go on with the whole sweep, run the same -m command again with resume=auto hydra.sweep.dir=sweep"
+    assert ("job #0 of the sweep (" in output and "train.seed=1) was stopped, and the sweep with it (no job ran before "
+            "it): to go on with every job, run the same -m command again with resume=auto hydra.sweep.dir=sweep"
             in output), output
     assert not (tmp_path / "sweep" / "1").exists()
     # As it says: job #0 goes on from its step, then job #1 trains.
