@@ -200,7 +200,10 @@ const [map, view] = [box("canvas.matrix"), box(".matrix-view")];
 return {page: [innerWidth, document.documentElement.scrollWidth],
         panels: [".token-view", ".matrix-view", ".side"].map(s => [Math.round(box(s).left), Math.round(box(s).width)]),
         mapInside: map.width > 0 && map.left >= view.left && map.right <= view.right,
-        tokensScroll: getComputedStyle(document.querySelector(".token-scroll")).overflowY};"""
+        tokensScroll: getComputedStyle(document.querySelector(".token-scroll")).overflowY,
+        tokensHeight: box(".token-scroll").height, viewHeight: innerHeight, pageHeight: document.documentElement.scrollHeight,
+        widths: [box(".matrix-view").width, box(".side").width],
+        bottoms: [box("body").bottom, box(".side").bottom]};"""
 
 
 def test_a_page_too_narrow_for_the_three_panels_side_by_side_stacks_them_and_cuts_none(tab):
@@ -214,6 +217,10 @@ def test_a_page_too_narrow_for_the_three_panels_side_by_side_stacks_them_and_cut
             assert all(left >= 0 and left + size <= width and size >= 300 for left, size in boxes["panels"]), boxes
             assert boxes["mapInside"] and boxes["tokensScroll"] == "auto", boxes  # the map whole; the tokens scroll
             assert (token < matrix < side) == (width >= 1200), boxes  # side by side, else one under another
+            if width < 1200:  # stacked: the side panel as wide as the matrix view, the page grown to hold the
+                # stack (it scrolls, rather than cut the last panel), the tokens a scroll of their own under 70% of it
+                assert boxes["widths"][0] == boxes["widths"][1] and boxes["bottoms"][0] >= boxes["bottoms"][1], boxes
+                assert boxes["tokensHeight"] <= 0.7 * boxes["viewHeight"] + 1 and boxes["pageHeight"] > boxes["viewHeight"], boxes
     finally:
         tab.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                             {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})

@@ -41,6 +41,11 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                              "(model.n_layer=<value>)"),
         (["~data.path"], "error: ~data.path: ~ removes a key, and none can be removed here: data.path is an option that holds "
                          "null (leave it out) or no option at all (check its spelling; `python train.py --help` lists every option)"),
+        (["~model.n_layr"], "error: ~model.n_layr: ~ removes a key, and none can be removed here: model.n_layr is an option "
+                            "that holds null (leave it out) or no option at all (check its spelling; `python train.py --help` "
+                            "lists every option)"),  # misspelt
+        (["~nothing"], "error: ~nothing: ~ removes a key, and none can be removed here: nothing is an option that holds null "
+                       "(leave it out) or no option at all (check its spelling; `python train.py --help` lists every option)"),
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),

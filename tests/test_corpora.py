@@ -115,3 +115,9 @@ def test_a_long_file_comes_in_pieces_that_join_to_it_across_split_characters_and
     (tmp_path / "bad.txt").write_bytes(b"\xef\xbb\xbf" + b"ok ok " * 5 + b"\xff")
     with pytest.raises(UserError, match=r"bad\.txt is not UTF-8 text \(byte 33 is 0xff\)"):
         list(corpus.read_corpus(text_files_cfg(tmp_path / "bad.txt")))
+    # Only the file's first character is the mark: one that begins a later chunk, or that follows
+    # leading spaces held back until the text starts, is text.
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 3)
+    for name, marked in (("second_chunk.txt", "ab \ufeffcd"), ("after_spaces.txt", "   \ufeffx")):
+        (tmp_path / name).write_bytes(marked.encode())
+        assert "".join(p.text for p in corpus.read_corpus(text_files_cfg(tmp_path / name))) == marked

@@ -297,10 +297,20 @@ def test_the_parts_of_the_final_stream_through_apply_ln_to_stack_add_up_to_what_
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             one.apply_ln_to_stack(stack)
     assert one.apply_ln_to_stack(one.accumulated_resid()[:, :, -1], pos_slice=-1).shape == (3, 1, 32)  # with its pos_slice
+    for stack, shape in ((one.accumulated_resid(), "(3, 1, 9, 32)"), (cache.accumulated_resid()[None], "(1, 3, 2, 9, 32)")):
+        with pytest.raises(ValueError, match="^" + re.escape(f"a stack of shape {shape} does not fit the scale of shape (2, 9, 1)")):
+            cache.apply_ln_to_stack(stack)  # another batch's stack, or one dimension too many, broadcasts no more
     lens = one.accumulated_resid(apply_ln=True)
     with model.hooks([("ln_final.hook_scale", lambda scale, hook: scale * 2)]):  # about the forward's stream, not the lens's
         torch.testing.assert_close(one.accumulated_resid(apply_ln=True), lens, atol=0, rtol=0)
+    # pos_slice as TransformerLens takes it: (start, stop, step), positions in the order given, whole numbers only.
+    whole = cache.accumulated_resid()  # (L + 1, B, T, C)
+    assert torch.equal(cache.accumulated_resid(pos_slice=(0, 8, 2)), whole[:, :, 0:8:2])
+    assert torch.equal(cache.accumulated_resid(pos_slice=[7, 0]), whole[:, :, [7, 0]])
+    heads = cache.stack_head_results(incl_remainder=True, pos_slice=-1)  # (L * H + 1, B, C): the remainder at that position too
+    torch.testing.assert_close(heads.sum(0), cache["resid_post", -1][:, -1], atol=1e-5, rtol=0)
     for call, message in ((lambda: one.decompose_resid(0, incl_embeds=False), "layer=0 without the embeddings leaves no part"),
+                          (lambda: one.accumulated_resid(pos_slice=[0.5]), "pos_slice=[0.5]: give a position (an int"),
                           (lambda: one.decompose_resid(-1, mlp_input=True), "mlp_input=True adds the attention output a layer's MLP"),
                           (lambda: one.accumulated_resid(pos_slice="last"), "pos_slice='last': give a position (an int")):
         with pytest.raises(ValueError, match="^" + re.escape(message)):

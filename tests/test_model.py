@@ -290,6 +290,8 @@ def test_a_sequence_longer_than_block_size_is_refused():
     (torch.tensor([1, 2, 3]), "idx must be token ids of shape (B, T) with T >= 1; got shape (3,): one text is idx[None], a batch of 1"),
     (torch.tensor([[1, 65]]), "token id 65 is not in this model's vocabulary: ids run from 0 to 64"),
     (torch.tensor([[-1, 2]]), "token id -1 is not in this model's vocabulary: ids run from 0 to 64"),
+    (torch.tensor([[-1, 65]]), "token id -1 is not in this model's vocabulary: ids run from 0 to 64"),  # the lowest first
+    (torch.tensor([], dtype=torch.long), "idx must be token ids of shape (B, T) with T >= 1; got shape (0,)"),
     (torch.tensor([[1.0, 2.0]]), "idx must be token ids of dtype torch.long (or torch.int32); got torch.float32: use idx.long()"),
     (torch.tensor([[1, 2]], dtype=torch.uint16), "idx must be token ids of dtype torch.long (or torch.int32); got torch.uint16: "
                                                  "use idx.long()"),  # the token cache's dtype
@@ -297,7 +299,8 @@ def test_a_sequence_longer_than_block_size_is_refused():
                          "torch.tensor([tokenizer.encode(text)])"),  # TransformerLens's models take a text
     ([[1, 2]], "idx must be a tensor of token ids of shape (B, T); got a list: e.g. torch.tensor([ids]) for one text's "
                "list of ids, torch.as_tensor(array) for a (B, T) array"),
-], ids=["no tokens", "no batch", "past the vocabulary", "negative", "floats", "uint16", "a text", "a list"])
+], ids=["no tokens", "no batch", "past the vocabulary", "negative", "both ends", "empty", "floats", "uint16", "a text",
+        "a list"])
 def test_ids_the_model_cannot_read_are_one_line_naming_them(idx, message):
     # What a learner hands model(), run_with_cache() or the tools by mistake; torch's own errors
     # for these come from deep inside (an IndexError of the embedding, of idx.shape[1]).
@@ -483,6 +486,9 @@ def test_hooks_detach_every_function_after_the_block_even_on_error_and_save_noth
 @pytest.mark.parametrize(("heads", "message"), [
     ({(2, 0)}, "no layer 2 (in (2, 0)): this model has layers 0 to 1 and heads 0 to 1"),
     ({(0, 0), (0, -1)}, "no head -1 in layer 0: this model has layers 0 to 1 and heads 0 to 1"),
+    ({(1, 2)}, "no head 2 in layer 1: this model has layers 0 to 1 and heads 0 to 1"),  # one past the last head
+    ({(2, 5)}, "no layer 2 (in (2, 5)): this model has layers 0 to 1 and heads 0 to 1"),  # the layer said first
+    ({(0, 1, 2)}, "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (0, 1, 2)"),
     ((0, 1), "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got 0"),
     ({(0.0, 1)}, "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (0.0, 1)"),  # 0.0 in range(2) holds
     ([(True, 0)], "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (True, 0)"),

@@ -4,6 +4,7 @@ the answer is known: the induction head's output carries it, the previous-token 
 position of the changed token carries it. TransformerLens's own patching is the reference in
 tests/test_transformer_lens.py."""
 
+import math
 import re
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from data.tokenizer import CharTokenizer
 from inspection import patching
 from inspection.name_swap import name_swap
-from inspection.patching import knock_out_effects, logit_difference, patch_heads, patch_residual
+from inspection.patching import SMALL_GAP, Restored, knock_out_effects, logit_difference, patch_heads, patch_residual
 from inspection.repeated_tokens import repeated_pair
 from tests.helpers import INDUCTION_HEAD, one_line_error, shift_then_copy_model, tiny_gpt
 from user_error import UserError
@@ -71,7 +72,7 @@ def test_patches_batched_together_give_what_each_gives_run_alone(monkeypatch):
             parameter.mul_(8)  # logits of several units
     clean = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(1))  # (B, T)
     corrupted = clean.clone()
-    corrupted[:, 4] = (corrupted[:, 4] + 9) % 65
+    corrupted[0, 4], corrupted[1, 2] = (corrupted[0, 4] + 9) % 65, (corrupted[1, 2] + 9) % 65  # each row from its own place
     metric = logit_difference(-1, 3, 5)
     monkeypatch.setattr(patching, "LOGIT_BUDGET", 3 * 2 * 10 * 65)  # 3 patches a batch: batches of 3, 3, ... and a rest
     heads = patch_heads(model, clean, corrupted, metric).patched  # (L, H)
@@ -164,3 +165,18 @@ def test_a_name_swap_of_names_that_are_not_one_token_each_is_one_line(names, mes
     # letters of the names a message would suggest: it suggests none rather than fail on them.
     with pytest.raises(UserError, match="^" + re.escape(message)):
         name_swap(CharTokenizer(list(" ABo")), *names)
+
+
+@pytest.mark.parametrize(("clean", "corrupted", "said"), [
+    (0.5, 0.0, "+0.5"), (0.0, 0.9, "-0.9"),  # under SMALL_GAP either way: said, with its sign
+    (1.0, 0.0, None), (0.0, 12.0, None),  # SMALL_GAP and more, either way: nothing to say
+    (math.nan, 0.0, None), (math.inf, 0.0, None),  # not a number: the fractions show it themselves
+])
+def test_the_caution_is_said_where_the_metric_moves_by_less_than_small_gap_between_the_prompts(clean, corrupted, said):
+    assert SMALL_GAP == 1.0
+    caution = Restored(torch.zeros(1, 1), clean, corrupted, torch.zeros(1, 1)).caution
+    if said is None:
+        assert caution is None
+    else:
+        assert caution == (f"the metric moves by only {said} between the two prompts, and each fraction divides by that: "
+                           "they say little where the model barely tells the prompts apart")

@@ -1,16 +1,22 @@
 """A Hydra sweep (train.py -m): one run dir per value, each with its HParams for TensorBoard."""
 
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+from cli.sweep_check import said_as_its_job
 from tests.helpers import ROOT, assert_one_error_line, read_events, run_cli, signal_after_line, tiny_run
+from user_error import UserError
 
 pytestmark = pytest.mark.slow  # a multirun of training runs
 
@@ -150,3 +156,38 @@ def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path, monkeypatch)
     result = run_cli("train.py", "-m", *tiny_run(**{"model.n_head": "1,2", "hydra.sweep.dir": "sweep"}), cwd=tmp_path)
     assert_one_error_line(result, "error: a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
     assert not (tmp_path / "sweep").exists()
+
+
+def job_of_a_sweep(number: int, output_dir: Path) -> DictConfig:
+    """Hydra's config as a sweep's job number `number` sees it: the fields said_as_its_job reads."""
+    return OmegaConf.create({"mode": RunMode.MULTIRUN, "job": {"num": number}, "sweep": {"dir": "sweep"},
+                             "overrides": {"task": ["train.seed=3"]}, "runtime": {"output_dir": str(output_dir)}})
+
+
+@pytest.mark.parametrize(("number", "before"), [(0, "no job ran before it"), (1, "job #0 ran before it"),
+                                                (3, "jobs #0 to #2 ran before it")])
+def test_a_signal_names_the_jobs_before_and_only_a_signal_of_a_training_sweep_that_can_go_on_says_how(
+        tmp_path, caplog, number, before):
+    config = job_of_a_sweep(number, tmp_path)
+    said = (f"job #{number} of the sweep (train.seed=3) was stopped, and the sweep with it ({before}): to go on with "
+            "every job, run the same -m command again with resume=auto hydra.sweep.dir=sweep")
+    for code, resume, trains, says in ((130, None, True, True), (143, "auto", True, True), (1, None, True, False),
+                                       (130, "run/ckpt_last.pt", True, False), (130, None, False, False)):
+        caplog.clear()
+        with (caplog.at_level(logging.INFO, logger="train"), pytest.raises(SystemExit) as ended,
+              said_as_its_job(config, resume, trains)):
+            raise SystemExit(code)
+        assert ended.value.code == code  # the same exit, whatever is said
+        assert caplog.messages == ([said] if says else []), (code, resume, trains)
+
+
+def test_a_job_that_fails_says_which_jobs_ran_and_how_to_go_on_only_where_resume_auto_would(tmp_path):
+    def said(number: int, resume: str | None = None) -> str:
+        with pytest.raises(UserError) as failed, said_as_its_job(job_of_a_sweep(number, tmp_path), resume):
+            raise UserError("a text too short")
+        return str(failed.value)
+    go_on = ": fix its values, then run the sweep again with resume=auto hydra.sweep.dir=sweep (what ran is kept)"
+    assert said(2) == f"job #2 of the sweep (train.seed=3): a text too short; jobs #0 to #1 ran, the rest did not{go_on}"
+    assert said(2, "run/ckpt_last.pt").endswith("jobs #0 to #1 ran, the rest did not")  # goes on from a checkpoint it names
+    (tmp_path / "ckpt_last.pt").write_bytes(b"")  # the job saved: resume=auto would take it up, not start it again
+    assert said(1).endswith("job #0 ran, the rest did not")
