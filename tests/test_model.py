@@ -311,6 +311,16 @@ def test_ids_the_model_cannot_read_are_one_line_naming_them(idx, message):
         model.run_with_cache(idx)
 
 
+def test_the_id_check_stays_out_of_a_compiled_forward():
+    # Reading the ids' range is a data-dependent branch: under torch.compile it would cut the forward
+    # into pieces (graph breaks), so the check runs only outside a compile. Dynamo's trace alone, no compiler.
+    try:
+        explained = torch._dynamo.explain(tiny_gpt().eval())(torch.zeros(2, 5, dtype=torch.long))
+    finally:
+        torch._dynamo.reset()  # nothing of this trace left to the worker's later compiles
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
 @pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS[1:], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_each_architecture_option_gives_the_same_outputs_and_gradients_on_both_attention_paths(options):
     manual, sdpa = tiny_gpt(attention="manual", **options), tiny_gpt(attention="sdpa", **options)
