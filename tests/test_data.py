@@ -98,6 +98,12 @@ def test_char_tokenizer_names_characters_it_never_saw():
     tokenizer = CharTokenizer.from_text("abc ")
     with pytest.raises(UserError, match=r"never saw in training: 'xz'"):
         tokenizer.encode("a xz")
+    # encode_batch's table from code point to id: a character past its last entry ('z' > 'c'), or inside
+    # it but not in the vocabulary ('b' of "ac "), is named too, not read as a neighbour's id.
+    assert [ids.tolist() for ids in tokenizer.encode_batch(["cab", " "])] == [tokenizer.encode("cab"), [0]]  # sorted: " " first
+    for vocabulary, text, unknown in (("abc ", "a xz", "xz"), ("ac ", "cab", "b")):
+        with pytest.raises(UserError, match=f"never saw in training: '{unknown}'"):
+            CharTokenizer.from_text(vocabulary).encode_batch([text])
 
 
 def test_targets_are_the_inputs_shifted_by_one():

@@ -47,12 +47,14 @@ def test_a_compiled_step_is_refused_while_functions_are_attached_to_hook_points(
         CompiledDecodeStep(model, batch_size=2, temperature=0.0, top_k=None, top_p=None)  # before any compiling
 
 
-def test_choosing_from_uniform_noise_follows_the_probabilities():
-    # 20,000 draws from softmax([0, ln 2, ln 3, -inf-ish]) = (1/6, 2/6, 3/6, 0): each frequency within 0.015.
+@pytest.mark.parametrize(("temperature", "expected"), [(1.0, [1 / 6, 2 / 6, 3 / 6, 0.0]), (0.5, [1 / 14, 4 / 14, 9 / 14, 0.0])])
+def test_choosing_from_uniform_noise_follows_the_probabilities(temperature, expected):
+    # 20,000 draws from softmax([0, ln 2, ln 3, -inf-ish] / temperature): at 1, (1/6, 2/6, 3/6, 0); at
+    # 0.5 the probabilities squared and normalised, (1, 4, 9, 0) / 14. Each frequency within 0.015.
     logits = torch.log(torch.tensor([[1.0, 2.0, 3.0, 1e-9]])).expand(20_000, 4)
     uniform = torch.rand(20_000, 4, generator=torch.Generator().manual_seed(0))
-    counts = torch.bincount(choose_next_token(logits, 1.0, None, None, uniform)[:, 0], minlength=4)
-    torch.testing.assert_close(counts / 20_000, torch.tensor([1 / 6, 2 / 6, 3 / 6, 0.0]), atol=0.015, rtol=0)
+    counts = torch.bincount(choose_next_token(logits, temperature, None, None, uniform)[:, 0], minlength=4)
+    torch.testing.assert_close(counts / 20_000, torch.tensor(expected), atol=0.015, rtol=0)
 
 
 def test_a_uniform_draw_of_exactly_zero_still_picks_a_kept_token():

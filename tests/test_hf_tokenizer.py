@@ -460,6 +460,9 @@ def test_the_start_token_is_the_one_autotokenizer_adds_and_the_end_token_ends_pr
     plain = reference("Once upon a time", add_special_tokens=False)["input_ids"]
     added = [] if ours.bos_id == ours.eot_id else [ours.bos_id]  # Qwen3 and SmolLM2 add none
     assert reference("Once upon a time")["input_ids"] == [*added, *plain]
+    # Decoded, the start and end tokens are their text, as transformers decodes them by default.
+    ids = [ours.bos_id, *ours.encode("Hi"), ours.eot_id]
+    assert ours.decode(ids) == reference.decode(ids) and ours.decode([ours.eot_id]) == end
 
 
 @pytest.mark.parametrize("add_bos_token, post_processor", [(True, "none"), (False, "llama3's")])

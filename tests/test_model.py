@@ -77,6 +77,10 @@ def test_with_a_kv_cache_each_step_feeds_only_the_new_token_and_refills_when_ful
     # The prompt, then one token at a time until the cache holds 8; then 6 (3/4 of 8) again.
     assert seen_lengths == [3, 1, 1, 1, 1, 1, 6, 1, 1, 6, 1, 1]
     assert head_rows == [1] * 12  # the LM head runs at the last position only, the prompt's too
+    # A prompt longer than block_size: its last 8 tokens first, then 6 on the first slide.
+    seen_lengths.clear()
+    generate_tokens(model, torch.zeros(1, 20, dtype=torch.long), max_new_tokens=3, temperature=0.0)
+    assert seen_lengths == [8, 6, 1]
 
 
 @pytest.mark.parametrize("use_kv_cache", [True, False])
@@ -247,6 +251,8 @@ def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
     # The likeliest token always survives, however small top_p is.
     assert torch.isinf(filter_logits(logits, top_p=0.01)).tolist() == [[False, True, True, True]]
     assert torch.isinf(filter_logits(logits, top_p=0.0)).tolist() == [[False, True, True, True]]
+    # A set that reaches top_p exactly is enough: two even tokens and top_p=0.5 keep one.
+    assert torch.isinf(filter_logits(torch.zeros(1, 2), top_p=0.5)).tolist() == [[False, True]]
     assert torch.equal(filter_logits(logits, top_k=0, top_p=1.0), logits)
 
 

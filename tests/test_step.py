@@ -17,12 +17,12 @@ from training.step import TrainStep
 from user_error import UserError
 
 
-def tiny_step(tmp_path, skip_nonfinite=False, accum=1, batch_size=4) -> TrainStep:
+def tiny_step(tmp_path, skip_nonfinite=False, accum=1, batch_size=4, grad_clip=1.0) -> TrainStep:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16))
     tokens = np.random.default_rng(0).integers(0, 50, size=2000).astype(np.uint16)
     optimizer = build_optimizer(model, optim_spec(), torch.device("cpu"))
-    spec = StepSpec(batch_size, block_size=16, grad_accum_steps=accum, grad_clip=1.0, skip_nonfinite=skip_nonfinite)
+    spec = StepSpec(batch_size, block_size=16, grad_accum_steps=accum, grad_clip=grad_clip, skip_nonfinite=skip_nonfinite)
     return TrainStep(spec, model, model, None, optimizer, Precision("fp32", torch.device("cpu")), ONE_PROCESS, tokens,
                      last_checkpoint=tmp_path / "ckpt_last.pt")
 
@@ -36,6 +36,14 @@ def test_a_step_trains_on_the_batch_its_rng_draws_and_reports_that_batchs_loss(t
     assert result.updated and result.loss == pytest.approx(expected_loss, rel=1e-6) and result.grad_norm > 0
     assert all(group["lr"] == 1e-3 for group in step.optimizer.param_groups)
     assert any(not torch.equal(a, b) for a, b in zip(before, step.model.parameters(), strict=True))  # it did update
+
+
+def test_gradients_over_grad_clip_are_scaled_down_to_it_and_the_norm_before_is_reported(tmp_path):
+    # At this model's first step the gradients' norm is well over 1e-3 (and under 1.0, the other tests' clip).
+    step = tiny_step(tmp_path, grad_clip=1e-3)
+    result = step(0, 1e-3, np.random.default_rng(7)).result()
+    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in step.model.parameters()]))
+    assert result.grad_norm > 0.1 and clipped.item() == pytest.approx(1e-3, rel=1e-3)
 
 
 def test_two_micro_steps_of_2_take_the_same_step_as_one_batch_of_4(tmp_path):
