@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from model_io.run_files import checkpoint_to_resume, resolve_checkpoint, resolve_resume
+from model_io.run_files import KEPT, checkpoint_to_resume, kept_checkpoints, resolve_checkpoint, resolve_resume
 from tests.helpers import small_checkpoint
 from user_error import UserError
 
@@ -97,3 +97,13 @@ def test_a_run_is_refused_a_run_dir_whose_checkpoints_it_would_overwrite(tmp_pat
                                                         f"from that one, give resume={there / 'ckpt_best.pt'} "
                                                         "hydra.run.dir=<a new folder>") + "$"):
         resolve_resume(str(there))
+
+
+def test_kept_checkpoints_are_the_files_named_by_step_in_step_order(tmp_path):
+    kept = tmp_path / KEPT
+    kept.mkdir()
+    for name in ("step_000100.pt", "step_000020.pt", "step_best.pt", "notes.pt"):
+        (kept / name).write_bytes(b"")
+    (kept / "step_000300.pt").mkdir()  # a folder, named as a checkpoint would be
+    assert kept_checkpoints(tmp_path) == {20: kept / "step_000020.pt", 100: kept / "step_000100.pt"}
+    assert kept_checkpoints(tmp_path / "none kept") == {}
