@@ -120,24 +120,29 @@ def said_as_its_job(hydra_config: DictConfig, resume: str | None = None, trains:
     starts afresh or goes on by itself (resume null or auto), says how to go on: resume=auto finds the
     jobs that ran and starts the others. So does a training job stopped by a signal (Ctrl-C), which
     saved its run (training/fit.py says how to go on with that job alone) and ends the sweep."""
+    goes_on_by_itself = trains and resume in (None, AUTO)  # resume=auto would find the jobs that ran
     try:
         yield
     except SystemExit as stop:
         signalled = isinstance(stop.code, int) and stop.code > 128  # 128 + the signal's number
-        if signalled and trains and resume in (None, AUTO) and (job := sweep_job(hydra_config)) is not None:
-            number = hydra_config.job.num
-            before = {0: "no job ran before it", 1: "job #0 ran before it"}.get(number, f"jobs #0 to #{number - 1} ran before it")
-            logging.getLogger("train").info(
-                f"{job} was stopped, and the sweep with it ({before}): to go on with every job, run the same -m "
-                f"command again with resume=auto {command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))}")
+        if signalled and goes_on_by_itself and (job := sweep_job(hydra_config)) is not None:
+            before, again = jobs_before_and_again(hydra_config)
+            logging.getLogger("train").info(f"{job} was stopped, and the sweep with it ({before} ran before it): to go "
+                                            f"on with every job, run the same -m command again with {again}")
         raise
     except UserError as error:
         if (job := sweep_job(hydra_config)) is None:
             raise
-        number = hydra_config.job.num
-        ran = {0: "no job had run", 1: "job #0 ran"}.get(number, f"jobs #0 to #{number - 1} ran")
+        before, again = jobs_before_and_again(hydra_config)
+        ran = "no job had run" if before == "no job" else f"{before} ran"
         saved = newest_checkpoint(Path(hydra_config.runtime.output_dir)) is not None
-        go_on = (f": fix its values, then run the sweep again with resume=auto "
-                 f"{command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))} (what ran is kept)"
-                 ) if trains and resume in (None, AUTO) and not saved else ""
+        go_on = f": fix its values, then run the sweep again with {again} (what ran is kept)" if goes_on_by_itself and not saved else ""
         raise UserError(f"{job}: {error}; {ran}, the rest did not{go_on}") from None
+
+
+def jobs_before_and_again(hydra_config: DictConfig) -> tuple[str, str]:
+    """A sweep's job: the jobs before it ('no job', 'job #0', 'jobs #0 to #2'), and the options that
+    run the sweep again going on with what ran (resume=auto hydra.sweep.dir=<its folder>)."""
+    number = hydra_config.job.num
+    before = {0: "no job", 1: "job #0"}.get(number, f"jobs #0 to #{number - 1}")
+    return before, f"resume=auto {command_argument('hydra.sweep.dir', str(hydra_config.sweep.dir))}"
