@@ -15,6 +15,7 @@ import torch
 
 from data.stories import generate_stories
 from model_io.checkpoint import Checkpoint
+from model_io.run_files import kept_checkpoints
 from tests.helpers import (
     ROOT,
     assert_one_error_line,
@@ -56,18 +57,27 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_is_bitwise_the_run_left_alone(tmp_p
     alone = run_cli("train.py", *tiny_run(EXACT_RUN, **{"hydra.run.dir": "alone"}), cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr
 
-    stopped = start_training(*tiny_run(EXACT_RUN, **{"hydra.run.dir": "stopped"}), cwd=tmp_path)
+    # The stopped run also keeps the model at every step (train.keep_checkpoints), the one it stops at too.
+    every_step = {"train.keep_checkpoints": f"[{','.join(map(str, range(21)))}]"}
+    stopped = start_training(*tiny_run(EXACT_RUN, every_step, **{"hydra.run.dir": "stopped"}), cwd=tmp_path)
     output = signal_after_line(stopped, "step 5/20", signal.SIGINT)
     assert stopped.returncode == 128 + signal.SIGINT, output
     assert "Traceback" not in output
-    step = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt").step
+    at_stop = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt")
+    step = at_stop.step
     assert 5 <= step < 20  # stopped before the end, after finishing its step
     assert f"stopped by SIGINT after step {step}; saved stopped/ckpt_last.pt" in output
     assert "Resume with: .venv/bin/python train.py resume=stopped" in output
+    assert list(kept_checkpoints(tmp_path / "stopped")) == list(range(step + 1))
+    kept_at_stop = Checkpoint.load(kept_checkpoints(tmp_path / "stopped")[step]).model
+    assert all(torch.equal(tensor, at_stop.model[name]) for name, tensor in kept_at_stop.items())
 
     resumed = run_cli("train.py", "resume=stopped", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming stopped at step {step}" in resumed.stdout
+    assert list(kept_checkpoints(tmp_path / "stopped")) == list(range(21))
+    assert all(torch.equal(tensor, at_stop.model[name])  # written again with the step's jobs, the same model
+               for name, tensor in Checkpoint.load(kept_checkpoints(tmp_path / "stopped")[step]).model.items())
 
     a = Checkpoint.load(tmp_path / "alone" / "ckpt_last.pt")
     b = Checkpoint.load(tmp_path / "stopped" / "ckpt_last.pt")

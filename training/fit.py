@@ -43,8 +43,8 @@ def fit(run: Run, state: TrainState) -> Figures:
     saver = Saver(run)
     evaluation = Evaluation(run, tb)
     maps = AttentionMaps(run, tb, fresh=state.step == 0)
-    jobs = [evaluation, maps, Samples(run, tb),
-            KeptCheckpoints(run, evaluation, saver, state), Checkpoints(evaluation, saver, loop.save_interval)]
+    kept = KeptCheckpoints(run, evaluation, saver, state)
+    jobs = [evaluation, maps, Samples(run, tb), kept, Checkpoints(evaluation, saver, loop.save_interval)]
     train_step = run.train_step()
     schedule = partial(lr_at, lr=optim.lr, min_lr=optim.min_lr, warmup_steps=optim.warmup_steps,
                        max_steps=max_steps, schedule=optim.schedule, decay_fraction=optim.decay_fraction)
@@ -74,6 +74,8 @@ def fit(run: Run, state: TrainState) -> Figures:
             stop_signal = int(ranks.max(stop.requested or 0))
             if stop_signal and state.step < max_steps:
                 book.catch_up()
+                if kept.due(state.step, last=False):  # the model at a kept step now; the resumed run, which runs
+                    kept(state)                         # this step's jobs, writes it again with their val loss
                 saver.save(LAST, state, evaluated=False)
                 tb.close()
                 resume = command_argument("resume", run.shown_dir)  # a command to paste: a folder may hold a space
