@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from bench.gpu import QUICK, Sizes, bench_gpu, bench_gpu_finetune, bench_gpu_sam
 from bench.gpu_recipe import bench_nanogpt_gpu
 from bench.kv_cache import bench_kv_cache
 from bench.loading import bench_loading
-from bench.nanogpt import bench_nanogpt
+from bench.nanogpt import bench_nanogpt, check_checkout
 from bench.sampling import bench_sampling
 from bench.startup import bench_startup
 from bench.tab import bench_tab
@@ -60,6 +61,7 @@ def benchmark(args: argparse.Namespace) -> None:
     gpu_device = gpu_section_device(args.gpu_device, [s for s in sections if s in GPU_SECTIONS])
     gpu_sizes = QUICK if args.gpu_quick else Sizes()
     recipe_steps(args.gpu_recipe_steps)  # its bad value stops the run before any section
+    check_checkout(args.nanogpt, sections)
     if args.steps <= LOG_INTERVAL and any(s in ("training", "compile") for s in sections):
         raise UserError(f"--steps {args.steps} must be more than {LOG_INTERVAL}: the training sections leave the "
                         f"first {LOG_INTERVAL} steps' tokens/s out (start-up and compiling), and need a window after them")
@@ -117,53 +119,62 @@ def command_line() -> argparse.ArgumentParser:
 
 def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_device: torch.device | None,
                  gpu_sizes: Sizes) -> dict:
-    """Each section asked for, in the order of SECTIONS' table above: its figures by name."""
+    """Each section asked for, in the order of SECTIONS' table above: its figures by name. A line on
+    stderr as each one starts: a run of several takes minutes, and the table comes once all are done."""
     results: dict = {}
-    if "peak" in sections:
+    order = [section for section in SECTIONS if section in sections]
+
+    def wanted(section: str) -> bool:
+        if section not in sections:
+            return False
+        print(f"bench: {section} ({order.index(section) + 1} of {len(order)})", file=sys.stderr, flush=True)
+        return True
+
+    if wanted("peak"):
         results["peak"] = bench_peak(args.repeats)
-    if "training" in sections:
+    if wanted("training"):
         peak = results.get("peak", {}).get("matmul_gflops")
         results["training"] = bench_training(args.repeats, args.steps, args.corpus, peak, work)
-    if "quality" in sections:
+    if wanted("quality"):
         results["quality"] = bench_quality(args.repeats, args.corpus, work, args.preset_steps)
-    if "recipe" in sections:
+    if wanted("recipe"):
         results["recipe"] = bench_recipe(args.repeats, args.corpus, work)
-    if "compile" in sections:
+    if wanted("compile"):
         peak = results.get("peak", {}).get("matmul_gflops")
         results["compile"] = bench_compile(args.repeats, args.steps, args.corpus, peak, work)
-    if "sampling" in sections:
+    if wanted("sampling"):
         results["sampling"] = bench_sampling(args.repeats, args.new_tokens)
-    if "kv_cache" in sections:
+    if wanted("kv_cache"):
         with torch_threads(args.threads or STEADY_THREADS):
             results["kv_cache"] = bench_kv_cache(args.repeats)
-    if "attention" in sections:
+    if wanted("attention"):
         results["attention"] = bench_attention(args.repeats)
-    if "startup" in sections:
+    if wanted("startup"):
         results["startup"] = bench_startup(args.repeats, work)
-    if "data" in sections:
+    if wanted("data"):
         results["data"] = bench_data(args.repeats, work, args.data_mb)
-    if "nanogpt" in sections:
+    if wanted("nanogpt"):
         results["nanogpt"] = bench_nanogpt(args.repeats, args.steps, args.corpus, args.nanogpt, work)
-    if "tab" in sections:
+    if wanted("tab"):
         results["tab"] = bench_tab(args.repeats, work)
-    if "text" in sections:
+    if wanted("text"):
         results["text"] = bench_text(args.repeats, work)
-    if "gpt2_text" in sections:
+    if wanted("gpt2_text"):
         results["gpt2_text"] = bench_gpt2_text(args.repeats)
-    if "loading" in sections:
+    if wanted("loading"):
         results["loading"] = bench_loading(work)
-    if "gpt2_sampling" in sections:
+    if wanted("gpt2_sampling"):
         with torch_threads(args.threads or STEADY_THREADS):
             results["gpt2_sampling"] = bench_gpt2_sampling(args.repeats, work)
-    if "gpt2_finetune" in sections:
+    if wanted("gpt2_finetune"):
         results["gpt2_finetune"] = bench_gpt2_finetune(args.repeats, args.nanogpt)
-    if "gpu" in sections:
+    if wanted("gpu"):
         results["gpu"] = bench_gpu(args.repeats, gpu_device, gpu_sizes, args.gpu_profile)
-    if "gpu_sampling" in sections:
+    if wanted("gpu_sampling"):
         results["gpu_sampling"] = bench_gpu_sampling(args.repeats, gpu_device, gpu_sizes)
-    if "gpu_finetune" in sections:
+    if wanted("gpu_finetune"):
         results["gpu_finetune"] = bench_gpu_finetune(args.repeats, gpu_device, gpu_sizes, work)
-    if "nanogpt_gpu" in sections:
+    if wanted("nanogpt_gpu"):
         results["nanogpt_gpu"] = bench_nanogpt_gpu(args.corpus, args.nanogpt, work,
                                                    recipe_steps(args.gpu_recipe_steps))
 

@@ -23,7 +23,6 @@ from runtime.ranks import Ranks
 from training.optimizer import build_optimizer
 from training.specs import StepSpec
 from training.step import TrainStep
-from user_error import UserError
 
 BATCH_SIZE, SEQUENCE_LENGTH = 1, 256  # tokens per step: a fine-tune's batch on a CPU
 STEPS = 3  # timed steps of each model per repeat, after one untimed step each
@@ -34,13 +33,9 @@ LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 3e-5, 0.1, (0.9, 0.95), 1.0
 CPU = torch.device("cpu")
 
 
-def nanogpt_model_module(checkout: Path | None) -> ModuleType:
-    """nanoGPT's model.py from the checkout, imported as a module (nothing of it is copied here)."""
-    if checkout is None:
-        raise UserError("--only gpt2_finetune needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
+def nanogpt_model_module(checkout: Path) -> ModuleType:
+    """nanoGPT's model.py from the checkout (check_checkout found it), imported as a module (nothing of it is copied here)."""
     path = checkout / "model.py"
-    if not path.is_file():
-        raise UserError(f"--nanogpt {checkout} has no model.py; clone karpathy/nanoGPT and give its folder")
     spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -93,7 +88,7 @@ def updates(adamw: torch.optim.AdamW) -> int:
     return int(adamw.state[adamw.param_groups[0]["params"][0]]["step"])
 
 
-def bench_gpt2_finetune(repeats: int, checkout: Path | None) -> dict:
+def bench_gpt2_finetune(repeats: int, checkout: Path) -> dict:
     """Tokens/s of STEPS training steps of each side, in turns within each repeat (the first
     side alternating), on random token ids of GPT-2's vocabulary, in this process and its threads."""
     nanogpt = nanogpt_model_module(checkout)

@@ -18,11 +18,11 @@ OUR_VAL = re.compile(r"^step (\d+): val loss ([\d.]+)")
 TIMELINE_LINES = 60
 
 
-def bench_nanogpt_gpu(corpus: Path, checkout: Path | None, work: Path, steps: list[int]) -> dict:
+def bench_nanogpt_gpu(corpus: Path, checkout: Path, work: Path, steps: list[int]) -> dict:
     """nanoGPT's recipe, then ours: the preset as it is when steps is empty, else once for each
     max_steps in steps, evaluating every 100 steps; each stops at its first val loss at or under
     the target, or at its end."""
-    copy = prepared_copy(corpus, checkout, work, "nanogpt_gpu")
+    copy = prepared_copy(corpus, checkout, work)
     nanogpt = time_to_target("nanoGPT", [sys.executable, "train.py", "config/train_shakespeare_char.py"], copy, NANOGPT_VAL)
     ours = {}
     for max_steps in steps or [None]:

@@ -16,9 +16,25 @@ NANOGPT_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile
                   "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
                   "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config", "data/shakespeare_char/prepare.py")
+# What each section reads of a nanoGPT checkout: the recipe's runs its training script, config and data
+# preparation; the fine-tuning steps its model.py alone.
+NANOGPT_NEEDS = {"nanogpt": NANOGPT_FILES, "gpt2_finetune": ("model.py",), "nanogpt_gpu": NANOGPT_FILES}
 
 
-def bench_nanogpt(repeats: int, steps: int, corpus: Path, checkout: Path | None, work: Path) -> dict:
+def check_checkout(checkout: Path | None, sections: list[str]) -> None:
+    """UserError, said before any section runs, unless checkout holds what the sections read of nanoGPT."""
+    wanting = [section for section in sections if section in NANOGPT_NEEDS]
+    if not wanting:
+        return
+    if checkout is None:
+        raise UserError(f"--only {','.join(wanting)} needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
+    needed = list(dict.fromkeys(name for section in wanting for name in NANOGPT_NEEDS[section]))
+    if not all((checkout / name).exists() for name in needed):
+        raise UserError(f"--nanogpt {checkout} is not a nanoGPT checkout (it needs {', '.join(needed)}); "
+                        "clone karpathy/nanoGPT and give its folder")
+
+
+def bench_nanogpt(repeats: int, steps: int, corpus: Path, checkout: Path, work: Path) -> dict:
     """nanoGPT's own train.py in a copy of its files, on the same corpus."""
     copy = prepared_copy(corpus, checkout, work)
     ms = []
@@ -31,14 +47,9 @@ def bench_nanogpt(repeats: int, steps: int, corpus: Path, checkout: Path | None,
             "recipe_val_loss": statistics.median(val for _, val, _ in recipes)}
 
 
-def prepared_copy(corpus: Path, checkout: Path | None, work: Path, section: str = "nanogpt") -> Path:
-    """A copy of nanoGPT's files in work, its char data prepared from corpus (its prepare.py reads
-    input.txt when present, so nothing is downloaded)."""
-    if checkout is None:
-        raise UserError(f"--only {section} needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder")
-    if not all((checkout / name).exists() for name in NANOGPT_FILES):
-        raise UserError(f"--nanogpt {checkout} is not a nanoGPT checkout (it needs {', '.join(NANOGPT_FILES)}); "
-                        "clone karpathy/nanoGPT and give its folder")
+def prepared_copy(corpus: Path, checkout: Path, work: Path) -> Path:
+    """A copy of nanoGPT's files in work (check_checkout found them), its char data prepared from corpus
+    (its prepare.py reads input.txt when present, so nothing is downloaded)."""
     copy = work / "nanogpt"
     for name in NANOGPT_FILES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)

@@ -37,12 +37,17 @@ SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n
 
 def run_bench(*args: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> tuple[dict, str]:
     """`python -m bench <args> --out <out>` in this process, in out's folder (where the runs it
-    starts keep their .cache): the record it wrote, and what it printed."""
+    starts keep their .cache): the record it wrote, and what it printed. On stderr, a line as each
+    section starts, in the order of the sections' table, whatever the order --only gives."""
     out.parent.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(out.parent)
     monkeypatch.setattr(sys, "argv", ["python -m bench", *args, "--out", str(out)])
     main()
-    return json.loads(out.read_text()), capsys.readouterr().out
+    printed = capsys.readouterr()
+    only = sorted(args[args.index("--only") + 1].split(","), key=SECTIONS.index)
+    started = [line for line in printed.err.splitlines() if line.startswith("bench: ")]
+    assert started == [f"bench: {section} ({n} of {len(only)})" for n, section in enumerate(only, 1)], printed.err
+    return json.loads(out.read_text()), printed.out
 
 
 def bench_refusal(*args: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
@@ -191,7 +196,7 @@ def test_the_training_section_measures_train_py_on_nanogpts_cpu_shape_against_th
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(SHAKESPEARE * 400)
     out = tmp_path / "results" / "bench.json"
-    record, printed = run_bench("--only", "peak,training", "--repeats", "1", "--steps", "60", "--corpus", str(corpus),
+    record, printed = run_bench("--only", "training,peak", "--repeats", "1", "--steps", "60", "--corpus", str(corpus),
                                 out=out, monkeypatch=monkeypatch, capsys=capsys)
     assert record["repeats"] == 1 and record["machine"]["cores"] >= 1
     figures = record["results"]
@@ -313,8 +318,9 @@ def test_the_nanogpt_section_without_a_nanogpt_checkout_is_one_clear_line(tmp_pa
     # The section itself needs nanoGPT's code, which this project does not ship (see the README).
     corpus = tmp_path / "corpus.txt"  # given, so that the corpus is found here on any machine, offline too
     corpus.write_text(SHAKESPEARE)
-    line = bench_refusal("--only", "nanogpt", "--corpus", str(corpus), out=tmp_path / "bench.json", monkeypatch=monkeypatch,
-                         capsys=capsys)
+    # Said before any section runs (bench_refusal: one line on stderr, no section's line before it), peak's too.
+    line = bench_refusal("--only", "peak,nanogpt", "--corpus", str(corpus), out=tmp_path / "bench.json",
+                         monkeypatch=monkeypatch, capsys=capsys)
     assert line == "error: --only nanogpt needs --nanogpt <a checkout of karpathy/nanoGPT>; clone it and give its folder"
     (tmp_path / "train.py").write_text("")
     line = bench_refusal("--only", "nanogpt", "--nanogpt", str(tmp_path), "--corpus", str(corpus),
@@ -448,6 +454,10 @@ def test_the_gpt2_finetune_section_times_train_steps_of_both_models_at_gpt2s_sha
 
     checkout = tmp_path / "nanogpt"
     checkout.mkdir()
+    line = bench_refusal("--only", "gpt2_finetune", "--nanogpt", str(checkout), out=tmp_path / "bench.json",
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert line == (f"error: --nanogpt {checkout} is not a nanoGPT checkout (it needs model.py); clone karpathy/nanoGPT "
+                    "and give its folder")
     (checkout / "model.py").write_text(STAND_IN_MODEL_PY)
     monkeypatch.setattr(bench.gpt2_finetune, "GPT2_SMALL", TINY_GPT2)
     monkeypatch.setattr(bench.gpt2_finetune, "SEQUENCE_LENGTH", 16)
