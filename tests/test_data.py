@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from data.batches import check_splits_fit, get_batch, probe_ids
@@ -112,6 +113,15 @@ def test_targets_are_the_inputs_shifted_by_one():
     assert x.shape == y.shape == (4, 10)
     assert (y[:, :-1] == x[:, 1:]).all()
     assert (y == x + 1).all()  # in this corpus each token's successor is itself + 1
+
+
+def test_a_split_of_one_window_and_one_token_gives_that_window_and_one_token_shorter_is_refused():
+    # The last window is drawn too: block_size + 1 tokens hold exactly one (check_splits_fit lets it through).
+    x, y = get_batch(np.arange(11, dtype=np.uint16), batch_size=4, block_size=10, rng=np.random.default_rng(0))
+    assert (x == torch.arange(10)).all() and (y == torch.arange(1, 11)).all()
+    with pytest.raises(UserError, match="the val split has 10;"):
+        check_splits_fit(TokenData(CharTokenizer("ab"), np.arange(11, dtype=np.uint16), np.arange(10, dtype=np.uint16)), 10)
+    check_splits_fit(TokenData(CharTokenizer("ab"), np.arange(11, dtype=np.uint16), np.arange(11, dtype=np.uint16)), 10)
 
 
 def test_char_tokenizer_spells_out_the_eot_text_and_never_emits_the_token():

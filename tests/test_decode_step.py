@@ -147,6 +147,8 @@ def test_a_compiled_step_generates_the_eager_tokens_and_refuses_other_settings(m
     assert torch.equal(from_int32, eager)
     with pytest.raises(ValueError, match="this CompiledDecodeStep was built for another model or for"):
         generate_tokens(model, prompt, 5, temperature=0.5, top_p=0.9, decode_step=step)
+    with pytest.raises(ValueError, match="use_kv_cache=False"):  # the step reads and writes the caches
+        generate_tokens(model, prompt, 5, **settings, use_kv_cache=False, decode_step=step)
     with pytest.raises(ValueError, match="functions are attached to this model's hook points"), model.hooks(model.knock_out({(0, 1)})):
         generate_tokens(model, prompt, 5, **settings, decode_step=step)  # it was built with every head
     with pytest.raises(ValueError, match="^this CompiledDecodeStep was built for the model's weights in torch.float32 on "

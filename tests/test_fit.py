@@ -1,12 +1,19 @@
-"""training/fit.py: fit() on a tiny run, in-process, and the figures it returns."""
+"""training/fit.py: fit() on a tiny run, in-process, and the figures it returns; the batches
+training/evaluation.py evaluates on."""
 
+import numpy as np
 import pytest
 import torch
 
 from cli.config import plain_config
 from cli.run_spec import run_spec
-from tests.helpers import read_events, tiny_config
+from data.batches import get_batch
+from data.token_cache import TokenData
+from data.tokenizer import CharTokenizer
+from runtime.precision import Precision
+from tests.helpers import ONE_PROCESS, read_events, tiny_config
 from training.build import build_data_and_model, build_run
+from training.evaluation import evaluate
 from training.fit import fit
 from training.lr_schedule import lr_at
 from training.state import TrainState
@@ -77,3 +84,40 @@ def test_a_save_between_log_lines_holds_every_step_before_it_though_each_is_reco
     assert saved["step"] == 6 and saved["run_state"]["window_steps"] == 2
     losses = [e.value for e in read_events(tmp_path / "run").Scalars("train/batch_loss")]
     assert len(losses) == 2 and saved["run_state"]["window_loss"] > 0
+
+
+class BatchesSeen(torch.nn.Module):
+    """Stands where the model does in evaluate(): notes each batch it is given, and predicts nothing
+    (every logit 0, so every position's loss is log vocab_size)."""
+
+    def __init__(self, vocab_size: int = 100) -> None:
+        super().__init__()
+        self.vocab_size, self.seen = vocab_size, []
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.seen.append(x.clone())
+        return torch.zeros(*x.shape, self.vocab_size), torch.tensor(0.0)
+
+
+def evaluated_windows(data: TokenData, block_size: int, splits: tuple[str, ...] = ("train", "val"), seed: int = 1337):
+    model = BatchesSeen()
+    evaluated = evaluate(model, data, batch_size=4, block_size=block_size, eval_iters=5, ranks=ONE_PROCESS,
+                         precision=Precision("fp32", torch.device("cpu")), seed=seed, splits=splits)
+    return torch.cat(model.seen), evaluated
+
+
+def test_the_evaluation_windows_are_the_same_each_time_and_none_is_one_the_first_steps_train_on():
+    tokens = np.arange(1_000_000, dtype=np.uint32)  # every window is told apart by its first id
+    data = TokenData(CharTokenizer("ab"), train=tokens, val=tokens)
+    windows, _ = evaluated_windows(data, 16, splits=("train",))
+    assert torch.equal(evaluated_windows(data, 16, splits=("train",))[0], windows)  # fixed: the curve shows the model change
+    # What the first 5 steps train on: training/build.py's batch_rng, np.random.default_rng(train.seed), 4 rows a step.
+    rng = np.random.default_rng(1337)
+    trained = torch.cat([get_batch(tokens, 4, 16, rng)[0] for _ in range(5)])
+    assert not set(windows[:, 0].tolist()) & set(trained[:, 0].tolist())  # loss/train is not read off batches just trained on
+
+
+def test_the_in_context_score_needs_a_window_of_3_tokens():
+    data = TokenData(CharTokenizer("ab"), train=np.arange(100, dtype=np.uint16), val=np.arange(100, dtype=np.uint16))
+    assert evaluated_windows(data, 3)[1].in_context == 0.0  # early and late at chance alike
+    assert evaluated_windows(data, 2)[1].in_context is None

@@ -289,7 +289,7 @@ def test_swiglu_is_llamas_mlp_down_of_silu_gate_times_up_and_about_8_thirds_of_c
     config = GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=4, n_embd=48, mlp="swiglu", bias=False)
     mlp = MLP(config).eval()
     assert config.hidden_size == swiglu_hidden(48) == 128  # 8/3 of 48 is 128, a multiple of 32
-    assert [swiglu_hidden(c) for c in (32, 128, 768)] == [96, 352, 2048]  # 85.3, 341.3, 2048 rounded up to 32
+    assert [swiglu_hidden(c) for c in (32, 64, 128, 768)] == [96, 192, 352, 2048]  # 85.3, 170.7, 341.3, 2048 rounded up to 32
     assert mlp.fc.out_features == mlp.up.out_features == mlp.proj.in_features == 128
     assert GPTConfig(8, n_embd=48, mlp="relu2").hidden_size == 192  # 4C for the others
     assert GPTConfig(8, n_embd=48, mlp="swiglu", mlp_hidden=40).hidden_size == 40  # or as set

@@ -285,10 +285,16 @@ def test_attention_weights_are_the_models_own_and_leave_training_mode_alone():
     torch.testing.assert_close(manual.attention_weights(idx), weights)
 
 
-def test_a_sequence_longer_than_block_size_is_refused():
-    model = tiny_gpt(block_size=8)
+@pytest.mark.parametrize("pos", ["rope", "learned"])
+def test_a_sequence_longer_than_block_size_is_refused(pos):
+    model = tiny_gpt(block_size=8, pos=pos)
     with pytest.raises(ValueError, match="exceeds block_size=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+    if pos == "learned":  # no position past the table: one token more after caches that hold 8 is refused too
+        caches = model.new_caches()
+        model(torch.zeros(1, 8, dtype=torch.long), caches=caches)
+        with pytest.raises(ValueError, match="sequence length 9 exceeds block_size=8"):
+            model(torch.zeros(1, 1, dtype=torch.long), caches=caches)
 
 
 @pytest.mark.parametrize(("idx", "message"), [

@@ -159,12 +159,24 @@ def test_a_run_killed_while_it_writes_the_token_cache_leaves_nothing_a_later_run
 
 
 def test_the_cache_key_changes_with_where_documents_begin_not_only_with_the_text(tmp_path):
-    def key(*documents: str) -> str:
+    def key(*documents: str, val_fraction: float = 0.1) -> str:
         folder = tmp_path / "-".join(documents)
-        folder.mkdir()
+        folder.mkdir(exist_ok=True)
         for i, text in enumerate(documents):
             (folder / f"{i}.txt").write_text(text)
-        cfg = CorpusSpec(source="text", path=str(folder), val_fraction=0.1, cache_dir=".cache")
+        cfg = CorpusSpec(source="text", path=str(folder), val_fraction=val_fraction, cache_dir=".cache")
         return token_stream.survey_corpus(cfg, TokenizerSpec("char")).key
 
-    assert len({key("ab", "c"), key("a", "bc"), key("abc"), key("ab", "d")}) == 4
+    assert len({key("ab", "c"), key("a", "bc"), key("abc"), key("ab", "d"), key("ab", "c", val_fraction=0.3)}) == 5
+
+
+def test_a_cache_entry_whose_val_ids_were_cut_short_is_made_again(tmp_path):
+    cfg = CorpusSpec(source="stories", seed=1, n_chars=20_000, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    first = prepare_tokens(cfg, TokenizerSpec("char"))
+    train, val = np.array(first.train), np.array(first.val)
+    (entry,) = (tmp_path / "cache" / "tokens").iterdir()
+    with open(entry / "val.bin", "r+b") as ids:
+        ids.truncate(len(val) * first.val.itemsize - 2)  # one id short, as a full disk or a copy cut off leaves it
+    assert not is_complete(entry)
+    again = prepare_tokens(cfg, TokenizerSpec("char"))
+    assert is_complete(entry) and np.array_equal(again.train, train) and np.array_equal(again.val, val)
