@@ -14,17 +14,26 @@ import pytest
 import torch
 from safetensors import safe_open
 from tokenizers import ByteLevelBPETokenizer
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, Qwen3ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    GPT2LMHeadModel,
+    Qwen3ForCausalLM,
+)
 
-from data.hf_tokenizer import encoding_from_hf_folder
+from data.hf_tokenizer import encoding_from_hf_folder, pretrained_tokenizer
 from data.stories import generate_stories
 from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
+from export import write_hf_folder
 from model.generation import terminal_text
-from model.gpt import eval_mode
+from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import gpt_from_hf
 from model_io.run_files import BEST, LAST
 from tests.helpers import NO_PROBES, TINY_GPT2_VOCAB, assert_one_error_line, run_cli, tiny_gpt2, tiny_run
+from tests.test_hf_tokenizer import save_family
 
 pytestmark = pytest.mark.slow  # every test exports runs trained (or built) by the module's fixtures
 
@@ -202,6 +211,18 @@ def test_an_exported_byte_level_run_reads_back_as_the_same_model_and_tokenizer(
         assert torch.equal(ours(idx)[0], back(idx)[0])
 
 
+def test_generation_pads_with_the_end_token_not_the_start_one_and_the_tokenizer_knows_the_context(tmp_path: Path) -> None:
+    tokenizer = pretrained_tokenizer(save_family("llama3", tmp_path / "llama3"))  # as a run from a Llama 3 folder holds it
+    assert tokenizer.bos_id != tokenizer.eot_id  # <|begin_of_text|> starts a text, <|end_of_text|> ends one
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layer=1, n_head=2, n_embd=16, pos="rope",
+                          norm="rmsnorm", mlp="swiglu", qk_norm=False, smear=False))  # a Llama's shape
+    write_hf_folder(model, tokenizer, tmp_path / "out")
+    generation = GenerationConfig.from_pretrained(tmp_path / "out")
+    assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id) == (
+        tokenizer.bos_id, tokenizer.eot_id, tokenizer.eot_id)  # a finished row of a batch is padded with its end
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").model_max_length == 24  # the model's block_size
+
+
 def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_the_presets(trained_run: Path, tmp_path: Path) -> None:
     # The default before it took Qwen3's shape: rope, LayerNorm, relu2, QK-norm, smear.
     saved = Checkpoint.load(trained_run / BEST)
@@ -258,6 +279,10 @@ def test_force_never_deletes_a_folder_that_holds_more_than_a_models_files(pretra
     (folder / "checkpoints").mkdir()
     assert f"out={folder} holds checkpoints/, which" in refusal(pretrained_run, folder, "force=true")
     assert (folder / "checkpoints").is_dir()
+    (folder / "checkpoints").rmdir()  # a folder named as a model's file is a folder all the same
+    (folder / "model-00001-of-00002.safetensors" / "mine").mkdir(parents=True)
+    assert f"out={folder} holds model-00001-of-00002.safetensors/, which" in refusal(pretrained_run, folder, "force=true")
+    assert (folder / "model-00001-of-00002.safetensors" / "mine").is_dir()
 
 
 def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_folder(pretrained_run: Path, tmp_path: Path) -> None:

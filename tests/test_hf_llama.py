@@ -176,6 +176,19 @@ def test_a_set_rope_scaling_wins_over_rope_parameters_and_a_top_level_original_c
     assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
 
 
+def test_rope_parameters_rotary_base_wins_over_a_top_level_rope_theta_as_transformers_reads_it(
+        llama_folder: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(llama_folder, tmp_path / "edited"))
+    hf = json.loads((folder / "config.json").read_text())
+    hf["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    hf["rope_theta"] = 10000.0  # as a file edited by hand, or written by another tool, may hold both
+    (folder / "config.json").write_text(json.dumps(hf))
+    theirs = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert theirs.config.rope_parameters["rope_theta"] == gpt_config_from_hf(folder)[0].rope_theta == 500000.0
+    ours, _ = gpt_from_hf(folder)
+    assert max_logit_gap(ours, theirs, tokens()) < TOLERANCE
+
+
 def test_a_sharded_folder_loads_as_one_file_does_and_a_missing_shard_is_named(tmp_path: Path) -> None:
     folder = hf_folder(tmp_path / "sharded", SHAPES["qwen3,gqa,head_dim=16"], max_shard_size="50KB")
     index = json.loads((folder / "model.safetensors.index.json").read_text())
@@ -347,10 +360,10 @@ LLAMA3_ROPE = ["model.rope_theta=500000.0", "model.rope_scaling={factor:8.0,low_
 
 
 @pytest.mark.parametrize(("preset", "options", "hf_class"), [("llama_shape", LLAMA3_ROPE, LlamaForCausalLM),
-                                                             ("qwen3_shape", [], Qwen3ForCausalLM),
+                                                             ("qwen3_shape", ["model.head_dim=16"], Qwen3ForCausalLM),
                                                              ("qwen3_shape", ["model.window=6"], Qwen3ForCausalLM),
                                                              ("mistral_shape", ["model.window=6"], MistralForCausalLM)],
-                         ids=["llama_shape,llama3_rope", "qwen3_shape", "qwen3_shape,window", "mistral_shape,window"])
+                         ids=["llama_shape,llama3_rope", "qwen3_shape,head_dim=16", "qwen3_shape,window", "mistral_shape,window"])
 def test_a_llama_qwen3_or_mistral_shaped_run_exports_to_transformers_and_reads_back(
     preset: str, options: list[str], hf_class: type, tmp_path: Path
 ) -> None:
@@ -374,7 +387,8 @@ def test_a_llama_qwen3_or_mistral_shaped_run_exports_to_transformers_and_reads_b
     hf = json.loads((tmp_path / "exported" / "config.json").read_text())
     # model.norm_eps=null is RMSNorm's "the dtype's eps": float32's, written as a number.
     assert hf["rms_norm_eps"] == torch.finfo(torch.float32).eps and theirs.config.rms_norm_eps == hf["rms_norm_eps"]
-    assert (hf["num_key_value_heads"], hf["head_dim"], hf["max_position_embeddings"]) == (2, 8, 32)
+    assert (hf["num_key_value_heads"], hf["head_dim"], hf["max_position_embeddings"]) == (2, model.config.head_size, 32)
+    assert model.config.head_size == (16 if "model.head_dim=16" in options else 8)  # 32 / 4 heads, unless set
     if model.config.window is not None:  # every layer slides over the window: Mistral's one way, one of Qwen3's
         assert (hf["sliding_window"], theirs.config.sliding_window) == (model.config.window, model.config.window)
         if hf_class is Qwen3ForCausalLM:
@@ -392,13 +406,16 @@ def test_a_llama_qwen3_or_mistral_shaped_run_exports_to_transformers_and_reads_b
         assert torch.equal(back(idx)[0], model(idx)[0])
 
 
-def test_every_layer_slides_from_a_max_window_layers_below_0_as_transformers_reads_it(tmp_path: Path) -> None:
-    Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, use_sliding_window=True, sliding_window=5,
+@pytest.mark.parametrize(("use_sliding_window", "layers", "window"), [(True, "sliding_attention", 5), (False, "full_attention", None)])
+def test_a_max_window_layers_below_0_slides_every_layer_only_with_use_sliding_window_as_transformers_reads_it(
+        tmp_path: Path, use_sliding_window: bool, layers: str, window: int | None) -> None:
+    # use_sliding_window=false: no layer slides, whatever sliding_window and max_window_layers say.
+    Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, use_sliding_window=use_sliding_window, sliding_window=5,
                 max_window_layers=-1).save_pretrained(tmp_path)
     path = tmp_path / "config.json"  # without layer_types, which save_pretrained writes out: as older files are
-    path.write_text(json.dumps(json.loads(path.read_text()) | {"layer_types": None}))
-    assert set(AutoConfig.from_pretrained(tmp_path).layer_types) == {"sliding_attention"}
-    assert gpt_config_from_hf(tmp_path)[0].window == 5
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"layer_types": None, "sliding_window": 5}))
+    assert set(AutoConfig.from_pretrained(tmp_path).layer_types) == {layers}
+    assert gpt_config_from_hf(tmp_path)[0].window == window
 
 
 def test_a_window_exports_as_a_qwen3_with_qk_norm_and_as_a_mistral_without_never_as_a_llama() -> None:
