@@ -20,7 +20,7 @@ from cli.sweep_check import job_overrides
 from data.corpus import SOURCES
 from data.specs import KIND_KEYS
 from model_io.checkpoint import Checkpoint, upgrade
-from tests.helpers import ROOT, run_cli, tiny_config
+from tests.helpers import ROOT, composed_train_config, run_cli, tiny_config
 from user_error import UserError
 
 
@@ -213,3 +213,22 @@ def test_a_window_that_hides_nothing_is_refused_for_a_new_model_and_left_to_a_re
         validate_train_config(cfg)
     validate_train_config(cfg, new_model=False)
     validate_train_config(tiny_config(**{"model.pos": "rope", "model.block_size": 16, "model.window": 16}))
+
+
+@pytest.mark.parametrize(("key", "edge", "past"), [
+    ("optim.decay_fraction", 1.0, 1.01),  # (0, 1]: decaying over the whole run is allowed
+    ("data.val_fraction", 0.9, 1.0),  # (0, 1): a train split is left
+    ("data.n_chars", 10_000, 9_999),  # the stories' least, as its line says
+    ("model.norm_eps", 1e-12, 0.0),  # a positive eps, or null: 0 could divide by 0
+    ("train.max_steps", 1, 0),  # 0 only with init_from: random weights trained for no step are no model
+])
+def test_each_range_takes_its_edge_and_refuses_the_value_past_it(key, edge, past):
+    validate_train_config(tiny_config(**{key: edge}))
+    with pytest.raises(UserError, match=f"^{re.escape(key)}={past}"):
+        validate_train_config(tiny_config(**{key: past}))
+
+
+def test_a_bpe_of_the_256_bytes_alone_is_allowed_and_one_fewer_refused():
+    validate_train_config(composed_train_config(["tokenizer=bpe", "tokenizer.vocab_size=256"]))
+    with pytest.raises(UserError, match="^tokenizer.vocab_size=255 must be"):
+        validate_train_config(composed_train_config(["tokenizer=bpe", "tokenizer.vocab_size=255"]))

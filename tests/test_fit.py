@@ -86,6 +86,21 @@ def test_a_save_between_log_lines_holds_every_step_before_it_though_each_is_reco
     assert len(losses) == 2 and saved["run_state"]["window_loss"] > 0
 
 
+@pytest.mark.slow
+def test_a_save_between_evaluations_keeps_the_last_model_and_never_the_best_without_a_val_loss_of_its_step(tmp_path):
+    # save_interval=3 with evaluations at 0, 10 and 12 only: the saves at 3, 6 and 9 write ckpt_last.pt alone;
+    # the val loss of step 0 is no val loss of theirs, so the first ckpt_best.pt is step 10's. At lr 0 the
+    # weights never move, so step 12's evaluation is no better and it stays.
+    cfg = tiny_config(**{"data.cache_dir": tmp_path / "cache", "train.max_steps": 12, "train.eval_interval": 10,
+                         "train.save_interval": 3, "train.attn_log_interval": 0, "train.sample_interval": 0,
+                         "optim.lr": 0.0, "optim.min_lr": 0.0})
+    spec = run_spec(cfg)
+    ranks, precision, data, model = build_data_and_model(spec)
+    fit(build_run(spec, plain_config(cfg), tmp_path / "run", ranks, precision, data, model), TrainState())
+    best = torch.load(tmp_path / "run" / "ckpt_best.pt", weights_only=True)
+    assert best["step"] == 10 and torch.load(tmp_path / "run" / "ckpt_last.pt", weights_only=True)["step"] == 12
+
+
 class BatchesSeen(torch.nn.Module):
     """Stands where the model does in evaluate(): notes each batch it is given, and predicts nothing
     (every logit 0, so every position's loss is log vocab_size)."""

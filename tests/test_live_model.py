@@ -13,7 +13,7 @@ import torch
 from tensorboard.plugins.base_plugin import FlagsError
 
 import runtime.huge_pages
-from attention_tab.live_model import LoadedModel, ModelCache, model_bytes, text_answer
+from attention_tab.live_model import LoadedModel, ModelCache, checkpoint_in, finite, model_bytes, text_answer
 from attention_tab.plugin import DTYPES, TAB_DEVICE_TYPES, AttentionLoader
 from attention_tab.run_folders import logdir_roots, run_folder
 from data.tokenizer import CharTokenizer
@@ -46,6 +46,19 @@ def test_under_logdir_spec_a_run_is_its_folder_under_the_group_its_name_starts_w
     assert run_folder("outputs/.", roots) == logdir / "outputs"
     unnamed = logdir_roots("", f"{logdir / 'outputs'},{logdir / 'multirun'}")  # groups without a name
     assert run_folder("2026-01-02/03-04-05/0", unnamed) == logdir / "multirun/2026-01-02/03-04-05/0"
+    # A group whose name begins another's: its runs are found under its own folder, not the other's
+    # (runs12/2026-01-02 is not the group runs' run 2/2026-01-02).
+    (logdir / "multirun" / "2026-01-02").mkdir(exist_ok=True)
+    (logdir / "outputs" / "2" / "2026-01-02").mkdir(parents=True, exist_ok=True)
+    prefixed = logdir_roots("", "runs:outputs,runs12:multirun")
+    assert run_folder("runs12/2026-01-02", prefixed) == logdir / "multirun/2026-01-02"
+    assert run_folder("runs/2/2026-01-02", prefixed) == logdir / "outputs/2/2026-01-02"
+
+
+def test_a_logdir_given_with_a_tilde_is_the_home_folders(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))  # --logdir=~/runs, which a shell leaves unexpanded after =
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    assert run_folder("a", logdir_roots("~/runs", "")) == tmp_path / "runs" / "a"
 
 
 @pytest.mark.parametrize("run", ["..", "../secret", "2026-01-02/../../secret", "/etc", "{logdir}/secret",
@@ -162,7 +175,7 @@ def test_the_text_box_runs_on_the_cpu_in_fp32_with_512_mb_of_models_unless_told_
     assert tuple(WEIGHT_DTYPES) == DTYPES  # the flag's choices, written without torch, are the precisions runtime/ knows
     flags = tensorboard_flags("--attention_tab_device", "cuda:1", "--attention_tab_cache_mb", "0")
     assert (flags.attention_tab_device, flags.attention_tab_cache_mb) == ("cuda:1", 0)
-    for device in ("gpu", "xpu"):  # xpu: a torch device this project does not run on (runtime/devices.py)
+    for device in ("gpu", "xpu", "cpux", "cuda:1x"):  # xpu: a torch device this project does not run on (runtime/devices.py)
         with pytest.raises(FlagsError, match=f"--attention_tab_device={device} is not a device; give cpu, cuda, cuda:<index> or mps"):
             tensorboard_flags("--attention_tab_device", device)
     assert TAB_DEVICE_TYPES == DEVICE_TYPES
@@ -219,6 +232,9 @@ def test_knocking_heads_out_after_reading_a_text_runs_one_forward_with_the_same_
     fresh = forward_text(model, tokenizer, text, [(1, 0)])  # both forwards, from scratch
     assert torch.equal(knocked.intact.log_probs, fresh.intact.log_probs)
     assert torch.equal(knocked.predictions.log_probs, fresh.predictions.log_probs)
+    other = loaded.read(text, [(0, 1)])  # another head knocked out: the intact numbers are still the intact model's
+    assert torch.equal(other.intact.log_probs, fresh.intact.log_probs)
+    assert torch.equal(other.predictions.log_probs, forward_text(model, tokenizer, text, [(0, 1)]).predictions.log_probs)
     before = len(forwards)
     loaded.read(text + " went", [(1, 0)])  # another text: its intact numbers are computed anew
     assert len(forwards) == before + 2
@@ -251,3 +267,16 @@ def test_the_tab_patches_prompts_of_at_most_its_bound_and_says_so_in_one_line(tm
     assert str(caught.value) == ("the clean prompt is 8 tokens; the tab patches at most 7 (a forward of the "
                                  "prompt for each layer and position): shorten it, or call inspection.patching.patch_residual "
                                  "from Python")
+
+
+def test_numbers_a_model_gone_non_finite_gives_are_none_in_the_answer_which_json_cannot_hold_otherwise():
+    assert finite(torch.tensor([[1.5, float("inf")], [float("-inf"), float("nan")]])) == [[1.5, None], [None, None]]
+
+
+def test_a_kept_checkpoint_that_links_out_of_its_run_is_not_loaded(tmp_path):
+    (tmp_path / "elsewhere.pt").write_bytes(b"not the run's")
+    kept = kept_checkpoint_path(tmp_path / "run", 100)
+    kept.parent.mkdir(parents=True)
+    kept.symlink_to(tmp_path / "elsewhere.pt")
+    with pytest.raises(UserError, match=r"run 'run' kept no checkpoint at step 100"):
+        checkpoint_in(tmp_path / "run", "run", 100)

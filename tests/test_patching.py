@@ -12,7 +12,7 @@ import torch
 
 from data.tokenizer import CharTokenizer
 from inspection import patching
-from inspection.name_swap import name_swap
+from inspection.name_swap import NameSwap, name_swap
 from inspection.patching import SMALL_GAP, Restored, knock_out_effects, logit_difference, patch_heads, patch_residual
 from inspection.repeated_tokens import repeated_pair
 from tests.helpers import INDUCTION_HEAD, one_line_error, shift_then_copy_model, tiny_gpt
@@ -155,6 +155,7 @@ def test_patching_a_token_against_itself_is_one_line_not_nothing_to_restore(circ
 
 @pytest.mark.parametrize(("names", "message"), [
     (("", "B"), "a name is '': give two names, each one token for this run's tokenizer"),
+    (("A", "  "), "a name is '  ': give two names, each one token for this run's tokenizer"),
     (("A", "A"), "both names are 'A': swapped, the prompt is the same, so give two different names"),
     (("A", "Bo"), "' A' is 2 tokens for this run's tokenizer ([' ', 'A']), not one: of the stories' names none is one token "
                   "for it, and the swap needs two (a character tokenizer, or a small BPE, spells names out): use a run whose "
@@ -165,6 +166,13 @@ def test_a_name_swap_of_names_that_are_not_one_token_each_is_one_line(names, mes
     # letters of the names a message would suggest: it suggests none rather than fail on them.
     with pytest.raises(UserError, match="^" + re.escape(message)):
         name_swap(CharTokenizer(list(" ABo")), *names)
+
+
+def test_the_name_swaps_metric_is_the_answers_logit_less_the_others_at_the_last_position():
+    swap = NameSwap(clean=torch.zeros(1, 4, dtype=torch.long), corrupted=torch.zeros(1, 4, dtype=torch.long), answer=3, other=5,
+                    pieces=[])
+    logits = torch.randn(1, 4, 8)  # (B, T, V)
+    assert swap.metric()(logits).item() == pytest.approx((logits[0, -1, 3] - logits[0, -1, 5]).item())
 
 
 @pytest.mark.parametrize(("clean", "corrupted", "said"), [

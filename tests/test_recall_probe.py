@@ -5,7 +5,7 @@ import torch
 
 from data.stories import generate_stories
 from data.tokenizer import CharTokenizer
-from inspection.recall_probe import RecallProbe, recall_points
+from inspection.recall_probe import RecallProbe, recall_points, summarise
 
 
 def test_recall_points_are_the_repeated_names_and_the_packed_items_named_again():
@@ -58,3 +58,9 @@ def test_a_char_vocabulary_that_lacks_a_letter_of_the_held_out_stories_skips_tho
     assert everything - set(tokenizer.chars), "the test needs a vocabulary that lacks a letter"
     probe = RecallProbe.build(tokenizer, block_size=32, seed=1)
     assert len(probe.windows) == 96 and probe.targets
+
+
+def test_recall_accuracy_is_over_every_point_names_and_items_alike_and_each_kind_has_its_own():
+    looks = torch.zeros(2, 2)  # (L, H): where each head looked back, here nowhere
+    scores = summarise([("name", True, looks), ("item", False, looks), ("name", True, looks), ("item", True, looks)])
+    assert scores.accuracy == 0.75 and scores.accuracy_by_kind == {"item": 0.5, "name": 1.0}
