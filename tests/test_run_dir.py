@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-import cli.run_dir  # noqa: F401  (registers the run_dir_for resolver that configs/train.yaml's hydra.run.dir uses)
+import cli.run_dir  # (also registers the run_dir_for resolver that configs/train.yaml's hydra.run.dir uses)
 from tests.helpers import ROOT, run_cli, tiny_run
 
 # Two processes claim the same 200 folders, one after another, started together by a file both
@@ -26,6 +26,11 @@ for run in runs:
     (Path(run) / "train.log").touch()  # as a run writes into its folder: an empty one is taken back at the exit
 print(" ".join(runs))
 """
+
+
+def test_a_third_run_of_the_same_second_claims_the_folder_numbered_3(tmp_path):
+    fresh = str(tmp_path / "outputs" / "10-00-00")
+    assert [cli.run_dir.claimed(fresh) for _ in range(3)] == [fresh, f"{fresh}_2", f"{fresh}_3"]
 
 
 def test_runs_started_together_each_claim_a_run_dir_of_their_own(tmp_path):
