@@ -38,6 +38,8 @@ def test_a_pure_previous_token_head_scores_1_looks_1_back_with_no_uncertainty():
     assert m["previous_token"].item() == pytest.approx(1.0)
     assert m["distance"].item() == pytest.approx((T - 1) / T)  # query 0 can only look at itself
     assert m["entropy"].item() == pytest.approx(0.0)
+    assert head_metrics(as_heads(previous_token_head(2)))["previous_token"].item() == pytest.approx(1.0)  # 2 tokens: one query
+    assert head_metrics(as_heads(previous_token_head(1)))["previous_token"].item() == 0.0  # 1 token: no token before it
 
 
 def test_uniform_attention_has_the_largest_entropy_a_causal_head_can_have():
@@ -81,6 +83,7 @@ def test_the_induction_probe_is_a_random_sequence_repeated_twice():
     assert len(probe) == 20 and probe[:10] == probe[10:]
     assert 0 not in probe and len(set(probe)) > 5
     assert probe == induction_probe(vocab_size=50, n=10, seed=3, avoid={0})  # fixed by the seed
+    assert set(induction_probe(vocab_size=4, n=200, seed=3)) == {0, 1, 2, 3}  # avoiding nothing, any id is drawn, 0 too
 
 
 def test_metrics_of_a_real_model_have_one_value_per_layer_and_head_in_range():
