@@ -492,6 +492,7 @@ def test_the_patching_example_is_the_name_swap_in_words_the_runs_tokenizer_reads
 
 @pytest.mark.parametrize("route, form, says", [
     ("patch", {**PATCH, "corrupted": "abcdefXXhabcdefg"}, "the clean prompt is 15 tokens and the corrupted one 16: "),
+    ("patch", {**PATCH, "clean": "abcdefghhabcdefg"}, "the clean prompt is 16 tokens and the corrupted one 15: "),
     ("patch", {**PATCH, "token": "hh"}, "token: 'hh' is 2 tokens to this model ('h', 'h'), not one: type a single token"),
     ("patch", {**PATCH, "other": "Xy"}, "against: 'Xy' is 2 tokens to this model ('X', 'y'), not one"),
     ("patch", {**PATCH, "corrupted": PATCH["clean"]}, "on both prompts: there is nothing to restore"),

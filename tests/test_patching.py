@@ -48,6 +48,9 @@ def test_the_repeated_pair_differs_where_the_last_query_copies_from_and_the_indu
     assert len(clean) == len(corrupted) == 2 * N and clean[0] == 0 and clean[N] == answer and clean[-1] == clean[N - 1]
     assert [t for t, (a, b) in enumerate(zip(clean, corrupted, strict=True)) if a != b] == [N] and corrupted[N] == other
     assert len(set(clean[1 : N + 1])) == N and not {0, 1, other} & set(clean[1:])  # distinct, no start, end or other
+    for seed in range(10):  # 6 tokens drawn of the 6 a vocabulary of 8 has besides the start and the end (a Llama's two)
+        small_clean, _, _, small_other = repeated_pair(8, start_id=0, eot_id=1, n=5, seed=seed)
+        assert sorted({*small_clean[1:], small_other}) == [2, 3, 4, 5, 6, 7]
     restored = patch_heads(model, torch.tensor([clean]), torch.tensor([corrupted]), logit_difference(-1, answer, other))
     expected = torch.zeros(2, 2, dtype=torch.float64)
     expected[INDUCTION_HEAD] = 1.0
