@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -117,11 +118,9 @@ def command_line() -> argparse.ArgumentParser:
     return parser
 
 
-def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_device: torch.device | None,
-                 gpu_sizes: Sizes) -> dict:
-    """Each section asked for, in the order of SECTIONS' table above: its figures by name. A line on
-    stderr as each one starts: a run of several takes minutes, and the table comes once all are done."""
-    results: dict = {}
+def announcer(sections: list[str]) -> Callable[[str], bool]:
+    """wanted(section): whether it was asked for, with a line on stderr as it starts (a run of several
+    takes minutes, and the table comes once all are done), numbered in the order they run."""
     order = [section for section in SECTIONS if section in sections]
 
     def wanted(section: str) -> bool:
@@ -130,6 +129,14 @@ def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_
         print(f"bench: {section} ({order.index(section) + 1} of {len(order)})", file=sys.stderr, flush=True)
         return True
 
+    return wanted
+
+
+def run_sections(sections: list[str], args: argparse.Namespace, work: Path, gpu_device: torch.device | None,
+                 gpu_sizes: Sizes) -> dict:
+    """Each section asked for, in the order of SECTIONS' table above: its figures by name."""
+    results: dict = {}
+    wanted = announcer(sections)
     if wanted("peak"):
         results["peak"] = bench_peak(args.repeats)
     if wanted("training"):
