@@ -39,14 +39,23 @@ def test_each_heads_score_is_exactly_the_probes_name_recall_with_that_head_knock
     assert (slow != intact).any()  # guards a test that passes because no head changes anything
 
 
-def test_a_model_of_more_heads_than_the_bound_logs_name_recall_but_no_ablation_per_knocked_out_head(tmp_path, monkeypatch):
+@pytest.mark.parametrize("bound", [3, 4])
+def test_a_model_of_more_heads_than_the_bound_logs_name_recall_but_no_ablation_per_knocked_out_head(tmp_path, monkeypatch,
+                                                                                                   bound):
     # The bound is 64 heads (GPT-2 small's 144 heads of 1,024 tokens would cost hours a step on a
-    # CPU); lowered here so that the tiny run's 4 heads pass it.
-    monkeypatch.setattr(training.jobs, "ABLATION_MAX_HEADS", 3)
+    # CPU); lowered here to the tiny run's 4 heads, which it takes, and below them.
+    monkeypatch.setattr(training.jobs, "ABLATION_MAX_HEADS", bound)
     result = run_cli("train.py", *tiny_run(**{
         "train.max_steps": 2, "train.eval_interval": 2, "train.attn_log_interval": 2, "train.sample_interval": 0,
         "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "no ablation/... scalars: this model has 4 heads" in result.stdout
     tags = read_events(tmp_path / "run").Tags()["scalars"]
-    assert "recall/accuracy" in tags and not [tag for tag in tags if tag.startswith("ablation/")]
+    ablation = [tag for tag in tags if tag.startswith("ablation/")]
+    assert "recall/accuracy" in tags
+    if bound == 4:
+        heads = [f"layer_{layer}/head_{head}" for layer in range(2) for head in range(2)]
+        assert sorted(ablation) == sorted([f"ablation/recall_name/{h}" for h in heads] + ["ablation/induction_loss/intact"]
+                                          + [f"ablation/induction_loss/{h}" for h in heads])
+        assert "no ablation" not in result.stdout
+    else:
+        assert "no ablation/... scalars: this model has 4 heads" in result.stdout and not ablation

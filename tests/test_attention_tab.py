@@ -183,6 +183,7 @@ def test_runs_say_which_count_as_trained_100_steps_or_from_pretrained_weights_an
     for name, steps, window in (("short", 1, None), ("long", 150, 3), ("pretrained", 0, None)):
         logger = RunLogger(tmp_path / name)
         logger.scalars(steps, {"loss/train": 3.0})
+        logger.scalars(0, {"a/at_step_0": 1.0, "z/at_step_0": 1.0})  # the furthest step of any tag counts
         logger.attention_weights(steps, weights_at(0), list("abcde"), window)
         logger.close()
     (tmp_path / "pretrained" / ".hydra").mkdir()

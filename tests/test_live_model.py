@@ -15,7 +15,7 @@ from tensorboard.plugins.base_plugin import FlagsError
 import runtime.huge_pages
 from attention_tab.live_model import LoadedModel, ModelCache, checkpoint_in, finite, model_bytes, text_answer
 from attention_tab.plugin import DTYPES, TAB_DEVICE_TYPES, AttentionLoader
-from attention_tab.run_folders import logdir_roots, run_folder
+from attention_tab.run_folders import init_from, logdir_roots, run_folder
 from data.tokenizer import CharTokenizer
 from inspection.heatmap import hidden_cells
 from inspection.repeated_tokens import forward_repeated
@@ -59,6 +59,25 @@ def test_a_logdir_given_with_a_tilde_is_the_home_folders(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))  # --logdir=~/runs, which a shell leaves unexpanded after =
     (tmp_path / "runs" / "a").mkdir(parents=True)
     assert run_folder("a", logdir_roots("~/runs", "")) == tmp_path / "runs" / "a"
+
+
+def test_a_logdir_reached_through_a_link_finds_its_runs_and_still_none_outside(logdir, tmp_path):
+    link = tmp_path / "runs-link"  # ~/runs pointing at a bigger disk, say
+    link.symlink_to(logdir / "outputs")
+    roots = logdir_roots(str(link), "")
+    assert run_folder("2026-01-02/03-04-05", roots) == logdir / "outputs/2026-01-02/03-04-05"
+    with pytest.raises(UserError, match="is not a folder under TensorBoard's logdir"):
+        run_folder("outputs-escape", roots)  # the link out of outputs to the secret
+
+
+def test_the_tab_reads_init_from_in_the_runs_saved_config_and_nothing_from_one_it_cannot_read(tmp_path):
+    config = tmp_path / ".hydra" / "config.yaml"
+    assert init_from(tmp_path) is None  # no config: not a run train.py made
+    config.parent.mkdir()
+    for text, expected in [("init_from: gpt2\ntrain:\n  max_steps: 0\n", "gpt2"), ("train:\n  max_steps: 0\n", None),
+                           ("init_from: [gpt2\n", None), ("- init_from\n", None)]:  # cut short; a list, not a mapping
+        config.write_text(text)
+        assert init_from(tmp_path) == expected, text
 
 
 @pytest.mark.parametrize("run", ["..", "../secret", "2026-01-02/../../secret", "/etc", "{logdir}/secret",

@@ -64,3 +64,25 @@ def test_recall_accuracy_is_over_every_point_names_and_items_alike_and_each_kind
     looks = torch.zeros(2, 2)  # (L, H): where each head looked back, here nowhere
     scores = summarise([("name", True, looks), ("item", False, looks), ("name", True, looks), ("item", True, looks)])
     assert scores.accuracy == 0.75 and scores.accuracy_by_kind == {"item": 0.5, "name": 1.0}
+
+
+def test_a_storys_windows_run_side_by_side_down_to_its_last_whole_one(char_probe):
+    tokenizer, _ = char_probe
+    block_size = 16
+    probe = RecallProbe.build(tokenizer, block_size=block_size, seed=1338, max_windows=3000)
+    windows, filled_exactly = probe.windows.tolist(), 0
+    for story in generate_stories(1338, n_chars=200_000):
+        ids = [tokenizer.bos_id, *tokenizer.encode(story)]
+        n = min(len(ids) // block_size, len(windows))
+        assert sum(windows[:n], []) == ids[: n * block_size]  # from the start token on, no gap, no overlap
+        windows = windows[n:]
+        if not windows:
+            break
+        assert len(ids) - n * block_size < block_size  # what is left over is too short for a window
+        filled_exactly += len(ids) % block_size == 0
+    assert not windows and filled_exactly > 0, "the test needs a story of whole windows and no window left over"
+
+
+def test_an_earlier_mention_that_starts_its_window_counts(char_probe):
+    _, probe = char_probe  # the window cuts the text anywhere, so a name may open it
+    assert [first for _, _, first, _, _ in probe.targets].count(0) == 1
