@@ -25,6 +25,9 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["model=huge"], "error: model=huge is not an option of model; choose one of: gpt"),
         (["optimizer=sgd"], "error: optimizer is not an option; check its spelling"),
         (["model.n_layer=[1,"], "error: could not read the argument 'model.n_layer=[1,' (no viable alternative at input '[1,')"),
+        (["data=text", "data.path=~/book.txt"], "error: could not read the argument 'data.path=~/book.txt': Hydra's syntax "
+                                                 "claims ~; quote the value inside the shell's quotes, e.g. "
+                                                 "'data.path=\"~/book.txt\"' (a path given so still starts at your home folder)"),
         (["model.n_head=2,4"], "error: model.n_head=2,4: a comma here means a sweep; add -m for one run per value\n"),
         (["optim.betas=0.9,0.95"], "error: optim.betas=0.9,0.95: a comma here means a sweep; add -m for one run per value, "
                                    "or write a list in brackets ('optim.betas=[a,b]')"),
@@ -187,6 +190,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["temperature=inf"], "error: temperature=inf must be a number, 0 (greedy) or more"),
         (["seed=99999999999999999999"], "error: seed=99999999999999999999 must be a whole number from 0 to 9223372036854775807"),
         (["prompt=Chapter", "1:", "x"], "error: could not read the argument '1:': each argument is key=value, and a value with"),
+        (["run=~/runs/a"], "error: could not read the argument 'run=~/runs/a': Hydra's syntax claims ~; quote the value "
+                           "inside the shell's quotes, e.g. 'run=\"~/runs/a\"'"),
         (["prompt=Once upon a time, a"], "error: prompt=Once upon a time, a: a comma here means a sweep; add -m for one run "
                                          "per value, or quote the value to keep it whole ('prompt=\"a, b\"')"),
         (["prompt='a','b'"], "error: prompt='a','b': a comma here means a sweep"),

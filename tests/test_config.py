@@ -153,6 +153,42 @@ def test_a_resumed_config_is_typed_and_takes_the_allowed_overrides():
     assert plain_config(resumed) == {**saved_config("optim.schedule=cosine", "train.max_steps=2000"), "resume": "run"}
 
 
+def resumed_with(saved: dict, *overrides: str, text_hashed: bool = False) -> list[str]:
+    """The changes resume=run with overrides makes to a run saved with the config saved."""
+    cfg = composed("train", *overrides)
+    cfg.resume = "run"
+    return resumed_config(cfg, saved, ["resume=run", *overrides], text_hashed)[1]
+
+
+@pytest.mark.parametrize("override, fixed", [
+    ("optim.name=adamw", "optim.name"), ("init_from=gpt2", "init_from"), ("data.val_fraction=0.2", "data"),
+    ("model.n_layer=3", "model"), ("++model.n_layer=3", "model"), ("tokenizer=char", "tokenizer")])
+def test_a_resumed_run_keeps_its_network_tokens_text_optimizer_and_weights(override, fixed):
+    with pytest.raises(UserError, match=rf"^resume: .* would change the {fixed} this run was trained with"):
+        resumed_with(saved_config(), override)
+
+
+def test_a_resumed_run_may_change_how_it_runs_its_attention_included_however_the_key_is_written():
+    assert resumed_with(saved_config(), "model.attention=manual", "++train.max_steps=20", "++model.dropout=0.1") == [
+        "model.attention sdpa -> manual", "train.max_steps 800 -> 20", "model.dropout 0.0 -> 0.1"]
+
+
+def test_a_resumed_run_of_a_text_file_takes_the_same_file_however_spelt_and_another_only_if_its_text_is_checked(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "book.txt").write_text("a book")
+    saved = saved_config("data=text", f"data.path={tmp_path / 'book.txt'}")  # as train.py saves it: whole
+    for same in ("book.txt", '"~/book.txt"', "./sub/../book.txt"):  # ~ quoted, as Hydra needs it (tests/test_bad_input.py)
+        assert resumed_with(saved, "data=text", f"data.path={same}") == []
+    with pytest.raises(UserError, match="would change the data this run was trained with"):
+        resumed_with(saved, "data=text", "data.path=other.txt")  # no hash to check another file's text by
+    assert resumed_with(saved, "data=text", 'data.path="~/moved.txt"', text_hashed=True) == [
+        f"data.path {tmp_path / 'book.txt'} -> {tmp_path / 'moved.txt'}"]  # saved whole, the ~ expanded
+    with pytest.raises(UserError, match=r"^resume: data.path=book.txt would change the data this run was trained with \(null\)"):
+        resumed_with(saved_config(), "data.path=book.txt")  # the stories read no file
+
+
 def test_a_checkpoint_saved_before_smear_eval_train_muons_options_and_data_names_resumes_as_it_was_trained():
     cfg = composed("train")
     cfg.resume = "old"
