@@ -15,11 +15,12 @@ import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from data.hf_tokenizer import pretrained_tokenizer
 from model.generation import generate_tokens, lay_out_for_decoding
 from model.gpt import GPT, GPTConfig
+from model_io.hf_gpt2 import HF_DEFAULTS
 from model_io.hf_models import (
     DOWNLOAD_PATTERNS,
     HUB_FILES,
@@ -105,6 +106,7 @@ def test_the_original_gpt2_files_names_without_prefix_and_with_mask_buffers_load
     tensors = {name.removeprefix("transformer."): tensor for name, tensor in load_file(gpt2_weights_folder / "model.safetensors").items()}
     for layer in range(2):
         tensors[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS))
+        tensors[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)  # and, in some, the value a masked score took
     save_file(tensors, folder / "model.safetensors")
     model, _ = gpt_from_hf(folder)
     assert max_logit_gap(model, reference, tokens()) < TOLERANCE
@@ -171,6 +173,9 @@ def test_export_blockers_name_every_option_gpt2_cannot_represent() -> None:
     assert [blocker.split(" ")[0] for blocker in export_blockers(llama_options)["gpt2"]] == [
         "model.mlp=swiglu", "model.n_kv_head=2", "model.window=16"]
     assert export_blockers(random_gpt().config)["gpt2"] == []
+    assert export_blockers(random_gpt(norm_eps=1e-5).config)["gpt2"] == []  # GPT-2's epsilon, given
+    assert [blocker.split(" ")[0] for blocker in export_blockers(random_gpt(mlp="gelu", mlp_hidden=100, norm_eps=1e-6).config)[
+        "gpt2"]] == ["model.norm_eps=1e-06", "model.mlp_hidden=100"]
     message = one_line_error(hf_files_for, GPT(default), bos_id=EOT, eos_id=EOT)
     assert all(blocker in message for blocker in blockers)
 
@@ -235,11 +240,49 @@ def test_the_finite_check_takes_large_finite_weights_and_finds_one_nan_or_inf_in
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true: this project's attention is GPT-2's"),
     ({"activation_function": "silu"}, 'activation_function="silu": this project\'s MLP has gelu_new, gelu_pytorch_tanh, gelu, relu2'),
     ({"tie_word_embeddings": "false"}, 'tie_word_embeddings="false": it must be true or false'),  # not read as true
-], ids=lambda value: next(iter(value)) if isinstance(value, dict) else "")
+    ({"n_layer": 0}, "n_layer=0: GPT-2 needs a whole number of at least 1 here"),
+    ({"n_positions": "64"}, 'n_positions="64": GPT-2 needs a whole number of at least 1 here'),
+    ({"n_head": 3}, "n_head=3: it must divide n_embd=32"),
+    ({"scale_attn_weights": False}, "scale_attn_weights=false: this project's attention is GPT-2's, which has scale_attn_weights=true"),
+    ({"scale_attn_weights": 1}, "scale_attn_weights=1: this project's attention is GPT-2's"),  # 1 is not true
+    ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn=true: this project's attention is GPT-2's"),
+], ids=lambda value: next(iter(value)) + (f"={value[next(iter(value))]}" if "scale" in next(iter(value)) else "")
+   if isinstance(value, dict) else "")
 def test_a_config_that_is_not_gpt2_gets_one_line(gpt2_weights_folder: Path, tmp_path: Path, change: dict, words: str) -> None:
     folder = copy_folder(gpt2_weights_folder, tmp_path / "edited")
     edit_config(folder, **change)
     assert f"{folder / 'config.json'} has {words}" in one_line_error(gpt_from_hf, folder)
+
+
+def test_a_config_json_that_leaves_keys_out_reads_as_transformers_fills_them_in(gpt2_weights_folder: Path, tmp_path: Path) -> None:
+    # The gpt2 repo's config.json, written by an older transformers, leaves out n_inner, scale_attn_weights,
+    # tie_word_embeddings and more; transformers 5 writes every key. A file that keeps only the shape:
+    assert {key: getattr(GPT2Config(), key) for key in HF_DEFAULTS} == HF_DEFAULTS  # what GPT2Config fills in
+    folder = copy_folder(gpt2_weights_folder, tmp_path / "short", leave_out="config.json")
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": VOCAB, "n_positions": POSITIONS,
+        "n_embd": 32, "n_layer": 2, "n_head": 2, "bos_token_id": EOT, "eos_token_id": EOT}))
+    model, notes = gpt_from_hf(folder)
+    assert (model.config.dropout, model.config.mlp, model.config.tie_head, notes) == (0.1, "gelu_tanh", True, [])
+    assert max_logit_gap(model, AutoModelForCausalLM.from_pretrained(folder).eval(), tokens()) < TOLERANCE
+
+
+def test_the_folders_resid_pdrop_is_the_dropout_and_a_note_says_where_attn_or_embd_pdrop_differ(gpt2_weights_folder: Path,
+                                                                                               tmp_path: Path) -> None:
+    folder = copy_folder(gpt2_weights_folder, tmp_path / "dropouts")
+    note = "model.dropout=0.2 (the folder's resid_pdrop) applies to attention and embeddings too"
+    for attn, embd in ((0.0, 0.2), (0.2, 0.0), (0.2, 0.2)):
+        edit_config(folder, resid_pdrop=0.2, attn_pdrop=attn, embd_pdrop=embd, n_inner=128)  # n_inner: 4 * n_embd, written out
+        config, notes = gpt_config_from_hf(folder)
+        assert config.dropout == 0.2 and notes == ([] if attn == embd == 0.2 else [note])
+    assert gpt_config_from_hf(folder, dropout=0.0) == (replace(config, dropout=0.0), [])  # model.dropout given: no note
+
+
+def test_gelu_pytorch_tanh_is_gpt2s_tanh_gelu(gpt2_weights_folder: Path, reference: GPT2LMHeadModel, tmp_path: Path) -> None:
+    folder = copy_folder(gpt2_weights_folder, tmp_path / "pytorch_tanh")
+    edit_config(folder, activation_function="gelu_pytorch_tanh")
+    model, _ = gpt_from_hf(folder)
+    assert max_logit_gap(model, AutoModelForCausalLM.from_pretrained(folder).eval(), tokens()) < TOLERANCE
 
 
 def test_a_local_folder_resolves_to_itself_and_a_missing_path_or_a_file_is_named(gpt2_weights_folder: Path, tmp_path: Path,
