@@ -105,4 +105,29 @@ def test_an_older_checkpoints_run_state_is_brought_up_to_date_in_one_place():
     upgraded = upgrade(Checkpoint(model={}, config={}, tokenizer={}, run_state=old)).run_state
     assert upgraded["rng"] == [{"torch": "state"}]  # one RNG state per rank, as a single process saved it
     assert upgraded["world_size"] == 1 and upgraded["grad_scaler"] is None
+    no_scaler = upgrade(Checkpoint(model={}, config={}, tokenizer={}, run_state={**old, "grad_scaler": {}})).run_state
+    assert no_scaler["grad_scaler"] is None  # the empty state an fp32 or bf16 run once saved: no loss scale
     assert upgrade(Checkpoint(model={}, config={}, tokenizer={}, run_state=upgraded)).run_state == upgraded  # today's form stays
+
+
+@pytest.mark.parametrize(("edit", "problem"), [
+    (lambda c: c.pop("step"), "it lacks model, config, tokenizer, step"),
+    (lambda c: c.update(step=True), "its step is bool, not int"),  # True is an int to Python, never a step
+    (lambda c: c["config"].update(train="x"), "its config's train is str, not a group of settings"),
+    (lambda c: c["config"].update(optim=["adamw"]), "its config's optim is list, not a group of settings"),
+    (lambda c: c.update(optimizer="x"), "its optimizer is str, not dict"),
+], ids=["no step", "step True", "train str", "optim list", "optimizer str"])
+def test_a_checkpoint_edited_by_hand_is_named_with_what_is_wrong_in_it(tmp_path, edit, problem):
+    path, _ = small_checkpoint(tmp_path)
+    saved = torch.load(path, weights_only=True)
+    saved["config"] |= {"train": {}, "optim": {}}
+    edit(saved)
+    torch.save(saved, path)
+    with pytest.raises(UserError, match=f"^{re.escape(str(path))} is not a checkpoint of this project \\({re.escape(problem)}\\)"):
+        Checkpoint.load(path)
+
+
+def test_a_tokenizer_state_that_lacks_a_key_names_the_key():
+    checkpoint = Checkpoint(model={}, config={"model": {}}, tokenizer={"kind": "char"})  # its characters left out
+    with pytest.raises(UserError, match=r"^the checkpoint's tokenizer is not one this version can build \(no 'chars'\)"):
+        checkpoint.build_model()

@@ -194,11 +194,16 @@ def test_a_checkpoint_saved_before_smear_eval_train_muons_options_and_data_names
     cfg.resume = "old"
     old = saved_config("model.smear=true", "train.eval_train=false")
     del old["model"]["smear"], old["train"]["eval_train"], old["optim"]["ns_dtype"], old["optim"]["muon_momentum"]
-    del old["data"]["names"]
+    del old["data"]["names"], old["data"]["word_games"]
+    for key in ("save_interval", "parallel", "keep_checkpoints", "attn_log_at_start"):
+        del old["train"][key]
     old = upgrade(Checkpoint(model={}, config=old, tokenizer={})).config  # as Checkpoint.load hands it over
     resumed, changes = resumed_config(cfg, old, ["resume=old"])
     assert resumed.model.smear is False and resumed.train.eval_train is True and changes == []
-    assert resumed.data.names == "common"  # the stories' names before data.names=random
+    assert resumed.data.names == "common" and resumed.data.word_games == 0  # the stories before names=random and games
+    # As the loop ran before each key: saves at evaluations alone, DDP, nothing kept, maps drawn at step 0.
+    assert (resumed.train.save_interval, resumed.train.parallel, resumed.train.keep_checkpoints,
+            resumed.train.attn_log_at_start) == (0, "ddp", [], True)
     assert resumed.optim.ns_dtype == "bfloat16" and resumed.optim.muon_momentum == 0.95  # torch.optim.Muon's
     resumed, changes = resumed_config(cfg, old, ["resume=old", "optim.ns_dtype=auto"])  # how to compute: may change
     assert resumed.optim.ns_dtype == "auto" and changes == ["optim.ns_dtype bfloat16 -> auto"]
