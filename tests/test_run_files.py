@@ -37,26 +37,35 @@ def test_an_empty_run_or_resume_is_refused_not_read_as_the_working_folder(tmp_pa
 
 def test_a_sweeps_folder_given_as_a_run_names_the_run_dirs_inside_it(tmp_path):
     sweep = tmp_path / "multirun" / "2026-01-01" / "12-00-00"  # one run dir per value: 0, 1, ..., 10
-    for name in ("10", "0", "1"):
+    for name in ("10", "0", "2", "1"):
         (sweep / name).mkdir(parents=True)
         small_checkpoint(sweep / name, "ckpt_last.pt")
     (sweep / ".submitit").mkdir()  # not a run
     (sweep / "best_only").mkdir()  # sampled from, not resumed
     small_checkpoint(sweep / "best_only", "ckpt_best.pt")
-    runs = f"it holds 4 run dirs (0, 1, 10, best_only): give one, e.g. run={sweep / '0'}"
+    runs = f"it holds 5 run dirs (0, 1, 2, 10, ...): give one, e.g. run={sweep / '0'}"  # by number; the first four
     with pytest.raises(UserError, match="^" + re.escape(f"run={sweep} has no checkpoint (ckpt_best.pt, ckpt_last.pt or one it kept); {runs}") + "$"):
         resolve_checkpoint(str(sweep))
-    resumable = f"it holds 3 run dirs (0, 1, 10): give one, e.g. resume={sweep / '0'}"
+    resumable = f"it holds 4 run dirs (0, 1, 2, 10): give one, e.g. resume={sweep / '0'}"
     with pytest.raises(UserError, match="^" + re.escape(f"resume={sweep} has no ckpt_last.pt; {resumable}") + "$"):
         resolve_resume(str(sweep))
+    (tmp_path / "one" / "0").mkdir(parents=True)
+    small_checkpoint(tmp_path / "one" / "0", "ckpt_last.pt")
+    with pytest.raises(UserError, match=re.escape(f"; it holds 1 run dir (0): give one, e.g. resume={tmp_path / 'one' / '0'}")):
+        resolve_resume(str(tmp_path / "one"))
 
 
 def test_a_run_that_has_saved_nothing_yet_is_named_as_one_not_as_a_wrong_folder(tmp_path, monkeypatch):
     # A run still before its first evaluation: train.py has written its config, no checkpoint yet.
     monkeypatch.chdir(tmp_path)
+    older = tmp_path / "outputs" / "2026-01-01" / "11-00-00"  # named later, started earlier
+    (older / ".hydra").mkdir(parents=True)
+    os.utime(older, (1_000, 1_000))
     young = tmp_path / "outputs" / "2026-01-01" / "10-00-00"
     (young / ".hydra").mkdir(parents=True)
     (young / ".hydra" / "config.yaml").write_text("model: {}\n")
+    (older / ".hydra" / "config.yaml").write_text("model: {}\n")
+    os.utime(older, (1_000, 1_000))
     saves = ("saved none yet: a run saves its first checkpoint at its first evaluation after step 0 (every train.eval_interval "
              "steps); wait for it")
     with pytest.raises(UserError, match="^" + re.escape(f"run={young} has no checkpoint (ckpt_best.pt, ckpt_last.pt or one it kept); it is a run dir that has {saves}")):
@@ -64,7 +73,8 @@ def test_a_run_that_has_saved_nothing_yet_is_named_as_one_not_as_a_wrong_folder(
     with pytest.raises(UserError, match="^" + re.escape("run=latest found no checkpoint under outputs/ or multirun/: the newest run, "
                                                         "outputs/2026-01-01/10-00-00, has saved none yet")):
         resolve_checkpoint("latest")
-    (young / ".hydra" / "config.yaml").unlink()  # no run at all: the first run is still to train
+    for run in (young, older):
+        (run / ".hydra" / "config.yaml").unlink()  # no run at all: the first run is still to train
     with pytest.raises(UserError, match=re.escape("found no checkpoint under outputs/ or multirun/; train one first (make train)")):
         resolve_checkpoint("latest")
 

@@ -59,14 +59,15 @@ def save_run(run_dir: Path, steps: int, written: int, init_from: str | None = No
 
 def test_latest_is_the_newest_run_that_trained_100_steps_not_a_newer_short_test_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    trained = save_run(tmp_path / "outputs/2026-01-01/10-00-00", steps=800, written=1_000)
+    trained = save_run(tmp_path / "outputs/2026-01-01/10-00-00", steps=100, written=1_000)  # 100 steps: enough
     save_run(tmp_path / "outputs/2026-01-02/10-00-00", steps=1, written=2_000)  # make train ARGS=train.max_steps=1
-    save_run(tmp_path / "multirun/2026-01-02/11-00-00/0", steps=MIN_STEPS - 1, written=3_000, name=LAST)
+    save_run(tmp_path / "multirun/2026-01-02/11-00-00/0", steps=99, written=3_000, name=LAST)
+    assert MIN_STEPS == 100  # as README.md and docs/ say it
     assert resolve_checkpoint("latest") == Path("outputs/2026-01-01/10-00-00") / BEST
     assert trained.is_file()
     assert checkpoint_and_note("latest") == (Path("outputs/2026-01-01/10-00-00") / BEST, (
-        f"note: run=latest passed over newer runs of fewer than {MIN_STEPS} steps: multirun/2026-01-02/11-00-00/0 "
-        f"({MIN_STEPS - 1} steps), outputs/2026-01-02/10-00-00 (1 step); give run=<run dir> to use one"))
+        "note: run=latest passed over newer runs of fewer than 100 steps: multirun/2026-01-02/11-00-00/0 "
+        "(99 steps), outputs/2026-01-02/10-00-00 (1 step); give run=<run dir> to use one"))
 
 
 def test_sample_says_which_run_latest_took_and_the_newer_short_runs_it_passed_over(tmp_path):
