@@ -282,3 +282,27 @@ def test_a_folder_the_run_cannot_make_is_one_line_not_a_traceback(tmp_path):
     for key, made in (("hydra.run.dir", "notes.txt"), ("data.cache_dir", "notes.txt/bpe")):
         result = run_cli("train.py", *tiny_run(**{"debug": "shapes", key: "notes.txt"}), cwd=tmp_path)
         assert_one_error_line(result, f"error: {made} cannot be made a folder: a file is in the way; give another path")
+    result = run_cli("train.py", *tiny_run(**{"debug": "shapes", "data.cache_dir": "/proc/no-such-folder"}), cwd=tmp_path)
+    assert_one_error_line(result, "error: /proc/no-such-folder: No such file or directory; give another path")  # no [Errno 2]
+
+
+def test_hydra_full_error_1_brings_back_the_tracebacks_and_0_leaves_the_one_line(tmp_path, monkeypatch):
+    line = "error: model.n_layr is not an option; check its spelling"
+    for asked in ("0", "1"):
+        monkeypatch.setenv("HYDRA_FULL_ERROR", asked)
+        misspelt = run_cli("train.py", "model.n_layr=3", cwd=tmp_path)
+        unmade = run_cli("train.py", "hydra.run.dir=/proc/no-such-folder/run", cwd=tmp_path)  # made by Hydra, before the run
+        assert os.environ["HYDRA_FULL_ERROR"] == asked  # as it was (run_cli sets it to 1 while it runs)
+        if asked == "0":
+            assert_one_error_line(misspelt, line)
+            assert unmade.returncode == 2 and "Traceback" not in unmade.stderr
+        else:
+            assert misspelt.returncode == 1 and "Traceback" in misspelt.stderr and line not in misspelt.stderr
+            assert "hydra.errors.ConfigCompositionException: Could not override 'model.n_layr'." in misspelt.stderr
+            assert unmade.returncode == 1 and "FileNotFoundError" in unmade.stderr
+
+
+def test_an_override_of_hydras_own_settings_goes_to_hydra(tmp_path):
+    for added in ("+hydra.job.env_set.FOO=bar", "++hydra.job.env_set.FOO=bar"):  # (+model... is refused: the table above)
+        result = run_cli("train.py", "--cfg", "hydra", added, cwd=tmp_path)
+        assert result.returncode == 0 and "  env_set:\n      FOO: bar\n" in result.stdout, result.stderr
