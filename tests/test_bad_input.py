@@ -189,6 +189,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["temperature=-1"], "error: temperature=-1"),
         (["temperature=inf"], "error: temperature=inf must be a number, 0 (greedy) or more"),
         (["seed=99999999999999999999"], "error: seed=99999999999999999999 must be a whole number from 0 to 9223372036854775807"),
+        (["seed=9223372036854775808"], "error: seed=9223372036854775808 must be a whole number from 0 to 9223372036854775807"),
+        (["seed=-1"], "error: seed=-1 must be a whole number from 0 to 9223372036854775807"),
         (["prompt=Chapter", "1:", "x"], "error: could not read the argument '1:': each argument is key=value, and a value with"),
         (["run=~/runs/a"], "error: could not read the argument 'run=~/runs/a': Hydra's syntax claims ~; quote the value "
                            "inside the shell's quotes, e.g. 'run=\"~/runs/a\"'"),

@@ -175,13 +175,14 @@ def test_the_prompt_is_the_text_as_typed_even_where_hydra_reads_a_number_or_a_bo
 def test_a_sweep_prints_each_jobs_text_under_its_name_and_a_bad_job_says_its_error_there(tmp_path):
     checkpoint, _ = small_checkpoint(tmp_path, text="Once upon hirt.")
     args = [f"run={checkpoint}", "prompt=On", "max_new_tokens=12", "temperature=1"]
-    alone = {seed: run_cli("sample.py", *args, f"seed={seed}", cwd=tmp_path).stdout for seed in (1, 2)}
-    assert alone[1] != alone[2]
+    seeds = (0, 2**63 - 1)  # the first and the last seed torch's generator takes
+    alone = {seed: run_cli("sample.py", *args, f"seed={seed}", cwd=tmp_path).stdout for seed in seeds}
+    assert alone[seeds[0]] != alone[seeds[1]]
     (tmp_path / "sweep").mkdir(), (tmp_path / "bad").mkdir()  # each sweep's record under its multirun/
-    swept = run_cli("sample.py", "-m", *args, "seed=1,2", cwd=tmp_path / "sweep")
+    swept = run_cli("sample.py", "-m", *args, f"seed={seeds[0]},{seeds[1]}", cwd=tmp_path / "sweep")
     assert swept.returncode == 0, swept.stderr
     assert swept.stdout == "".join(f"=== job #{job} of the sweep ({' '.join(args)} seed={seed}) ===\n{alone[seed]}"
-                                   for job, seed in enumerate((1, 2)))
+                                   for job, seed in enumerate(seeds))
     bad = run_cli("sample.py", "-m", *args, "top_k=3,100", cwd=tmp_path / "bad")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     first, second = (f"=== job #{job} of the sweep ({' '.join(args)} top_k={top_k}) ===\n" for job, top_k in ((0, 3), (1, 100)))
