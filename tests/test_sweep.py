@@ -90,6 +90,19 @@ def test_a_sweep_a_config_file_gives_is_checked_before_any_job_runs(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_sweep_over_config_files_by_glob_runs_each_of_them(tmp_path):
+    # Hydra's glob() sweeps over a group's files: its jobs cannot be listed up front, each checks its own.
+    (tmp_path / "mine" / "experiment").mkdir(parents=True)
+    for name, layers in (("my_one", 1), ("my_two", 2)):
+        (tmp_path / "mine" / "experiment" / f"{name}.yaml").write_text(f"# @package _global_\nmodel:\n  n_layer: {layers}\n")
+    tiny = tiny_run(**{"hydra.sweep.dir": "sweep", "model.n_layer": None, "debug": "shapes"})
+    result = run_cli("train.py", "-m", "--config-dir", str(tmp_path / "mine"), "experiment=glob(my_*)", *tiny, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.endswith(" blocks, vocab 1103")] == [
+        "  B=2 sequences, T=32 tokens, C=32 channels, H=2 heads of D=16 dims, 1 blocks, vocab 1103",
+        "  B=2 sequences, T=32 tokens, C=32 channels, H=2 heads of D=16 dims, 2 blocks, vocab 1103"]  # each file's model
+
+
 def test_a_missing_text_file_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path):
     (tmp_path / "book.txt").write_text("Once upon a time. " * 2000)
     result = run_cli("train.py", "-m", *tiny_run(**{"data": "text", "data.path": "book.txt,nowhere.txt", "data.n_chars": None,
@@ -172,6 +185,7 @@ def test_a_signal_names_the_jobs_before_and_only_a_signal_of_a_training_sweep_th
     said = (f"job #{number} of the sweep (train.seed=3) was stopped, and the sweep with it ({before}): to go on with "
             "every job, run the same -m command again with resume=auto hydra.sweep.dir=sweep")
     for code, resume, trains, says in ((130, None, True, True), (143, "auto", True, True), (1, None, True, False),
+                                       (128, None, True, False), (None, None, True, False), ("stopped", None, True, False),
                                        (130, "run/ckpt_last.pt", True, False), (130, None, False, False)):
         caplog.clear()
         with (caplog.at_level(logging.INFO, logger="train"), pytest.raises(SystemExit) as ended,
@@ -179,6 +193,14 @@ def test_a_signal_names_the_jobs_before_and_only_a_signal_of_a_training_sweep_th
             raise SystemExit(code)
         assert ended.value.code == code  # the same exit, whatever is said
         assert caplog.messages == ([said] if says else []), (code, resume, trains)
+
+
+def test_the_way_to_go_on_quotes_a_sweep_dir_the_shell_would_split(tmp_path):
+    config = job_of_a_sweep(1, tmp_path)
+    config.sweep.dir = "my sweeps/lr"
+    with (pytest.raises(UserError, match=r"run the sweep again with resume=auto 'hydra.sweep.dir=my sweeps/lr' \(what ran"),
+          said_as_its_job(config)):
+        raise UserError("a text too short")
 
 
 def test_a_job_that_fails_says_which_jobs_ran_and_how_to_go_on_only_where_resume_auto_would(tmp_path):
