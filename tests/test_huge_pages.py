@@ -2,6 +2,7 @@ import io
 import mmap
 import re
 import resource
+import warnings
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,14 @@ from torch import nn
 
 import runtime.huge_pages
 from model.generation import lay_out_for_decoding
-from runtime.huge_pages import HUGE_PAGE, SMALLEST_MODEL, huge_page_memory, huge_pages_possible, move_to_huge_pages
+from runtime.huge_pages import (
+    HUGE_PAGE,
+    SMALLEST_MODEL,
+    huge_page_mapping,
+    huge_page_memory,
+    huge_pages_possible,
+    move_to_huge_pages,
+)
 from tests.helpers import huge_page_bytes, moved_to_huge_pages, tiny_gpt
 
 THP_ON = huge_pages_possible()  # Linux with transparent huge pages not switched off: CI's machines, and these
@@ -64,6 +72,8 @@ def test_even_a_small_piece_of_huge_page_memory_gets_a_huge_page():
     memory = huge_page_memory(1000).fill_(7)  # touched, so the kernel maps it now
     assert memory.data_ptr() % HUGE_PAGE == 0 and memory.numel() == 1000 and int(memory.sum()) == 7000
     assert huge_page_bytes(memory) >= HUGE_PAGE
+    mapping, start = huge_page_mapping(HUGE_PAGE + 1)  # a byte past one huge page: two whole ones from start, and slack
+    assert len(mapping) == 3 * HUGE_PAGE and start < HUGE_PAGE
 
 
 @needs_thp
@@ -122,3 +132,41 @@ def test_under_an_address_space_limit_the_weights_stay_where_they_are_and_still_
     assert moved is False and [t.data_ptr() for t in model.parameters()] == where
     with torch.no_grad():
         assert torch.equal(model(idx)[0], before)
+
+
+def test_huge_pages_are_possible_where_the_kernel_gives_them_on_request():
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # e.g. "always [madvise] never": the choice in brackets
+    chosen = re.search(r"\[(\w+)\]", setting.read_text()).group(1) if setting.is_file() else "never"
+    assert huge_pages_possible() is (hasattr(mmap, "MADV_HUGEPAGE") and chosen in ("always", "madvise"))
+
+
+def test_a_kernel_without_transparent_huge_pages_gets_none_and_2_mib_is_the_page_size_it_reports(monkeypatch, tmp_path):
+    monkeypatch.setattr(runtime.huge_pages, "THP", tmp_path / "no_transparent_hugepage")  # a kernel built without them
+    assert huge_pages_possible() is False and runtime.huge_pages.huge_page_size() == 2 << 20
+
+
+def test_a_tensor_is_movable_when_its_elements_fill_its_span_once_on_the_cpu():
+    movable = runtime.huge_pages.movable
+    assert movable(torch.zeros(2, 3, 4)) and movable(torch.zeros(2, 3, 4).transpose(0, 2))  # in any order of dimensions
+    assert movable(torch.zeros(1, 8).as_strided((1, 8), (999, 1)))  # a dimension of one: its stride is never used
+    assert not movable(torch.zeros(4, 4)[:, :2]) and not movable(torch.zeros(1, 4).expand(3, 4))  # gaps; each element thrice
+    assert not movable(torch.zeros(4, device="meta"))
+    with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors, which a model may still hold
+        warnings.simplefilter("ignore", UserWarning)
+        assert not movable(torch.quantize_per_tensor(torch.zeros(4), scale=0.1, zero_point=0, dtype=torch.quint8))
+
+
+def test_a_model_moves_from_its_smallest_size_up_and_odd_sized_tensors_each_start_a_cache_line(monkeypatch):
+    model = nn.Module()
+    model.bias = nn.Parameter(torch.arange(3.0))  # 12 bytes: the next tensor starts 64 bytes on, not 12
+    model.weight = nn.Parameter(torch.arange(4096.0).view(64, 64))
+    model.register_buffer("empty", torch.zeros(0))  # holds nothing, and shares no memory
+    model.register_buffer("also_empty", torch.zeros(0, 3))
+    assert move_to_huge_pages(nn.Linear(1024, 2048)) is False  # 8 MiB: under SMALLEST_MODEL, 16 MiB
+    monkeypatch.setattr(runtime.huge_pages, "SMALLEST_MODEL", 64 + 4096 * 4 + 1)
+    assert move_to_huge_pages(model) is False
+    monkeypatch.setattr(runtime.huge_pages, "SMALLEST_MODEL", 64 + 4096 * 4)  # exactly the model's padded bytes
+    assert move_to_huge_pages(model) is THP_ON
+    if THP_ON:
+        assert model.weight.data_ptr() - model.bias.data_ptr() == 64 and model.bias.data_ptr() % HUGE_PAGE == 0
+    assert torch.equal(model.bias, torch.arange(3.0)) and torch.equal(model.weight, torch.arange(4096.0).view(64, 64))
