@@ -14,7 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-from cli.sweep_check import said_as_its_job
+from cli.sweep_check import check_same_values, said_as_its_job
 from tests.helpers import ROOT, assert_one_error_line, read_events, run_cli, signal_after_line, tiny_run
 from user_error import UserError
 
@@ -193,6 +193,21 @@ def test_a_signal_names_the_jobs_before_and_only_a_signal_of_a_training_sweep_th
             raise SystemExit(code)
         assert ended.value.code == code  # the same exit, whatever is said
         assert caplog.messages == ([said] if says else []), (code, resume, trains)
+
+
+def test_resume_auto_checks_every_swept_key_of_each_jobs_run_and_takes_its_text_file_however_spelt(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    last = tmp_path / "sweep" / "0" / "ckpt_last.pt"
+    last.parent.mkdir(parents=True)
+    torch.save({"config": {"model": {"n_head": 1}, "optim": {"lr": 0.01}, "data": {"path": str(tmp_path / "a.txt")}}}, last)
+    job = ["model.n_head=1", "optim.lr=0.03", 'data.path="~/a.txt"']  # the job's values, as the sweep gives them
+    cfg = OmegaConf.create({"model": {"n_head": 1}, "optim": {"lr": 0.03}, "data": {"path": "~/a.txt"}})
+    swept = {"model.n_head", "optim.lr", "data.path"}
+    with pytest.raises(UserError, match=r"^job #0 of the sweep \(model.n_head=1 optim.lr=0.03 data.path=\"~/a.txt\"\) would go on "
+                                        rf"with {re.escape(str(last.parent))}, which trained with optim.lr=0.01: "):
+        check_same_values(0, job, swept, cfg, last)  # the last of three keys differs
+    cfg.optim.lr = 0.01
+    check_same_values(0, job, swept, cfg, last)  # the same run: its text file given from the home folder
 
 
 def test_the_way_to_go_on_quotes_a_sweep_dir_the_shell_would_split(tmp_path):
