@@ -218,6 +218,29 @@ def test_the_watcher_leaves_a_run_alone_that_the_handler_stopped_and_ignores_oth
     assert (process.returncode, stdout, stderr) == (130, "cleaned up\n", "")
 
 
+SLOW_TO_SAVE = HEARD + """
+from training.interrupt import StopSignals
+StopSignals.GRACE_SECONDS = 0.3  # the save below outlasts it
+with StopSignals() as stop:
+    print("ready", flush=True)
+    while not stop.requested:
+        time.sleep(0.01)
+    time.sleep(1.0)  # the clean stop: the step ends, then the checkpoint is written
+    print("saved", flush=True)
+"""
+
+
+def test_one_ctrl_c_that_reaches_a_process_twice_is_one_request_and_the_save_runs_to_its_end(tmp_path):
+    # Under torchrun, one Ctrl-C reaches each process from the terminal and again, relayed, from torchrun.
+    process = start_script(SLOW_TO_SAVE, tmp_path)
+    process.send_signal(signal.SIGINT)
+    heard(tmp_path / "heard.log", "read", signal.SIGINT)
+    process.send_signal(signal.SIGINT)  # at once: within StopSignals.SAME_REQUEST_SECONDS
+    stdout, stderr = process.communicate(timeout=60)
+    assert (process.returncode, stdout, stderr) == (0, "saved\n", "")
+    assert heard(tmp_path / "heard.log", "read", signal.SIGINT, count=2)  # the watcher heard both
+
+
 def test_sigkill_in_the_middle_of_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     # A model big enough (3.2M parameters, ~38 MB with AdamW's state) that a save takes a
     # while, saving at every step: kill -9 the moment a new ckpt_last.pt is being written.
