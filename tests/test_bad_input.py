@@ -94,7 +94,12 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["train.keep_checkpoints=[0,2.5]"], "error: train.keep_checkpoints=[0,2.5] holds 2.5, which is not a whole number"),
         (["model.block_size=5000", "data.n_chars=20000"], "error: model.block_size=5000 needs more than 5000 tokens"),
         (["train.max_steps=abc"], "error: train.max_steps=abc must be a whole number"),
-        (["model.bias=maybe"], "error: model.bias=maybe must be true or false"),
+        (["model.bias=maybe"], "error: model.bias=maybe must be true or false (the config has model.bias=false)\n"),
+        (["--config-name=nope"], "error: Cannot find primary config 'nope'."),
+        (["~model.n_head=2,4"], "error: ~model.n_head=2,4: a comma here means a sweep; add -m for one run per value\n"),
+        (["model.window=4,8"], "error: model.window=4,8: a comma here means a sweep; add -m for one run per value\n"),  # int or null
+        (["model.pos=learned,rope"], "error: model.pos=learned,rope: a comma here means a sweep; add -m for one run per value\n"),
+        (["tokenizer.path=x"], "error: tokenizer.path is not an option; check its spelling"),  # init_from's, no file's
         (["model.qk_norm=1.5"], "error: model.qk_norm=1.5 must be true or false"),
         (["debug=shape"], "error: debug=shape is not a debug mode; the one there is: debug=shapes"),
         (["train.compile=yes please"], "error: train.compile=yes please must be true or false"),
@@ -205,7 +210,13 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be 0 or more"),
         (["max_new_tokens=abc"], "error: max_new_tokens=abc must be a whole number"),
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
-        (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false"),
+        (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false (the config has use_kv_cache=true)\n"),
+        (["run=latest", "top_k=3,5"], "error: top_k=3,5: a comma here means a sweep; add -m for one run per value\n"),
+        (["prompt={a:1}"], "error: prompt: { } make a dict of a value; to keep them as text, quote the value inside the "
+                           "shell's quotes, e.g. 'prompt=\"{a}\"'"),
+        (['run=~/"a b"'], "error: could not read the argument 'run=~/\"a b\"': each argument is key=value"),  # quoted already
+        (["run=latest", "num_samples=1.5"], "error: num_samples=1.5 must be a whole number (the config has num_samples=1)"),
+        (["run=latest", 'temperature="2"'], "error: temperature=2 must be a number (the config has temperature=0.6)"),
         (["compile=true", "use_kv_cache=false"], "error: compile=true compiles the cached one-token step"),
         # Checked before any checkpoint is looked for (here there is none): run=latest would print which
         # run it picked first, a second line.
@@ -213,6 +224,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["run=latest", "max_new_tokens=10000000000000"], "error: num_samples=1 x max_new_tokens=10000000000000 is more "
                                                          "than one command samples (100,000,000 tokens); ask for fewer"),
         (["run=latest", "num_samples=100000000", "max_new_tokens=5"], "error: num_samples=100000000 x max_new_tokens=5 is more"),
+        (["run=latest", "num_samples=200000000", "max_new_tokens=0"], "error: num_samples=200000000 x max_new_tokens=0 is more"),
         (["run=latest", "top_k=-3"], "error: top_k=-3 must be 1 or more (or 0: off)"),
         (["run=latest", "dtype=fp8"], "error: dtype=fp8 is not a precision; use auto, fp32, bf16 or fp16"),
     ],

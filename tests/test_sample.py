@@ -335,3 +335,12 @@ def test_a_reader_that_leaves_the_pipe_ends_sample_py_quietly(trained_run, tmp_p
     stderr = process.stderr.read()
     assert process.wait(timeout=120) == 1, stderr
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+def test_top_k_takes_0_for_off_and_the_whole_vocabulary_which_samples_alike(tmp_path):
+    checkpoint, _ = small_checkpoint(tmp_path, text="Once upon hirt.")
+    vocab_size = Checkpoint.load(checkpoint).build_tokenizer().vocab_size
+    texts = [run_cli("sample.py", f"run={checkpoint}", "max_new_tokens=12", "temperature=1", f"top_k={k}", cwd=tmp_path)
+             for k in (0, vocab_size)]
+    assert [text.returncode for text in texts] == [0, 0], texts[1].stderr
+    assert texts[0].stdout == texts[1].stdout  # every token kept, either way
