@@ -161,13 +161,13 @@ def config_error_line(err: Exception) -> str:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
     if isinstance(err, OverrideParseException):  # the shell split a value, or Hydra's syntax claimed a character
-        reason = (err.message.strip().splitlines() or [""])[0]
-        shown = reason and not reason.startswith("LexerNoViableAltException")  # that one only repeats the argument
-        reason = f" ({reason})" if shown else ""
         key, equals, value = err.override.partition("=")
         if equals and "~" in value and '"' not in value:  # a home folder: the shell leaves ~ after = as it is
             return (f"could not read the argument {err.override!r}: Hydra's syntax claims ~; quote the value inside the "
                     f"shell's quotes, e.g. '{key}=\"{value}\"' (a path given so still starts at your home folder)")
+        reason = (err.message.strip().splitlines() or [""])[0]
+        shown = reason and not reason.startswith("LexerNoViableAltException")  # that one only repeats the argument
+        reason = f" ({reason})" if shown else ""
         return (f"could not read the argument {err.override!r}{reason}: each argument is key=value, and a value with spaces, "
                 f"non-ASCII letters or any of : , = ' \" [ ] {{ }} ( ) needs quotes inside the shell's, e.g. 'prompt=\"Once upon a time, a\"'")
     if str(err).startswith("Ambiguous value for argument"):  # key=a,b: Hydra reads the comma as a sweep
