@@ -15,7 +15,13 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, OmegaConf, UnionNode
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
 from user_error import UserError, as_typed
@@ -129,9 +135,9 @@ def check_flags(args: list[str]) -> None:
     for arg in args:
         if arg.startswith("-") and arg.split("=", 1)[0] not in HYDRA_FLAGS:
             raise UserError(f"{arg} is not a flag of this command; {options_hint()}")
-        if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):
-            key = arg.lstrip("+").split("=", 1)[0]
-            raise UserError(f"{arg} adds {key}, which is not an option here; {options_hint()}")
+        if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):  # ++ too: it would add a misspelt key
+            raise UserError(f"{arg}: a + adds a key or a group the config lacks, and this command takes only the options "
+                            f"it has; give {arg.lstrip('+')} without it ({options_hint()})")
 
 
 def options_hint() -> str:
@@ -157,6 +163,8 @@ def config_error_line(err: Exception) -> str:
         return f"{full_key} is not an option; check its spelling ({options_hint()})"
     if isinstance(cause, ValidationError) and (refused := refused_value_line(cause)):
         return refused
+    if full_key and isinstance(cause, MissingMandatoryValue) and (removed := removed_group_line(full_key)):
+        return removed
     if isinstance(err, MissingConfigException) and err.options is not None:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
@@ -221,6 +229,15 @@ def value_kind(full_key: str) -> str:
             return "plain"
         return "text"
     return "text"
+
+
+def removed_group_line(full_key: str) -> str | None:
+    """For ~model, ~data, ...: the group's keys are then missing, and Hydra says only that one is."""
+    group = full_key.split(".")[0]
+    if f"~{group}" not in (arg.split("=", 1)[0] for arg in sys.argv[1:]) or not (CONFIGS / group).is_dir():
+        return None
+    options = ", ".join(path.stem for path in sorted((CONFIGS / group).glob("*.yaml")))
+    return f"~{group}: ~ removes the {group} group, which a run needs; give {group}=<option> instead, one of: {options}"
 
 
 def group_options_with(full_key: str) -> list[str]:

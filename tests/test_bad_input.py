@@ -21,7 +21,17 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
     [
         (["model.n_layr=3"], "error: model.n_layr is not an option; check its spelling (`python train.py --help`"),
         (["n_layer=3"], "error: n_layer is not an option"),
-        (["+model.n_layr=3"], "error: +model.n_layr=3 adds model.n_layr, which is not an option here"),
+        (["+model.n_layr=3"], "error: +model.n_layr=3: a + adds a key or a group the config lacks, and this command takes "
+                              "only the options it has; give model.n_layr=3 without it (`python train.py --help`"),
+        (["++train.max_steps=40"], "error: ++train.max_steps=40: a + adds a key or a group the config lacks, and this command "
+                                   "takes only the options it has; give train.max_steps=40 without it"),  # an option: no + needed
+        (["+experiment=induction"], "give experiment=induction without it"),  # Hydra's own words: "Multiple values for experiment"
+        (["~data"], "error: ~data: ~ removes the data group, which a run needs; give data=<option> instead, one of: "
+                    "shakespeare, stories, text\n"),  # Hydra's own: "data: Missing mandatory value: data"
+        (["~optim"], "error: ~optim: ~ removes the optim group, which a run needs; give optim=<option> instead, one of: "
+                     "default\n"),  # found missing at optim.lr
+        (["~tokenizer=bpe"], "error: ~tokenizer: ~ removes the tokenizer group, which a run needs; give tokenizer=<option> "
+                             "instead, one of: bpe, char, gpt2\n"),  # removed if it is bpe, as it is
         (["model=huge"], "error: model=huge is not an option of model; choose one of: gpt"),
         (["optimizer=sgd"], "error: optimizer is not an option; check its spelling"),
         (["model.n_layer=[1,"], "error: could not read the argument 'model.n_layer=[1,' (no viable alternative at input '[1,')"),
