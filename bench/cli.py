@@ -114,7 +114,7 @@ def command_line() -> argparse.ArgumentParser:
                         "steps (by default GPT-2 small's alone, where its MFU misses the goal of 45%%)")
     parser.add_argument("--gpu-recipe-steps", default="", help="nanogpt_gpu: comma-separated train.max_steps of "
                         "experiment=shakespeare_char_gpu to run, one run each (default: the preset's own)")
-    parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<time>.json)")
+    parser.add_argument("--out", type=Path, help="JSON file to write (default: bench_results/bench-<date>_<time>.json)")
     return parser
 
 
