@@ -26,7 +26,7 @@ from transformers import (
 from data.hf_tokenizer import encoding_from_hf_folder, pretrained_tokenizer
 from data.stories import generate_stories
 from data.tokenizer import EOT, TiktokenTokenizer, bpe_encoding
-from export import write_hf_folder
+from export import replace_folder, write_hf_folder
 from model.generation import terminal_text
 from model.gpt import GPT, GPTConfig, eval_mode
 from model_io.checkpoint import Checkpoint, build_model
@@ -217,6 +217,8 @@ def test_generation_pads_with_the_end_token_not_the_start_one_and_the_tokenizer_
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layer=1, n_head=2, n_embd=16, pos="rope",
                           norm="rmsnorm", mlp="swiglu", qk_norm=False, smear=False))  # a Llama's shape
     write_hf_folder(model, tokenizer, tmp_path / "out")
+    config = AutoConfig.from_pretrained(tmp_path / "out")  # the model's own ids, as transformers reads them
+    assert (config.bos_token_id, config.eos_token_id) == (tokenizer.bos_id, tokenizer.eot_id)
     generation = GenerationConfig.from_pretrained(tmp_path / "out")
     assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id) == (
         tokenizer.bos_id, tokenizer.eot_id, tokenizer.eot_id)  # a finished row of a batch is padded with its end
@@ -232,6 +234,7 @@ def test_a_run_no_architecture_holds_is_refused_naming_each_shapes_options_and_t
     run.mkdir()
     Checkpoint(model=model.state_dict(), config={**saved.config, "model": config}, tokenizer=saved.tokenizer).save(run / BEST)
     message = refusal(run, tmp_path / "exported")
+    assert message.startswith(f"error: {run / BEST} fits none of the architectures")  # which checkpoint
     for shape in ("As GPT-2 (GPT2LMHeadModel): model.pos=rope (GPT-2 learns position embeddings); model.qk_norm=true",
                   "As Llama (LlamaForCausalLM): model.norm=layernorm (Llama uses RMSNorm); model.mlp=relu2",
                   "As Qwen3 (Qwen3ForCausalLM): model.norm=layernorm (Qwen3 uses RMSNorm); model.mlp=relu2 (Qwen3's MLP "
@@ -291,14 +294,25 @@ def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_f
     shutil.copy(pretrained_run / BEST, run / BEST)
     assert "holds the checkpoint being exported" in refusal(run, run, "force=true")
     assert [p.name for p in run.iterdir()] == [BEST]
+    nested = tmp_path / "a" / "b" / "run"  # out=a, two folders above the checkpoint
+    nested.mkdir(parents=True)
+    shutil.copy(pretrained_run / BEST, nested / BEST)
+    assert refusal(nested, tmp_path / "a", "force=true") == (
+        f"error: out={tmp_path / 'a'} holds the checkpoint being exported ({nested / BEST}); give another folder\n")
+    assert [p.name for p in nested.iterdir()] == [BEST]
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_text("mine")
     result = run_cli("export.py", f"run={run}", "out=.", "force=true", cwd=work)
     assert result.returncode == 2 and "holds the working folder" in result.stderr, result.stdout + result.stderr
     assert [p.name for p in work.iterdir()] == ["notes.txt"]
-    result = run_cli("export.py", f"run={run}", "out=", "force=true", cwd=work)  # out= left empty: not the working folder
-    assert_one_error_line(result, "error: out= is missing: give the folder to write, e.g. out=exported/my_model")
+    (work / "sub").mkdir()
+    result = run_cli("export.py", f"run={run}", "out=..", "force=true", cwd=work / "sub")  # a folder above it, too
+    assert_one_error_line(result, f"error: out=.. holds the working folder; give a folder of its own")
+    (work / "sub").rmdir()
+    for empty in ("out=", "out=' '"):  # left empty, or a quoted blank: not the working folder
+        result = run_cli("export.py", f"run={run}", empty, "force=true", cwd=work)
+        assert_one_error_line(result, "error: out= is missing: give the folder to write, e.g. out=exported/my_model")
     assert [p.name for p in work.iterdir()] == ["notes.txt"]
     # Nor another run's dir, nor a folder of runs (out=outputs/<date> where out=exported/<name> was meant).
     other = tmp_path / "runs" / "other"
@@ -323,3 +337,40 @@ def test_an_export_that_fails_midway_leaves_the_old_folder_and_no_half_written_o
     assert "only GPT-2's pattern can be written" in refusal(run, out, "force=true")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "run"]
     assert [p.name for p in out.iterdir()] == ["config.json"] and (out / "config.json").read_text() == "the earlier export"
+
+
+def test_out_may_be_an_empty_folder_but_never_a_file_and_the_export_lists_what_it_wrote(pretrained_run: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "model.bin"
+    mine.write_bytes(b"not a folder")
+    assert refusal(pretrained_run, mine, "force=true") == f"error: out={mine} is a file; give a folder that is new or empty\n"
+    assert mine.read_bytes() == b"not a folder"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    printed = export(pretrained_run, empty)  # no force needed: nothing to replace
+    files = sorted(p.name for p in empty.iterdir())
+    assert printed.splitlines()[0] == (f"wrote {empty} as a GPT2LMHeadModel, from {pretrained_run / BEST} (step 0): "
+                                       f"{', '.join(files)}")  # in order, whatever order the folder lists them in
+    assert type(AutoModelForCausalLM.from_pretrained(empty)) is GPT2LMHeadModel
+
+
+def test_force_replaces_what_save_pretrained_adds_and_a_linked_folder_in_place(pretrained_run: Path, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    export(pretrained_run, target)
+    for extra in ("added_tokens.json", "chat_template.jinja"):  # a tokenizer saved by transformers may add these
+        (target / extra).write_text("{}")
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)
+    export(pretrained_run, link, "force=true")
+    assert link.is_symlink() and link.resolve() == target  # the link stays, the folder it names is replaced
+    assert not (target / "chat_template.jinja").exists() and (target / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]  # no staging folder left
+
+
+def test_a_staging_folder_left_by_a_killed_export_of_the_same_process_id_is_written_over(tmp_path: Path) -> None:
+    out = tmp_path / "exported"
+    left = tmp_path / f".exported.{os.getpid()}.tmp"
+    left.mkdir()
+    (left / "half_written.safetensors").write_text("x")
+    replace_folder(out, lambda folder: (folder / "config.json").write_text("{}"))
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"]
