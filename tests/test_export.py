@@ -308,7 +308,7 @@ def test_force_never_replaces_the_folder_holding_the_checkpoint_or_the_working_f
     assert [p.name for p in work.iterdir()] == ["notes.txt"]
     (work / "sub").mkdir()
     result = run_cli("export.py", f"run={run}", "out=..", "force=true", cwd=work / "sub")  # a folder above it, too
-    assert_one_error_line(result, f"error: out=.. holds the working folder; give a folder of its own")
+    assert_one_error_line(result, "error: out=.. holds the working folder; give a folder of its own")
     (work / "sub").rmdir()
     for empty in ("out=", "out=' '"):  # left empty, or a quoted blank: not the working folder
         result = run_cli("export.py", f"run={run}", empty, "force=true", cwd=work)
