@@ -51,7 +51,7 @@ def test_two_processes_write_one_run_and_their_loss_falls(run_left_alone):
     assert len(list(run.glob("events.out.tfevents.*"))) == 1  # one TensorBoard run
     # Only rank 0 speaks: each line of the run's story appears once.
     assert stdout.count("model: ") == 1 and stdout.count("done: best val loss") == 1
-    assert "| 2 processes (gloo)" in stdout
+    assert "| 2 processes (gloo)" in stdout and "each holding a shard" not in stdout  # DDP, as asked: not FSDP
     log_lines = (run / "train.log").read_text().splitlines()
     assert sum("run dir:" in line for line in log_lines) == 1
     events = read_events(run)

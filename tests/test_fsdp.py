@@ -197,8 +197,20 @@ def test_the_forwards_rank_0_ran_alone_leave_fsdp_no_record_and_every_unit_shard
     assert all(isinstance(parameter, DTensor) for parameter in model.parameters())  # every unit back to its shard
     _, loss = model(ids, targets=ids)  # the next training step's forward plans from itself alone
     assert len(records) == len(units)
+    # After it each block lets go of its whole weights again (the root keeps them: the head's backward runs first).
+    assert all(isinstance(parameter, DTensor) for parameter in model.blocks.parameters())
     loss.backward()
     assert all(parameter.grad is not None for parameter in model.parameters())
+
+
+def test_a_training_forward_leaves_each_block_its_shard_alone_and_the_root_its_whole_weights(one_rank):
+    model = tiny_gpt()
+    Sharded(model, one_rank)
+    ids = torch.randint(0, 65, (1, 8))
+    _, loss = model(ids, targets=ids)
+    assert all(isinstance(parameter, DTensor) for parameter in model.blocks.parameters())  # gathered again for backward
+    assert not any(isinstance(parameter, DTensor) for parameter in model.lm_head.parameters())  # its backward runs first
+    loss.backward()
 
 
 def test_fsdp_on_one_process_says_that_the_model_is_held_whole(tmp_path):
@@ -208,3 +220,24 @@ def test_fsdp_on_one_process_says_that_the_model_is_held_whole(tmp_path):
     assert ("note: train.parallel=fsdp shards the model over torchrun's processes; this is one process, which holds "
             "it whole") in result.stdout
     assert "each holding a shard" not in result.stdout
+
+
+def memory(output: str) -> tuple[dict[str, float], float]:
+    """The MiB of each part on a run's `memory:` line, and its total."""
+    line = re.search(r"memory: the most one process holds is (.*) \(([\d.]+) MiB\)", output)
+    assert line, output
+    return {what: float(mib) for mib, what in re.findall(r"([\d.]+) MiB of ([a-z ]+)", line[1])}, float(line[2])
+
+
+def test_the_memory_line_counts_a_process_whole_model_under_ddp_and_its_shard_under_fsdp(
+        ddp_run, run_left_alone, fsdp_stopped_and_resumed):
+    ddp, ddp_total = memory(run_left_alone.stdout)
+    fsdp, fsdp_total = memory(fsdp_stopped_and_resumed.stopped_output)
+    model, _ = Checkpoint.load(ddp_run / "ckpt_last.pt").build_model()
+    whole = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20  # the tied head counted once
+    assert list(ddp) == list(fsdp) == ["parameters", "gradients", "optimizer state"]
+    for parts, total in ((ddp, ddp_total), (fsdp, fsdp_total)):
+        assert min(parts.values()) > 0 and sum(parts.values()) == pytest.approx(total, abs=0.015)  # each rounded to 0.01
+    assert ddp["parameters"] == pytest.approx(whole, abs=0.005) and ddp["gradients"] == ddp["parameters"]
+    assert fsdp["parameters"] == pytest.approx(whole / 2, rel=0.1)  # rank 0's shard: half, and a little more where rows are odd
+    assert fsdp["optimizer state"] == pytest.approx(ddp["optimizer state"] / 2, rel=0.1)
