@@ -82,7 +82,8 @@ class NoteGivenRunDir(Callback):
     (an empty folder you made and named). The default run dir is noted where it is claimed."""
 
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
-        if not OmegaConf.is_interpolation(config.hydra.run, "dir"):  # given: the default is run_dir_for's
+        written = OmegaConf.to_container(config.hydra.run)["dir"]  # as written, e.g. runs/${now:%H}: given too
+        if not str(written).startswith("${run_dir_for:"):  # the default's folder, run_dir_for notes it
             run_dir = absolute(config.hydra.run.dir)
             EXISTED_BEFORE[run_dir] = deepest_existing(run_dir)
 

@@ -1,12 +1,14 @@
 """cli/run_dir.py: a new run's default folder, outputs/<date>/<time>, is its own, even when other
 runs start in the same second."""
 
+import logging
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 import cli.run_dir  # (also registers the run_dir_for resolver that configs/train.yaml's hydra.run.dir uses)
 from tests.helpers import ROOT, run_cli, tiny_run
@@ -64,10 +66,11 @@ def other_runs_in_every_second_from_now(folder: Path, file: str, content: bytes)
 
 def test_a_run_started_in_the_second_of_a_run_that_holds_its_folder_trains_beside_it(tmp_path):
     earlier = other_runs_in_every_second_from_now(tmp_path, "ckpt_last.pt", b"another run's checkpoint")
-    result = run_cli("train.py", *tiny_run(**{"train.max_steps": 2, "train.eval_interval": 2, "train.sample_interval": 0,
-                                              "train.attn_log_interval": 0}), cwd=tmp_path)
+    args = tiny_run(**{"train.max_steps": 2, "train.eval_interval": 2, "train.sample_interval": 0, "train.attn_log_interval": 0})
+    result = run_cli("train.py", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     [made] = [path for path in (tmp_path / "outputs").glob("*/*") if path not in earlier]
+    assert OmegaConf.load(made / ".hydra" / "overrides.yaml") == args  # the command line, as given
     assert made.name.endswith("_2") and made.with_name(made.name.removesuffix("_2")) in earlier
     assert (made / "ckpt_last.pt").stat().st_size > 1000
     assert all((run / "ckpt_last.pt").read_bytes() == b"another run's checkpoint" for run in earlier)
@@ -91,13 +94,43 @@ def test_a_refused_run_takes_back_the_folders_made_for_it_wherever_they_are_and_
     work.mkdir()
     elsewhere.mkdir()
     (work / "mine").mkdir()  # an empty folder of the user's, named as the run dir
-    for run_dir in ["mine", "made/for/it", str(elsewhere / "made" / "for_it"), "../elsewhere/made/too", None]:
+    for run_dir in ["mine", "made/for/it", str(elsewhere / "made" / "for_it"), "../elsewhere/made/too",
+                    "../elsewhere/${now:%Y}/made", None]:  # an interpolation of the user's is given too
         given = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]  # None: the default, outputs/<date>/<time>
         result = run_cli("train.py", "model.n_head=-1", *given, cwd=work)
         assert result.returncode == 2 and result.stderr == "error: model.n_head=-1 must be at least 1\n", result.stderr
     assert [path.name for path in work.iterdir()] == ["mine"] and list(elsewhere.iterdir()) == []
+    (work / "outputs").mkdir()  # an empty outputs/ of the user's: the run takes back <date>/<time> only
+    assert run_cli("train.py", "model.n_head=-1", cwd=work).returncode == 2
+    assert list((work / "outputs").iterdir()) == []
+    (work / "outputs").rmdir()
+    (work / "outputs").write_text("mine")  # a file where the default run dir's first folder would be
+    result = run_cli("train.py", "model.n_head=-1", cwd=work)
+    assert result.returncode == 2 and result.stderr.startswith("error: outputs/") and result.stderr.endswith(
+        " cannot be made a folder: a file is in the way; give another path\n"), result.stderr
+    assert (work / "outputs").read_text() == "mine"
+    (work / "outputs").unlink()
     # Another run's folder of each second this one may start in: this one claims <time>_2, and takes back only that.
     earlier = other_runs_in_every_second_from_now(work, "train.log", b"another run's log")
     assert run_cli("train.py", "model.n_head=-1", cwd=work).returncode == 2
     assert sorted(path.name for path in work.iterdir()) == ["mine", "outputs"]
     assert set((work / "outputs").glob("*/*")) == set(earlier)
+
+
+def test_the_log_holds_each_line_once_however_many_came_before_and_after_the_record_was_written(tmp_path):
+    log = logging.getLogger("train")
+    level = log.level
+    log.setLevel(logging.INFO)
+    record = cli.run_dir.RunRecord(tmp_path)
+    try:
+        for n in range(1_500):  # more than the 1,000 lines held before the run's checks pass
+            log.info("before %d", n)
+        record.write(OmegaConf.create({}), OmegaConf.create({"overrides": {"task": ["model.n_layer=1"]}}), resumed=False)
+        for n in range(1_500):  # and after: none of them held back, none written twice
+            log.info("after %d", n)
+    finally:
+        record.close()
+        log.setLevel(level)
+    lines = [line.split("] ", 1)[1] for line in (tmp_path / "train.log").read_text().splitlines()]
+    assert lines == [f"before {n}" for n in range(1_500)] + [f"after {n}" for n in range(1_500)]
+    assert OmegaConf.load(tmp_path / ".hydra" / "overrides.yaml") == ["model.n_layer=1"]
