@@ -1,6 +1,7 @@
 """Mistakes a user can make get one clear line, a non-zero exit and no traceback: a UserError
 (user_error.py) for what the project refuses, and the wording of what Hydra and OmegaConf refuse."""
 
+import argparse
 import os
 import re
 import sys
@@ -12,7 +13,10 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from hydra._internal.utils import get_args_parser  # the command line @hydra.main reads, flags and overrides
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Glob
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, OmegaConf, UnionNode
 from omegaconf.errors import (
@@ -104,6 +108,7 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises every error, the job's own ones too
     try:
         with exit_on_user_error(full_errors_asked=asked == "1"):
+            sys.argv[1:] = overrides_together(sys.argv[1:])
             with said_once_per_machine():
                 check_flags(sys.argv[1:])
             hydra_main()
@@ -112,6 +117,24 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = asked
+
+
+def overrides_together(args: list[str]) -> list[str]:
+    """args with the key=value arguments after the flags, in their own order, where flags split them
+    (`model.n_layer=2 -m model.n_head=1,2`): Hydra's argparse takes them in one run only, and would
+    answer the second with its usage text."""
+    parser = get_args_parser()
+    parser.exit_on_error = False  # a flag's value it refuses (--cfg nope): left to Hydra to say
+    try:
+        if not parser.parse_known_args(args)[1]:
+            return args  # together already
+        overrides = parser.parse_known_intermixed_args(args)[0].overrides
+    except argparse.ArgumentError:
+        return args
+    flags = list(args)
+    for override in overrides:
+        flags.remove(override)
+    return flags + overrides
 
 
 # Hydra's modes: one at a time (it would stop with a traceback).
@@ -138,6 +161,41 @@ def check_flags(args: list[str]) -> None:
         if arg.startswith("+") and not arg.lstrip("+").startswith("hydra"):  # ++ too: it would add a misspelt key
             raise UserError(f"{arg}: a + adds a key or a group the config lacks, and this command takes only the options "
                             f"it has; give {arg.lstrip('+')} without it ({options_hint()})")
+    groups = command_groups()
+    for arg in args:
+        group = arg.split("=", 1)[0]
+        if group in groups and not names_options(arg):
+            none = f" (or leave out {group}=, for none)" if groups[group] else ""
+            raise UserError(f"{arg}: {group} is a group of configs; give one of its options by name, one of: "
+                            f"{', '.join(group_options(group))}{none}")
+
+
+def names_options(arg: str) -> bool:
+    """Whether group=value gives options by name: one, or a sweep's (a,b, choice(a,b), glob(*)); not a
+    number, a list, null or nothing, at which Hydra stops with a traceback (model=1, data=null)."""
+    try:
+        value = OverridesParser.create().parse_override(arg).value()
+    except HydraException:
+        return True  # not Hydra's syntax: Hydra says so, in config_error_line's words
+    if isinstance(value, Glob):
+        return True
+    names = value.list if isinstance(value, ChoiceSweep) else [value]
+    return all(isinstance(name, str) and name for name in names)
+
+
+def command_groups() -> dict[str, bool]:
+    """The config groups this command's primary config (configs/<script>.yaml) chooses from, each with
+    whether it may be null (experiment: no preset). Hydra stops with a traceback at a value that is
+    no option's name, such as model=1 or data=null."""
+    primary = CONFIGS / f"{Path(sys.argv[0]).stem}.yaml"
+    defaults = OmegaConf.load(primary).get("defaults", []) if primary.is_file() else []
+    return {group: option is None for entry in defaults if not isinstance(entry, str)
+            for group, option in entry.items() if not group.startswith("override ")}
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: the names of configs/<group>/*.yaml."""
+    return [path.stem for path in sorted((CONFIGS / group).glob("*.yaml"))]
 
 
 def options_hint() -> str:
@@ -236,7 +294,7 @@ def removed_group_line(full_key: str) -> str | None:
     group = full_key.split(".")[0]
     if f"~{group}" not in (arg.split("=", 1)[0] for arg in sys.argv[1:]) or not (CONFIGS / group).is_dir():
         return None
-    options = ", ".join(path.stem for path in sorted((CONFIGS / group).glob("*.yaml")))
+    options = ", ".join(group_options(group))
     return f"~{group}: ~ removes the {group} group, which a run needs; give {group}=<option> instead, one of: {options}"
 
 
@@ -274,8 +332,11 @@ def refused_value_line(refusal: ValidationError) -> str | None:
     value its key's type refused; None for another ValidationError."""
     node, key, value = refusal.child_node, refusal.full_key, refusal.value
     shown = as_typed(value)  # null, true and false as they were typed, not Python's None, True and False
-    if isinstance(node, EnumNode):  # every enum of the schema is a cli.schema.Choice
-        return node.enum_type.refusal(key, shown)
+    if isinstance(node, EnumNode):  # a cli.schema.Choice, or one of Hydra's own (hydra.mode=...)
+        enum = node.enum_type
+        if hasattr(enum, "refusal"):
+            return enum.refusal(key, shown)
+        return f"{key}={shown} must be one of {', '.join(enum.__members__)}"
     must_be = MUST_BE.get(type(node))
     if must_be:
         return f"{key}={shown} must be {must_be}{configured_value(key, node)}"

@@ -142,7 +142,24 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["train.device=tpu9"], "error: train.device=tpu9"),
         (["tokenizer=bpe", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size=100 must be a whole number from 256"),
         (["tokenizer=char", "tokenizer.vocab_size=100"], "error: tokenizer.vocab_size is not an option of the tokenizer chosen; "
-                                                         "tokenizer=bpe has it"),
+                                                         "tokenizer=bpe has it\n"),
+        (["resume=nowhere", "tokenizer=char", "tokenizer.vocab_size=100"],  # the group here is not yet the run's own
+         "error: tokenizer.vocab_size is not an option of the tokenizer chosen; tokenizer=bpe has it (with resume=, give the "
+         "run's group as well, e.g. tokenizer=bpe)\n"),
+        (["model.foo.bar=1"], "error: model.foo is not an option; check its spelling"),  # a key below a key that is not there
+        (["model="], "error: model=: model is a group of configs; give one of its options by name, one of: gpt\n"),
+        (["model=1"], "error: model=1: model is a group of configs; give one of its options by name, one of: gpt\n"),
+        (["data=null"], "error: data=null: data is a group of configs; give one of its options by name, one of: shakespeare, "
+                        "stories, text\n"),  # Hydra: a traceback, for these three
+        (["experiment=[induction]"], "shakespeare_char_gpu (or leave out experiment=, for none)\n"),
+        (["-m", "model=1,2"], "error: model=1,2: model is a group of configs; give one of its options by name, one of: gpt\n"),
+        (["hydra.mode=FOO"], "error: hydra.mode=FOO must be one of RUN, MULTIRUN\n"),  # an enum of Hydra's own
+        (["hydra/job_logging=nope"], "error: hydra/job_logging=nope is not an option of hydra/job_logging; choose one of: "
+                                     "default, disabled, none, stdout, train\n"),
+        (["data.n_chars=20000,30000"], "error: data.n_chars=20000,30000: a comma here means a sweep; add -m for one run per "
+                                       "value\n"),  # a number, in the data group's schema
+        (["optim.betas={a:1}"], "error: optim.betas: Error merging override optim.betas={a:1}; Cannot merge DictConfig with "
+                                "ListConfig (`python train.py --help` lists every option)\n"),  # the cause's words too
         (["data.text_field=body"], "error: data.text_field is not an option of the data chosen; data=text has it"),
         (["tokenizer=char", "tokenizer.url=x"], "error: tokenizer.url is not an option of the tokenizer chosen; tokenizer=gpt2 has it"),
         (["tokenizer=gpt2", "tokenizer.url=http://127.0.0.1:9/gpt2", "data.cache_dir=c"],

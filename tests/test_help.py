@@ -22,3 +22,19 @@ def test_help_lists_the_options_with_the_projects_own_text(tmp_path, script):
     else:
         assert "use_kv_cache: true" in result.stdout
     assert list(tmp_path.iterdir()) == []  # asking for help writes nothing
+
+
+def test_key_value_arguments_on_both_sides_of_a_flag_are_read_as_one_command_line(tmp_path):
+    # argparse, as Hydra calls it, reads them in one run only: the second would be its usage text.
+    result = run_cli("train.py", "model.n_layer=3", "--cfg", "job", "model.n_head=1", "train.max_steps=7", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "  n_layer: 3\n" in result.stdout and "  n_head: 1\n" in result.stdout and "  max_steps: 7\n" in result.stdout
+    refused = run_cli("train.py", "model.n_layer=3", "--run", "model.n_head=0", cwd=tmp_path)  # --run: Hydra's default mode
+    assert (refused.returncode, refused.stderr) == (2, "error: model.n_head=0 must be at least 1\n")  # checked as usual
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shell_completion_script_is_printed_for_the_action_asked(tmp_path):
+    result = run_cli("train.py", "--shell-completion", "install=bash", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "hydra_bash_completion()" in result.stdout

@@ -66,7 +66,8 @@ def test_a_sweep_makes_one_run_dir_per_value_and_a_second_sweep_there_is_refused
 @pytest.mark.parametrize(("sweep", "message"), [
     ({"model.n_head": "2,3"}, "error: job #1 of the sweep (model.n_layer=2 model.n_head=3 "),
     ({"train.batch_size": "8,x"}, "error: train.batch_size=x must be a whole number"),
-], ids=["a value out of range", "a value of the wrong type"])
+    ({"tokenizer": "char,nope"}, "error: tokenizer=nope is not an option of tokenizer; choose one of: bpe, char, gpt2"),
+], ids=["a value out of range", "a value of the wrong type", "a group's option that is not there"])
 def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path, sweep, message):
     # Checked by cli/sweep_check.py before the first job: otherwise job #0 would train whole first.
     result = run_cli("train.py", "-m", *tiny_run(**sweep, **{"hydra.sweep.dir": "sweep"}), cwd=tmp_path)
