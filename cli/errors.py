@@ -122,15 +122,15 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
 def overrides_together(args: list[str]) -> list[str]:
     """args with the key=value arguments after the flags, in their own order, where flags split them
     (`model.n_layer=2 -m model.n_head=1,2`): Hydra's argparse takes them in one run only, and would
-    answer the second with its usage text."""
+    answer the second, or a flag's value it refuses (--cfg nope), with its usage text."""
     parser = get_args_parser()
-    parser.exit_on_error = False  # a flag's value it refuses (--cfg nope): left to Hydra to say
+    parser.exit_on_error = False  # raise, rather than print the usage text and exit
     try:
         if not parser.parse_known_args(args)[1]:
             return args  # together already
         overrides = parser.parse_known_intermixed_args(args)[0].overrides
-    except argparse.ArgumentError:
-        return args
+    except argparse.ArgumentError as err:  # "argument --cfg/-c: invalid choice: 'nope' (choose from ...)"
+        raise UserError(str(err)) from None
     flags = list(args)
     for override in overrides:
         flags.remove(override)

@@ -45,6 +45,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["--hlep"], "error: --hlep is not a flag of this command; `python train.py --help` lists every option"),
         (["-m", "model.n_head=2,4", "--cfg=job"], "error: --cfg and --multirun together: give one of --multirun, --cfg, "
                                                     "--info, --run, --shell-completion at a time"),
+        (["--cfg", "nope"], "error: argument --cfg/-c: invalid choice: 'nope' (choose from 'job', 'hydra', 'all')\n"),
+        (["-cn"], "error: argument --config-name/-cn: expected one argument\n"),  # argparse's words, without its usage text
         (["--resolve"], "error: --resolve only works with --cfg or --help, e.g. `python train.py --cfg job --resolve`"),
         (["-p", "model"], "error: --package only works with --cfg, e.g. `python train.py --cfg job --package <group>`"),
         (["-sc"], "error: --shell-completion needs what to do: install=bash, uninstall=bash, query=bash (or zsh, fish)"),
