@@ -19,13 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Glob
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, OmegaConf, UnionNode
-from omegaconf.errors import (
-    ConfigAttributeError,
-    ConfigKeyError,
-    MissingMandatoryValue,
-    OmegaConfBaseException,
-    ValidationError,
-)
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
 from user_error import UserError, as_typed
@@ -163,11 +157,17 @@ def check_flags(args: list[str]) -> None:
                             f"it has; give {arg.lstrip('+')} without it ({options_hint()})")
     groups = command_groups()
     for arg in args:
-        group = arg.split("=", 1)[0]
-        if group in groups and not names_options(arg):
+        key = arg.split("=", 1)[0]
+        group = key.removeprefix("~")
+        if group not in groups:
+            continue
+        if key == group and not names_options(arg):
             none = f" (or leave out {group}=, for none)" if groups[group] else ""
             raise UserError(f"{arg}: {group} is a group of configs; give one of its options by name, one of: "
                             f"{', '.join(group_options(group))}{none}")
+        if key != group and not groups[group]:  # ~experiment is no preset, as without it
+            raise UserError(f"~{group}: ~ removes the {group} group, which a run needs; give {group}=<option> instead, "
+                            f"one of: {', '.join(group_options(group))}")
 
 
 def names_options(arg: str) -> bool:
@@ -221,8 +221,6 @@ def config_error_line(err: Exception) -> str:
         return f"{full_key} is not an option; check its spelling ({options_hint()})"
     if isinstance(cause, ValidationError) and (refused := refused_value_line(cause)):
         return refused
-    if full_key and isinstance(cause, MissingMandatoryValue) and (removed := removed_group_line(full_key)):
-        return removed
     if isinstance(err, MissingConfigException) and err.options is not None:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
@@ -287,15 +285,6 @@ def value_kind(full_key: str) -> str:
             return "plain"
         return "text"
     return "text"
-
-
-def removed_group_line(full_key: str) -> str | None:
-    """For ~model, ~data, ...: the group's keys are then missing, and Hydra says only that one is."""
-    group = full_key.split(".")[0]
-    if f"~{group}" not in (arg.split("=", 1)[0] for arg in sys.argv[1:]) or not (CONFIGS / group).is_dir():
-        return None
-    options = ", ".join(group_options(group))
-    return f"~{group}: ~ removes the {group} group, which a run needs; give {group}=<option> instead, one of: {options}"
 
 
 def group_options_with(full_key: str) -> list[str]:

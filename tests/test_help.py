@@ -38,3 +38,8 @@ def test_a_shell_completion_script_is_printed_for_the_action_asked(tmp_path):
     result = run_cli("train.py", "--shell-completion", "install=bash", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "hydra_bash_completion()" in result.stdout
+
+
+def test_removing_the_preset_group_is_no_preset_as_leaving_it_out_is(tmp_path):
+    result = run_cli("train.py", "~experiment", "--cfg", "job", cwd=tmp_path)  # experiment's default is null
+    assert result.returncode == 0 and "  n_layer: 4\n" in result.stdout, result.stderr
