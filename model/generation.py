@@ -40,14 +40,22 @@ def terminal_text(text: str) -> str:
 GROWING_SHAPE_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+# Whether this CPU has AMX, Intel's matrix tiles (Xeons since Sapphire Rapids), which oneDNN's
+# bfloat16 matmuls use. There oneDNN read one bfloat16 row's weights a little faster than torch's own
+# loop; on the AMD EPYC VMs without it, half as fast (docs/speed.md).
+ONEDNN_HAS_AMX: bool = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
 @contextmanager
 def one_bfloat16_row_without_onednn(model: GPT, rows: int) -> Iterator[None]:
-    """oneDNN off inside, for a step whose matmuls have one row (rows == 1) of bfloat16 on a CPU:
-    torch's own matrix-vector loop then reads the weights from memory about twice as fast (GPT-2
-    small decoded about 1.9x faster, the same tokens: docs/speed.md). More rows keep oneDNN, faster
-    there. The switch is process-wide: a thread computing meanwhile runs without oneDNN too."""
+    """oneDNN off inside, for a step whose matmuls have one row (rows == 1) of bfloat16 on a CPU
+    without AMX: torch's own matrix-vector loop then reads the weights from memory about twice as
+    fast (GPT-2 small decoded about 1.9x faster, the same tokens: docs/speed.md). More rows, and a CPU
+    with AMX, keep oneDNN, faster there. The switch is process-wide: a thread computing meanwhile
+    runs without oneDNN too."""
     weight = model.lm_head.weight
-    if rows != 1 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not torch.backends.mkldnn.enabled:
+    if (rows != 1 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or ONEDNN_HAS_AMX
+            or not torch.backends.mkldnn.enabled):
         yield
         return
     torch.backends.mkldnn.enabled = False

@@ -2,12 +2,13 @@
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from model import GPT, eval_mode
+from model import GPT, eval_mode, generation
 from model.generation import generate_text, generate_tokens, lay_out_for_decoding
 from model.gpt import ReLUSquared, relu_squared
 from model.sampling import choose_next_token, filter_logits
@@ -95,25 +96,35 @@ def test_every_eager_generation_step_leaves_cudnns_attention_out_and_gives_it_ba
     assert torch.backends.cuda.cudnn_sdp_enabled()  # training and everything else keep PyTorch's choice
 
 
-@pytest.mark.parametrize(("dtype", "rows", "one_row_onednn"), [(torch.bfloat16, 1, False), (torch.bfloat16, 2, True),
-                                                            (torch.float32, 1, True)],
-                         ids=["bf16, one row", "bf16, two rows", "fp32, one row"])
-def test_a_bfloat16_step_of_one_row_runs_without_onednn_and_every_other_step_with_it(dtype, rows, one_row_onednn,
+@pytest.mark.parametrize(("dtype", "rows", "amx", "one_row_onednn"),
+                         [(torch.bfloat16, 1, False, False), (torch.bfloat16, 2, False, True),
+                          (torch.float32, 1, False, True), (torch.bfloat16, 1, True, True)],
+                         ids=["bf16, one row", "bf16, two rows", "fp32, one row", "bf16, one row, AMX"])
+def test_a_bfloat16_step_of_one_row_runs_without_onednn_and_every_other_step_with_it(dtype, rows, amx, one_row_onednn,
                                                                                           monkeypatch):
     # One bfloat16 row reads its weights twice as fast in torch's own loop as in oneDNN's
-    # (model/generation.py); prompts and several rows are faster in oneDNN's. The switch is process-wide.
+    # (model/generation.py); prompts and several rows are faster in oneDNN's, and so is one row on a
+    # CPU with AMX. The switch is process-wide.
     model, allowed = tiny_gpt(block_size=8).to(dtype), []
     model.register_forward_pre_hook(lambda module, args: allowed.append((args[0].shape[1], torch.backends.mkldnn.enabled)))
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)  # as torch starts; and put back after a failure
+    monkeypatch.setattr(generation, "ONEDNN_HAS_AMX", amx)  # what this CPU has decides it: both are tested here
     generate_tokens(model, torch.zeros(rows, 3, dtype=torch.long), max_new_tokens=10, temperature=0.0)
     # The prompt, one token at a time until the cache holds 8, then 6 (3/4 of 8) again.
     assert allowed == [(n, n > 1 or one_row_onednn) for n in (3, 1, 1, 1, 1, 1, 6, 1, 1, 6)]
     assert torch.backends.mkldnn.enabled  # training, the tab and everything else keep it
 
 
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="Linux's list of the CPU's features")
+def test_amx_is_found_where_linux_lists_it():
+    listed = "amx_tile" in Path("/proc/cpuinfo").read_text().split()
+    assert generation.ONEDNN_HAS_AMX is listed
+
+
 def test_onednn_comes_back_when_a_one_row_step_is_interrupted(monkeypatch):
     model = tiny_gpt(block_size=8).to(torch.bfloat16)
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    monkeypatch.setattr(generation, "ONEDNN_HAS_AMX", False)  # a CPU where one row switches it off
     steps = []
 
     def interrupt_the_third(module, args):
