@@ -31,8 +31,9 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_WARNINGS = {
     "bf16": "train.dtype=bf16 on a CPU without AVX-512 BF16 or AMX: its bf16 matmuls run in slow code, several times "
             "slower than fp32 (docs/speed.md); fp32 is the CPU default",
-    "fp16": "train.dtype=fp16 on a CPU: its fp16 matmuls are many times slower than fp32 (docs/speed.md), and fp16 "
-            "with its loss scaling is meant for CUDA GPUs (it runs on a CPU to check that path); fp32 is the CPU default",
+    "fp16": "train.dtype=fp16 on a CPU: slower than fp32, about ten times without AVX-512 FP16 and about 1.5 times "
+            "with it (docs/speed.md), and fp16 with its loss scaling is meant for CUDA GPUs (it runs on a CPU to check "
+            "that path); fp32 is the CPU default",
 }
 
 

@@ -52,7 +52,7 @@ def snapshot(step: TrainStep) -> list[torch.Tensor]:
 def test_fp16_runs_on_a_cpu_with_a_warning_and_fp32_and_bf16_have_no_loss_scale():
     fp16 = Precision("fp16", CPU)
     assert fp16.scaler.is_enabled() and fp16.loss_scale == 2.0**16  # GradScaler's starting scale
-    assert fp16.warning.startswith("train.dtype=fp16 on a CPU: its fp16 matmuls are many times slower than fp32")
+    assert fp16.warning.startswith("train.dtype=fp16 on a CPU: slower than fp32")
     assert Precision("fp32", CPU).loss_scale is None and Precision("bf16", CPU).loss_scale is None
     with fp16.autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
