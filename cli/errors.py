@@ -105,6 +105,7 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
             sys.argv[1:] = overrides_together(sys.argv[1:])
             with said_once_per_machine():
                 check_flags(sys.argv[1:])
+                check_keys_under_values(sys.argv[1:])
             hydra_main()
     finally:  # as it was, for whatever runs next in this process
         if asked is None:
@@ -259,10 +260,32 @@ def config_error_line(err: Exception) -> str:
 
 
 def value_kind(full_key: str) -> str:
-    """What a value of full_key is, read from the schemas this process stored in Hydra's
-    ConfigStore (train.py's cli/schema.py, sample.py's and export.py's cli/checkpoint_commands.py):
+    """What a value of full_key is, by its type in the schemas this process stored (schema_types):
     "list", "plain" (a number, true or false, one of a key's choices) or "text" (a prompt, a path,
     and any key no schema here has)."""
+    for annotation in schema_types(full_key):
+        return leaf_kind(annotation) or "text"
+    return "text"
+
+
+def leaf_kind(annotation: Any) -> str | None:
+    """"list", "plain" or "text" for a type that holds one value; None for a dataclass, a group of
+    options, and for Any (data and tokenizer, whose options each have a schema of their own)."""
+    if is_dataclass(annotation) or annotation is Any:
+        return None
+    union = get_origin(annotation) in (Union, UnionType)
+    types = [t for t in (get_args(annotation) if union else (annotation,)) if t is not type(None)]  # None aside
+    if any(get_origin(t) is list or t is list for t in types):
+        return "list"
+    if all(t in (int, float, bool) or isinstance(t, type) and issubclass(t, Enum) for t in types):
+        return "plain"
+    return "text"
+
+
+def schema_types(full_key: str) -> Iterator[Any]:
+    """full_key's type in each schema this process stored in Hydra's ConfigStore that has it
+    (train.py's cli/schema.py, sample.py's and export.py's cli/checkpoint_commands.py; a group's
+    options, such as data=text's, each have their own)."""
     store = ConfigStore.instance()
     group, _, rest = full_key.partition(".")
     stored = store.list("")
@@ -275,16 +298,31 @@ def value_kind(full_key: str) -> str:
         for part in key.split("."):
             hints = get_type_hints(annotation) if is_dataclass(annotation) else {}
             annotation = hints.get(part)
-        if annotation is None:
+        if annotation is not None:
+            yield annotation
+
+
+def check_keys_under_values(args: list[str]) -> None:
+    """Refuses key.part=value where key holds one value rather than options (model.n_head.x=1,
+    prompt.x=a), or a list and part is no index (optim.betas.x=1): OmegaConf answers the first with
+    a line about braces nobody typed, and stops at the last with a traceback."""
+    for arg in args:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if arg.startswith("-") or "=" not in arg or key.startswith("hydra."):
             continue
-        union = get_origin(annotation) in (Union, UnionType)
-        types = [t for t in (get_args(annotation) if union else (annotation,)) if t is not type(None)]  # None aside
-        if any(get_origin(t) is list or t is list for t in types):
-            return "list"
-        if all(t in (int, float, bool) or isinstance(t, type) and issubclass(t, Enum) for t in types):
-            return "plain"
-        return "text"
-    return "text"
+        parts = key.split(".")
+        for end in range(1, len(parts)):
+            above, below = ".".join(parts[:end]), parts[end:]
+            kinds = [leaf_kind(annotation) for annotation in schema_types(above)]
+            if not kinds or None in kinds:  # no such key (Hydra names it), or a group of options
+                continue
+            if kinds[0] == "list" and len(below) == 1 and below[0].isdigit():
+                break  # optim.betas.0=0.95: one item of the list, by its index
+            if kinds[0] == "list":
+                raise UserError(f"{arg}: {above} is a list, with no options under it; give the whole list "
+                                f"({above}=[a,b]) or one item by its index ({above}.0=a)")
+            raise UserError(f"{arg}: {above} holds one value, with no options under it; give {above}=<value> "
+                            f"({options_hint()})")
 
 
 def group_options_with(full_key: str) -> list[str]:

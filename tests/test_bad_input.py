@@ -61,6 +61,10 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                             "lists every option)"),  # misspelt
         (["~nothing"], "error: ~nothing: ~ removes a key, and none can be removed here: nothing is an option that holds null "
                        "(leave it out) or no option at all (check its spelling; `python train.py --help` lists every option)"),
+        (["optim.betas.x=1"], "error: optim.betas.x=1: optim.betas is a list, with no options under it; give the whole "
+                              "list (optim.betas=[a,b]) or one item by its index (optim.betas.0=a)\n"),  # OmegaConf's traceback
+        (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
+                               "model.n_head=<value>"),  # OmegaConf's words: "model.n_head={} must be a whole number"
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
@@ -241,6 +245,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
         (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false (the config has use_kv_cache=true)\n"),
         (["run=latest", "top_k=3,5"], "error: top_k=3,5: a comma here means a sweep; add -m for one run per value\n"),
+        (["prompt.x=a"], "error: prompt.x=a: prompt holds one value, with no options under it; give prompt=<value>"),
         (["prompt={a:1}"], "error: prompt: { } make a dict of a value; to keep them as text, quote the value inside the "
                            "shell's quotes, e.g. 'prompt=\"{a}\"'"),
         (['run=~/"a b"'], "error: could not read the argument 'run=~/\"a b\"': each argument is key=value"),  # quoted already
