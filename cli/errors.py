@@ -2,6 +2,7 @@
 (user_error.py) for what the project refuses, and the wording of what Hydra and OmegaConf refuse."""
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -48,6 +49,11 @@ def exit_on_user_error(full_errors_asked: bool = False, writes: bool = True) -> 
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
     except OSError as err:  # a path given (hydra.run.dir, data.cache_dir, ...) that the command cannot make or use
+        if err.filename is None and err.errno == errno.ENOSPC and not full_errors_asked:  # `sample.py > out.txt`, disk full
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the rest of the output goes nowhere
+            print("error: the output could not be written: no space left on the device; free some space, or send the "
+                  "output elsewhere", file=sys.stderr, flush=True)
+            sys.exit(2)
         if err.filename is None or full_errors_asked:
             raise
         print(f"error: {path_error_line(err)}", file=sys.stderr, flush=True)

@@ -9,7 +9,9 @@ in .hydra/resumed-<time>/) and train.log, which also gets the lines logged befor
 import atexit
 import logging
 import os
+import sys
 import time
+from contextlib import suppress
 from logging.handlers import MemoryHandler
 from pathlib import Path
 
@@ -90,6 +92,23 @@ class NoteGivenRunDir(Callback):
 
 # Cached: the folder is claimed once for a composed config, however often Hydra reads the value.
 OmegaConf.register_new_resolver("run_dir_for", run_dir_for, use_cache=True)
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """The console's log handler (configs/hydra/job_logging/train.yaml). A console that cannot be
+    written (`train.py | head`, whose reader left; `> out.txt` on a full disk) is said once, on
+    stderr, and then left alone: logging's own handler prints a traceback for every line after.
+    The run goes on, and train.log in its run dir keeps every line."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.setLevel(logging.CRITICAL + 1)  # nothing more to the console
+        with suppress(OSError):  # stderr gone as well: nowhere left to say it
+            print(f"warning: the console's output could not be written ({error.strerror or error}); the run goes on, "
+                  f"and train.log in its run dir keeps every line (Ctrl-C stops it, saving)", file=sys.stderr, flush=True)
 
 
 class RunRecord:

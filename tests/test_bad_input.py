@@ -313,6 +313,17 @@ def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_ven
                              "(make setup makes .venv), or activate .venv first\n")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_output_sent_to_a_full_disk_is_one_line(tmp_path):
+    # `python train.py --help > help.txt` with no space left: Hydra's print of the help text fails.
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], cwd=tmp_path, stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == ("error: the output could not be written: no space left on the device; free some space, "
+                             "or send the output elsewhere\n")
+
+
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv to run without root's file access")
 def test_a_corpus_the_user_may_not_read_is_one_line_that_does_not_ask_for_write_access(tmp_path):
     # The tests run as root, who reads any file: setpriv drops the capabilities that let root past a file's mode.

@@ -2,11 +2,15 @@
 runs start in the same second."""
 
 import logging
+import logging.config
+import os
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -134,3 +138,37 @@ def test_the_log_holds_each_line_once_however_many_came_before_and_after_the_rec
     lines = [line.split("] ", 1)[1] for line in (tmp_path / "train.log").read_text().splitlines()]
     assert lines == [f"before {n}" for n in range(1_500)] + [f"after {n}" for n in range(1_500)]
     assert OmegaConf.load(tmp_path / ".hydra" / "overrides.yaml") == ["model.n_layer=1"]
+
+
+@pytest.mark.parametrize("console", ["a pipe whose reader left", "a full disk"])
+def test_a_console_that_cannot_be_written_is_said_once_and_train_log_keeps_every_line(tmp_path, console, capsys):
+    # `train.py | head` once head has its lines, and `train.py > out.txt` on a full disk: logging's own
+    # handler prints a traceback for every line after. The console's handler as train.py's logging
+    # config names it.
+    if console == "a full disk" and not os.path.exists("/dev/full"):
+        pytest.skip("needs Linux's /dev/full")
+    named = OmegaConf.load(ROOT / "configs" / "hydra" / "job_logging" / "train.yaml").handlers.console["class"]
+    console_class = logging.config.BaseConfigurator({}).resolve(named)
+    if console == "a pipe whose reader left":
+        reader, writer = os.pipe()
+        os.close(reader)
+        stream = os.fdopen(writer, "w")
+    else:
+        stream = open("/dev/full", "w")  # noqa: SIM115 (closed below, whatever its buffer still holds)
+    log = logging.getLogger("tests.console")
+    log.propagate, log.level = False, logging.INFO
+    log_file = logging.FileHandler(tmp_path / "train.log")  # as RunRecord adds it
+    log.handlers = [console_class(stream), log_file]
+    try:
+        for step in range(3):
+            log.info("step %d", step)
+    finally:
+        log.handlers = []
+        log_file.close()
+        with suppress(OSError):
+            stream.close()
+    said = capsys.readouterr().err
+    reason = "Broken pipe" if console == "a pipe whose reader left" else "No space left on device"
+    assert said == (f"warning: the console's output could not be written ({reason}); the run goes on, and train.log in "
+                    f"its run dir keeps every line (Ctrl-C stops it, saving)\n")
+    assert (tmp_path / "train.log").read_text().splitlines() == ["step 0", "step 1", "step 2"]
