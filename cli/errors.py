@@ -20,7 +20,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Glob
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, ListConfig, OmegaConf, UnionNode
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigIndexError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from runtime.ranks import leave_it_to_local_rank_zero, said_once_per_machine
 from user_error import UserError, as_typed
@@ -228,6 +234,10 @@ def config_error_line(err: Exception) -> str:
         return f"{full_key} is not an option; check its spelling ({options_hint()})"
     if isinstance(cause, ValidationError) and (refused := refused_value_line(cause)):
         return refused
+    if isinstance(cause, ConfigIndexError) and isinstance(cause.parent_node, ListConfig) and full_key:  # optim.betas.5=0.9
+        n, key = len(cause.parent_node), full_key.rsplit("[", 1)[0]
+        indices = f"give an index from 0 to {n - 1} ({key}.0=a), or" if n else "give"
+        return f"{key}.{cause.key}: {key} holds {n} item{'s' if n != 1 else ''}; {indices} the whole list ({key}=[a,b])"
     if isinstance(err, MissingConfigException) and err.options is not None:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"

@@ -63,6 +63,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                        "(leave it out) or no option at all (check its spelling; `python train.py --help` lists every option)"),
         (["optim.betas.x=1"], "error: optim.betas.x=1: optim.betas is a list, with no options under it; give the whole "
                               "list (optim.betas=[a,b]) or one item by its index (optim.betas.0=a)\n"),  # OmegaConf's traceback
+        (["optim.betas.5=0.9"], "error: optim.betas.5: optim.betas holds 2 items; give an index from 0 to 1 (optim.betas.0=a), "
+                                "or the whole list (optim.betas=[a,b])\n"),  # OmegaConf's words: "list index out of range"
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
                                "model.n_head=<value>"),  # OmegaConf's words: "model.n_head={} must be a whole number"
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
