@@ -46,13 +46,25 @@ class ExportSchema:
 # refused): their (rows, tokens) buffer alone is then 800 MB, and a CPU makes some thousands of
 # tokens a second. A larger request is a slip of the keyboard, not a sample.
 MOST_SAMPLED_TOKENS = 100_000_000
+# The smallest temperature above 0 (greedy): logits divided by one below it may overflow float32
+# (at most 3.4e38) and leave softmax nothing but NaN, whose draws are token 0 every time. Logits
+# reach some tens, or 1e4 for a model far gone: 1e4 / 1e-30 is still a float32.
+SMALLEST_TEMPERATURE = 1e-30
+
+
+def check_temperature(key: str, temperature: float) -> None:
+    """temperature: 0 (greedy), or from SMALLEST_TEMPERATURE up, finite."""
+    require(0 <= temperature < math.inf, f"{key}={temperature} must be a number, 0 (greedy) or more")
+    require(temperature == 0 or temperature >= SMALLEST_TEMPERATURE,
+            f"{key}={temperature} is too small to divide float32 logits by; give 0 for greedy decoding, "
+            f"or at least {SMALLEST_TEMPERATURE:g}")
 
 
 def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:
     """sample.py's counterpart of validate_train_config, called before the checkpoint is read (so a
     bad value is the only line printed), then again with its vocabulary, top_k's range."""
     require(cfg.max_new_tokens >= 0, f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
-    require(0 <= cfg.temperature < math.inf, f"temperature={cfg.temperature} must be a number, 0 (greedy) or more")
+    check_temperature("temperature", cfg.temperature)
     require(0 <= cfg.seed < 2**63, f"seed={cfg.seed} must be a whole number from 0 to {2**63 - 1}")  # torch's generator
     require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
     require(cfg.num_samples * max(cfg.max_new_tokens, 1) <= MOST_SAMPLED_TOKENS,

@@ -63,6 +63,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                        "(leave it out) or no option at all (check its spelling; `python train.py --help` lists every option)"),
         (["optim.betas.x=1"], "error: optim.betas.x=1: optim.betas is a list, with no options under it; give the whole "
                               "list (optim.betas=[a,b]) or one item by its index (optim.betas.0=a)\n"),  # OmegaConf's traceback
+        (["train.sample_temperature=1e-45"], "error: train.sample_temperature=1e-45 is too small to divide float32 logits "
+                                             "by; give 0 for greedy decoding, or at least 1e-30"),
         (["optim.betas.5=0.9"], "error: optim.betas.5: optim.betas holds 2 items; give an index from 0 to 1 (optim.betas.0=a), "
                                 "or the whole list (optim.betas=[a,b])\n"),  # OmegaConf's words: "list index out of range"
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
@@ -247,6 +249,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
         (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false (the config has use_kv_cache=true)\n"),
         (["run=latest", "top_k=3,5"], "error: top_k=3,5: a comma here means a sweep; add -m for one run per value\n"),
+        (["temperature=1e-45"], "error: temperature=1e-45 is too small to divide float32 logits by; give 0 for greedy "
+                                "decoding, or at least 1e-30"),  # sampled NUL bytes, token 0, every time
         (["prompt.x=a"], "error: prompt.x=a: prompt holds one value, with no options under it; give prompt=<value>"),
         (["prompt={a:1}"], "error: prompt: { } make a dict of a value; to keep them as text, quote the value inside the "
                            "shell's quotes, e.g. 'prompt=\"{a}\"'"),

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
+from cli.checkpoint_commands import SMALLEST_TEMPERATURE
 from model import decode_step
 from model.decode_step import (
     CompiledDecodeStep,
@@ -68,6 +69,14 @@ def test_a_uniform_draw_of_exactly_zero_still_picks_a_kept_token():
 def test_choosing_at_temperature_zero_takes_the_likeliest_and_ignores_the_noise():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
     assert choose_next_token(logits, 0.0, None, None, None).tolist() == [[1], [0]]
+
+
+def test_the_smallest_temperature_allowed_takes_the_likeliest_of_logits_as_large_as_1e4():
+    # sample.py refuses a temperature between 0 and SMALLEST_TEMPERATURE (logits divided by 1e-45
+    # overflow, and every draw was token 0); the smallest it takes still divides into float32.
+    logits = torch.tensor([[0.1, 2.0, -1.0], [1e4, -1e4, 9999.0], [-3.0, -2.5, -2.0]])
+    uniform = torch.rand(3, 3, generator=torch.Generator().manual_seed(0))
+    assert choose_next_token(logits, SMALLEST_TEMPERATURE, None, None, uniform).tolist() == [[1], [0], [2]]
 
 
 def test_bfloat16_read_in_pairs_multiplies_each_element_by_its_own_weight():
