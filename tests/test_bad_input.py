@@ -69,6 +69,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                                 "or the whole list (optim.betas=[a,b])\n"),  # OmegaConf's words: "list index out of range"
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
                                "model.n_head=<value>"),  # OmegaConf's words: "model.n_head={} must be a whole number"
+        (["model.n_layer=10000000"], "error: model.n_layer=10000000, model.n_embd=128: a model of 2,010.2B parameters, whose "
+                                     "float32 weights and gradients take 16,081.9 GB, more than this machine's"),  # was killed
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
@@ -307,6 +309,23 @@ def test_more_samples_at_once_than_memory_holds_is_one_line(trained_run, tmp_pat
                             timeout=300, preexec_fn=small_machine)
     assert_one_error_line(result, "error: num_samples=20000000 continuations of max_new_tokens=5 tokens, sampled together "
                                   "as one batch, need more memory than this machine has; ask for fewer num_samples")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the address-space limit stops CUDA's own start "
+                    "first")
+def test_a_model_whose_weights_the_memory_left_cannot_hold_is_one_line(tmp_path):
+    # 6.4 GB of weights: within what the check before building allows on a machine of 13 GB or
+    # more, but not within the 2 GB of address space that stands for the memory left here.
+    def small_machine() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    args = tiny_run(**{"tokenizer": "char", "model.n_layer": 2, "model.n_embd": 8192, "model.n_head": 64, "hydra.run.dir": "run"})
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, preexec_fn=small_machine)
+    assert_one_error_line(result, "error: model.n_layer=2, model.n_embd=8192: ")
+    assert "make" in result.stderr and "smaller" in result.stderr  # the check's line or the build's, by the machine
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])

@@ -3,7 +3,7 @@
 import logging
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import torch
 
 from data.batches import check_splits_fit
 from data.token_cache import TokenData, prepare_tokens
-from model import GPT
+from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import load_hf_weights
 from model_io.run_files import LAST
@@ -24,6 +24,7 @@ from training.optimizer import Optimizers, build_optimizer
 from training.specs import RunSpec
 from training.state import RunState, TrainState, restore_rng_states
 from training.step import TrainStep
+from user_error import UserError
 
 log = logging.getLogger("train")
 
@@ -76,14 +77,49 @@ def build_data_and_model(spec: RunSpec) -> tuple[Ranks, Precision, TokenData, GP
     if ranks.local_rank == 0:
         ranks.barrier()
     check_splits_fit(data, spec.model.block_size)
-    if spec.start.weights:
-        with torch.device("meta"):  # no memory for random weights the file's replace at once
+    check_model_fits(spec.model, data.tokenizer.vocab_size, ranks.device)
+    try:
+        if spec.start.weights:
+            with torch.device("meta"):  # no memory for random weights the file's replace at once
+                model = build_model(spec.model, data.tokenizer.vocab_size)
+            load_hf_weights(spec.start.weights, model)
+        else:
             model = build_model(spec.model, data.tokenizer.vocab_size)
-        load_hf_weights(spec.start.weights, model)
-    else:
-        model = build_model(spec.model, data.tokenizer.vocab_size)
-    model = model.to(ranks.device)
+        model = model.to(ranks.device)
+    except (torch.OutOfMemoryError, RuntimeError) as error:  # a GPU's, a CPU's ("can't allocate memory")
+        if not isinstance(error, torch.OutOfMemoryError) and "can't allocate memory" not in str(error):
+            raise
+        raise UserError(f"{shape_settings(spec.model)}: the model's weights do not fit in the memory left on "
+                        f"{ranks.device}; make the model smaller") from None
     return ranks, precision, data, model
+
+
+def check_model_fits(shape: GPTConfig, vocab_size: int, device: torch.device) -> None:
+    """Refuses a model whose float32 weights (and, training on the CPU, their gradients) take more
+    than this machine's memory, before any of it is made: the kernel would end the run without a
+    word (model.n_layer=100000), or a model of 10^23 layers would be built for ever."""
+    parameters = parameter_count(shape, vocab_size)
+    needed = parameters * 4 * (2 if device.type == "cpu" else 1)  # built in the CPU's memory, then moved
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory:
+        what = "weights and gradients" if device.type == "cpu" else "weights"
+        raise UserError(f"{shape_settings(shape)}: a model of {parameters / 1e9:,.1f}B parameters, whose float32 {what} "
+                        f"take {needed / 1e9:,.1f} GB, more than this machine's {memory / 1e9:.1f} GB of memory; make "
+                        "it smaller")
+
+
+def parameter_count(shape: GPTConfig, vocab_size: int) -> int:
+    """The parameters of a GPT of this shape, counted on the meta device (no memory) from one of a
+    single layer: its blocks are alike, so a model of many layers need not be built to be measured."""
+    with torch.device("meta"):
+        one_layer = build_model(replace(shape, n_layer=1), vocab_size)
+    block = sum(parameter.numel() for parameter in one_layer.blocks[0].parameters())
+    return one_layer.num_parameters() + (shape.n_layer - 1) * block
+
+
+def shape_settings(shape: GPTConfig) -> str:
+    """model.n_layer=4, model.n_embd=128: the settings that size a model."""
+    return f"model.n_layer={shape.n_layer}, model.n_embd={shape.n_embd}"
 
 
 def build_run(spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: Ranks, precision: Precision,
