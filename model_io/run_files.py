@@ -118,7 +118,7 @@ def resolve_checkpoint(run: str) -> Path:
             return found
         raise UserError(f"run={run} has no checkpoint ({BEST}, {LAST} or one it kept); {where_runs_are('run', path)}")
     if not path.is_file():
-        raise UserError(f"run={run} does not exist; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
+        raise UserError(f"run={run} {missing(path)}; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     return path
 
 
@@ -208,5 +208,10 @@ def resolve_resume(resume: str) -> Path:
             raise UserError(f"resume={resume} has no {LAST}; {where_runs_are('resume', path, needs=(LAST,))}")
         return path / LAST
     if not path.is_file():
-        raise UserError(f"resume={resume} does not exist; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
+        raise UserError(f"resume={resume} {missing(path)}; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
     return path
+
+
+def missing(path: Path) -> str:
+    """Why a path that is neither a folder nor a file cannot be read as a run: not there, or a named pipe, a device."""
+    return "is neither a file nor a folder" if path.exists() else "does not exist"

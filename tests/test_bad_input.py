@@ -106,6 +106,7 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["optim.schedule=step"], "error: optim.schedule=step must be one of cosine, wsd"),
         (["experiment=fast"], "error: experiment=fast is not an option of experiment; choose one of: finetune_gpt2, finetune_smollm2, gpt2_shape, induction, llama_shape, mistral_shape, qwen3_shape, shakespeare_char_cpu"),
         (["resume=nowhere"], "error: resume=nowhere does not exist"),
+        (["resume=pipe.txt"], "error: resume=pipe.txt is neither a file nor a folder; give a run dir"),  # a named pipe
         (["resume=auto"], "error: resume=auto goes on with the run in hydra.run.dir, a new folder each time unless you name it: "
                           "add hydra.run.dir=<folder>"),
         (["train.save_interval=-1"], "error: train.save_interval=-1 must be 0 (only at evaluations) or more"),
@@ -253,6 +254,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["run=latest", "top_k=3,5"], "error: top_k=3,5: a comma here means a sweep; add -m for one run per value\n"),
         (["temperature=1e-45"], "error: temperature=1e-45 is too small to divide float32 logits by; give 0 for greedy "
                                 "decoding, or at least 1e-30"),  # sampled NUL bytes, token 0, every time
+        (["run=/dev/null"], "error: run=/dev/null is neither a file nor a folder; give a run dir"),  # was: does not exist
         (["prompt.x=a"], "error: prompt.x=a: prompt holds one value, with no options under it; give prompt=<value>"),
         (["prompt={a:1}"], "error: prompt: { } make a dict of a value; to keep them as text, quote the value inside the "
                            "shell's quotes, e.g. 'prompt=\"{a}\"'"),

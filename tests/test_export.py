@@ -344,6 +344,8 @@ def test_out_may_be_an_empty_folder_but_never_a_file_and_the_export_lists_what_i
     mine.write_bytes(b"not a folder")
     assert refusal(pretrained_run, mine, "force=true") == f"error: out={mine} is a file; give a folder that is new or empty\n"
     assert mine.read_bytes() == b"not a folder"
+    assert refusal(pretrained_run, Path("/dev/null"), "force=true") == ("error: out=/dev/null is neither a file nor a folder; "
+                                                                      "give a folder that is new or empty\n")
     empty = tmp_path / "empty"
     empty.mkdir()
     printed = export(pretrained_run, empty)  # no force needed: nothing to replace
