@@ -161,14 +161,27 @@ def at_positions(tensor: torch.Tensor, pos_slice: PosSlice, dim: int = -2) -> to
     None keeps every position."""
     if pos_slice is None:
         return tensor
+    T = tensor.size(dim)  # the text's positions
+    past = f"pos_slice={pos_slice!r} is past the {T} positions of this text: give positions from {-T} to {T - 1}"
     if is_whole_number(pos_slice):
+        if not -T <= operator.index(pos_slice) < T:
+            raise ValueError(past)
         return tensor.select(dim, operator.index(pos_slice))
+    given = pos_slice
     if isinstance(pos_slice, tuple):  # TransformerLens's (start, stop[, step])
         pos_slice = slice(*pos_slice)
     if isinstance(pos_slice, slice):
+        if not range(T)[pos_slice]:  # (5, 2), slice(100, 200): an empty stack is a mistake, not an answer
+            raise ValueError(f"pos_slice={given!r} keeps none of the {T} positions of this text: give (start, stop) "
+                             f"with start before stop, both from {-T} to {T}")
         return tensor[(slice(None),) * (dim % tensor.dim()) + (pos_slice,)]
     if isinstance(pos_slice, list | torch.Tensor) and all(is_whole_number(p) for p in pos_slice):  # positions, kept in order
-        return tensor.index_select(dim, torch.as_tensor(pos_slice, dtype=torch.long, device=tensor.device).flatten())
+        positions = torch.as_tensor(pos_slice, dtype=torch.long).flatten()
+        if positions.numel() == 0:
+            raise ValueError(f"pos_slice={given!r} lists no position: give at least one, or None for all {T}")
+        if not ((positions >= -T) & (positions < T)).all():
+            raise ValueError(past)
+        return tensor.index_select(dim, (positions % T).to(tensor.device))
     raise ValueError(f"pos_slice={pos_slice!r}: give a position (an int, e.g. -1 for the last token), a slice or "
                      "(start, stop), a list of positions, or None")
 
@@ -530,13 +543,15 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         n_layer, end = len(self.model.blocks), self.layer_up_to(layer)
         name = "ln_final.hook_scale" if end == n_layer else f"blocks.{end}.ln{2 if mlp_input else 1}.hook_scale"
         scale = at_positions(self[name], pos_slice, dim=1)  # (B, T, 1) -> (B, 1) or (B, T', 1)
+        C = self.model.config.n_embd
         fits = residual_stack.dim() in (scale.dim(), scale.dim() + 1) and (  # (P, B, T, C) or (B, T, C), as the scale
-            tuple(residual_stack.shape[-scale.dim():-1]) == tuple(scale.shape[:-1]))
+            tuple(residual_stack.shape[-scale.dim():]) == (*scale.shape[:-1], C))
         if not fits:
             raise ValueError(f"a stack of shape {tuple(residual_stack.shape)} does not fit the scale of shape "
                              f"{tuple(scale.shape)} the norm found{'' if pos_slice is None else f' at pos_slice={pos_slice!r}'}: "
-                             f"its last dimensions must be {(*scale.shape[:-1], 'C')}, parts first or not; a stack of some "
-                             "positions takes the pos_slice that picked them (pos_slice=-1 for [:, :, -1])")
+                             f"its last dimensions must be {(*scale.shape[:-1], C)} (C = {C}, the model's width), parts "
+                             "first or not; a stack of some positions takes the pos_slice that picked them (pos_slice=-1 "
+                             "for [:, :, -1])")
         if self.model.config.norm == "layernorm":
             residual_stack = residual_stack - residual_stack.mean(dim=-1, keepdim=True)  # (P, B, T, C)
         return residual_stack / scale  # (P, B, T, C) / (B, T, 1)

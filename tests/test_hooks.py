@@ -312,9 +312,19 @@ def test_the_parts_of_the_final_stream_through_apply_ln_to_stack_add_up_to_what_
     for call, message in ((lambda: one.decompose_resid(0, incl_embeds=False), "layer=0 without the embeddings leaves no part"),
                           (lambda: one.accumulated_resid(pos_slice=[0.5]), "pos_slice=[0.5]: give a position (an int"),
                           (lambda: one.decompose_resid(-1, mlp_input=True), "mlp_input=True adds the attention output a layer's MLP"),
-                          (lambda: one.accumulated_resid(pos_slice="last"), "pos_slice='last': give a position (an int")):
+                          (lambda: one.accumulated_resid(pos_slice="last"), "pos_slice='last': give a position (an int"),
+                          # Past the text, or keeping nothing: torch's IndexError, or an empty stack, before.
+                          (lambda: one.stack_head_results(pos_slice=9), "pos_slice=9 is past the 9 positions of this text: "
+                                                                        "give positions from -9 to 8"),
+                          (lambda: one.accumulated_resid(pos_slice=[0, -10]), "pos_slice=[0, -10] is past the 9 positions"),
+                          (lambda: one.accumulated_resid(pos_slice=(5, 2)), "pos_slice=(5, 2) keeps none of the 9 positions"),
+                          (lambda: one.accumulated_resid(pos_slice=slice(100, 200)), "pos_slice=slice(100, 200, None) keeps none"),
+                          (lambda: one.accumulated_resid(pos_slice=[]), "pos_slice=[] lists no position: give at least one"),
+                          # The model's width too: a stack of 7 dims on a model of 32 was divided without a word.
+                          (lambda: one.apply_ln_to_stack(torch.zeros(3, 1, 9, 7)), "a stack of shape (3, 1, 9, 7) does not fit")):
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             call()
+    assert torch.equal(one.accumulated_resid(pos_slice=[-1, 0]), one.accumulated_resid()[:, :, [8, 0]])  # from the end too
 
 
 def test_a_cache_key_of_another_form_says_which_forms_there_are():

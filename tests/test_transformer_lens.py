@@ -88,8 +88,9 @@ def test_the_residual_streams_stacks_and_parts_are_transformer_lenss_with_their_
         torch.testing.assert_close(our_cache.apply_ln_to_stack(final, pos_slice=-1),
                                    their_cache.apply_ln_to_stack(final, pos_slice=-1), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=re.escape(f"a stack of shape {tuple(last.shape)} does not fit the scale of shape "
-                                                   "(2, 12, 1) the norm found: its last dimensions must be (2, 12, 'C'), parts "
-                                                   "first or not; a stack of some positions takes the pos_slice that picked them")):
+                                                   f"(2, 12, 1) the norm found: its last dimensions must be (2, 12, {ours.config.n_embd}) "
+                                                   f"(C = {ours.config.n_embd}, the model's width), parts first or not; a stack of "
+                                                   "some positions takes the pos_slice that picked them")):
         our_cache.apply_ln_to_stack(last, 1, mlp_input=True)  # TransformerLens's pos_slice forgotten: refused, not broadcast
 
 
