@@ -105,9 +105,12 @@ def newest_trained(newest_first: Iterable[RunT], facts: Callable[[RunT], tuple[i
     return first
 
 
-def resolve_checkpoint(run: str) -> Path:
+def resolve_checkpoint(run: str | os.PathLike) -> Path:
     """A checkpoint file as given; in a run dir its model_checkpoint (ckpt_best.pt, ...); "latest":
-    latest_checkpoint's."""
+    latest_checkpoint's. run: a str or a Path (a notebook's RUN)."""
+    if not isinstance(run, str | os.PathLike):
+        raise TypeError(f"run={run!r}: give a run dir or a .pt file, as a str or a Path, or 'latest'")
+    run = os.fspath(run)
     if run == "latest":
         return latest_checkpoint()[0]
     if not run.strip():  # run=$RUN with RUN unset: not the working folder

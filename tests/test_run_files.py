@@ -15,6 +15,9 @@ def test_resolve_checkpoint_prefers_best_in_a_run_dir(tmp_path):
     assert resolve_checkpoint(str(tmp_path)).name == "ckpt_last.pt"
     small_checkpoint(tmp_path, "ckpt_best.pt")
     assert resolve_checkpoint(str(tmp_path)).name == "ckpt_best.pt"
+    assert resolve_checkpoint(tmp_path).name == "ckpt_best.pt"  # a notebook's RUN may be a Path (it raised AttributeError)
+    with pytest.raises(TypeError, match=re.escape("run=None: give a run dir or a .pt file, as a str or a Path, or 'latest'")):
+        resolve_checkpoint(None)
     with pytest.raises(UserError, match="does not exist"):
         resolve_checkpoint(str(tmp_path / "missing"))
     empty = tmp_path / "empty_run"
