@@ -66,7 +66,14 @@ def score(metric: Metric, logits: torch.Tensor) -> float:
     """metric(logits) as a float; UserError unless metric is a function of the logits alone that
     gives one number."""
     check_metric(metric)
-    value = torch.as_tensor(metric(logits))
+    given = metric(logits)
+    try:
+        value = torch.as_tensor(given)
+    except (TypeError, RuntimeError, ValueError):  # None (a forgotten return), a str
+        value = None
+    if value is None or value.dtype == torch.bool or value.is_complex() or not value.numel():
+        raise UserError(f"the metric returned {repr(given)[:40]}, not a number: return one from it, "
+                        "e.g. return (logits[:, -1, a] - logits[:, -1, b]).mean()")
     if value.numel() != 1:
         raise UserError(f"the metric gave a tensor of shape {tuple(value.shape)}, not one number: average it over "
                         "the batch (.mean())")
@@ -141,6 +148,10 @@ def baselines(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, metric: 
         clean_logits, cache = model.run_with_cache(clean, names=names)
         corrupted_logits, _ = model(corrupted)
     clean_value, corrupted_value = score(metric, clean_logits), score(metric, corrupted_logits)
+    for prompt, value in (("clean", clean_value), ("corrupted", corrupted_value)):
+        if not math.isfinite(value):
+            raise UserError(f"the metric is {value} on the {prompt} prompt: every fraction would be NaN; make it finite "
+                            "(a log of 0, or a logit of a token filtered out, gives -inf)")
     if abs(clean_value - corrupted_value) < 1e-6:
         raise UserError(f"the metric is {clean_value:.4g} on both prompts: there is nothing to restore; make the "
                         "corrupted prompt change the answer (swap the names, say)")

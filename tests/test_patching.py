@@ -126,6 +126,10 @@ def test_a_knock_outs_effect_is_what_the_metric_loses_without_the_head(circuit):
     (None, logit_difference, "the metric takes (position, token, other=None), but it is called with the logits alone: give it "
      "its other arguments first (functools.partial), or pass what logit_difference(position, token, other) returns"),  # the builder itself, not what it builds
     (None, 12.0, "the metric is a float, not a function: pass a function of the logits (B, T, V) that gives one number"),
+    (None, lambda logits: None, "the metric returned None, not a number: return one from it"),  # its return forgotten
+    (None, lambda logits: "0.5", "the metric returned '0.5', not a number"),  # were torch's TypeError and RuntimeError
+    (None, lambda logits: logits.sum() * math.nan, "the metric is nan on the clean prompt: every fraction would be NaN"),
+    (None, lambda logits: logits[:, -1].log_softmax(-1)[:, 0].mean() - math.inf, "the metric is -inf on the clean prompt"),
 ])
 def test_a_bad_request_is_one_line(circuit, corrupted, metric, message):
     model, clean, default_corrupted, default_metric = circuit
