@@ -69,7 +69,7 @@ def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
                         "or one per row of the batch") from None
     if ids.numel() not in (1, B):
         raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")
-    if ids.is_floating_point() or not bool(((ids >= 0) & (ids < V)).all()):
+    if ids.is_floating_point() or ids.dtype == torch.bool or not bool(((ids >= 0) & (ids < V)).all()):  # True is no id
         shown = ids.tolist() if ids.numel() > 1 else ids.item()  # 9999, not [9999], for the id given alone
         raise UserError(f"{name}={shown} is not a token id of this model: ids run from 0 to {V - 1}")
     return ids.expand(B)  # (B,)
