@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import MISSING
 
+from model.sampling import SMALLEST_TEMPERATURE
 from user_error import require
 
 # OmegaConf's float turns 2 into 2.0 and accepts "3"; a Union keeps a number as given
@@ -46,14 +47,10 @@ class ExportSchema:
 # refused): their (rows, tokens) buffer alone is then 800 MB, and a CPU makes some thousands of
 # tokens a second. A larger request is a slip of the keyboard, not a sample.
 MOST_SAMPLED_TOKENS = 100_000_000
-# The smallest temperature above 0 (greedy): logits divided by one below it may overflow float32
-# (at most 3.4e38) and leave softmax nothing but NaN, whose draws are token 0 every time. Logits
-# reach some tens, or 1e4 for a model far gone: 1e4 / 1e-30 is still a float32.
-SMALLEST_TEMPERATURE = 1e-30
 
 
 def check_temperature(key: str, temperature: float) -> None:
-    """temperature: 0 (greedy), or from SMALLEST_TEMPERATURE up, finite."""
+    """temperature: 0 (greedy), or from model/sampling.py's SMALLEST_TEMPERATURE up, finite."""
     require(0 <= temperature < math.inf, f"{key}={temperature} must be a number, 0 (greedy) or more")
     require(temperature == 0 or temperature >= SMALLEST_TEMPERATURE,
             f"{key}={temperature} is too small to divide float32 logits by; give 0 for greedy decoding, "

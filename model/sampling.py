@@ -4,6 +4,11 @@ temperature, top-k and top-p. Eager generation and the compiled decode step both
 import torch
 
 DIVERGED = "the model's next-token logits are NaN or inf: its weights have diverged"
+# The smallest temperature above 0 (greedy) that sampling takes (sample.py and train.py refuse one
+# between): logits divided by one below it may overflow float32 (at most 3.4e38) and leave softmax
+# nothing but NaN, whose draws are token 0 every time. Logits reach some tens, or 1e4 for a model
+# far gone: 1e4 / 1e-30 is still a float32. (The division is in float32 at every precision.)
+SMALLEST_TEMPERATURE = 1e-30
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -45,7 +50,7 @@ def choose_next_token(
     draw from softmax(filter_logits(logits / temperature)), made from uniform (B, V)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)  # (B, V)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)  # (B, V), in float32
     # -log(u) of a uniform u is an Exp(1) draw, and the token whose probability divided by its
     # own Exp(1) draw is largest is distributed as the probabilities say (the Gumbel-max trick,
     # as torch.multinomial draws one sample). Everything here is elementwise: it compiles into

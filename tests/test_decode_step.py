@@ -71,12 +71,14 @@ def test_choosing_at_temperature_zero_takes_the_likeliest_and_ignores_the_noise(
     assert choose_next_token(logits, 0.0, None, None, None).tolist() == [[1], [0]]
 
 
-def test_the_smallest_temperature_allowed_takes_the_likeliest_of_logits_as_large_as_1e4():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_smallest_temperature_allowed_takes_the_likeliest_of_logits_as_large_as_1e4(dtype):
     # sample.py refuses a temperature between 0 and SMALLEST_TEMPERATURE (logits divided by 1e-45
-    # overflow, and every draw was token 0); the smallest it takes still divides into float32.
-    logits = torch.tensor([[0.1, 2.0, -1.0], [1e4, -1e4, 9999.0], [-3.0, -2.5, -2.0]])
+    # overflow, and every draw was token 0, as NaN's argmax is); the smallest it takes still
+    # divides into float32, and fp16's logits (whose largest is 65504) are divided in float32 too.
+    logits = torch.tensor([[0.1, 2.0, -1.0], [-1e4, 9000.0, 1e4], [-3.0, -2.5, -2.0]]).to(dtype)
     uniform = torch.rand(3, 3, generator=torch.Generator().manual_seed(0))
-    assert choose_next_token(logits, SMALLEST_TEMPERATURE, None, None, uniform).tolist() == [[1], [0], [2]]
+    assert choose_next_token(logits, SMALLEST_TEMPERATURE, None, None, uniform).tolist() == [[1], [2], [2]]
 
 
 def test_bfloat16_read_in_pairs_multiplies_each_element_by_its_own_weight():
