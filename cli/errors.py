@@ -299,14 +299,19 @@ def leaf_kind(annotation: Any) -> str | None:
 
 
 def schema_types(full_key: str) -> Iterator[Any]:
-    """full_key's type in each schema this process stored in Hydra's ConfigStore that has it
-    (train.py's cli/schema.py, sample.py's and export.py's cli/checkpoint_commands.py; a group's
-    options, such as data=text's, each have their own)."""
+    """full_key's type in the running command's schema, stored in Hydra's ConfigStore (train.py's
+    cli/schema.py, sample.py's and export.py's cli/checkpoint_commands.py): for a key of data or
+    tokenizer, in the schema of the option chosen on the command line (data=text), or of each option."""
     store = ConfigStore.instance()
     group, _, rest = full_key.partition(".")
     stored = store.list("")
-    places = [(name, full_key) for name in ("train_schema.yaml", "sample_schema.yaml", "export_schema.yaml")]
-    places += [(name, rest) for name in stored if name.startswith(f"{group}_") and name.endswith("_schema.yaml")]
+    command = f"{Path(sys.argv[0]).stem}_schema.yaml"
+    places = [(command, full_key)]
+    if command == "train_schema.yaml" and rest:
+        chosen = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith(f"{group}=")][-1:]
+        places += [(name, rest) for name in stored
+                   if name in [f"{group}_{option}_schema.yaml" for option in chosen]
+                   or not chosen and name.startswith(f"{group}_") and name.endswith("_schema.yaml")]
     for name, key in places:
         if name not in stored:
             continue

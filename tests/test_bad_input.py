@@ -3,6 +3,7 @@ is wrong and what to do, with exit status 2, no traceback, and nothing written."
 
 import gzip
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -11,7 +12,9 @@ import sys
 import pytest
 import torch
 
+from cli.errors import check_keys_under_values
 from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
+from user_error import UserError
 
 LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}"  # Llama 3.1's rope scaling
 
@@ -65,6 +68,7 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                               "list (optim.betas=[a,b]) or one item by its index (optim.betas.0=a)\n"),  # OmegaConf's traceback
         (["train.sample_temperature=1e-45"], "error: train.sample_temperature=1e-45 is too small to divide float32 logits "
                                              "by; give 0 for greedy decoding, or at least 1e-30"),
+        (["run.x=1"], "error: run is not an option; check its spelling"),  # sample.py's key: no schema of train.py's has it
         (["optim.betas.5=0.9"], "error: optim.betas.5: optim.betas holds 2 items; give an index from 0 to 1 (optim.betas.0=a), "
                                 "or the whole list (optim.betas=[a,b])\n"),  # OmegaConf's words: "list index out of range"
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
@@ -338,6 +342,17 @@ def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_ven
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == (f"error: hydra is not installed for this python ({sys.executable}); run .venv/bin/python {script} "
                              "(make setup makes .venv), or activate .venv first\n")
+
+
+def test_a_key_under_a_lists_index_a_dict_or_hydras_own_passes_the_check_of_keys_under_values(monkeypatch):
+    # What check_keys_under_values must let through to Hydra, as train.py is given it.
+    import cli.schema  # noqa: F401 (stores train.py's schemas, as train.py imports them)
+
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    check_keys_under_values(["optim.betas.0=0.95", "hydra.job.env_set.FOO=1", "+hydra.job.env_set.BAR=2", "~data.path",
+                             "model.rope_scaling.factor=8", "-m", "model.n_head=1,2", "data=text", "data.path=a.txt"])
+    with pytest.raises(UserError, match=re.escape("data.path.x=1: data.path holds one value")):
+        check_keys_under_values(["data=text", "data.path.x=1"])
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
