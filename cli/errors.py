@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from pathlib import Path
@@ -55,10 +55,16 @@ def exit_on_user_error(full_errors_asked: bool = False, writes: bool = True) -> 
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
     except OSError as err:  # a path given (hydra.run.dir, data.cache_dir, ...) that the command cannot make or use
-        if err.filename is None and err.errno == errno.ENOSPC and not full_errors_asked:  # `sample.py > out.txt`, disk full
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the rest of the output goes nowhere
-            print("error: the output could not be written: no space left on the device; free some space, or send the "
-                  "output elsewhere", file=sys.stderr, flush=True)
+        if err.filename is None and err.errno in (errno.ENOSPC, errno.EDQUOT) and not full_errors_asked:
+            # `sample.py > out.txt` on a full disk, or a file the command writes there (a token cache): which
+            # one, the error does not say. What the output still holds goes out if it can, then nowhere.
+            with suppress(OSError):
+                sys.stdout.flush()
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            line = (f"writing failed: {err.strerror} (the output, or a file the command writes); free some space, or "
+                    "send the output elsewhere, and run it again")
+            leave_it_to_local_rank_zero(line)
+            print(f"error: {line}", file=sys.stderr, flush=True)
             sys.exit(2)
         if err.filename is None or full_errors_asked:
             raise

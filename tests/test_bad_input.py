@@ -362,8 +362,8 @@ def test_output_sent_to_a_full_disk_is_one_line(tmp_path):
         result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], cwd=tmp_path, stdout=full,
                                 stderr=subprocess.PIPE, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr == ("error: the output could not be written: no space left on the device; free some space, "
-                             "or send the output elsewhere\n")
+    assert result.stderr == ("error: writing failed: No space left on device (the output, or a file the command writes); "
+                             "free some space, or send the output elsewhere, and run it again\n")
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv to run without root's file access")
