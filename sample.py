@@ -35,7 +35,7 @@ from model.decode_step import INDUCTOR_OPTIONS
 from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_decoding, terminal_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import KEPT, checkpoint_and_note
-from runtime.devices import Machine, check_compiler, pick_device
+from runtime.devices import Machine, check_compiler, is_out_of_memory, pick_device
 from runtime.huge_pages import move_to_huge_pages
 from runtime.precision import weights_dtype
 
@@ -108,10 +108,8 @@ def sampled_texts(cfg: DictConfig, model: GPT, tokenizer: Tokenizer, path: Path,
             raise UserError(f"{path}: the model's next-token logits are NaN or inf at dtype={cfg.dtype} (float16, "
                             "whose largest number is 65,504); sample with dtype=bf16 or fp32") from None
         raise UserError(f"{path}: {error}; sample from a checkpoint saved before that") from None
-    except MemoryError:
-        raise UserError(out_of_memory(cfg)) from None
-    except RuntimeError as error:
-        if isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error):  # a GPU's, a CPU's
+    except (RuntimeError, MemoryError) as error:
+        if is_out_of_memory(error):  # a GPU's, a CPU's
             raise UserError(out_of_memory(cfg)) from None
         if (reason := compile_failure(error)) is None:
             raise

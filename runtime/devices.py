@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,25 @@ class Machine:
         return cls(**cuda, cpu_bf16=cpu_multiplies_bf16(), mps=torch.backends.mps.is_available(),
                    macos=tuple(int(part) for part in mac.split(".")) if mac else None,
                    cxx=find_compiler("CXX", (INDUCTOR_CXX,)), cc=find_compiler("CC", ("gcc", "clang")))
+
+
+def memory_bytes() -> int | None:
+    """The memory this process may use: the machine's, or its container's limit where that is less
+    (cgroup v2's memory.max, v1's memory.limit_in_bytes); None where neither can be read (Windows)."""
+    known = []
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        known.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with suppress(OSError, ValueError):  # "max", no limit, is no number
+            known.append(int(Path(limit).read_text().strip()))
+    return min(known, default=None)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether error is an allocation that failed: a GPU's (torch.OutOfMemoryError), a CPU's
+    (torch's RuntimeError "can't allocate memory", or Python's MemoryError)."""
+    return isinstance(error, torch.OutOfMemoryError | MemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
 def cpu_multiplies_bf16() -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.devices import Machine, check_compiler, find_compiler, pick_device
+from runtime.devices import Machine, check_compiler, find_compiler, is_out_of_memory, memory_bytes, pick_device
 from runtime.precision import choose_dtype, weights_dtype
 from tests.helpers import ROOT, run_cli, tiny_run
 from user_error import UserError
@@ -300,3 +300,13 @@ def test_no_cuda_or_mps_call_runs_outside_a_branch_that_checked_for_its_backend(
 ])
 def test_the_walk_tells_a_guarded_backend_call_from_an_unguarded_one(source, unguarded):
     assert bool(unguarded_backend_calls(source, "example.py")) == unguarded
+
+
+def test_the_memory_a_process_may_use_is_at_most_the_machines():
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("reads Linux's /proc/meminfo")
+    total_kib = int(re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())[1])
+    assert 0 < memory_bytes() <= total_kib * 1024  # a container's limit may be less
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory")) and is_out_of_memory(MemoryError())
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"))
+    assert not is_out_of_memory(RuntimeError("shapes cannot be multiplied"))

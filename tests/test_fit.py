@@ -10,9 +10,11 @@ from cli.run_spec import run_spec
 from data.batches import get_batch
 from data.token_cache import TokenData
 from data.tokenizer import CharTokenizer
+from model import GPTConfig
+from model_io.checkpoint import build_model
 from runtime.precision import Precision
-from tests.helpers import ONE_PROCESS, read_events, tiny_config
-from training.build import build_data_and_model, build_run
+from tests.helpers import ARCHITECTURE_OPTIONS, ONE_PROCESS, read_events, tiny_config
+from training.build import build_data_and_model, build_run, parameter_count
 from training.evaluation import evaluate
 from training.fit import fit
 from training.lr_schedule import lr_at
@@ -136,3 +138,10 @@ def test_the_in_context_score_needs_a_window_of_3_tokens():
     data = TokenData(CharTokenizer("ab"), train=np.arange(100, dtype=np.uint16), val=np.arange(100, dtype=np.uint16))
     assert evaluated_windows(data, 3)[1].in_context == 0.0  # early and late at chance alike
     assert evaluated_windows(data, 2)[1].in_context is None
+
+
+@pytest.mark.parametrize("options", ARCHITECTURE_OPTIONS)
+def test_the_parameters_counted_from_one_layer_are_those_of_the_whole_model(options):
+    # train.py's memory check counts a model from one of a single layer, built on the meta device.
+    shape = GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, **options)
+    assert parameter_count(shape, vocab_size=65) == build_model(shape, 65).num_parameters()

@@ -16,7 +16,7 @@ from model import GPT, GPTConfig
 from model_io.checkpoint import Checkpoint, build_model
 from model_io.hf_models import load_hf_weights
 from model_io.run_files import LAST
-from runtime.devices import Machine, check_compiler
+from runtime.devices import Machine, check_compiler, is_out_of_memory, memory_bytes
 from runtime.precision import Precision
 from runtime.ranks import Ranks, dist_backend, said_once_per_machine
 from training.data_parallel import Replicated, wrap
@@ -77,35 +77,41 @@ def build_data_and_model(spec: RunSpec) -> tuple[Ranks, Precision, TokenData, GP
     if ranks.local_rank == 0:
         ranks.barrier()
     check_splits_fit(data, spec.model.block_size)
-    check_model_fits(spec.model, data.tokenizer.vocab_size, ranks.device)
-    try:
-        if spec.start.weights:
-            with torch.device("meta"):  # no memory for random weights the file's replace at once
+    with said_once_per_machine():  # every process on a machine would refuse alike
+        check_model_fits(spec.model, data.tokenizer.vocab_size, ranks.device, spec.start.init_from)
+        try:
+            if spec.start.weights:
+                with torch.device("meta"):  # no memory for random weights the file's replace at once
+                    model = build_model(spec.model, data.tokenizer.vocab_size)
+                load_hf_weights(spec.start.weights, model)
+            else:
                 model = build_model(spec.model, data.tokenizer.vocab_size)
-            load_hf_weights(spec.start.weights, model)
-        else:
-            model = build_model(spec.model, data.tokenizer.vocab_size)
-        model = model.to(ranks.device)
-    except (torch.OutOfMemoryError, RuntimeError) as error:  # a GPU's, a CPU's ("can't allocate memory")
-        if not isinstance(error, torch.OutOfMemoryError) and "can't allocate memory" not in str(error):
-            raise
-        raise UserError(f"{shape_settings(spec.model)}: the model's weights do not fit in the memory left on "
-                        f"{ranks.device}; make the model smaller") from None
+            model = model.to(ranks.device)
+        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_out_of_memory(error):
+                raise
+            raise UserError(f"{model_named(spec.model, spec.start.init_from)}: the model's weights do not fit in the "
+                            f"memory left on {ranks.device}; {smaller(spec.start.init_from)}") from None
     return ranks, precision, data, model
 
 
-def check_model_fits(shape: GPTConfig, vocab_size: int, device: torch.device) -> None:
-    """Refuses a model whose float32 weights (and, training on the CPU, their gradients) take more
-    than this machine's memory, before any of it is made: the kernel would end the run without a
-    word (model.n_layer=100000), or a model of 10^23 layers would be built for ever."""
+def check_model_fits(shape: GPTConfig, vocab_size: int, device: torch.device, init_from: str | None) -> None:
+    """Refuses a model whose float32 weights (and, training on the CPU, their gradients, in each of
+    the machine's processes) take more than this machine's memory, before any of it is made: the
+    kernel would end the run without a word (model.n_layer=100000), or a model of 10^23 layers
+    would be built for ever. A lower bound: the optimizer's state and the activations come on top."""
+    memory = memory_bytes()
+    if memory is None:
+        return
     parameters = parameter_count(shape, vocab_size)
-    needed = parameters * 4 * (2 if device.type == "cpu" else 1)  # built in the CPU's memory, then moved
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    on_cpu = device.type == "cpu"
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if on_cpu else 1  # torchrun's, on this machine
+    needed = parameters * 4 * (2 if on_cpu else 1) * processes  # built in the CPU's memory, then moved
     if needed > memory:
-        what = "weights and gradients" if device.type == "cpu" else "weights"
-        raise UserError(f"{shape_settings(shape)}: a model of {parameters / 1e9:,.1f}B parameters, whose float32 {what} "
-                        f"take {needed / 1e9:,.1f} GB, more than this machine's {memory / 1e9:.1f} GB of memory; make "
-                        "it smaller")
+        what = f"weights and gradients{f' in {processes} processes' if processes > 1 else ''}" if on_cpu else "weights"
+        raise UserError(f"{model_named(shape, init_from)}: a model of {parameters / 1e9:,.1f}B parameters, whose float32 "
+                        f"{what} take {needed / 1e9:,.1f} GB, more than this machine's {memory / 1e9:.1f} GB of memory; "
+                        f"{smaller(init_from)}")
 
 
 def parameter_count(shape: GPTConfig, vocab_size: int) -> int:
@@ -117,9 +123,13 @@ def parameter_count(shape: GPTConfig, vocab_size: int) -> int:
     return one_layer.num_parameters() + (shape.n_layer - 1) * block
 
 
-def shape_settings(shape: GPTConfig) -> str:
-    """model.n_layer=4, model.n_embd=128: the settings that size a model."""
-    return f"model.n_layer={shape.n_layer}, model.n_embd={shape.n_embd}"
+def model_named(shape: GPTConfig, init_from: str | None) -> str:
+    """The setting that sized the model: init_from=<folder or id>, or model.n_layer=4, model.n_embd=128."""
+    return f"init_from={init_from}" if init_from else f"model.n_layer={shape.n_layer}, model.n_embd={shape.n_embd}"
+
+
+def smaller(init_from: str | None) -> str:
+    return "start from a smaller model, or train where there is more memory" if init_from else "make the model smaller"
 
 
 def build_run(spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: Ranks, precision: Precision,
