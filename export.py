@@ -17,7 +17,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from runtime.startup import Starting
-from user_error import UserError, not_installed
+from user_error import UserError, not_a_file_or_folder, not_installed
 
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
     starting = Starting()  # Ctrl-C while importing is one line too, and no garbage is collected (runtime/startup.py)
@@ -85,8 +85,8 @@ def check_out(out: Path, checkpoint: Path, force: bool) -> None:
     files, as an earlier export or save_pretrained left them. Never the working folder, the checkpoint's
     folder, a run, or a folder with anything else in it: force must not delete a home or a project."""
     if out.exists() and not out.is_dir():
-        kind = "a file" if out.is_file() else "neither a file nor a folder"  # a named pipe, a device
-        raise UserError(f"out={out} is {kind}; give a folder that is new or empty")
+        why = "is a file" if out.is_file() else not_a_file_or_folder(out)  # a named pipe, a device
+        raise UserError(f"out={out} {why}; give a folder that is new or empty")
     if Path.cwd().is_relative_to(out.resolve()):
         raise UserError(f"out={out} holds the working folder; give a folder of its own")
     if not out.is_dir() or not any(out.iterdir()):

@@ -9,6 +9,7 @@ so that data/ and model/ can raise it without importing the training loop's pack
 import re
 import shlex
 import sys
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -52,3 +53,8 @@ def command_argument(key: str, value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_./@+%*?|-]+( +[A-Za-z0-9_./@+%*?|-]+)*", value):
         value = '"' + value.replace('"', '\\"').replace("${", "\\${") + '"'  # OmegaConf then reads \${ as ${
     return shlex.quote(f"{key}={value}")
+
+
+def not_a_file_or_folder(path: Path) -> str:
+    """Why a path that is neither a folder nor a file cannot be read: not there, or a named pipe, a device."""
+    return "is neither a file nor a folder" if path.exists() else "does not exist"

@@ -7,6 +7,7 @@ in .hydra/resumed-<time>/) and train.log, which also gets the lines logged befor
 """
 
 import atexit
+import errno
 import logging
 import os
 import sys
@@ -102,8 +103,8 @@ class ConsoleHandler(logging.StreamHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         error = sys.exc_info()[1]
-        if not isinstance(error, OSError):
-            super().handleError(record)
+        if not isinstance(error, OSError) or error.errno not in (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            super().handleError(record)  # (a stdout that is only busy for a moment, EAGAIN, is no reason to stop)
             return
         self.setLevel(logging.CRITICAL + 1)  # nothing more to the console
         with suppress(OSError):  # stderr gone as well: nowhere left to say it

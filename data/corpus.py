@@ -25,7 +25,7 @@ from typing import BinaryIO
 from data.download import check_sha256, verified_copy
 from data.specs import CorpusSpec
 from data.stories import iter_stories
-from user_error import UserError
+from user_error import UserError, not_a_file_or_folder
 
 SOURCES = ("stories", "shakespeare", "text")
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz")
@@ -110,7 +110,7 @@ def not_a_file(path: Path) -> str:
     """Why path is not a file to read: not there, a folder, or something else (a pipe, a device)."""
     if path.is_dir():
         return "is a folder, not a file"
-    return "is neither a file nor a folder" if path.exists() else "does not exist"
+    return not_a_file_or_folder(path)
 
 
 def corpus_files(path: str | None) -> list[Path]:

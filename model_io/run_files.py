@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from user_error import UserError
+from user_error import UserError, not_a_file_or_folder
 
 LAST, BEST = "ckpt_last.pt", "ckpt_best.pt"
 KEPT = "checkpoints"  # the run dir's folder of model-only checkpoints, one per step of train.keep_checkpoints
@@ -121,7 +121,7 @@ def resolve_checkpoint(run: str | os.PathLike) -> Path:
             return found
         raise UserError(f"run={run} has no checkpoint ({BEST}, {LAST} or one it kept); {where_runs_are('run', path)}")
     if not path.is_file():
-        raise UserError(f"run={run} {missing(path)}; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
+        raise UserError(f"run={run} {not_a_file_or_folder(path)}; give a run dir (e.g. outputs/<date>/<time>), a .pt file, or latest")
     return path
 
 
@@ -211,10 +211,5 @@ def resolve_resume(resume: str) -> Path:
             raise UserError(f"resume={resume} has no {LAST}; {where_runs_are('resume', path, needs=(LAST,))}")
         return path / LAST
     if not path.is_file():
-        raise UserError(f"resume={resume} {missing(path)}; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
+        raise UserError(f"resume={resume} {not_a_file_or_folder(path)}; give a run dir (e.g. outputs/<date>/<time>) or a .pt file")
     return path
-
-
-def missing(path: Path) -> str:
-    """Why a path that is neither a folder nor a file cannot be read as a run: not there, or a named pipe, a device."""
-    return "is neither a file nor a folder" if path.exists() else "does not exist"
