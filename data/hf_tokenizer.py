@@ -28,7 +28,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from data.bpe import GPT2_PATTERN
-from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, Tokenizer, bpe_encoding
+from data.tokenizer import EOT, CharTokenizer, TiktokenTokenizer, Tokenizer, bpe_encoding, known_ids
 from user_error import UserError
 
 
@@ -371,11 +371,11 @@ class TokenizersTokenizer:
         return [np.array(encoding.ids, dtype=np.uint32) for encoding in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=False)
+        return self.backend.decode(known_ids(ids, self.vocab_size), skip_special_tokens=False)
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         # A token can hold part of a multi-byte character; show such bytes as \xNN, as TiktokenTokenizer does.
-        return [self.token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
+        return [self.token_bytes(i).decode("utf-8", errors="backslashreplace") for i in known_ids(ids, self.vocab_size)]
 
     def in_byte_run(self, token_id: int) -> bool:
         """Whether this is one of Llama 2's byte tokens (<0x46>), which the decoder reads as one run with

@@ -86,6 +86,16 @@ def special_ids(tokenizer: Tokenizer) -> set[int]:
     return {tokenizer.eot_id, tokenizer.bos_id}
 
 
+def known_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """ids as a list, each one a token of this vocabulary (0 .. vocab_size - 1); ValueError in one
+    line for one that is not (a learner's -1, or an id of another model's vocabulary)."""
+    ids = [int(i) for i in ids]
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        unknown = next(i for i in ids if not 0 <= i < vocab_size)
+        raise ValueError(f"token id {unknown} is not in this tokenizer's vocabulary: ids run from 0 to {vocab_size - 1}")
+    return ids
+
+
 class CharTokenizer:
     """One token per character; the vocabulary is every character of the corpus, sorted,
     then <|endoftext|> as the last id."""
@@ -134,7 +144,7 @@ class CharTokenizer:
         return "".join(self.token_strings(ids))
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        return [EOT if i == self.eot_id else self.chars[i] for i in ids]
+        return [EOT if i == self.eot_id else self.chars[i] for i in known_ids(ids, self.vocab_size)]
 
     def in_byte_run(self, token_id: int) -> bool:
         """Whether decode reads this token together with its neighbours (TokenizersTokenizer's byte tokens): never."""
@@ -167,11 +177,12 @@ class TiktokenTokenizer:
         return [np.array(ids, dtype=np.uint32) for ids in batch]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.encoding.decode(list(ids))
+        return self.encoding.decode(known_ids(ids, self.vocab_size))
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         # A token can hold part of a multi-byte character; show such bytes as \xNN.
-        return [self.encoding.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
+        return [self.encoding.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace")
+                for i in known_ids(ids, self.vocab_size)]
 
     def in_byte_run(self, token_id: int) -> bool:
         """Whether decode reads this token together with its neighbours (TokenizersTokenizer's byte tokens):

@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.decode_step import CompiledDecodeStep
 from model.gpt import GPT, Caches, eval_mode
-from model.sampling import DIVERGED, choose_next_token, uniform_noise
+from model.sampling import DIVERGED, check_sampling_settings, choose_next_token, uniform_noise
 
 # How a printed text shows an <|endoftext|> the model wrote (sample.py, the training log's
 # samples): the text it ended and the next it started, apart and readable.
@@ -133,6 +133,8 @@ def generate_tokens(
     on_token: called after each new token with the tokens so far, (B, T + tokens made), to show
     them as they come (sample.py's TextStream).
     """
+    model.check_token_ids(idx)
+    check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
     B, T0 = idx.shape
     if decode_step is not None:
         decode_step.check_fits(model, B, temperature, top_k, top_p, use_kv_cache)

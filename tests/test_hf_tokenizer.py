@@ -538,6 +538,8 @@ def test_merges_out_of_id_order_are_run_by_the_tokenizers_library_as_listed(tmp_
     tokenizer = pretrained_tokenizer(tmp_path / "bpe")
     assert isinstance(tokenizer, TokenizersTokenizer)
     assert tokenizer.encode("abc") == [vocab["a"], vocab["bc"]] and tokenizer.bos_id == tokenizer.eot_id == 258
+    with pytest.raises(ValueError, match="^" + re.escape("token id 259 is not in this tokenizer's vocabulary: ids run from 0 to 258")):
+        tokenizer.decode([vocab["a"], 259])  # the tokenizers library's own would be a panic or silence
 
 
 def test_generation_starts_after_the_start_token_and_shows_an_end_then_a_start_as_one_break(family_tokenizers):

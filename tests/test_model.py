@@ -565,3 +565,18 @@ def test_knocking_out_the_previous_token_head_destroys_the_copy_and_knocking_out
         _, accuracy, loss = logits_accuracy_and_loss()
         assert accuracy < 0.25  # chance is 1/8
         assert loss == pytest.approx(math.log(8), rel=1e-6)  # all logits 0: nothing of the previous token is left
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"max_new_tokens": -1}, "max_new_tokens=-1 must be a whole number, 0 or more"),  # torch's "expanded size" error
+    ({"max_new_tokens": 2.5}, "max_new_tokens=2.5 must be a whole number"),
+    ({"top_k": -1}, "top_k=-1 must be a whole number, 1 or more (None or 0: off)"),  # torch's "k out of range"
+    ({"temperature": -1.0}, "temperature=-1.0 must be 0 (greedy) or a number from 1e-30 up"),  # sampled as if fine
+    ({"temperature": math.nan}, "temperature=nan must be 0 (greedy)"),
+    ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1] (None or 1.0: off)"),
+    ({"top_p": 2.0}, "top_p=2.0 must be in (0, 1]"),
+])
+def test_generate_tokens_refuses_settings_it_cannot_sample_with_in_one_line(settings, message):
+    # sample.py checks its own first; a notebook calls generate_tokens with whatever it was given.
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        generate_tokens(tiny_gpt(), torch.zeros(1, 3, dtype=torch.long), **{"max_new_tokens": 2, **settings})

@@ -162,6 +162,13 @@ def test_the_end_of_text_token_round_trips_and_plain_text_cannot_inject_it(kind,
     assert tokenizer.decode(ids) == "The end." + EOT + "Once"
     assert tokenizer.decode([tokenizer.eot_id]) == EOT
     assert tokenizer.decode(tokenizer.encode("The end.") + [tokenizer.eot_id]) == "The end." + EOT
+    # An id outside the vocabulary, a learner's -1 above all, is one line, not the last character
+    # (a list's -1) or tiktoken's OverflowError or KeyError.
+    for unknown in (-1, tokenizer.vocab_size):
+        for call in (tokenizer.decode, tokenizer.token_strings):
+            with pytest.raises(ValueError, match="^" + re.escape(f"token id {unknown} is not in this tokenizer's vocabulary: "
+                                                                 f"ids run from 0 to {tokenizer.vocab_size - 1}")):
+                call([*ids, unknown])
 
 
 def test_bpe_pieces_are_labelled_readably(tmp_path):
