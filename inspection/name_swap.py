@@ -38,7 +38,18 @@ class NameSwap:
 def one_token_names(tokenizer: Tokenizer, names: Iterable[str] = FEMALE_NAMES) -> list[str]:
     """The names that are one token each with a space before them, as they stand in a sentence (none
     that the tokenizer cannot write: a character tokenizer of a corpus without their letters)."""
+    if isinstance(names, str):  # its letters would be the names
+        raise UserError(f"names={names!r} is one text: give a list of names, e.g. [{names!r}]")
     return [name for name in names if len(encoded_if_writable(tokenizer, " " + name)) == 1]
+
+
+def filled(template: str, answer: str, other: str) -> str:
+    """template with its {answer} and {other} filled in; UserError for any other field it asks for."""
+    try:
+        return template.format(answer=answer, other=other)
+    except (KeyError, IndexError, ValueError) as error:  # {foo}, {0}, a lone {
+        raise UserError(f"the template {template!r} cannot be filled ({type(error).__name__}: {error}): it may name "
+                        "{answer} and {other} alone, and a brace of its own is written twice ({{ or }})") from None
 
 
 def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1], template: str = STORY,
@@ -61,8 +72,8 @@ def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1
                        f"of the stories' names {which} one token for it, and the swap needs two (a character tokenizer, "
                        "or a small BPE, spells names out): use a run whose BPE holds them, as the default run's does")
             raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: {instead}")
-    clean = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=answer, other=other))]
-    corrupted = [tokenizer.bos_id, *tokenizer.encode(template.format(answer=other, other=answer))]
+    clean = [tokenizer.bos_id, *tokenizer.encode(filled(template, answer, other))]
+    corrupted = [tokenizer.bos_id, *tokenizer.encode(filled(template, other, answer))]
     if len(clean) != len(corrupted):
         raise UserError(f"the prompt is {len(clean)} tokens with the names one way round and {len(corrupted)} the other: "
                         "patching needs prompts of the same length; pick names that are one token each")

@@ -580,6 +580,13 @@ def test_a_name_swap_longer_than_the_models_block_size_is_one_line_and_the_tab_o
     too_short = f"the name swap's prompt is {fits - 1} tokens after the start token, and this model reads at most {fits - 2} "
     with pytest.raises(UserError, match="^" + re.escape(too_short + f"(its block_size is {fits - 1}): use shorter prompts")):
         name_swap(tokenizer, *names, block_size=fits - 1)
+    # A template of one's own (the line above suggests one) that asks for other fields: one line each.
+    for template, error in (("{foo}", "KeyError: 'foo'"), ("{answer} {other} {0}", "IndexError: Replacement index 0 out of range"),
+                            ("{answer} { {other}", "ValueError: ")):
+        with pytest.raises(UserError, match="^" + re.escape(f"the template {template!r} cannot be filled ({error}")):
+            name_swap(tokenizer, *names, template=template)
+    with pytest.raises(UserError, match="^" + re.escape("names='Mia' is one text: give a list of names, e.g. ['Mia']")):
+        one_token_names(tokenizer, "Mia")  # whose letters were the names
     # The tab's patching tool then fills in no example (its Patch would be refused), and says why.
     for block_size, why in ((fits, None), (fits - 1, too_short)):
         loaded = LoadedModel(tiny_gpt(block_size=block_size), tokenizer, Path("ckpt_best.pt"), 0, (0, 0), 0)
