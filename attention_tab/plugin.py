@@ -352,10 +352,22 @@ def required(request: wrappers.Request, name: str) -> str:
     return value
 
 
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")  # what a browser's form sends
+
+
 def post_form(request: wrappers.Request, route: str, fields: str) -> Mapping[str, str]:
-    """The form of a POST; a 400 saying what to send for anything else."""
-    if request.method != "POST":
-        raise errors.InvalidArgumentError(f"send the {route} as a POST form: {fields}")
+    """The form of a POST; a 400 saying what to send for anything else: a GET, another body (JSON),
+    or a form whose bytes are not UTF-8, which would read as a form without fields."""
+    if request.method != "POST" or request.mimetype not in FORM_TYPES:
+        sent = f", not {request.mimetype}" if request.method == "POST" and request.mimetype else ""
+        raise errors.InvalidArgumentError(f"send the {route} as a POST form{sent}: {fields}")
+    if request.mimetype == FORM_TYPES[0]:
+        body = request.get_data(cache=True)  # cached: the form below is parsed from it
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise errors.InvalidArgumentError(f"the form's byte {error.start} is not UTF-8: percent-encode the text as "
+                                              "UTF-8 (%C3%A9 for é), as a browser's form does") from None
     return request.form
 
 

@@ -291,6 +291,23 @@ def test_a_bad_text_gets_a_400_with_one_line_and_the_server_goes_on(served, form
     assert read_text(base, {"run": name, "text": "Hi"})["labels"][0] == "<eot>"
 
 
+def test_a_text_posted_as_json_or_as_bytes_that_are_not_utf_8_gets_a_400_that_says_so(served):
+    # Both read as a form without fields: "missing form field 'run'", a field that was sent.
+    base, name = served
+    for body, content_type, says in ((json.dumps({"run": name, "text": "Hi"}).encode(), "application/json",
+                                      "send the text as a POST form, not application/json: run, text, knocked_out"),
+                                     (f"run={name}&text=caf\xe9".encode("latin-1"), "application/x-www-form-urlencoded",
+                                      f"the form's byte {len(name) + 13} is not UTF-8: percent-encode the text as UTF-8")):
+        request = urllib.request.Request(f"{base}{PLUGIN}/text", data=body, headers={"Content-Type": content_type})
+        try:
+            urllib.request.urlopen(request)
+            code, text = 200, ""
+        except urllib.error.HTTPError as error:
+            code, text = error.code, error.read().decode()
+        assert code == 400 and says in text and len(text.strip().splitlines()) == 1, text
+    assert read_text(base, {"run": name, "text": "caf\xe9"})["labels"][0] == "<eot>"  # percent-encoded, as urlencode does
+
+
 def test_an_error_quotes_only_the_start_of_a_5000_character_run_name(served):
     base, _ = served
     long_name = "r" * 5000
