@@ -340,7 +340,10 @@ def check_keys_under_values(args: list[str]) -> None:
         parts = key.split(".")
         for end in range(1, len(parts)):
             above, below = ".".join(parts[:end]), parts[end:]
-            kinds = [leaf_kind(annotation) for annotation in schema_types(above)]
+            annotations = list(schema_types(above))
+            kinds = [leaf_kind(annotation) for annotation in annotations]
+            if annotations and all(annotation is Any for annotation in annotations):  # train.keep_checkpoints: [] or log
+                kinds = [configured_kind(above)]
             if not kinds or None in kinds:  # no such key (Hydra names it), or a group of options
                 continue
             if kinds[0] == "list" and len(below) == 1 and below[0].isdigit():
@@ -350,6 +353,23 @@ def check_keys_under_values(args: list[str]) -> None:
                                 f"({above}=[a,b]) or one item by its index ({above}.0=a)")
             raise UserError(f"{arg}: {above} holds one value, with no options under it; give {above}=<value> "
                             f"({options_hint()})")
+
+
+def configured_kind(full_key: str) -> str | None:
+    """"list" where full_key holds a list in its group's config file (configs/train/default.yaml for
+    train.keep_checkpoints, or the option given on the command line), for a key whose schema type is
+    Any; None for anything else."""
+    group, _, rest = full_key.partition(".")
+    primary = CONFIGS / f"{Path(sys.argv[0]).stem}.yaml"
+    if not rest or not primary.is_file():
+        return None
+    defaults = {name: chosen for entry in OmegaConf.load(primary).get("defaults", []) if not isinstance(entry, str)
+                for name, chosen in entry.items()}
+    option = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith(f"{group}=")][-1:] or [defaults.get(group)]
+    path = CONFIGS / group / f"{option[0]}.yaml"
+    if option[0] is None or not path.is_file():
+        return None
+    return "list" if isinstance(OmegaConf.select(OmegaConf.load(path), rest), ListConfig) else None
 
 
 def group_options_with(full_key: str) -> list[str]:

@@ -71,6 +71,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["run.x=1"], "error: run is not an option; check its spelling"),  # sample.py's key: no schema of train.py's has it
         (["optim.betas.5=0.9"], "error: optim.betas.5: optim.betas holds 2 items; give an index from 0 to 1 (optim.betas.0=a), "
                                 "or the whole list (optim.betas=[a,b])\n"),  # OmegaConf's words: "list index out of range"
+        (["train.keep_checkpoints.x=1"], "error: train.keep_checkpoints.x=1: train.keep_checkpoints is a list, with no "
+                                         "options under it"),  # typed Any (a list or log): OmegaConf's traceback
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
                                "model.n_head=<value>"),  # OmegaConf's words: "model.n_head={} must be a whole number"
         (["model.n_layer=10000000"], "error: model.n_layer=10000000, model.n_embd=128: a model of 2,010.2B parameters, whose "
