@@ -65,9 +65,9 @@ from user_error import UserError, quoted
 
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
-HEAD_PAIR = re.compile(r"(\d{1,9}):(\d{1,9})")  # knocked_out=1:0,2:3
+HEAD_PAIR = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")  # knocked_out=1:0,2:3
 TAB_DEVICE_TYPES = ("cpu", "cuda", "mps")  # runtime/devices.py's DEVICE_TYPES, written without torch (a test keeps them equal)
-DEVICE = re.compile(rf"({'|'.join(TAB_DEVICE_TYPES)})(:\d+)?")
+DEVICE = re.compile(rf"({'|'.join(TAB_DEVICE_TYPES)})(:[0-9]+)?")
 DTYPES = ("fp32", "bf16", "fp16")  # runtime.precision.WEIGHT_DTYPES' names: torch is not imported at TensorBoard's start
 
 
@@ -410,7 +410,7 @@ def head_pairs(value: str) -> list[tuple[int, int]]:
 
 
 def integer(value: str, name: str) -> int:
-    if not re.fullmatch(r"-?\d+", value):
+    if not re.fullmatch(r"-?[0-9]+", value):  # ASCII digits alone: Python's \d also takes ３ and ٣
         raise errors.InvalidArgumentError(f"{name} must be a whole number, not {quoted(value)}")
     if len(value.lstrip("-")) > 100:  # past any step, n or seed (each caller says its range), and int() of 5,000 digits refuses
         raise errors.InvalidArgumentError(f"{name}={quoted(value)} is out of range: it has {len(value.lstrip('-')):,} digits")

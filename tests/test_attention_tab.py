@@ -137,6 +137,7 @@ def test_metrics_are_the_logged_head_scalars_per_step_layer_and_head(served, tra
     ("weights?run=nope&step=0", 404, "no attention data for run 'nope'"),
     ("weights?run={run}&step=7", 404, "logged no attention at step 7; its steps are [0, 10, 20]"),
     ("weights?run={run}&step=ten", 400, "step must be a whole number, not 'ten'"),
+    ("weights?run={run}&step=%EF%BC%91", 400, "step must be a whole number, not '\uff11'"),  # a full-width 1: was step 1
     ("weights?run={run}", 400, "missing query parameter 'step'"),
     ("weights?run={run}&step=0&tag=attention/nope", 404, "has no tag 'attention/nope'"),
     ("metrics?run=nope", 404, "no run 'nope'"),
