@@ -346,6 +346,21 @@ def test_a_python_without_the_projects_packages_gets_one_line_that_names_the_ven
                              "(make setup makes .venv), or activate .venv first\n")
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_run_whose_console_is_a_full_disk_says_so_once_and_trains_to_the_end(tmp_path):
+    # The console's handler as Hydra sets it up from configs/hydra/job_logging/train.yaml (logging's own
+    # printed a traceback for every line); tests/test_run_dir.py tries the handler on a closed pipe too.
+    args = tiny_run(**{"tokenizer": "char", "hydra.run.dir": "run", "train.sample_interval": 0, "train.attn_log_interval": 0})
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("warning: the console's output could not be written (No space left on device); the run goes "
+                             "on, and train.log in its run dir keeps every line (Ctrl-C stops it, saving)\n")
+    assert "done: best val loss" in (tmp_path / "run" / "train.log").read_text()
+
+
 def test_a_key_under_a_lists_index_a_dict_or_hydras_own_passes_the_check_of_keys_under_values(monkeypatch):
     # What check_keys_under_values must let through to Hydra, as train.py is given it.
     import cli.schema  # noqa: F401 (stores train.py's schemas, as train.py imports them)
