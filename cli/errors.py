@@ -124,6 +124,7 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
             with said_once_per_machine():
                 check_flags(sys.argv[1:])
                 check_keys_under_values(sys.argv[1:])
+                check_ranges(sys.argv[1:])
             hydra_main()
     finally:  # as it was, for whatever runs next in this process
         if asked is None:
@@ -353,6 +354,25 @@ def check_keys_under_values(args: list[str]) -> None:
                                 f"({above}=[a,b]) or one item by its index ({above}.0=a)")
             raise UserError(f"{arg}: {above} holds one value, with no options under it; give {above}=<value> "
                             f"({options_hint()})")
+
+
+def check_ranges(args: list[str]) -> None:
+    """Refuses a range() sweep that Hydra cannot make (a step of 0: its traceback) or that gives no
+    value (range(5,1): no job, and exit 0 as if the sweep had run)."""
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg or "range(" not in arg:
+            continue
+        try:
+            override = parser.parse_override(arg)
+            values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        except ValueError as error:  # range(1,5,0)
+            raise UserError(f"{arg}: {error}; give range(start, stop, step) a step that is not 0") from None
+        except HydraException:
+            continue  # not Hydra's syntax: config_error_line says so
+        if not values:
+            raise UserError(f"{arg}: the sweep gives no value, so no run would start; give range(start, stop) with start "
+                            "before stop (or a negative step)")
 
 
 def configured_kind(full_key: str) -> str | None:

@@ -73,6 +73,10 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                                 "or the whole list (optim.betas=[a,b])\n"),  # OmegaConf's words: "list index out of range"
         (["train.keep_checkpoints.x=1"], "error: train.keep_checkpoints.x=1: train.keep_checkpoints is a list, with no "
                                          "options under it"),  # typed Any (a list or log): OmegaConf's traceback
+        (["-m", "model.n_head=range(1,5,0)"], "error: model.n_head=range(1,5,0): range() arg 3 must not be zero; give "
+                                              "range(start, stop, step) a step that is not 0"),  # Hydra's traceback
+        (["-m", "model.n_head=range(5,1)"], "error: model.n_head=range(5,1): the sweep gives no value, so no run would "
+                                            "start"),  # "Launching 0 jobs locally", exit 0
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
                                "model.n_head=<value>"),  # OmegaConf's words: "model.n_head={} must be a whole number"
         (["model.n_layer=10000000"], "error: model.n_layer=10000000, model.n_embd=128: a model of 2,010.2B parameters, whose "
