@@ -3,6 +3,7 @@
 
 import argparse
 import errno
+import functools
 import os
 import re
 import sys
@@ -309,9 +310,8 @@ def schema_types(full_key: str) -> Iterator[Any]:
     """full_key's type in the running command's schema, stored in Hydra's ConfigStore (train.py's
     cli/schema.py, sample.py's and export.py's cli/checkpoint_commands.py): for a key of data or
     tokenizer, in the schema of the option chosen on the command line (data=text), or of each option."""
-    store = ConfigStore.instance()
     group, _, rest = full_key.partition(".")
-    stored = store.list("")
+    stored = ConfigStore.instance().list("")
     command = f"{Path(sys.argv[0]).stem}_schema.yaml"
     places = [(command, full_key)]
     if command == "train_schema.yaml" and rest:
@@ -322,12 +322,19 @@ def schema_types(full_key: str) -> Iterator[Any]:
     for name, key in places:
         if name not in stored:
             continue
-        annotation: Any = OmegaConf.get_type(store.load(name).node)
+        annotation: Any = stored_schema(name)
         for part in key.split("."):
             hints = get_type_hints(annotation) if is_dataclass(annotation) else {}
             annotation = hints.get(part)
         if annotation is not None:
             yield annotation
+
+
+@functools.cache
+def stored_schema(name: str) -> Any:
+    """The dataclass of a schema stored in Hydra's ConfigStore, once per process: a load copies
+    the whole config (some milliseconds, for each key of each override)."""
+    return OmegaConf.get_type(ConfigStore.instance().load(name).node)
 
 
 def check_keys_under_values(args: list[str]) -> None:

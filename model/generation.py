@@ -109,10 +109,9 @@ def generate_tokens(
     decode_step: CompiledDecodeStep | None = None,
     on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    """Continue idx (B, T) by max_new_tokens tokens; returns (B, T + max_new_tokens).
-
-    temperature 0 is greedy decoding; top_k keeps the k likeliest tokens; top_p keeps
-    the smallest set whose probabilities add up to p.
+    """Continue idx (B, T) by max_new_tokens tokens; returns (B, T + max_new_tokens). temperature 0
+    is greedy decoding; top_k keeps the k likeliest tokens; top_p the smallest set whose
+    probabilities add up to p (ValueError for settings it cannot sample with: check_sampling_settings).
 
     The model sees a window of the text, at most its last block_size tokens: the
     whole text while it fits, and once one more token would not fit, the window slides by
@@ -123,15 +122,13 @@ def generate_tokens(
     never the tokens: both ways see the same window. (A model with a window and rotary positions
     keeps its ring caches past block_size instead of sliding; without the cache it still slides,
     which gives the same tokens while what the last token reads, n_layer * (window - 1) + 1 tokens
-    (one more with smear), fits in the 3/4 of block_size a slide keeps.) (The window jumps rather than moving one token at a time because, with learned
-    positions, moving it would give every kept token a new position and make its cached keys and
-    values stale; jumping by a quarter rebuilds the cache once per block_size / 4 new tokens.)
+    (one more with smear), fits in the 3/4 of block_size a slide keeps.) The window jumps rather than
+    moving a token at a time: with learned positions, moving would give every kept token a new
+    position and stale cached keys and values; a jump rebuilds the cache once per block_size / 4 tokens.
 
-    decode_step: a CompiledDecodeStep built for this model, batch size and sampling settings;
-    it then computes every step that feeds one token into the caches (use_kv_cache only).
-
-    on_token: called after each new token with the tokens so far, (B, T + tokens made), to show
-    them as they come (sample.py's TextStream).
+    decode_step: a CompiledDecodeStep built for this model, batch size and sampling settings, which
+    computes every step that feeds one token into the caches (use_kv_cache only). on_token: called
+    after each new token with the tokens so far, (B, T + tokens made): sample.py's TextStream.
     """
     model.check_token_ids(idx)
     check_sampling_settings(max_new_tokens, temperature, top_k, top_p)

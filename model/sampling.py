@@ -2,9 +2,10 @@
 temperature, top-k and top-p. Eager generation and the compiled decode step both choose here."""
 
 import math
-import operator
 
 import torch
+
+from model.hooks import is_whole_number
 
 DIVERGED = "the model's next-token logits are NaN or inf: its weights have diverged"
 # The smallest temperature above 0 (greedy) that sampling takes (sample.py and train.py refuse one
@@ -17,21 +18,14 @@ SMALLEST_TEMPERATURE = 1e-30
 def check_sampling_settings(max_new_tokens: object, temperature: object, top_k: object, top_p: object) -> None:
     """ValueError, in one line, for settings generate_tokens cannot sample with (sample.py and
     train.py check theirs in their own words first; a notebook calls it directly)."""
-    def whole(value: object) -> bool:
-        try:
-            operator.index(value)
-        except TypeError:
-            return False
-        return not isinstance(value, bool)
-
     def number(value: object) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
-    if not whole(max_new_tokens) or max_new_tokens < 0:
+    if not is_whole_number(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a whole number, 0 or more")
     if not number(temperature) or not (temperature == 0 or SMALLEST_TEMPERATURE <= temperature < math.inf):
         raise ValueError(f"temperature={temperature!r} must be 0 (greedy) or a number from {SMALLEST_TEMPERATURE:g} up")
-    if top_k is not None and (not whole(top_k) or top_k < 0):
+    if top_k is not None and (not is_whole_number(top_k) or top_k < 0):
         raise ValueError(f"top_k={top_k!r} must be a whole number, 1 or more (None or 0: off)")
     if top_p is not None and (not number(top_p) or not 0 < top_p <= 1):
         raise ValueError(f"top_p={top_p!r} must be in (0, 1] (None or 1.0: off)")
