@@ -125,7 +125,7 @@ def run_cli(hydra_main: Callable[[], object]) -> None:
             with said_once_per_machine():
                 check_flags(sys.argv[1:])
                 check_keys_under_values(sys.argv[1:])
-                check_ranges(sys.argv[1:])
+                check_sweeps(sys.argv[1:])
             hydra_main()
     finally:  # as it was, for whatever runs next in this process
         if asked is None:
@@ -363,16 +363,25 @@ def check_keys_under_values(args: list[str]) -> None:
                             f"({options_hint()})")
 
 
-def check_ranges(args: list[str]) -> None:
-    """Refuses a range() sweep that Hydra cannot make (a step of 0: its traceback) or that gives no
-    value (range(5,1): no job, and exit 0 as if the sweep had run)."""
+def check_sweeps(args: list[str]) -> None:
+    """Refuses a sweep that Hydra cannot make (range() with a step of 0: its traceback; an empty
+    choice(): its quoting hint) or that gives no value (range(5,1), a glob() that matches no option,
+    a glob() of a key that is no config group: no job, and exit 0 as if the sweep had run)."""
     parser = OverridesParser.create()
     for arg in args:
-        if arg.startswith("-") or "=" not in arg or "range(" not in arg:
+        key, equals, text = arg.partition("=")
+        if arg.startswith("-") or not equals or not any(word in text for word in ("range(", "glob(", "choice(")):
             continue
+        if re.fullmatch(r"\s*choice\(\s*\)\s*", text):
+            raise UserError(f"{arg}: choice() gives no value, so no run would start; list the values, e.g. "
+                            f"{key}=choice(a,b)")
         try:
             override = parser.parse_override(arg)
-            values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+            value = override.value()
+            if isinstance(value, Glob):
+                check_glob(arg, override.get_key_element().lstrip("+~"), value)
+                continue
+            values = list(override.sweep_iterator()) if override.is_sweep_override() else [value]
         except ValueError as error:  # range(1,5,0)
             raise UserError(f"{arg}: {error}; give range(start, stop, step) a step that is not 0") from None
         except HydraException:
@@ -380,6 +389,19 @@ def check_ranges(args: list[str]) -> None:
         if not values:
             raise UserError(f"{arg}: the sweep gives no value, so no run would start; give range(start, stop) with start "
                             "before stop (or a negative step)")
+
+
+def check_glob(arg: str, key: str, glob: Glob) -> None:
+    """glob() picks among the options of a config group by their names: Hydra makes no job of one
+    that matches none, or of a key that holds a value."""
+    groups = command_groups()
+    if key not in groups:
+        raise UserError(f"{arg}: glob() picks options of a config group by name ({', '.join(groups)}), and {key} is "
+                        f"no group, so no run would start; give the values themselves, e.g. {key}=a,b")
+    options = group_options(key)
+    if not glob.filter(options):
+        raise UserError(f"{arg}: the glob matches none of {key}'s options, so no run would start; {key}'s options are: "
+                        f"{', '.join(options)}")
 
 
 def configured_kind(full_key: str) -> str | None:

@@ -77,6 +77,12 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                                               "range(start, stop, step) a step that is not 0"),  # Hydra's traceback
         (["-m", "model.n_head=range(5,1)"], "error: model.n_head=range(5,1): the sweep gives no value, so no run would "
                                             "start"),  # "Launching 0 jobs locally", exit 0
+        (["-m", "experiment=glob(nope*)"], "error: experiment=glob(nope*): the glob matches none of experiment's options, "
+                                           "so no run would start; experiment's options are: finetune_gpt2, "),  # 0 jobs, exit 0
+        (["-m", "model.n_head=glob(*)"], "error: model.n_head=glob(*): glob() picks options of a config group by name "
+                                         "(model, data, tokenizer, optim, train, experiment), and model.n_head is no group"),
+        (["-m", "model.n_head=choice()"], "error: model.n_head=choice(): choice() gives no value, so no run would start; "
+                                          "list the values, e.g. model.n_head=choice(a,b)\n"),  # was the quoting hint
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
                                "model.n_head=<value>"),  # OmegaConf's words: "model.n_head={} must be a whole number"
         (["model.n_layer=10000000"], "error: model.n_layer=10000000, model.n_embd=128: a model of 2,010.2B parameters, whose "
