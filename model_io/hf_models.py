@@ -35,6 +35,9 @@ SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.
 # Our tables that a file may hold longer: their first rows are read. Positions past model.block_size, and
 # vocabulary rows past the tokenizer's last id (Qwen3 pads its 151,669 tokens to 151,936 rows).
 CROPPABLE = ("pos_emb.weight", "tok_emb.weight", "lm_head.weight")
+# A context past this many positions is said when a run keeps it whole: GPT-2's 1,024 is not, the
+# 8,192 of SmolLM2 and Llama 3 and the 32,768 of Qwen3 are (each step trains on batch x context tokens).
+LONG_CONTEXT = 2048
 
 
 class Architecture(NamedTuple):
@@ -113,6 +116,9 @@ def gpt_config_from_hf(
     if block_size is not None and block_size < context:
         notes.append(f"model.block_size={block_size} crops {architecture.name}'s {context} positions to {block_size}")
         config = replace(config, block_size=block_size)
+    elif block_size is None and context > LONG_CONTEXT:  # Qwen3's 32,768 would look like a hang on a CPU
+        notes.append(f"each sequence is the weights' whole context, {context:,} tokens; model.block_size crops it "
+                     f"(e.g. model.block_size={LONG_CONTEXT // 2}: shorter sequences, faster steps)")
     return config, notes
 
 

@@ -307,6 +307,18 @@ def test_what_does_not_map_is_one_line_naming_the_key(tmp_path: Path, model_type
     assert f"{path} has {words}" in one_line_error(gpt_config_from_hf, tmp_path)
 
 
+def test_a_context_longer_than_2048_kept_whole_is_said_with_the_key_that_crops_it(tmp_path: Path) -> None:
+    settings = {key: value for key, value in SMALL.items() if key != "max_position_embeddings"}
+    Qwen3Config(**settings, num_key_value_heads=2, head_dim=8).save_pretrained(tmp_path)  # transformers' 32,768
+    config, notes = gpt_config_from_hf(tmp_path)
+    assert config.block_size == 32768 and notes == [
+        "each sequence is the weights' whole context, 32,768 tokens; model.block_size crops it (e.g. "
+        "model.block_size=1024: shorter sequences, faster steps)"]  # a step at 32,768 on a CPU looks like a hang
+    assert gpt_config_from_hf(tmp_path, block_size=256)[1] == ["model.block_size=256 crops Qwen3's 32768 positions to 256"]
+    Qwen3Config(**settings, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048).save_pretrained(tmp_path)
+    assert gpt_config_from_hf(tmp_path) == (replace(config, block_size=2048), [])  # GPT-2's 1,024 and up to 2,048: as usual
+
+
 def test_logit_lens_attribution_and_head_patching_work_on_an_imported_gqa_llama(llama_folder: Path) -> None:
     ours, _ = gpt_from_hf(llama_folder)
     theirs = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
