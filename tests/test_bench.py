@@ -108,6 +108,10 @@ def test_an_out_that_cannot_be_written_is_one_clear_line_before_any_section_runs
     assert refused.value.code == 2 and printed.out == ""  # refused before the section ran
     assert printed.err == (f"error: --out {tmp_path / 'a_file' / 'bench.json'}: {tmp_path / 'a_file'} cannot be made a folder: "
                            "a file is in the way; give another path\n")
+    # A folder os.access calls writable for root, where the kernel makes no file.
+    line = bench_refusal("--only", "peak", out=Path("/proc/bench.json"), monkeypatch=monkeypatch, capsys=capsys)
+    assert line.startswith("error: --out /proc/bench.json cannot be written (") and line.endswith(
+        "); give a path this user may write in")
 
 
 @pytest.mark.parametrize("section", ["training", "compile"])
