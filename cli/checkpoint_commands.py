@@ -3,7 +3,6 @@ key (stored in Hydra's ConfigStore when this module is imported, as cli/schema.p
 train.py's) and sample.py's ranges. Apart from train.py's schema, so that sampling and exporting
 import nothing of the training loop's (its schema names the optimizers and schedules it knows)."""
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import MISSING
 
-from model.sampling import SMALLEST_TEMPERATURE
+from model.sampling import sampling_problem
 from user_error import require
 
 # OmegaConf's float turns 2 into 2.0 and accepts "3"; a Union keeps a number as given
@@ -49,30 +48,26 @@ class ExportSchema:
 MOST_SAMPLED_TOKENS = 100_000_000
 
 
-def check_temperature(key: str, temperature: float) -> None:
-    """temperature: 0 (greedy), or from model/sampling.py's SMALLEST_TEMPERATURE up, finite."""
-    require(0 <= temperature < math.inf, f"{key}={temperature} must be a number, 0 (greedy) or more")
-    require(temperature == 0 or temperature >= SMALLEST_TEMPERATURE,
-            f"{key}={temperature} is too small to divide float32 logits by; give 0 for greedy decoding, "
-            f"or at least {SMALLEST_TEMPERATURE:g}")
+def check_sampling(setting: str, value: object, key: str | None = None) -> None:
+    """UserError where generation cannot sample with this value of setting (model/sampling.py
+    states each range), naming it as the command's key."""
+    problem = sampling_problem(setting, value, key or setting)
+    require(problem is None, problem)
 
 
 def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:
     """sample.py's counterpart of validate_train_config, called before the checkpoint is read (so a
     bad value is the only line printed), then again with its vocabulary, top_k's range."""
-    require(cfg.max_new_tokens >= 0, f"max_new_tokens={cfg.max_new_tokens} must be 0 or more")
-    check_temperature("temperature", cfg.temperature)
+    for setting in ("max_new_tokens", "temperature", "top_k", "top_p"):
+        check_sampling(setting, cfg[setting])
     require(0 <= cfg.seed < 2**63, f"seed={cfg.seed} must be a whole number from 0 to {2**63 - 1}")  # torch's generator
     require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
     require(cfg.num_samples * max(cfg.max_new_tokens, 1) <= MOST_SAMPLED_TOKENS,
             f"num_samples={cfg.num_samples} x max_new_tokens={cfg.max_new_tokens} is more than one command samples "
             f"({MOST_SAMPLED_TOKENS:,} tokens); ask for fewer")
-    if vocab_size is None:
-        require(not cfg.top_k or cfg.top_k > 0, f"top_k={cfg.top_k} must be 1 or more (or 0: off)")
-    else:
-        require(not cfg.top_k or 0 < cfg.top_k <= vocab_size,
+    if vocab_size is not None:
+        require(not cfg.top_k or cfg.top_k <= vocab_size,
                 f"top_k={cfg.top_k} must be between 1 and the vocabulary size {vocab_size} (or 0: off)")
-    require(cfg.top_p is None or 0 < cfg.top_p <= 1, f"top_p={cfg.top_p} must be in (0, 1]; 1.0 turns it off")
     require(cfg.use_kv_cache or not cfg.compile,
             "compile=true compiles the cached one-token step: drop use_kv_cache=false, or compile=true")
 

@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from cli.checkpoint_commands import MOST_SAMPLED_TOKENS, check_temperature
+from cli.checkpoint_commands import MOST_SAMPLED_TOKENS, check_sampling
 from cli.errors import CONFIGS, refused_value_line
 from cli.schema import typed_train_config
 from model.attention import ROPE_SCALING_KEYS, head_split_problem, rope_scaling_problem
@@ -49,7 +49,7 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
         require(train[key] >= 0, f"train.{key}={train[key]} must be 0 (off) or more")
     require(train.sample_tokens <= MOST_SAMPLED_TOKENS,
             f"train.sample_tokens={train.sample_tokens} is more than one sample may be ({MOST_SAMPLED_TOKENS:,} tokens); ask for fewer")
-    check_temperature("train.sample_temperature", train.sample_temperature)
+    check_sampling("temperature", train.sample_temperature, "train.sample_temperature")
     require(0 <= train.seed < SEEDS, f"train.seed={train.seed} must be a whole number from 0 to {SEEDS - 1}")
     require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
     if cfg.tokenizer.kind == "bpe":

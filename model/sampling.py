@@ -15,20 +15,34 @@ DIVERGED = "the model's next-token logits are NaN or inf: its weights have diver
 SMALLEST_TEMPERATURE = 1e-30
 
 
+def sampling_problem(setting: str, value: object, key: str | None = None) -> str | None:
+    """Why generate_tokens cannot sample with this value of one of its settings (max_new_tokens,
+    temperature, top_k, top_p), in one line naming it as key (the command's own key, e.g.
+    train.sample_temperature); None where it can. The one statement of their ranges: sample.py,
+    train.py and check_sampling_settings all ask here."""
+    shown = f"{setting}={value!r}" if key is None else f"{key}={value}"
+    number = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    if setting == "max_new_tokens" and (not is_whole_number(value) or value < 0):
+        return f"{shown} must be a whole number, 0 or more"
+    if setting == "temperature" and (not number or not 0 <= value < math.inf):
+        return f"{shown} must be 0 (greedy) or a number from {SMALLEST_TEMPERATURE:g} up"
+    if setting == "temperature" and 0 < value < SMALLEST_TEMPERATURE:
+        return (f"{shown} is too small to divide float32 logits by; give 0 for greedy decoding, or at least "
+                f"{SMALLEST_TEMPERATURE:g}")
+    if setting == "top_k" and value is not None and (not is_whole_number(value) or value < 0):
+        return f"{shown} must be a whole number, 1 or more (0 or None: off)"
+    if setting == "top_p" and value is not None and (not number or not 0 < value <= 1):
+        return f"{shown} must be in (0, 1] (1.0 or None: off)"
+    return None
+
+
 def check_sampling_settings(max_new_tokens: object, temperature: object, top_k: object, top_p: object) -> None:
     """ValueError, in one line, for settings generate_tokens cannot sample with (sample.py and
-    train.py check theirs in their own words first; a notebook calls it directly)."""
-    def number(value: object) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
-
-    if not is_whole_number(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a whole number, 0 or more")
-    if not number(temperature) or not (temperature == 0 or SMALLEST_TEMPERATURE <= temperature < math.inf):
-        raise ValueError(f"temperature={temperature!r} must be 0 (greedy) or a number from {SMALLEST_TEMPERATURE:g} up")
-    if top_k is not None and (not is_whole_number(top_k) or top_k < 0):
-        raise ValueError(f"top_k={top_k!r} must be a whole number, 1 or more (None or 0: off)")
-    if top_p is not None and (not number(top_p) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p={top_p!r} must be in (0, 1] (None or 1.0: off)")
+    train.py say the same of theirs first, as the command's own error; a notebook gets it here)."""
+    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+    for setting, value in settings.items():
+        if problem := sampling_problem(setting, value):
+            raise ValueError(problem)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:

@@ -148,7 +148,7 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["data.n_chars=0"], "error: data.n_chars=0 must be a whole number of at least 10000"),
         (["data.path=my_book.txt"], "error: data.path=my_book.txt is not read by data=stories, the built-in stories; add "
                                     "data=text to train on your file"),
-        (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be a number, 0 (greedy) or more"),
+        (["train.sample_temperature=-1"], "error: train.sample_temperature=-1 must be 0 (greedy) or a number from 1e-30 up"),
         (["train.sample_tokens=10000000000000"], "error: train.sample_tokens=10000000000000 is more than one sample may be "
                                                  "(100,000,000 tokens); ask for fewer"),  # once a traceback at step 0's sample
         (["model.n_layer=null"], "error: model.n_layer=null must be a whole number"),  # as typed: not Python's None
@@ -248,7 +248,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["top_p=0"], "error: top_p=0 must be in (0, 1]"),
         (["topk=5"], "error: topk is not an option; check its spelling (`python sample.py --help`"),
         (["temperature=-1"], "error: temperature=-1"),
-        (["temperature=inf"], "error: temperature=inf must be a number, 0 (greedy) or more"),
+        (["temperature=inf"], "error: temperature=inf must be 0 (greedy) or a number from 1e-30 up"),
         (["seed=99999999999999999999"], "error: seed=99999999999999999999 must be a whole number from 0 to 9223372036854775807"),
         (["seed=9223372036854775808"], "error: seed=9223372036854775808 must be a whole number from 0 to 9223372036854775807"),
         (["seed=-1"], "error: seed=-1 must be a whole number from 0 to 9223372036854775807"),
@@ -263,7 +263,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
         (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
-        (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be 0 or more"),
+        (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be a whole number, 0 or more"),
         (["max_new_tokens=abc"], "error: max_new_tokens=abc must be a whole number"),
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
         (["use_kv_cache=maybe"], "error: use_kv_cache=maybe must be true or false (the config has use_kv_cache=true)\n"),
@@ -285,7 +285,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
                                                          "than one command samples (100,000,000 tokens); ask for fewer"),
         (["run=latest", "num_samples=100000000", "max_new_tokens=5"], "error: num_samples=100000000 x max_new_tokens=5 is more"),
         (["run=latest", "num_samples=200000000", "max_new_tokens=0"], "error: num_samples=200000000 x max_new_tokens=0 is more"),
-        (["run=latest", "top_k=-3"], "error: top_k=-3 must be 1 or more (or 0: off)"),
+        (["run=latest", "top_k=-3"], "error: top_k=-3 must be a whole number, 1 or more (0 or None: off)"),
         (["run=latest", "dtype=fp8"], "error: dtype=fp8 is not a precision; use auto, fp32, bf16 or fp16"),
     ],
 )

@@ -5,7 +5,6 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from cli.checkpoint_commands import SMALLEST_TEMPERATURE
 from model import decode_step
 from model.decode_step import (
     CompiledDecodeStep,
@@ -16,7 +15,7 @@ from model.decode_step import (
     reads_bfloat16_pairs,
 )
 from model.generation import generate_tokens
-from model.sampling import choose_next_token
+from model.sampling import SMALLEST_TEMPERATURE, choose_next_token
 from tests.helpers import ARCHITECTURE_OPTIONS, lively, tiny_gpt
 
 

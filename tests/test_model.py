@@ -570,10 +570,11 @@ def test_knocking_out_the_previous_token_head_destroys_the_copy_and_knocking_out
 @pytest.mark.parametrize(("settings", "message"), [
     ({"max_new_tokens": -1}, "max_new_tokens=-1 must be a whole number, 0 or more"),  # torch's "expanded size" error
     ({"max_new_tokens": 2.5}, "max_new_tokens=2.5 must be a whole number"),
-    ({"top_k": -1}, "top_k=-1 must be a whole number, 1 or more (None or 0: off)"),  # torch's "k out of range"
+    ({"top_k": -1}, "top_k=-1 must be a whole number, 1 or more (0 or None: off)"),  # torch's "k out of range"
     ({"temperature": -1.0}, "temperature=-1.0 must be 0 (greedy) or a number from 1e-30 up"),  # sampled as if fine
     ({"temperature": math.nan}, "temperature=nan must be 0 (greedy)"),
-    ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1] (None or 1.0: off)"),
+    ({"temperature": 1e-40}, "temperature=1e-40 is too small to divide float32 logits by; give 0"),  # NaN, token 0
+    ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1] (1.0 or None: off)"),
     ({"top_p": 2.0}, "top_p=2.0 must be in (0, 1]"),
 ])
 def test_generate_tokens_refuses_settings_it_cannot_sample_with_in_one_line(settings, message):
