@@ -398,11 +398,11 @@ def check_glob(arg: str, key: str, glob: Glob) -> None:
     if key not in groups:
         raise UserError(f"{arg}: glob() picks options of a config group by name ({', '.join(groups)}), and {key} is "
                         f"no group, so no run would start; give the values themselves, e.g. {key}=a,b")
-    flags = get_args_parser().parse_known_args(sys.argv[1:])[0]
-    if any(arg.startswith("hydra.searchpath") for arg in sys.argv[1:]):
+    if any(given.startswith("hydra.searchpath") for given in sys.argv[1:]):
         return  # options from elsewhere too: Hydra lists them as it sweeps
-    added = Path(flags.config_dir) / key if flags.config_dir else None  # --config-dir's files join the group
-    options = sorted({*group_options(key), *(path.stem for path in (added.glob("*.yaml") if added else []))})
+    config_dir = get_args_parser().parse_known_args(sys.argv[1:])[0].config_dir  # its files join the group
+    added = [path.stem for path in (Path(config_dir) / key).glob("*.yaml")] if config_dir else []
+    options = sorted({*group_options(key), *added})
     if not glob.filter(options):
         raise UserError(f"{arg}: the glob matches none of {key}'s options, so no run would start; {key}'s options are: "
                         f"{', '.join(options)}")
