@@ -176,13 +176,20 @@ def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     assert not (tmp_path / "run" / "ckpt_best.pt").exists()
 
 
-def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path):
+@pytest.mark.parametrize("bad, line", [
     # A run dir for each process (the default is rank 0's for both), so that each must take back its own.
-    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run/${oc.env:LOCAL_RANK}"}), "train.grad_accum_steps=0",
-                      cwd=tmp_path, timeout=120)
+    ({"train.grad_accum_steps": 0, "hydra.run.dir": "run/${oc.env:LOCAL_RANK}"},
+     "error: train.grad_accum_steps=0 must be at least 1"),
+    # Found by local rank 0 alone, as it tokenizes while the other waits: that one said first that
+    # it had lost contact.
+    ({"data": "text", "data.path": "bad.jsonl", "data.n_chars": None, "hydra.run.dir": "run"},
+     "error: bad.jsonl, line 2: not valid JSON (Expecting ',' delimiter, column 16); fix or remove that line"),
+], ids=["a config error", "a corpus error"])
+def test_a_config_error_under_torchrun_is_said_once_not_once_per_process(tmp_path, bad, line):
+    (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"text": "two" "three"}\n')
+    result = torchrun(2, *tiny_run(QUICK_ON_CPU, **bad), cwd=tmp_path, timeout=120)
     assert result.returncode != 0
-    our_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert our_lines == ["error: train.grad_accum_steps=0 must be at least 1"], result.stderr
+    assert [said for said in result.stderr.splitlines() if said.startswith("error: ")] == [line], result.stderr
     assert not (tmp_path / "run").exists()  # nothing written, and the folder Hydra made in each process taken back
     assert "rank      : 0 (local_rank: 0)\n  exitcode  : 2" in result.stderr  # torchrun names rank 0 as the cause
 

@@ -18,7 +18,7 @@ from model_io.hf_models import load_hf_weights
 from model_io.run_files import LAST
 from runtime.devices import Machine, check_compiler, is_out_of_memory, memory_bytes
 from runtime.precision import Precision
-from runtime.ranks import Ranks, dist_backend, said_once_per_machine
+from runtime.ranks import Ranks, dist_backend, leave_it_to_local_rank_zero, lost_contact, said_once_per_machine
 from training.data_parallel import Replicated, wrap
 from training.optimizer import Optimizers, build_optimizer
 from training.specs import RunSpec
@@ -72,7 +72,7 @@ def build_data_and_model(spec: RunSpec) -> tuple[Ranks, Precision, TokenData, GP
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: much faster, ample precision here
     # On each machine one process tokenizes (and downloads) first; the others then read its cache.
     if ranks.local_rank != 0:
-        ranks.barrier()
+        wait_for_the_tokens(ranks)
     data = prepare_tokens(spec.corpus, spec.tokenizer)
     if ranks.local_rank == 0:
         ranks.barrier()
@@ -146,6 +146,20 @@ def build_run(spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: Ranks
         step_model, eval_model = torch.compile(step_model), torch.compile(model)
     batch_rng = np.random.default_rng(spec.loop.seed)
     return Run(spec, config, run_dir, ranks, precision, data, model, optimizer, step_model, eval_model, parallel, batch_rng)
+
+
+def wait_for_the_tokens(ranks: Ranks) -> None:
+    """A process other than the first on its machine waits while that one tokenizes. If it stops
+    instead (a corpus it cannot read), it says why: this one leaves it to that line rather than
+    saying first that it lost contact."""
+    try:
+        ranks.barrier()
+    except RuntimeError as error:
+        if not lost_contact(error):
+            raise
+        leave_it_to_local_rank_zero(f"rank {ranks.rank} lost contact with local rank 0 while that one prepared the "
+                                    "tokens (its own message says why)")
+        raise
 
 
 def model_line(model: GPT) -> str:
