@@ -152,6 +152,26 @@ def changes_in(key: str, new: Any, old: Any) -> list[tuple[str, Any, Any]]:
     return [] if new == old else [(key, new, old)]
 
 
+def keys_set_by(override: str) -> list[str]:
+    """The keys an override gives: its own, or for experiment=<preset> each key the preset's file
+    sets and each group it chooses (a resumed run compares them one by one with its own)."""
+    key, _, name = override.partition("=")
+    key = key.lstrip("+~")
+    path = CONFIGS / "experiment" / f"{name}.yaml"
+    if key != "experiment" or not path.is_file():
+        return [key]
+    preset = OmegaConf.to_container(OmegaConf.load(path))
+    groups = [choice.split("/")[-1] for entry in preset.pop("defaults", []) if isinstance(entry, dict) for choice in entry]
+    preset.pop("hydra", None)
+
+    def leaves(node: Any, prefix: str) -> list[str]:
+        if not isinstance(node, dict):
+            return [prefix]
+        return [leaf for name, value in node.items() for leaf in leaves(value, f"{prefix}.{name}" if prefix else name)]
+
+    return [*groups, *leaves(preset, "")]
+
+
 def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str], text_hashed: bool = False) -> tuple[Any, list[str]]:
     """The saved run's config, with the command line's overrides that differ from it applied.
     Returns (config, ["train.max_steps 1500 -> 3000", ...]); UserError for an override
@@ -161,13 +181,16 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str], text_h
     resumed = checked_saved_config(saved, cfg.resume)
     free = (*FREE_ON_RESUME, "data.path") if text_hashed else FREE_ON_RESUME
     changes = []
-    for override in overrides:
-        given = override.split("=", 1)[0].lstrip("+~")
-        if given == "resume" or given.startswith("hydra"):
+    given = [(override, key) for override in overrides for key in keys_set_by(override)]
+    for override, key_given in given:
+        if key_given == "resume" or key_given.startswith("hydra"):
             continue
-        for key, new, old in changes_in(given, plain(OmegaConf.select(cfg, given)), plain(OmegaConf.select(resumed, given))):
+        new_value, old_value = plain(OmegaConf.select(cfg, key_given)), plain(OmegaConf.select(resumed, key_given))
+        for key, new, old in changes_in(key_given, new_value, old_value):
             fixed = next((f for f in FIXED_ON_RESUME if key == f or key.startswith(f + ".") or f.startswith(key + ".")), None)
             asked = f"{key}={as_typed(new)}" if "." in key else override  # the value that holds, where a key came twice
+            if not override.lstrip("+~").startswith(f"{key_given}="):  # a key of experiment=<preset>'s
+                asked = f"{asked if '.' in key else key} (from {override})"
             require(
                 fixed is None or key in free,
                 f"resume: {asked} would change the {fixed} this run was trained with"

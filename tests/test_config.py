@@ -173,6 +173,20 @@ def test_a_resumed_run_may_change_how_it_runs_its_attention_included_however_the
         "model.attention sdpa -> manual", "train.max_steps 800 -> 20", "model.dropout 0.0 -> 0.1"]
 
 
+def test_a_resumed_run_compares_each_key_a_preset_sets_and_takes_the_ones_it_may_change():
+    # experiment=<preset> is one override that sets many keys: each was read as "experiment", which
+    # no run config holds, so a preset's values were dropped without a word.
+    with pytest.raises(UserError, match=r"^resume: tokenizer \(from experiment=induction\) would change the tokenizer "):
+        resumed_with(saved_config(), "experiment=induction")  # a group the preset chooses
+    with pytest.raises(UserError, match=r"^resume: model.norm=layernorm \(from experiment=induction\) would change the "
+                                        r"model this run was trained with \(rmsnorm\)"):
+        resumed_with(saved_config("experiment=induction", "model.norm=rmsnorm"), "experiment=induction")
+    # The same command again (resume=auto) changes nothing; a value given beside the preset holds.
+    assert resumed_with(saved_config("experiment=induction", "optim.lr=1e-3"), "experiment=induction", "optim.lr=1e-3") == []
+    assert resumed_with(saved_config("experiment=induction", "optim.lr=1e-3", "train.max_steps=50"), "experiment=induction") == [
+        "optim.lr 0.001 -> 0.006", "train.max_steps 50 -> 2000"]
+
+
 def test_a_resumed_run_of_a_text_file_takes_the_same_file_however_spelt_and_another_only_if_its_text_is_checked(
         tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
