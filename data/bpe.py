@@ -112,8 +112,15 @@ def ranks_to_text(ranks: dict[bytes, int]) -> str:
 
 
 def ranks_from_text(text: str) -> dict[bytes, int]:
+    """ranks_to_text's file read back; ValueError naming what is wrong where it is not one (tiktoken
+    would stop the process at ranks given twice, with a panic of its own)."""
     ranks = {}
-    for line in text.splitlines():
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:  # binascii.Error is one
+            raise ValueError(f"line {number} of the BPE ranks is not 'base64-token rank': {line[:40]!r}") from None
+    if len(set(ranks.values())) < len(ranks) or min(ranks.values(), default=0) < 0:
+        raise ValueError("the BPE ranks are not each given once, from 0 up")
     return ranks

@@ -241,7 +241,10 @@ def build_tokenizer(spec: TokenizerSpec, corpus_chars: Iterable[str], train_text
 def learned_ranks(train_texts: Callable[[], Iterable[str]], vocab_size: int, path: Path) -> dict[bytes, int]:
     """BPE ranks learned once from train_texts() and kept as a .tiktoken file at path."""
     if path.is_file():
-        return ranks_from_text(path.read_text())
+        try:
+            return ranks_from_text(path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:  # a cache: what does not read is learned again
+            log.warning(f"warning: {path} does not read as BPE ranks ({err}); learning them again")
     started = time.perf_counter()
     ranks = train_bpe_fast(train_texts(), vocab_size)  # <|endoftext|> comes on top of these
     log.info(f"learned {len(ranks) - N_BYTES:,} BPE merges in {time.perf_counter() - started:.1f} s")

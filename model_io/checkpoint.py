@@ -75,17 +75,19 @@ class Checkpoint:
         return upgrade(cls(**{key: value for key, value in saved.items() if key in known}))
 
     def build_tokenizer(self) -> Tokenizer:
+        """The run's tokenizer; UserError where the saved one is none this version builds (a file
+        edited by hand, say)."""
         cache_dir = Path(self.config.get("data", {}).get("cache_dir", ".cache"))  # tokenizer=gpt2's files live there
-        return tokenizer_from_state(self.tokenizer, cache_dir)
+        try:
+            return tokenizer_from_state(self.tokenizer, cache_dir)
+        except (KeyError, TypeError, ValueError) as err:
+            raise UserError(f"the checkpoint's tokenizer is not one this version can build ({described(err)}); use a "
+                            "checkpoint train.py saved, as it saved it") from err
 
     def build_model(self) -> tuple[GPT, Tokenizer]:
         """The trained model (on the CPU, in train mode) and its tokenizer; UserError where the saved
         config or tokenizer describes none this version builds (a file edited by hand, say)."""
-        try:
-            tokenizer = self.build_tokenizer()
-        except (KeyError, TypeError, ValueError) as err:
-            raise UserError(f"the checkpoint's tokenizer is not one this version can build ({described(err)}); use a "
-                            "checkpoint train.py saved, as it saved it") from err
+        tokenizer = self.build_tokenizer()
         if "model" not in self.config:
             raise UserError("the checkpoint's config has no model group; use a checkpoint train.py saved, as it saved it")
         try:  # the values of its model group, which GPT checks as it is built

@@ -127,7 +127,12 @@ def test_a_checkpoint_edited_by_hand_is_named_with_what_is_wrong_in_it(tmp_path,
         Checkpoint.load(path)
 
 
-def test_a_tokenizer_state_that_lacks_a_key_names_the_key():
-    checkpoint = Checkpoint(model={}, config={"model": {}}, tokenizer={"kind": "char"})  # its characters left out
-    with pytest.raises(UserError, match=r"^the checkpoint's tokenizer is not one this version can build \(no 'chars'\)"):
-        checkpoint.build_model()
+@pytest.mark.parametrize("tokenizer, problem", [
+    ({"kind": "char"}, "no 'chars'"),  # its characters left out
+    ({"kind": "bpe", "pattern": "x", "ranks": "YQ== 0\nYg== 0\n"}, "the BPE ranks are not each given once"),  # a Rust panic
+])
+def test_a_tokenizer_state_that_does_not_build_names_what_is_wrong(tokenizer, problem):
+    checkpoint = Checkpoint(model={}, config={"model": {}}, tokenizer=tokenizer)
+    for build in (checkpoint.build_model, checkpoint.build_tokenizer):  # train.py's resume builds the tokenizer alone
+        with pytest.raises(UserError, match=rf"^the checkpoint's tokenizer is not one this version can build \({re.escape(problem)}"):
+            build()

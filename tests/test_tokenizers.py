@@ -125,6 +125,23 @@ def test_bpe_ranks_are_kept_as_a_tiktoken_file_in_the_cache_and_reused(tmp_path)
     mtime = ranks_file.stat().st_mtime_ns
     again = bpe(STORIES, 400, tmp_path)
     assert ranks_file.stat().st_mtime_ns == mtime and again.encode(STORIES[:500]) == tokenizer.encode(STORIES[:500])
+    # A file that does not read as ranks (a line cut, or ranks given twice, at which tiktoken's Rust
+    # panics and takes the process down with a hundred lines) is learned again, as any cache entry.
+    whole = ranks_file.read_text()
+    for broken in ("garbage line\n" + whole, whole.replace(" 1\n", " 0\n", 1), whole[:1000] + "x"):
+        ranks_file.write_text(broken)
+        assert bpe(STORIES, 400, tmp_path).encode(STORIES[:500]) == tokenizer.encode(STORIES[:500])
+        assert ranks_file.read_text() == whole
+
+
+@pytest.mark.parametrize("ranks, problem", [
+    ("YQ== 0\nYg== 0\n", "the BPE ranks are not each given once, from 0 up"),
+    ("YQ== 0\nYg==\n", "line 2 of the BPE ranks is not 'base64-token rank': 'Yg=='"),
+    ("YQ== 0\n!!! 1\n", "line 2 of the BPE ranks is not 'base64-token rank': '!!! 1'"),
+])
+def test_bpe_ranks_that_do_not_read_are_a_value_error_naming_what_is_wrong(ranks, problem):
+    with pytest.raises(ValueError, match=f"^{re.escape(problem)}$"):
+        ranks_from_text(ranks)
 
 
 @pytest.mark.slow
