@@ -19,6 +19,7 @@ A save goes to a temporary file, is fsynced, then renamed into place: a crash mi
 leaves the previous file intact.
 """
 
+import errno
 import math
 import os
 import zipfile
@@ -180,7 +181,10 @@ def save_file(checkpoint: dict[str, Any], path: Path) -> None:
     except OSError as err:  # a full disk, a file size limit, a folder gone read-only
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written"
-        raise UserError(f"could not save {os.path.relpath(path)} ({err.strerror or err}); {kept}. Free some disk space and resume") from None
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        fix = ("Free some disk space and resume" if full else
+               f"Check that {os.path.relpath(path.parent)} is still there and this user may write in it, and resume")
+        raise UserError(f"could not save {os.path.relpath(path)} ({err.strerror or err}); {kept}. {fix}") from None
 
 
 class WriteErrorKeeper:

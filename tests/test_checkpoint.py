@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from model_io.checkpoint import Checkpoint, upgrade
+from model_io.checkpoint import Checkpoint, save_file, upgrade
 from tests.helpers import ROOT, small_checkpoint
 from user_error import UserError
 
@@ -136,3 +136,11 @@ def test_a_tokenizer_state_that_does_not_build_names_what_is_wrong(tokenizer, pr
     for build in (checkpoint.build_model, checkpoint.build_tokenizer):  # train.py's resume builds the tokenizer alone
         with pytest.raises(UserError, match=rf"^the checkpoint's tokenizer is not one this version can build \({re.escape(problem)}"):
             build()
+
+
+def test_a_save_into_a_folder_that_is_gone_says_so_rather_than_to_free_disk_space(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as refused:
+        save_file({"model": {}}, tmp_path / "gone" / "ckpt_last.pt")  # (the full disk's line: tests/test_resume.py)
+    assert str(refused.value) == ("could not save gone/ckpt_last.pt (No such file or directory); no ckpt_last.pt was written. "
+                                  "Check that gone is still there and this user may write in it, and resume")
