@@ -90,6 +90,8 @@ def compile_failure(error: BaseException) -> str | None:
 
 def path_error_line(err: OSError) -> str:
     """One line for a file or folder the command could not make, read or write."""
+    if isinstance(err.filename, bytes):  # as TensorBoard's file writer names it
+        err.filename = os.fsdecode(err.filename)
     if isinstance(err, FileExistsError | NotADirectoryError):
         return f"{err.filename} cannot be made a folder: a file is in the way; give another path"
     if isinstance(err, PermissionError):

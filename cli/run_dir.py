@@ -123,6 +123,13 @@ class RunRecord:
         logging.getLogger().addHandler(self.held)
 
     def write(self, cfg: DictConfig, hydra_cfg: DictConfig, resumed: bool) -> None:
+        probe = self.run_dir / f".can-write-{os.getpid()}"
+        try:  # said now, before anything is written, not by TensorBoard's writer thread at its first event
+            probe.touch()
+            probe.unlink()
+        except OSError as err:
+            raise UserError(f"{os.path.relpath(self.run_dir)}: the run cannot make files in its run dir ({err.strerror}); "
+                            "make it writable, or give another hydra.run.dir") from None
         record = self.run_dir / ".hydra" / (f"resumed-{time.strftime('%Y-%m-%d_%H-%M-%S')}" if resumed else "")
         record.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, record / "config.yaml")

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 import cli.run_dir  # (also registers the run_dir_for resolver that configs/train.yaml's hydra.run.dir uses)
 from tests.helpers import ROOT, run_cli, tiny_run
+from user_error import UserError
 
 # Two processes claim the same 200 folders, one after another, started together by a file both
 # wait for: runs launched at once (`for s in 1 2; do python train.py train.seed=$s & done`).
@@ -138,6 +139,24 @@ def test_the_log_holds_each_line_once_however_many_came_before_and_after_the_rec
     lines = [line.split("] ", 1)[1] for line in (tmp_path / "train.log").read_text().splitlines()]
     assert lines == [f"before {n}" for n in range(1_500)] + [f"after {n}" for n in range(1_500)]
     assert OmegaConf.load(tmp_path / ".hydra" / "overrides.yaml") == ["model.n_layer=1"]
+
+
+def test_a_run_dir_the_run_cannot_make_files_in_is_one_line_before_anything_is_written(tmp_path, monkeypatch):
+    # chattr +i: a folder not even root may add to (chmod does not stop root). A resumed run's first
+    # new file was its TensorBoard events, whose writer thread printed a traceback beside the line.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    if subprocess.run(["chattr", "+i", "run"], cwd=tmp_path, capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not allowed here")
+    record = cli.run_dir.RunRecord(tmp_path / "run")
+    try:
+        with pytest.raises(UserError, match=r"^run: the run cannot make files in its run dir \(Operation not "
+                                                        r"permitted\); make it writable, or give another hydra.run.dir$"):
+            record.write(OmegaConf.create({}), OmegaConf.create({"overrides": {"task": []}}), resumed=True)
+        assert list((tmp_path / "run").iterdir()) == []
+    finally:
+        subprocess.run(["chattr", "-i", "run"], cwd=tmp_path, check=True)
+        record.close()
 
 
 @pytest.mark.parametrize("console", ["a pipe whose reader left", "a full disk"])
