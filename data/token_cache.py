@@ -47,27 +47,36 @@ def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenDa
     cache_dir = Path(corpus.cache_dir)
     entry = cache_dir / "tokens" / survey.key
     remove_abandoned_staging(entry)
-    if not is_complete(entry):
+    tokenizer = entry_tokenizer(entry, cache_dir)
+    if tokenizer is None:
         shutil.rmtree(entry, ignore_errors=True)
-        tokenizer = build_tokenizer(tokenizer_spec, survey.chars, lambda: train_sample(corpus, survey), cache_dir, survey.key)
-        write_cache_entry(entry, corpus, tokenizer, survey)
+        built = build_tokenizer(tokenizer_spec, survey.chars, lambda: train_sample(corpus, survey), cache_dir, survey.key)
+        write_cache_entry(entry, corpus, built, survey)
+        tokenizer = tokenizer_from_state(built.state(), cache_dir)  # as a later run reads it back
     meta = json.loads((entry / "meta.json").read_text())
     # A split of no tokens (a corpus of a few characters) is an empty array: mmap refuses an empty
     # file, and check_splits_fit then says what the split needs.
     splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") if meta[f"n_{split}"]
               else np.zeros(0, dtype=meta["dtype"]) for split in SPLITS}
-    return TokenData(tokenizer_from_state(meta["tokenizer"], cache_dir), train=splits["train"], val=splits["val"],
-                     text_key=survey.text_key)
+    return TokenData(tokenizer, train=splits["train"], val=splits["val"], text_key=survey.text_key)
 
 
-def is_complete(entry: Path) -> bool:
-    """A cache entry is used only if its meta.json exists and its ids files hold every token."""
+def entry_tokenizer(entry: Path, cache_dir: Path) -> Tokenizer | None:
+    """The tokenizer of a cache entry that can be used: its meta.json reads, its tokenizer builds, and its
+    ids files hold every token. None for any other (missing, half-written, or damaged): it is made again."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
         itemsize = np.dtype(meta["dtype"]).itemsize
-        return all((entry / f"{split}.bin").stat().st_size == meta[f"n_{split}"] * itemsize for split in SPLITS)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+        if not all((entry / f"{split}.bin").stat().st_size == meta[f"n_{split}"] * itemsize for split in SPLITS):
+            return None
+        return tokenizer_from_state(meta["tokenizer"], cache_dir)
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return None
+
+
+def is_complete(entry: Path) -> bool:
+    """Whether a cache entry can be used (entry_tokenizer)."""
+    return entry_tokenizer(entry, entry.parent.parent) is not None
 
 
 def write_cache_entry(entry: Path, corpus: CorpusSpec, tokenizer: Tokenizer, survey: Survey) -> None:

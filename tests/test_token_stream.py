@@ -180,3 +180,19 @@ def test_a_cache_entry_whose_val_ids_were_cut_short_is_made_again(tmp_path):
     assert not is_complete(entry)
     again = prepare_tokens(cfg, TokenizerSpec("char"))
     assert is_complete(entry) and np.array_equal(again.train, train) and np.array_equal(again.val, val)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda state: state.pop("chars"),  # a KeyError, with a traceback
+    lambda state: state.update(kind="nope"),  # a line about checkpoints, of a cache entry
+    lambda state: state.update(kind="bpe", pattern="x", ranks="YQ== 0\nYg== 0\n"),  # tiktoken's Rust panic
+], ids=["no chars", "an unknown kind", "a rank given twice"])
+def test_a_cache_entry_whose_tokenizer_does_not_build_is_made_again(tmp_path, damage):
+    cfg = CorpusSpec(source="stories", seed=1, n_chars=20_000, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    first = prepare_tokens(cfg, TokenizerSpec("char"))
+    (entry,) = (tmp_path / "cache" / "tokens").iterdir()
+    meta = json.loads((entry / "meta.json").read_text())
+    damage(meta["tokenizer"])
+    (entry / "meta.json").write_text(json.dumps(meta))
+    again = prepare_tokens(cfg, TokenizerSpec("char"))
+    assert again.tokenizer.state() == first.tokenizer.state() and np.array_equal(again.train, first.train)
