@@ -7,6 +7,7 @@ model_io/checkpoint.py's business."""
 
 import functools
 import os
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -191,7 +192,8 @@ def checkpoint_to_resume(resume: str | None, run_dir: Path, restarted: bool) -> 
                             f"run another hydra.run.dir (to go on from that model: resume={held} hydra.run.dir=<a new folder>)")
         return None
     source = resolve_resume(resume)
-    if held is not None and source.resolve() != last.resolve():
+    # (A file that is no checkpoint, train.log say, is said to be none as it is read: Checkpoint.load.)
+    if held is not None and source.resolve() != last.resolve() and zipfile.is_zipfile(source):
         go_on = f", or resume={shown} to go on from its {LAST}" if last.is_file() else ""
         raise UserError(f"resume={resume} would go on in {shown} from {source.name}, overwriting the {held.name} there; "
                         f"to branch from it, add hydra.run.dir=<a new folder>{go_on}")
@@ -204,6 +206,11 @@ def resolve_resume(resume: str) -> Path:
                         "resume out for a new run")
     path = Path(resume).expanduser()
     if path.is_dir():
+        if os.path.lexists(path / LAST) and not (path / LAST).is_file():
+            what = ("a folder" if (path / LAST).is_dir() else "a link to nothing" if not (path / LAST).exists()
+                    else "neither a file nor a folder")
+            raise UserError(f"resume={resume}: its {LAST} is {what}, not the checkpoint train.py saves there; put the "
+                            "run's checkpoint back in its place")
         if (path / BEST).is_file() and not (path / LAST).is_file():
             raise UserError(f"resume={resume} has no {LAST}, only {BEST}; to go on from that one, give "
                             f"resume={path / BEST} hydra.run.dir=<a new folder>")

@@ -110,6 +110,17 @@ def test_a_run_is_refused_a_run_dir_whose_checkpoints_it_would_overwrite(tmp_pat
                                                         f"from that one, give resume={there / 'ckpt_best.pt'} "
                                                         "hydra.run.dir=<a new folder>") + "$"):
         resolve_resume(str(there))
+    # A ckpt_last.pt that is no file was called missing; a file of the run that is no checkpoint, a
+    # branch that would overwrite: each is said for what it is (Checkpoint.load refuses train.log).
+    last = there / "ckpt_last.pt"
+    for what in ("a folder", "a link to nothing"):
+        last.mkdir() if what == "a folder" else last.symlink_to("nowhere")
+        with pytest.raises(UserError, match="^" + re.escape(f"resume={there}: its ckpt_last.pt is {what}, not the checkpoint "
+                                                            "train.py saves there; put the run's checkpoint back")):
+            resolve_resume(str(there))
+        last.rmdir() if what == "a folder" else last.unlink()
+    (here / "train.log").write_text("[10:00:00] step 10\n")
+    assert checkpoint_to_resume(str(here / "train.log"), here, restarted=False) == here / "train.log"
 
 
 def test_kept_checkpoints_are_the_files_named_by_step_in_step_order(tmp_path):
