@@ -56,5 +56,8 @@ def command_argument(key: str, value: str) -> str:
 
 
 def not_a_file_or_folder(path: Path) -> str:
-    """Why a path that is neither a folder nor a file cannot be read: not there, or a named pipe, a device."""
+    """Why a path that is neither a folder nor a file cannot be read: not there, a link that leads
+    nowhere, or a named pipe, a device."""
+    if path.is_symlink() and not path.exists():
+        return "is a link that leads nowhere (to a path that does not exist, or round in a loop)"
     return "is neither a file nor a folder" if path.exists() else "does not exist"

@@ -40,6 +40,9 @@ def check_splits_fit(data: TokenData, block_size: int) -> None:
     if sizes["train"] > block_size:  # the val split alone: the share held out is the lever
         fix = "raise data.val_fraction (the share of the text held out for it), " + (
             f"use a longer corpus, or a model.block_size under {fits}" if fits >= 2 else "or use a longer corpus")
+    elif sizes["val"] > block_size:  # the train split alone: it gets what is not held out
+        fix = "lower data.val_fraction (the share of the text held out for validation), " + (
+            f"use a longer corpus, or a model.block_size under {fits}" if fits >= 2 else "or use a longer corpus")
     elif fits < 2:  # no window fits in one of them, whatever its size
         fix = "use a longer corpus"
     else:

@@ -137,7 +137,7 @@ def read_text_files(path: str | None, text_field: str) -> Iterator[Piece]:
                 yield Piece(piece.text, piece.starts_document, files_done + raw.tell())
         files_done += file.stat().st_size
     if not any_text:
-        raise UserError(f"data.path={path} holds no text (every file is empty, or every {text_field!r} of its .jsonl lines); "
+        raise UserError(f"data.path={path} holds no text (every file is empty or blank, or every {text_field!r} of its .jsonl lines); "
                         "give it a file with text in it")
 
 

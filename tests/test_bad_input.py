@@ -104,8 +104,11 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["data=text", "data.path=pipe.txt"], "error: data.path=pipe.txt is neither a file nor a folder; give a .txt"),  # a named pipe
         (["data=shakespeare", "data.path=a_folder"], "error: data.path=a_folder is a folder, not a file; give the path of a local copy"),
         (["data=text", "data.path=empty.txt"], "error: data.path=empty.txt holds no text"),
-        (["data=text", "data.path=blank.jsonl"], "error: data.path=blank.jsonl holds no text (every file is empty, or every "
-                                                 "'text' of its .jsonl lines)"),
+        (["data=text", "data.path=blank.jsonl"], "error: data.path=blank.jsonl holds no text (every file is empty or blank, "
+                                                 "or every 'text' of its .jsonl lines)"),
+        (["data=text", "data.path=blank.txt"], "error: data.path=blank.txt holds no text (every file is empty or blank"),
+        (["data=text", "data.path=loop.txt"], "error: data.path=loop.txt is a link that leads nowhere (to a path that does "
+                                              "not exist, or round in a loop)"),  # was "does not exist"
         (["data=text", "data.path=binary.txt"], "error: binary.txt looks binary (it holds NUL bytes at 5)"),
         (["data=text", "data.path=latin1.txt"], "error: latin1.txt is not UTF-8 text (byte 3 is 0xe9)"),
         (["data=text", "data.path=bad.jsonl"], "error: bad.jsonl, line 2: not valid JSON (Expecting ',' delimiter, column 16)"),
@@ -199,6 +202,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
 )
 def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args, message):
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("  \n\t\n" * 100)
+    (tmp_path / "loop.txt").symlink_to("loop.txt")
     (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')
     (tmp_path / "binary.txt").write_bytes(b"hello\0\0\0world")
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))

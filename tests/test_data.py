@@ -230,7 +230,10 @@ def test_with_a_llama_3_tokenizer_every_story_starts_after_its_start_token_and_t
 
 @pytest.mark.parametrize(("train", "val", "message"), [
     (200, 150, None),  # a window of 129 fits in each
-    (100, 300, "the train split has 100; use a longer corpus, or a model.block_size under 100"),
+    (100, 300, "the train split has 100; lower data.val_fraction (the share of the text held out for validation), use "
+               "a longer corpus, or a model.block_size under 100"),  # the train split alone: the share held out is the lever
+    (1, 300, "the train split has 1; lower data.val_fraction (the share of the text held out for validation), or use a "
+             "longer corpus"),
     (100, 40, "the train split has 100 and the val split has 40; use a longer corpus, or a model.block_size under 40"),
     (300, 40, "the val split has 40; raise data.val_fraction (the share of the text held out for it), use a longer "
               "corpus, or a model.block_size under 40"),
