@@ -22,6 +22,7 @@ from user_error import UserError, not_a_file_or_folder, not_installed
 try:  # what make setup installs into .venv: another python gets one line, not a traceback
     starting = Starting()  # Ctrl-C while importing is one line too, and no garbage is collected (runtime/startup.py)
     import hydra
+    import torch
     from omegaconf import DictConfig
 except ModuleNotFoundError as missing:
     sys.exit(not_installed(missing, "export.py"))
@@ -59,6 +60,10 @@ def export(cfg: DictConfig) -> None:
     model_type = export_model_type(model.config)
     if model_type is None:
         raise UserError(f"{path} {export_refusal(model.config)}")
+    diverged = [name for name, tensor in model.state_dict().items() if not torch.isfinite(tensor).all()]
+    if diverged:  # a model that would load, and write NaN
+        raise UserError(f"{path}: its weights hold NaN or inf ({diverged[0]}{' and more' if len(diverged) > 1 else ''}): "
+                        "the run diverged, or the file is damaged; export a checkpoint saved before that")
     check_out(out, path, cfg.force)
     replace_folder(out, lambda folder: write_hf_folder(model, tokenizer, folder))
 

@@ -194,6 +194,17 @@ def test_sample_py_computes_in_the_dtype_it_is_given_where_float16_overflows_and
                              "(float16, whose largest number is 65,504); sample with dtype=bf16 or fp32\n")
 
 
+def test_weights_that_hold_nan_are_refused_rather_than_exported(pretrained_run: Path, tmp_path: Path) -> None:
+    # A run that diverged, or one byte of the file flipped: transformers would load NaN without a word.
+    checkpoint = Checkpoint.load(pretrained_run / BEST)
+    checkpoint.model["ln_f.bias"] = torch.full_like(checkpoint.model["ln_f.bias"], float("nan"))
+    checkpoint.save(tmp_path / "nan.pt")
+    assert refusal(tmp_path / "nan.pt", tmp_path / "exported") == (
+        f"error: {tmp_path / 'nan.pt'}: its weights hold NaN or inf (ln_f.bias): the run diverged, or the file is damaged; "
+        "export a checkpoint saved before that\n")
+    assert not (tmp_path / "exported").exists()
+
+
 @pytest.mark.parametrize("run_name", ["bpe_run", "pretrained_run"])
 def test_an_exported_byte_level_run_reads_back_as_the_same_model_and_tokenizer(
     run_name: str, request: pytest.FixtureRequest, tmp_path: Path
