@@ -21,6 +21,7 @@ from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_state
 from user_error import UserError
 
 SPLITS = ("train", "val")
+CHECKED_IDS = 4096  # at each end of each split, against the vocabulary, as an entry is read
 
 
 @dataclass
@@ -69,7 +70,13 @@ def entry_tokenizer(entry: Path, cache_dir: Path) -> Tokenizer | None:
         itemsize = np.dtype(meta["dtype"]).itemsize
         if not all((entry / f"{split}.bin").stat().st_size == meta[f"n_{split}"] * itemsize for split in SPLITS):
             return None
-        return tokenizer_from_state(meta["tokenizer"], cache_dir)
+        tokenizer = tokenizer_from_state(meta["tokenizer"], cache_dir)
+        for split in SPLITS:  # the ids at both ends, a few kB: files of another vocabulary, or of noise, show there
+            if meta[f"n_{split}"]:
+                ids = np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r")
+                if max(ids[:CHECKED_IDS].max(), ids[-CHECKED_IDS:].max()) >= tokenizer.vocab_size:
+                    return None
+        return tokenizer
     except (OSError, ValueError, KeyError, TypeError, UserError):
         return None
 

@@ -196,3 +196,16 @@ def test_a_cache_entry_whose_tokenizer_does_not_build_is_made_again(tmp_path, da
     (entry / "meta.json").write_text(json.dumps(meta))
     again = prepare_tokens(cfg, TokenizerSpec("char"))
     assert again.tokenizer.state() == first.tokenizer.state() and np.array_equal(again.train, first.train)
+
+
+def test_a_cache_entry_of_ids_past_its_vocabulary_is_made_again(tmp_path):
+    # Noise of the right size (a damaged disk, a copy gone wrong): the model refused its first batch
+    # with a traceback, after the run dir was written.
+    cfg = CorpusSpec(source="stories", seed=1, n_chars=20_000, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    first = prepare_tokens(cfg, TokenizerSpec("char"))
+    train = np.array(first.train)
+    (entry,) = (tmp_path / "cache" / "tokens").iterdir()
+    noise = np.random.default_rng(0).integers(0, 2**16, len(train), dtype=np.uint16)
+    noise.tofile(entry / "train.bin")
+    assert not is_complete(entry)
+    assert np.array_equal(prepare_tokens(cfg, TokenizerSpec("char")).train, train) and is_complete(entry)
