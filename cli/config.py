@@ -52,6 +52,8 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
     check_sampling("temperature", train.sample_temperature, "train.sample_temperature")
     require(0 <= train.seed < SEEDS, f"train.seed={train.seed} must be a whole number from 0 to {SEEDS - 1}")
     require(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.1")
+    require(bool(str(cfg.data.cache_dir).strip()),  # data.cache_dir= with nothing after it: the working folder
+            "data.cache_dir= is empty; give the folder that keeps the token cache (the default is .cache)")
     if cfg.tokenizer.kind == "bpe":
         require(
             256 <= cfg.tokenizer.vocab_size <= 2**20,

@@ -97,6 +97,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
          "model.block_size=128 tokens, and with model.pos=learned generation never looks further back; pick a window "
          "under 128, or null"),
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
+        (["data.cache_dir="], "error: data.cache_dir= is empty; give the folder that keeps the token cache (the default is "
+                              ".cache)\n"),  # was the working folder, filled with tokens/
         (["optim.lr=-1"], "error: optim.lr=-1"),
         (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),
         (["data=text"], "error: data=text needs a corpus"),
