@@ -94,8 +94,9 @@ bench: setup
 	$(PY) -m bench $(ARGS)
 
 docs: setup browser
-	$(PY) docs/questions.py
+	@test -n "$(RUN)" || { echo "error: RUN= is empty; give make docs RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
 	$(PY) docs/figures.py $(RUN)
+	$(PY) docs/questions.py
 	$(PY) docs/attention_tab.py $(RUN)
 	$(PY) docs/induction_figures.py $(INDUCTION_RUNS)
 	$(PY) docs/tools.py $(RUN) $(INDUCTION_RUNS)

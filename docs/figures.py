@@ -233,13 +233,30 @@ def your_text(model, tokenizer, events) -> dict:
             "without_the_first": {"name_in_top_5": name in likeliest[0], "top_2": likeliest[0][:2]}}
 
 
+def figures_of(run: str, staged: Path) -> tuple[list[tuple[int, int, str]], dict]:
+    """The picture (drawn at staged) and the numbers of a run; UserError, in one line, for a run of
+    another shape than make train's (fewer heads, no recall logged, a shorter context than the
+    pages' text), whose numbers the code above does not find."""
+    heads = attention_maps_figure(run, out=staged)  # refuses a run that is not there, or not of the stories
+    try:
+        return heads, run_record(run, heads)
+    except (KeyError, IndexError, ValueError, UserError) as err:
+        raise UserError(f"RUN={run}: make docs draws the pictures and numbers of a run of make train's settings, and this "
+                        f"run lacks what they need ({err}); give RUN=<a run dir of make train>") from None
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", help="a run dir or checkpoint of the stories corpus")
     args = parser.parse_args()
+    staged = ATTENTION_MAPS.with_name(f".{ATTENTION_MAPS.stem}.tmp.png")  # replaces the picture once the numbers are in
     with exit_on_user_error():
-        heads = attention_maps_figure(args.run)
-        record = run_record(args.run, heads)
+        try:
+            heads, record = figures_of(args.run, staged)
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+    staged.replace(ATTENTION_MAPS)
     for layer, head, role in heads:
         print(f"layer {layer} head {head}: {role}")
     RECORD.write_text(json.dumps({**record, "heads": heads}, indent=1) + "\n")

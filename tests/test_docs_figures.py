@@ -1,10 +1,13 @@
 """The pictures `make docs` draws from a run (docs/figures.py)."""
 
+import re
+
 import pytest
 from PIL import Image
 
 from inspection.tab_format import RECALL_HEADS, head_scalar_tag
 from tests.helpers import ROOT, assert_one_error_line, read_events, run_script
+from user_error import UserError
 
 
 @pytest.mark.slow  # the shared trained run
@@ -22,6 +25,17 @@ def test_the_docs_picture_shows_the_name_copying_head_beside_another(trained_run
     assert copier == max(logged, key=logged.get) and other != copier
     width, height = Image.open(out).size
     assert 1.5 * height < width <= SHOWN_WIDTH  # two square maps side by side, shown at their own size
+
+
+@pytest.mark.slow  # the shared trained run
+def test_a_run_of_another_shape_than_make_trains_is_one_line_and_the_picture_is_left_as_it_was(trained_run, tmp_path):
+    # The tests' tiny run: 2 x 2 heads and a context of 32, too short for the pages' own text.
+    # make docs wrote docs/attention_maps.png over, then stopped with a traceback.
+    import docs.figures
+
+    with pytest.raises(UserError, match=re.escape(f"RUN={trained_run}: make docs draws the pictures and numbers of a run "
+                                                  "of make train's settings, and this run lacks what they need (")):
+        docs.figures.figures_of(str(trained_run), tmp_path / "staged.png")  # (main replaces the picture only after)
 
 
 def test_the_docs_picture_of_a_missing_run_is_one_clear_line(tmp_path):
