@@ -4,7 +4,7 @@
 #   make test             run the test suite
 #   make test-fast        the tests not marked slow, browser, distributed or compile (pyproject.toml): the
 #                         inner loop; every module of the project is still run (tests/test_fast_tier.py)
-#   make sample           sample from the newest run (ARGS="prompt='Once upon a time'")
+#   make sample           sample from the newest run, or RUN=<run dir> (ARGS="prompt='Once upon a time'")
 #   make tensorboard      open TensorBoard on every run, with the Attention tab (attention_tab/)
 #   make bench            speed figures for this machine (python -m bench: bench/), as a table and JSON
 #   make docs             redraw the tour's pictures (docs/questions/), and docs/attention_maps.png and the
@@ -37,6 +37,10 @@ NOTEBOOK ?= look_inside
 # The notebook's file, from its name (name_swap), its file name or its path (notebooks/name_swap.ipynb).
 NOTEBOOK_FILE = notebooks/$(basename $(notdir $(NOTEBOOK))).ipynb
 ARGS ?=
+# ARG= (no S) would be left unread, and the command run with its defaults: say so instead.
+ifneq ($(origin ARG),undefined)
+$(error ARG= is no variable here: extra arguments go through ARGS= (with an S), e.g. make train ARGS="train.max_steps=500")
+endif
 
 .PHONY: setup browser train test test-fast sample tensorboard bench docs notebook lint clean help
 .DEFAULT_GOAL := help  # a bare make lists the commands (each one sets up .venv first)
@@ -85,7 +89,7 @@ test-fast: setup
 	$(PY) -m pytest $(XDIST) -m "$(FAST_TESTS)" $(ARGS)
 
 sample: setup
-	$(PY) sample.py run=latest $(ARGS)
+	$(PY) sample.py run=$(RUN) $(ARGS)
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir_spec outputs:outputs,multirun:multirun $(ARGS)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -87,10 +88,18 @@ def benchmark(args: argparse.Namespace) -> None:
     print(f"written: {out}")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's refusals (a misspelt flag, a value of the wrong type) in one line, as the project's
+    other commands say theirs, instead of its usage text and the line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message}; `python -m bench --help` lists the options")
+
+
 def command_line() -> argparse.ArgumentParser:
     """The benchmark's options."""
-    parser = argparse.ArgumentParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}; by default {', '.join(DEFAULT_SECTIONS)} "
                         "(each other one takes minutes or needs more, e.g. gpt2_sampling about 2 minutes on 2 busy cores, "
                         "gpt2_finetune about 8 and --nanogpt: docs/speed.md)")

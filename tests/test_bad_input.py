@@ -441,3 +441,11 @@ def test_an_override_of_hydras_own_settings_goes_to_hydra(tmp_path):
     for added in ("+hydra.job.env_set.FOO=bar", "++hydra.job.env_set.FOO=bar"):  # (+model... is refused: the table above)
         result = run_cli("train.py", "--cfg", "hydra", added, cwd=tmp_path)
         assert result.returncode == 0 and "  env_set:\n      FOO: bar\n" in result.stdout, result.stderr
+
+
+def test_make_says_arg_without_an_s_is_no_variable_rather_than_run_the_defaults():
+    # `make train ARG="..."` trained the default model for minutes, its settings unread.
+    result = subprocess.run(["make", "-s", "-n", "-o", ".venv/.installed", "train", "ARG=train.max_steps=1"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and not result.stdout
+    assert 'ARG= is no variable here: extra arguments go through ARGS= (with an S), e.g. make train ARGS=' in result.stderr

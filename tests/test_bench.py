@@ -71,6 +71,15 @@ def test_an_unknown_section_is_one_clear_line():
     )
 
 
+@pytest.mark.parametrize("args, line", [
+    (["--onyl", "peak"], "error: unrecognized arguments: --onyl peak; `python -m bench --help` lists the options"),
+    (["--only", "peak", "--repeats", "x"], "error: argument --repeats: invalid int value: 'x'; `python -m bench --help` "
+                                           "lists the options"),
+])  # argparse's usage text came first, seven lines of it
+def test_a_misspelt_flag_or_a_value_of_the_wrong_type_is_one_clear_line(args, line, tmp_path, monkeypatch, capsys):
+    assert bench_refusal(*args, out=tmp_path / "bench.json", monkeypatch=monkeypatch, capsys=capsys) == line
+
+
 def test_speed_md_lists_every_section_once_and_says_which_run_by_default():
     # docs/speed.md's table is where a user learns what `--only` can name and what `make bench` runs.
     rows = re.findall(r"^\| `(\w+)` \| .* \| (yes|no) \|$", (ROOT / "docs" / "speed.md").read_text(), re.MULTILINE)

@@ -344,3 +344,13 @@ def test_top_k_takes_0_for_off_and_the_whole_vocabulary_which_samples_alike(tmp_
              for k in (0, vocab_size)]
     assert [text.returncode for text in texts] == [0, 0], texts[1].stderr
     assert texts[0].stdout == texts[1].stdout  # every token kept, either way
+
+
+def test_make_sample_takes_the_run_as_make_docs_does():
+    # -n: the command make runs (it sampled the newest run, RUN= unread). ARGS' run= comes after it, and wins.
+    def command(*variables: str) -> str:
+        return subprocess.run(["make", "-s", "-n", "-o", ".venv/.installed", "sample", *variables], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+    assert command().endswith("sample.py run=latest")
+    assert command("RUN=outputs/a").endswith("sample.py run=outputs/a")
