@@ -92,6 +92,7 @@ sample: setup
 	$(PY) sample.py run=$(RUN) $(ARGS)
 
 tensorboard: setup
+	@test -d outputs -o -d multirun || echo "note: no runs yet under outputs/ or multirun/ (make train makes one); TensorBoard shows them as they come" >&2
 	$(VENV)/bin/tensorboard --logdir_spec outputs:outputs,multirun:multirun $(ARGS)
 
 bench: setup

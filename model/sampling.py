@@ -21,6 +21,7 @@ def sampling_problem(setting: str, value: object, key: str | None = None) -> str
     train.sample_temperature); None where it can. The one statement of their ranges: sample.py,
     train.py and check_sampling_settings all ask here."""
     shown = f"{setting}={value!r}" if key is None else f"{key}={value}"
+    none = "None" if key is None else "null"  # as Python spells it, or the command line
     number = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
     if setting == "max_new_tokens" and (not is_whole_number(value) or value < 0):
         return f"{shown} must be a whole number, 0 or more"
@@ -30,9 +31,9 @@ def sampling_problem(setting: str, value: object, key: str | None = None) -> str
         return (f"{shown} is too small to divide float32 logits by; give 0 for greedy decoding, or at least "
                 f"{SMALLEST_TEMPERATURE:g}")
     if setting == "top_k" and value is not None and (not is_whole_number(value) or value < 0):
-        return f"{shown} must be a whole number, 1 or more (0 or None: off)"
+        return f"{shown} must be a whole number, 1 or more (0 or {none}: off)"
     if setting == "top_p" and value is not None and (not number or not 0 < value <= 1):
-        return f"{shown} must be in (0, 1] (1.0 or None: off)"
+        return f"{shown} must be in (0, 1] (1.0 or {none}: off)"
     return None
 
 

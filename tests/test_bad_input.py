@@ -292,7 +292,7 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
                                                          "than one command samples (100,000,000 tokens); ask for fewer"),
         (["run=latest", "num_samples=100000000", "max_new_tokens=5"], "error: num_samples=100000000 x max_new_tokens=5 is more"),
         (["run=latest", "num_samples=200000000", "max_new_tokens=0"], "error: num_samples=200000000 x max_new_tokens=0 is more"),
-        (["run=latest", "top_k=-3"], "error: top_k=-3 must be a whole number, 1 or more (0 or None: off)"),
+        (["run=latest", "top_k=-3"], "error: top_k=-3 must be a whole number, 1 or more (0 or null: off)"),
         (["run=latest", "dtype=fp8"], "error: dtype=fp8 is not a precision; use auto, fp32, bf16 or fp16"),
     ],
 )
