@@ -25,6 +25,7 @@ from omegaconf.errors import (
     ConfigAttributeError,
     ConfigIndexError,
     ConfigKeyError,
+    InterpolationResolutionError,
     OmegaConfBaseException,
     ValidationError,
 )
@@ -274,6 +275,9 @@ def config_error_line(err: Exception) -> str:
         marks, example = ("[ ]", "[a]") if converted[1] == "list" else ("{ }", "{a}")
         return (f"{full_key}: {marks} make a {converted[1]} of a value; to keep them as text, quote the value inside "
                 f"the shell's quotes, e.g. '{full_key}=\"{example}\"'")
+    if full_key and isinstance(cause, InterpolationResolutionError) and value_kind(full_key) == "text":  # prompt=${x}
+        return (f"{full_key}: {said.splitlines()[0]}; a value's ${{...}} names another key, and \\${{ keeps it as text, "
+                f"e.g. '{full_key}=\\${{x}}'")
     if full_key and "does not support deletion" in said:  # ~model.n_layer
         return f"~{full_key}: ~ removes a key, and every option here keeps a value; set it instead ({full_key}=<value>)"
     if deleted := re.match(r"Could not delete from config\. '(.+)' does not exist", said):  # ~data.path: null, or no key

@@ -270,6 +270,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
         (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
+        (['prompt="${x}"'], "error: prompt: Interpolation key 'x' not found; a value's ${...} names another key, and \\${ "
+                            "keeps it as text, e.g. 'prompt=\\${x}'\n"),  # was the --help hint
         (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be a whole number, 0 or more"),
         (["max_new_tokens=abc"], "error: max_new_tokens=abc must be a whole number"),
         (["top_k=lots"], "error: top_k=lots must be a whole number"),
