@@ -402,8 +402,9 @@ def check_glob(arg: str, key: str, glob: Glob) -> None:
     that matches none, or of a key that holds a value."""
     groups = command_groups()
     if key not in groups:
-        raise UserError(f"{arg}: glob() picks options of a config group by name ({', '.join(groups)}), and {key} is "
-                        f"no group, so no run would start; give the values themselves, e.g. {key}=a,b")
+        which = f" ({', '.join(groups)})" if groups else ", and this command has none"
+        raise UserError(f"{arg}: glob() picks options of a config group by name{which}; {key} is no group, so no run "
+                        f"would start: give the values themselves, e.g. {key}=a,b")
     if any(given.startswith("hydra.searchpath") for given in sys.argv[1:]):
         return  # options from elsewhere too: Hydra lists them as it sweeps
     config_dir = get_args_parser().parse_known_args(sys.argv[1:])[0].config_dir  # its files join the group

@@ -80,7 +80,7 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["-m", "experiment=glob(nope*)"], "error: experiment=glob(nope*): the glob matches none of experiment's options, "
                                            "so no run would start; experiment's options are: finetune_gpt2, "),  # 0 jobs, exit 0
         (["-m", "model.n_head=glob(*)"], "error: model.n_head=glob(*): glob() picks options of a config group by name "
-                                         "(model, data, tokenizer, optim, train, experiment), and model.n_head is no group"),
+                                         "(model, data, tokenizer, optim, train, experiment); model.n_head is no group"),
         (["-m", "model.n_head=choice()"], "error: model.n_head=choice(): choice() gives no value, so no run would start; "
                                           "list the values, e.g. model.n_head=choice(a,b)\n"),  # was the quoting hint
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
@@ -270,6 +270,8 @@ def test_a_corpus_of_a_few_characters_is_one_line_though_a_split_holds_no_tokens
         (["device=tpu9"], "error: device=tpu9 is not a device; use auto, cpu, cuda"),
         (["top_k=100000"], "error: top_k=100000 must be between 1 and the vocabulary size"),
         (["top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
+        (["-m", "run=glob(*)"], "error: run=glob(*): glob() picks options of a config group by name, and this command has "
+                                "none; run is no group, so no run would start: give the values themselves, e.g. run=a,b\n"),
         (['prompt="${x}"'], "error: prompt: Interpolation key 'x' not found; a value's ${...} names another key, and \\${ "
                             "keeps it as text, e.g. 'prompt=\\${x}'\n"),  # was the --help hint
         (["max_new_tokens=-3"], "error: max_new_tokens=-3 must be a whole number, 0 or more"),
