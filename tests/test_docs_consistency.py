@@ -144,7 +144,7 @@ def test_a_command_the_linked_section_does_not_give_is_caught(tmp_path: Path):
 
 
 def test_the_readme_names_no_logdir_that_make_tensorboard_already_reads():
-    target = re.search(r"^tensorboard:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE)[1]
+    target = re.search(r"^tensorboard:.*\n(?:\t.*\n)*?\t(.*--logdir_spec.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE)[1]
     read = set(re.findall(r"(\w+):\1", target))  # --logdir_spec outputs:outputs,multirun:multirun
     assert read == {"outputs", "multirun"}
     text = README.read_text()  # its code blocks too
