@@ -253,15 +253,7 @@ def config_error_line(err: Exception) -> str:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(err.options)}"
     if isinstance(err, OverrideParseException):  # the shell split a value, or Hydra's syntax claimed a character
-        key, equals, value = err.override.partition("=")
-        if equals and "~" in value and '"' not in value:  # a home folder: the shell leaves ~ after = as it is
-            return (f"could not read the argument {err.override!r}: Hydra's syntax claims ~; quote the value inside the "
-                    f"shell's quotes, e.g. '{key}=\"{value}\"' (a path given so still starts at your home folder)")
-        reason = (err.message.strip().splitlines() or [""])[0]
-        shown = reason and not reason.startswith("LexerNoViableAltException")  # that one only repeats the argument
-        reason = f" ({reason})" if shown else ""
-        return (f"could not read the argument {err.override!r}{reason}: each argument is key=value, and a value with spaces, "
-                f"non-ASCII letters or any of : , = ' \" [ ] {{ }} ( ) needs quotes inside the shell's, e.g. 'prompt=\"Once upon a time, a\"'")
+        return unread_argument_line(err)
     if str(err).startswith("Ambiguous value for argument"):  # key=a,b: Hydra reads the comma as a sweep
         first_line = str(err).splitlines()[0]  # Ambiguous value for argument '<argument>'
         argument = first_line.removeprefix("Ambiguous value for argument '").removesuffix("'")
@@ -287,6 +279,19 @@ def config_error_line(err: Exception) -> str:
     lines = dict.fromkeys(str(e).strip().splitlines()[0] for e in (err, cause) if str(e).strip())
     where = f"{full_key}: " if full_key else ""
     return where + "; ".join(lines) + f" ({options_hint()})"
+
+
+def unread_argument_line(err: OverrideParseException) -> str:
+    """config_error_line's line for an argument Hydra's syntax could not read."""
+    key, equals, value = err.override.partition("=")
+    if equals and "~" in value and '"' not in value:  # a home folder: the shell leaves ~ after = as it is
+        return (f"could not read the argument {err.override!r}: Hydra's syntax claims ~; quote the value inside the "
+                f"shell's quotes, e.g. '{key}=\"{value}\"' (a path given so still starts at your home folder)")
+    reason = (err.message.strip().splitlines() or [""])[0]
+    shown = reason and not reason.startswith("LexerNoViableAltException")  # that one only repeats the argument
+    reason = f" ({reason})" if shown else ""
+    return (f"could not read the argument {err.override!r}{reason}: each argument is key=value, and a value with spaces, "
+            f"non-ASCII letters or any of : , = ' \" [ ] {{ }} ( ) needs quotes inside the shell's, e.g. 'prompt=\"Once upon a time, a\"'")
 
 
 def value_kind(full_key: str) -> str:
