@@ -48,42 +48,44 @@ def prepare_tokens(corpus: CorpusSpec, tokenizer_spec: TokenizerSpec) -> TokenDa
     cache_dir = Path(corpus.cache_dir)
     entry = cache_dir / "tokens" / survey.key
     remove_abandoned_staging(entry)
-    tokenizer = entry_tokenizer(entry, cache_dir)
-    if tokenizer is None:
+    entry_read = read_entry(entry, cache_dir)
+    if entry_read is None:
         shutil.rmtree(entry, ignore_errors=True)
         built = build_tokenizer(tokenizer_spec, survey.chars, lambda: train_sample(corpus, survey), cache_dir, survey.key)
         write_cache_entry(entry, corpus, built, survey)
-        tokenizer = tokenizer_from_state(built.state(), cache_dir)  # as a later run reads it back
-    meta = json.loads((entry / "meta.json").read_text())
-    # A split of no tokens (a corpus of a few characters) is an empty array: mmap refuses an empty
-    # file, and check_splits_fit then says what the split needs.
-    splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") if meta[f"n_{split}"]
-              else np.zeros(0, dtype=meta["dtype"]) for split in SPLITS}
+        entry_read = read_entry(entry, cache_dir)  # as a later run reads it back
+        if entry_read is None:
+            raise RuntimeError(f"the token cache entry {entry} just written does not read back")
+    tokenizer, splits = entry_read
     return TokenData(tokenizer, train=splits["train"], val=splits["val"], text_key=survey.text_key)
 
 
-def entry_tokenizer(entry: Path, cache_dir: Path) -> Tokenizer | None:
-    """The tokenizer of a cache entry that can be used: its meta.json reads, its tokenizer builds, and its
-    ids files hold every token. None for any other (missing, half-written, or damaged): it is made again."""
+def read_entry(entry: Path, cache_dir: Path) -> tuple[Tokenizer, dict[str, np.ndarray]] | None:
+    """A cache entry's tokenizer and ids, where it can be used: its meta.json reads, its tokenizer
+    builds, its ids files hold every token, and the ids at both ends of each are in the vocabulary
+    (files of another vocabulary, or of noise, show there). None for any other (missing, half-written
+    or damaged): it is made again."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
         itemsize = np.dtype(meta["dtype"]).itemsize
         if not all((entry / f"{split}.bin").stat().st_size == meta[f"n_{split}"] * itemsize for split in SPLITS):
             return None
         tokenizer = tokenizer_from_state(meta["tokenizer"], cache_dir)
-        for split in SPLITS:  # the ids at both ends, a few kB: files of another vocabulary, or of noise, show there
-            if meta[f"n_{split}"]:
-                ids = np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r")
-                if max(ids[:CHECKED_IDS].max(), ids[-CHECKED_IDS:].max()) >= tokenizer.vocab_size:
-                    return None
-        return tokenizer
+        # A split of no tokens (a corpus of a few characters) is an empty array: mmap refuses an empty
+        # file, and check_splits_fit then says what the split needs.
+        splits = {split: np.memmap(entry / f"{split}.bin", dtype=meta["dtype"], mode="r") if meta[f"n_{split}"]
+                  else np.zeros(0, dtype=meta["dtype"]) for split in SPLITS}
+        if any(len(ids) and max(ids[:CHECKED_IDS].max(), ids[-CHECKED_IDS:].max()) >= tokenizer.vocab_size
+               for ids in splits.values()):
+            return None
+        return tokenizer, splits
     except (OSError, ValueError, KeyError, TypeError, UserError):
         return None
 
 
 def is_complete(entry: Path) -> bool:
-    """Whether a cache entry can be used (entry_tokenizer)."""
-    return entry_tokenizer(entry, entry.parent.parent) is not None
+    """Whether a cache entry can be used (read_entry)."""
+    return read_entry(entry, entry.parent.parent) is not None
 
 
 def write_cache_entry(entry: Path, corpus: CorpusSpec, tokenizer: Tokenizer, survey: Survey) -> None:

@@ -207,9 +207,8 @@ def resolve_resume(resume: str) -> Path:
     path = Path(resume).expanduser()
     if path.is_dir():
         if os.path.lexists(path / LAST) and not (path / LAST).is_file():
-            what = ("a folder" if (path / LAST).is_dir() else "a link to nothing" if not (path / LAST).exists()
-                    else "neither a file nor a folder")
-            raise UserError(f"resume={resume}: its {LAST} is {what}, not the checkpoint train.py saves there; put the "
+            what = "is a folder" if (path / LAST).is_dir() else not_a_file_or_folder(path / LAST)
+            raise UserError(f"resume={resume}: its {LAST} {what}, not the checkpoint train.py saves there; put the "
                             "run's checkpoint back in its place")
         if (path / BEST).is_file() and not (path / LAST).is_file():
             raise UserError(f"resume={resume} has no {LAST}, only {BEST}; to go on from that one, give "

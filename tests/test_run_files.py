@@ -113,7 +113,7 @@ def test_a_run_is_refused_a_run_dir_whose_checkpoints_it_would_overwrite(tmp_pat
     # A ckpt_last.pt that is no file was called missing; a file of the run that is no checkpoint, a
     # branch that would overwrite: each is said for what it is (Checkpoint.load refuses train.log).
     last = there / "ckpt_last.pt"
-    for what in ("a folder", "a link to nothing"):
+    for what in ("a folder", "a link that leads nowhere (to a path that does not exist, or round in a loop)"):
         last.mkdir() if what == "a folder" else last.symlink_to("nowhere")
         with pytest.raises(UserError, match="^" + re.escape(f"resume={there}: its ckpt_last.pt is {what}, not the checkpoint "
                                                             "train.py saves there; put the run's checkpoint back")):
