@@ -49,6 +49,7 @@ from inspection.shape_trace import trace_shapes
 from model import GPT
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import AUTO, LAST, checkpoint_to_resume
+from runtime.devices import is_out_of_memory
 from runtime.ranks import (
     Ranks,
     env_rank,
@@ -58,7 +59,7 @@ from runtime.ranks import (
     restart_count,
     said_once_per_machine,
 )
-from training.build import Run, build_data_and_model, build_run, describe, restore
+from training.build import Run, build_data_and_model, build_run, describe, ran_out_of_memory, restore
 from training.data_parallel import forget_dtensor_shardings
 from training.fit import Figures, fit
 from training.specs import RunSpec
@@ -125,7 +126,12 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
         run = build_run(spec, config, run_dir, ranks, precision, data, model)
         describe(run)
         state = restore(run, checkpoint) if checkpoint else TrainState()
-        figures = fit(run, state)
+        try:
+            figures = fit(run, state)
+        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_out_of_memory(error):
+                raise
+            raise UserError(ran_out_of_memory(spec, ranks.device)) from None
         report(run, figures)
         return figures.best_val_loss
     finally:

@@ -97,6 +97,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
          "model.block_size=128 tokens, and with model.pos=learned generation never looks further back; pick a window "
          "under 128, or null"),
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
+        (["train.batch_size=1000000000000"], "error: train.batch_size=1000000000000: a micro-step of 1,000,000,000,000 "
+                                             "sequences of 128 tokens needs at least 1,304,"),  # 10^7 unchecked: killed, no word
         (["data.cache_dir="], "error: data.cache_dir= is empty; give the folder that keeps the token cache (the default is "
                               ".cache)\n"),  # was the working folder, filled with tokens/
         (["optim.lr=-1"], "error: optim.lr=-1"),
@@ -355,6 +357,26 @@ def test_a_model_whose_weights_the_memory_left_cannot_hold_is_one_line(tmp_path)
     assert_one_error_line(result, "error: model.n_layer=2, model.n_embd=8192: ")
     assert "make" in result.stderr and "smaller" in result.stderr  # the check's line or the build's, by the machine
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the address-space limit stops CUDA's own start "
+                    "first")
+def test_a_training_step_that_runs_out_of_memory_is_one_line_that_names_the_batch(tmp_path):
+    # Every head's (T, T) scores of the explicit attention, 4,096 x 16 x 512 x 512 float32 (69 GB), past
+    # the 2 GB of address space that stands for the memory here, while the check before the run counts
+    # the logits only (4,096 x 512 tokens x 8 bytes for each of the char vocabulary's ~60: about 1 GB).
+    def small_machine() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    args = tiny_run(**{"tokenizer": "char", "model.attention": "manual", "model.n_head": 16, "model.n_embd": 64,
+                       "model.block_size": 512, "train.batch_size": 4096, "hydra.run.dir": "run"})
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, preexec_fn=small_machine)
+    assert_one_error_line(result, "error: memory ran out while training on cpu, with micro-steps of train.batch_size=4096 "
+                                  "sequences of model.block_size=512 tokens; lower train.batch_size (train.grad_accum_steps=N")
+    assert result.stderr.endswith(", or use model.attention=sdpa, which never holds every head's (T, T) scores at once\n")
+    assert (tmp_path / "run" / "train.log").exists()  # the run had started: its record stays
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])

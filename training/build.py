@@ -21,7 +21,7 @@ from runtime.precision import Precision
 from runtime.ranks import Ranks, dist_backend, leave_it_to_local_rank_zero, lost_contact, said_once_per_machine
 from training.data_parallel import Replicated, wrap
 from training.optimizer import Optimizers, build_optimizer
-from training.specs import RunSpec
+from training.specs import RunSpec, StepSpec
 from training.state import RunState, TrainState, restore_rng_states
 from training.step import TrainStep
 from user_error import UserError
@@ -79,6 +79,7 @@ def build_data_and_model(spec: RunSpec) -> tuple[Ranks, Precision, TokenData, GP
     check_splits_fit(data, spec.model.block_size)
     with said_once_per_machine():  # every process on a machine would refuse alike
         check_model_fits(spec.model, data.tokenizer.vocab_size, ranks.device, spec.start.init_from)
+        check_batch_fits(spec.step, data.tokenizer.vocab_size, ranks.device)
         try:
             if spec.start.weights:
                 with torch.device("meta"):  # no memory for random weights the file's replace at once
@@ -112,6 +113,40 @@ def check_model_fits(shape: GPTConfig, vocab_size: int, device: torch.device, in
         raise UserError(f"{model_named(shape, init_from)}: a model of {parameters / 1e9:,.1f}B parameters, whose float32 "
                         f"{what} take {needed / 1e9:,.1f} GB, more than this machine's {memory / 1e9:.1f} GB of memory; "
                         f"{smaller(init_from)}")
+
+
+def check_batch_fits(step: StepSpec, vocab_size: int, device: torch.device) -> None:
+    """Refuses, on a CPU, a micro-step whose logits alone take more than this machine's memory (in
+    each of its processes): the kernel would end the run without a word at its first evaluation
+    (train.batch_size=100000 on 24 GB). A lower bound: each token's vocab_size logits and their
+    gradient, in float32; the blocks' activations come on top. (On a GPU, running out of memory is
+    an error that train.py words: ran_out_of_memory.)"""
+    memory = memory_bytes()
+    if memory is None or device.type != "cpu":
+        return
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's, on this machine
+    tokens = step.batch_size * step.block_size
+    needed = tokens * vocab_size * 4 * 2 * processes
+    if needed > memory:
+        each = f", in each of {processes} processes" if processes > 1 else ""
+        raise UserError(f"train.batch_size={step.batch_size}: a micro-step of {step.batch_size:,} sequences of "
+                        f"{step.block_size:,} tokens needs at least {needed / 1e9:,.1f} GB for its logits and their "
+                        f"gradients alone ({vocab_size:,} a token, in float32{each}), more than this machine's "
+                        f"{memory / 1e9:.1f} GB of memory; lower train.batch_size ({GRAD_ACCUM_HINT})")
+
+
+GRAD_ACCUM_HINT = "train.grad_accum_steps=N adds up N micro-steps into one update: as big a batch in less memory"
+
+
+def ran_out_of_memory(spec: RunSpec, device: torch.device) -> str:
+    """The line for a run whose training or evaluation found too little memory on its device."""
+    where = "the GPU's memory" if device.type == "cuda" else "memory"
+    line = (f"{where} ran out while training on {device}, with micro-steps of train.batch_size={spec.step.batch_size} "
+            f"sequences of model.block_size={spec.step.block_size} tokens; lower train.batch_size ({GRAD_ACCUM_HINT}) "
+            f"or model.block_size")
+    if spec.model.attention == "manual":
+        line += ", or use model.attention=sdpa, which never holds every head's (T, T) scores at once"
+    return line
 
 
 def parameter_count(shape: GPTConfig, vocab_size: int) -> int:
