@@ -89,6 +89,7 @@ test-fast: setup
 	$(PY) -m pytest $(XDIST) -m "$(FAST_TESTS)" $(ARGS)
 
 sample: setup
+	@test "$(RUN)" = latest -o -e "$(RUN)" || { echo "error: RUN=$(RUN) does not exist; give make sample RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
 	$(PY) sample.py run=$(RUN) $(ARGS)
 
 tensorboard: setup
@@ -100,6 +101,7 @@ bench: setup
 
 docs: setup browser
 	@test -n "$(RUN)" || { echo "error: RUN= is empty; give make docs RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
+	@test "$(RUN)" = latest -o -e "$(RUN)" || { echo "error: RUN=$(RUN) does not exist; give make docs RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
 	$(PY) docs/figures.py $(RUN)
 	$(PY) docs/questions.py
 	$(PY) docs/attention_tab.py $(RUN)

@@ -1,6 +1,7 @@
 """The pictures `make docs` draws from a run (docs/figures.py)."""
 
 import re
+import subprocess
 
 import pytest
 from PIL import Image
@@ -41,3 +42,13 @@ def test_a_run_of_another_shape_than_make_trains_is_one_line_and_the_picture_is_
 def test_the_docs_picture_of_a_missing_run_is_one_clear_line(tmp_path):
     result = run_script(ROOT / "docs" / "figures.py", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert_one_error_line(result, "does not exist")
+
+
+@pytest.mark.parametrize(("given", "said"), [("", "RUN= is empty"), ("no where", "RUN=no where does not exist")])
+def test_make_docs_names_the_run_as_it_was_typed_before_it_draws_anything(given, said):
+    # The scripts' own line named run=, which make docs users never type. -o: .venv and the browser
+    # taken as set up, without looking (the checks come before either is needed).
+    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "-o", "browser", "docs", f"RUN={given}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and not result.stdout
+    assert result.stderr.splitlines()[0] == f"error: {said}; give make docs RUN=<run dir>, or leave RUN out for the newest run"

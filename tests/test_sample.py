@@ -354,3 +354,9 @@ def test_make_sample_takes_the_run_as_make_docs_does():
 
     assert command().endswith("sample.py run=latest")
     assert command("RUN=outputs/a").endswith("sample.py run=outputs/a")
+    # A run that is not there is named as typed (sample.py's own line names its run=).
+    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "sample", "RUN=outputs/nowhere"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and not result.stdout
+    assert result.stderr.splitlines()[0] == ("error: RUN=outputs/nowhere does not exist; give make sample RUN=<run dir>, "
+                                             "or leave RUN out for the newest run")
