@@ -46,8 +46,12 @@ def head_metrics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def induction_probe(vocab_size: int, n: int, seed: int = 0, avoid: Collection[int] = ()) -> list[int]:
     """n random ids (none of `avoid`: the special tokens, data.tokenizer.special_ids), then the same n again."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} must be a whole number of at least 1: the probe is n random ids, then the same n again")
     generator = torch.Generator().manual_seed(seed)
-    choices = torch.tensor([i for i in range(vocab_size) if i not in avoid])
+    choices = torch.tensor([i for i in range(vocab_size) if i not in avoid], dtype=torch.long)
+    if len(choices) == 0:
+        raise ValueError(f"every id of the vocabulary ({vocab_size}) is in avoid: none is left to draw the probe from")
     first = choices[torch.randint(len(choices), (n,), generator=generator)]  # (n,)
     return first.repeat(2).tolist()  # (2n,)
 
@@ -66,5 +70,10 @@ def run_induction_probe(vocab_size: int, probe_tokens: int, block_size: int, see
 def induction_score(weights: torch.Tensor, n: int) -> torch.Tensor:
     """weights: (L, H, 2n, 2n) on an induction_probe. Query n + i holds the token first seen
     at position i, which was followed by position i + 1: its weight there, averaged over i."""
+    if weights.dim() < 2 or weights.shape[-2:] != (2 * n, 2 * n):
+        start = ("; with a start token in front of the probe, leave its row and column out: weights[..., 1:, 1:]"
+                 if weights.dim() >= 2 and weights.shape[-2:] == (2 * n + 1, 2 * n + 1) else "")
+        raise ValueError(f"induction_score reads weights on an induction_probe of 2n = {2 * n} tokens, (..., {2 * n}, "
+                         f"{2 * n}); got shape {tuple(weights.shape)}{start}")  # one off, the scores came out wrong, no word
     i = torch.arange(n)  # (n,)
     return weights.to("cpu", torch.float64)[..., n + i, i + 1].mean(dim=-1)  # (L, H, n) -> (L, H)

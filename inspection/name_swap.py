@@ -72,11 +72,16 @@ def name_swap(tokenizer: Tokenizer, answer: str = NAMES[0], other: str = NAMES[1
                        f"of the stories' names {which} one token for it, and the swap needs two (a character tokenizer, "
                        "or a small BPE, spells names out): use a run whose BPE holds them, as the default run's does")
             raise UserError(f"{' ' + name!r} is {len(pieces)} tokens for this run's tokenizer ({pieces}), not one: {instead}")
-    clean = [tokenizer.bos_id, *tokenizer.encode(filled(template, answer, other))]
-    corrupted = [tokenizer.bos_id, *tokenizer.encode(filled(template, other, answer))]
-    if len(clean) != len(corrupted):
+    clean_text, corrupted_text = filled(template, answer, other), filled(template, other, answer)
+    if clean_text == corrupted_text:
+        raise UserError(f"the template {template!r} reads the same with the names swapped, so there is nothing to patch: "
+                        "name {answer} and {other} in it, e.g. 'On the way, {answer} met {other}. {other} hugged'")
+    clean = [tokenizer.bos_id, *tokenizer.encode(clean_text)]
+    corrupted = [tokenizer.bos_id, *tokenizer.encode(corrupted_text)]
+    if len(clean) != len(corrupted):  # each name is one token after a space (above): one stands where none comes before it
         raise UserError(f"the prompt is {len(clean)} tokens with the names one way round and {len(corrupted)} the other: "
-                        "patching needs prompts of the same length; pick names that are one token each")
+                        "patching needs prompts of the same length, and each name is one token only after a space; put "
+                        "a space before each {answer} and {other} in the template (not at its start)")
     if block_size is not None and len(clean) > block_size:
         raise UserError(f"the name swap's prompt is {len(clean) - 1} tokens after the start token, and this model reads "
                         f"at most {block_size - 1} (its block_size is {block_size}): use shorter prompts (a template of your own, or "

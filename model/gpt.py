@@ -334,8 +334,33 @@ class GPT(HookedModel):
         logits = self.lm_head(x)  # (B, T, vocab_size); (B, 1, vocab_size) with last_only
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, vocab_size) vs (B*T,)
+        self.check_targets(targets, logits.shape[:2])
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long())  # (B*T, vocab_size) vs (B*T,)
         return logits, loss
+
+    def check_targets(self, targets: torch.Tensor, shape: torch.Size) -> None:
+        """ValueError, in one line, for targets that do not pair one id with each position of the
+        logits, (B, T): another shape (flattened, cross_entropy would pair the wrong positions without
+        a word), not integers, or an id outside the vocabulary other than -100, cross_entropy's mark for
+        a position the loss leaves out. The ids are checked where check_token_ids checks them."""
+        if not isinstance(targets, torch.Tensor):
+            raise ValueError(f"targets must be a tensor of next-token ids of shape {tuple(shape)}, as idx; "
+                             f"got a {type(targets).__name__}")
+        if targets.shape != shape:
+            raise ValueError(f"targets must have the logits' shape (B, T) = {tuple(shape)}, one next-token id for each "
+                             f"position of idx; got shape {tuple(targets.shape)}")
+        if targets.dtype not in (torch.long, torch.int32):
+            raise ValueError(f"targets must be token ids of dtype torch.long (or torch.int32); got {targets.dtype}: "
+                             "use targets.long()")
+        if targets.device.type == "cpu" and not torch.compiler.is_compiling():
+            counted = targets != -100  # (B, T)
+            outside = counted & ((targets < 0) | (targets >= self.config.vocab_size))  # (B, T)
+            if outside.any():
+                raise ValueError(f"target id {int(targets[outside][0])} is not in this model's vocabulary: ids run from 0 "
+                                 f"to {self.config.vocab_size - 1} (or -100, a position the loss leaves out)")
+            if not counted.any():
+                raise ValueError("every target is -100, a position the loss leaves out: no position is left to average "
+                                 "a loss over")
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:

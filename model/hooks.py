@@ -115,12 +115,17 @@ MISSING_FOR_A_REASON = {
 
 def pick(points: dict[str, HookPoint], where: Where) -> list[HookPoint]:
     """The points of `points` that a name or a test on names picks; ValueError for an unknown
-    name, saying why this model lacks it or naming the near ones."""
+    name, saying why this model lacks it or naming the near ones, and for a test that picks none."""
     if callable(where):
         if not can_take(where, "name"):
             raise TypeError(f"the test on names takes {parameters_of(where)}: it is called with one argument, a hook "
                             "point's name, and returns whether to pick it (a hook function goes in fwd_hooks)")
-        return [point for name, point in points.items() if where(name)]
+        picked = [point for name, point in points.items() if where(name)]
+        if not picked:  # a misspelt ending ("attn.hook_Z"), whose hooks would run nowhere without a word
+            example = next((name for name in points if name.endswith("attn.hook_z")), next(iter(points), ""))
+            raise ValueError(f"the test on names picks none of this model's {len(points)} hook points; "
+                             f"list(model.hook_dict) names them all, e.g. {example!r}")
+        return picked
     if not isinstance(where, str):
         raise TypeError(f"{where!r} is a {type(where).__name__}: a hook point is named by a string, e.g. "
                         "'blocks.0.attn.hook_pattern', or picked by a function of names")

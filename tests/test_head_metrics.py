@@ -1,6 +1,7 @@
 """The head metrics on hand-built attention patterns whose answers are known."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -66,6 +67,23 @@ def test_an_ideal_induction_head_scores_1_and_other_heads_do_not():
     assert scores[0, 0].item() == pytest.approx(1.0)
     assert scores[0, 1].item() == 0.0
     assert 0 < scores[0, 2].item() < 0.1  # uniform: 1 / (number of visible tokens)
+
+
+def test_weights_of_another_length_than_the_probes_and_probes_that_cannot_be_drawn_are_one_line():
+    n = 8
+    with_start = torch.rand(2, 4, 2 * n + 1, 2 * n + 1)  # the probe read after a start token, its row and column kept
+    with pytest.raises(ValueError, match=re.escape("induction_score reads weights on an induction_probe of 2n = 16 tokens, "
+                                                   "(..., 16, 16); got shape (2, 4, 17, 17); with a start token in front of "
+                                                   "the probe, leave its row and column out: weights[..., 1:, 1:]")):
+        induction_score(with_start, n)  # each query's weight one position off: believable scores, all wrong
+    assert induction_score(with_start[..., 1:, 1:], n).shape == (2, 4)
+    with pytest.raises(ValueError, match=re.escape("(..., 200, 200); got shape (2, 4, 17, 17)") + "$"):
+        induction_score(with_start, 100)  # was an IndexError
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="^" + re.escape(f"n={bad!r} must be a whole number of at least 1")):
+            induction_probe(50, bad)
+    with pytest.raises(ValueError, match="^" + re.escape("every id of the vocabulary (3) is in avoid: none is left")):
+        induction_probe(3, 4, avoid={0, 1, 2})
 
 
 def test_a_runs_induction_probe_fits_its_context_and_seeds_each_row_on_from_train_seed():

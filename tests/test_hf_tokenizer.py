@@ -585,6 +585,17 @@ def test_a_name_swap_longer_than_the_models_block_size_is_one_line_and_the_tab_o
                             ("{answer} { {other}", "ValueError: ")):
         with pytest.raises(UserError, match="^" + re.escape(f"the template {template!r} cannot be filled ({error}")):
             name_swap(tokenizer, *names, template=template)
+    # One that reads the same either way round (no names in it), or with a name where no space comes before it.
+    with pytest.raises(UserError, match="^" + re.escape("the template 'Once upon a time' reads the same with the names "
+                                                        "swapped, so there is nothing to patch: name {answer} and {other}")):
+        name_swap(tokenizer, *names, template="Once upon a time")  # the clean and corrupted prompts were the same
+    # Two names one token each after a space, of unlike lengths without one (at the template's start):
+    # the line said "pick names that are one token each", which they were.
+    unlike = next((a, b) for a in one_token_names(tokenizer) for b in one_token_names(tokenizer)
+                  if len(tokenizer.encode(a)) != len(tokenizer.encode(b)))
+    with pytest.raises(UserError, match=re.escape("put a space before each {answer} and {other} in the template (not at "
+                                                  "its start)")):
+        name_swap(tokenizer, *unlike, template="{answer} and {other} went to the shop")
     with pytest.raises(UserError, match="^" + re.escape("names='Mia' is one text: give a list of names, e.g. ['Mia']")):
         one_token_names(tokenizer, "Mia")  # whose letters were the names
     # The tab's patching tool then fills in no example (its Patch would be refused), and says why.

@@ -146,6 +146,14 @@ def test_an_unknown_name_is_refused_with_the_near_ones_before_anything_is_attach
     assert not model.has_hooks()  # the good name before it was not left attached
     with pytest.raises(ValueError, match="no hook point named 'blocks.7.hook_resid_pre' in this model: did you mean"):
         model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=["blocks.7.hook_resid_pre"])
+    # A test that picks nothing (a capital Z): the knock-out ran nowhere and the logits came out unchanged.
+    nowhere = ("^" + re.escape(f"the test on names picks none of this model's {len(model.hook_dict)} hook points; "
+                               "list(model.hook_dict) names them all, e.g. 'blocks.0.attn.hook_z'") + "$")
+    with pytest.raises(ValueError, match=nowhere), model.hooks([(lambda name: name.endswith("attn.hook_Z"), keep)]):
+        pass
+    with pytest.raises(ValueError, match=nowhere):
+        model.run_with_cache(torch.zeros(1, 3, dtype=torch.long), names=lambda name: name.startswith("block.0"))
+    assert not model.has_hooks()
 
 
 def test_run_with_cache_takes_transformer_lenss_names_filter_and_says_in_one_line_what_names_are():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model import GPT, eval_mode, generation
@@ -334,11 +335,42 @@ def test_ids_the_model_cannot_read_are_one_line_naming_them(idx, message):
         model.run_with_cache(idx)
 
 
+IDX = torch.tensor([[1, 2, 3], [4, 5, 6]])  # (2, 3)
+
+
+@pytest.mark.parametrize(("targets", "message"), [
+    (IDX.T.contiguous(), "targets must have the logits' shape (B, T) = (2, 3), one next-token id for each position of idx; "
+                         "got shape (3, 2)"),  # flattened, it paired the wrong positions: a loss, and no word
+    (IDX.flatten(), "targets must have the logits' shape (B, T) = (2, 3), one next-token id for each position of idx; "
+                    "got shape (6,)"),
+    (IDX.float(), "targets must be token ids of dtype torch.long (or torch.int32); got torch.float32: use targets.long()"),
+    ([[2, 3, 4], [5, 6, 7]], "targets must be a tensor of next-token ids of shape (2, 3), as idx; got a list"),
+    (torch.tensor([[2, 3, 4], [5, 6, 65]]), "target id 65 is not in this model's vocabulary: ids run from 0 to 64 (or -100, a "
+                                            "position the loss leaves out)"),
+    (torch.tensor([[2, 3, -1], [5, 6, 7]]), "target id -1 is not in this model's vocabulary: ids run from 0 to 64 (or -100, a "
+                                            "position the loss leaves out)"),
+    (torch.full((2, 3), -100), "every target is -100, a position the loss leaves out: no position is left to average a loss "
+                               "over"),  # a NaN loss
+], ids=["transposed", "flat", "floats", "a list", "past the vocabulary", "negative", "none counted"])
+def test_targets_that_do_not_pair_an_id_with_each_position_are_one_line(targets, message):
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        model(IDX, targets)
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        model.run_with_hooks(IDX, targets=targets)
+    # -100 leaves a position out, as cross_entropy's ignore_index does; int32 ids are read as long.
+    kept = torch.tensor([[2, 3, -100], [5, 6, 7]])
+    _, loss = model(IDX, kept)
+    logits, _ = model(IDX)
+    assert torch.equal(loss, F.cross_entropy(logits.flatten(0, 1), kept.flatten()))
+    assert torch.equal(model(IDX, IDX.int())[1], model(IDX, IDX)[1])
+
+
 def test_the_id_check_stays_out_of_a_compiled_forward():
     # Reading the ids' range is a data-dependent branch: under torch.compile it would cut the forward
     # into pieces (graph breaks), so the check runs only outside a compile. Dynamo's trace alone, no compiler.
     try:
-        explained = torch._dynamo.explain(tiny_gpt().eval())(torch.zeros(2, 5, dtype=torch.long))
+        explained = torch._dynamo.explain(tiny_gpt().eval())(torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long))
     finally:
         torch._dynamo.reset()  # nothing of this trace left to the worker's later compiles
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
