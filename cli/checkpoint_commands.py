@@ -58,10 +58,8 @@ def check_sampling(setting: str, value: object, key: str | None = None) -> None:
 def validate_sample_config(cfg: Any, vocab_size: int | None = None) -> None:
     """sample.py's counterpart of validate_train_config, called before the checkpoint is read (so a
     bad value is the only line printed), then again with its vocabulary, top_k's range."""
-    for setting in ("max_new_tokens", "temperature", "top_k", "top_p"):
+    for setting in ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples", "seed"):
         check_sampling(setting, cfg[setting])
-    require(0 <= cfg.seed < 2**63, f"seed={cfg.seed} must be a whole number from 0 to {2**63 - 1}")  # torch's generator
-    require(cfg.num_samples >= 1, f"num_samples={cfg.num_samples} must be at least 1")
     require(cfg.num_samples * max(cfg.max_new_tokens, 1) <= MOST_SAMPLED_TOKENS,
             f"num_samples={cfg.num_samples} x max_new_tokens={cfg.max_new_tokens} is more than one command samples "
             f"({MOST_SAMPLED_TOKENS:,} tokens); ask for fewer")

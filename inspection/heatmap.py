@@ -70,7 +70,18 @@ def render_attention_map(
     """weights: (T, T), rows = queries, columns = keys; labels: T token strings. causal: the
     future (above the diagonal) is drawn as hidden, and with a window (the model's window) the
     keys too far back. cell: pixels per weight (default: up to 16, the map at most about 720 px)."""
+    weights = np.asarray(weights)
+    if weights.ndim != 2 or weights.shape[0] != weights.shape[1]:
+        raise ValueError(f"render_attention_map draws one head's weights, (T, T); got shape {weights.shape}: pick one, "
+                         "e.g. weights[layer, head] of the model's (L, H, T, T)")
     T = weights.shape[0]
+    if not isinstance(labels, list | tuple) or len(labels) != T or not all(isinstance(label, str) for label in labels):
+        got = (f"a {type(labels).__name__}" if not isinstance(labels, list | tuple) else f"{len(labels)} labels"
+               if len(labels) != T else "labels that are not all strings (token ids?)")
+        raise ValueError(f"labels must be the {T} token strings of the map's rows and columns; got {got}: e.g. "
+                         "tokenizer.token_strings(ids)")
+    if not isinstance(title, str):
+        raise ValueError(f"title must be a string; got a {type(title).__name__}")
     font, unicode_ok = label_font()
     labels = [readable_token(label, unicode_ok)[:12] for label in labels]
     cell = cell or int(np.clip(720 // T, 4, 16))
@@ -110,6 +121,10 @@ def render_attention_map(
 
 def render_head_grid(weights: np.ndarray, title: str, window: int | None = None) -> np.ndarray:
     """weights: (L, H, T, T). The same colours as render_attention_map, without token labels."""
+    weights = np.asarray(weights)
+    if weights.ndim != 4 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"render_head_grid draws every head of every layer, weights of shape (L, H, T, T); got shape "
+                         f"{weights.shape}: one layer's (H, T, T) is weights[None]")
     L, H, T, _ = weights.shape
     font, _ = label_font()
     cell = max(1, 160 // T)  # pixels per weight: each map about 160 px wide

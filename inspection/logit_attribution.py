@@ -69,8 +69,11 @@ def token_ids(ids: Tokens, V: int, B: int, name: str = "token") -> torch.Tensor:
                         "or one per row of the batch") from None
     if ids.numel() not in (1, B):
         raise UserError(f"{name} gives {ids.numel()} token ids for a batch of {B}: give one id, or one per row")
-    if ids.is_floating_point() or ids.dtype == torch.bool or not bool(((ids >= 0) & (ids < V)).all()):  # True is no id
-        shown = ids.tolist() if ids.numel() > 1 else ids.item()  # 9999, not [9999], for the id given alone
+    shown = ids.tolist() if ids.numel() > 1 else ids.item()  # 9999, not [9999], for the id given alone
+    if ids.is_floating_point() or ids.dtype == torch.bool:  # 5.0 and True are no ids, though 5 and 1 are
+        raise UserError(f"{name}={shown} is not a token id: an id is a whole number ({ids.dtype} given), e.g. "
+                        f"{name}=tokenizer.encode(' Mia')[0]")
+    if not bool(((ids >= 0) & (ids < V)).all()):
         raise UserError(f"{name}={shown} is not a token id of this model: ids run from 0 to {V - 1}")
     return ids.expand(B)  # (B,)
 

@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.decode_step import CompiledDecodeStep
 from model.gpt import GPT, Caches, eval_mode
-from model.sampling import DIVERGED, check_sampling_settings, choose_next_token, uniform_noise
+from model.sampling import DIVERGED, check_sampling_settings, choose_next_token, sampling_problem, uniform_noise
 
 # How a printed text shows an <|endoftext|> the model wrote (sample.py, the training log's
 # samples): the text it ended and the next it started, apart and readable.
@@ -200,6 +200,11 @@ def generate_text(
     eot_text: what each end of text (eot_id) the model writes reads as (None: as the tokenizer decodes it).
     on_text: called with the first sample's text as it grows, a piece at a time (the prompt first):
     the pieces add up to the text returned for it."""
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a text (a str); got a {type(prompt).__name__}: token ids go to generate_tokens")
+    for setting, value in (("num_samples", num_samples), ("seed", seed)):  # generate_tokens checks the rest
+        if problem := sampling_problem(setting, value):
+            raise ValueError(problem)
     device = next(model.parameters()).device
     # Start where every training document starts, after the start token (<|endoftext|>, or
     # Llama's <|begin_of_text|>), so the model knows it is at the beginning; that token is not

@@ -16,10 +16,10 @@ SMALLEST_TEMPERATURE = 1e-30
 
 
 def sampling_problem(setting: str, value: object, key: str | None = None) -> str | None:
-    """Why generate_tokens cannot sample with this value of one of its settings (max_new_tokens,
-    temperature, top_k, top_p), in one line naming it as key (the command's own key, e.g.
-    train.sample_temperature); None where it can. The one statement of their ranges: sample.py,
-    train.py and check_sampling_settings all ask here."""
+    """Why generation cannot sample with this value of one of its settings (generate_tokens's
+    max_new_tokens, temperature, top_k, top_p; generate_text's num_samples and seed too), in one line
+    naming it as key (the command's own key, e.g. train.sample_temperature); None where it can. The
+    one statement of their ranges: sample.py, train.py and check_sampling_settings all ask here."""
     shown = f"{setting}={value!r}" if key is None else f"{key}={value}"
     none = "None" if key is None else "null"  # as Python spells it, or the command line
     number = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
@@ -34,6 +34,10 @@ def sampling_problem(setting: str, value: object, key: str | None = None) -> str
         return f"{shown} must be a whole number, 1 or more (0 or {none}: off)"
     if setting == "top_p" and value is not None and (not number or not 0 < value <= 1):
         return f"{shown} must be in (0, 1] (1.0 or {none}: off)"
+    if setting == "num_samples" and (not is_whole_number(value) or value < 1):
+        return f"{shown} must be at least 1" if is_whole_number(value) else f"{shown} must be a whole number, at least 1"
+    if setting == "seed" and (not is_whole_number(value) or not 0 <= value < 2**63):  # what torch's generator takes
+        return f"{shown} must be a whole number from 0 to {2**63 - 1}"
     return None
 
 

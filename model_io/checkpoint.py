@@ -206,6 +206,12 @@ class WriteErrorKeeper:
 
 
 def read_file(path: Path, map_location: str | torch.device, mmap: bool = False) -> Any:
+    try:  # a device that is not one, or not here: said as such, not as a broken file
+        device = torch.device(map_location)
+    except (RuntimeError, TypeError):
+        raise UserError(f"map_location={map_location!r} is not a device: give 'cpu', 'cuda', 'cuda:1' or 'mps'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"map_location={map_location!r}, but PyTorch sees no CUDA GPU here: load onto 'cpu'")
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:

@@ -98,6 +98,15 @@ def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
         Checkpoint.load(tmp_path / "none.pt")  # not "truncated": there is no file
     with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path} is a folder, not a checkpoint file: give the ckpt_best.pt")):
         Checkpoint.load(tmp_path)
+    # A good file read onto a device that is not one, or not here: the file was blamed ("truncated").
+    with pytest.raises(UserError, match="^" + re.escape("map_location='gpu' is not a device: give 'cpu', 'cuda', 'cuda:1' or "
+                                                        "'mps'") + "$"):
+        Checkpoint.load(path, map_location="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="^" + re.escape("map_location='cuda', but PyTorch sees no CUDA GPU here: load onto "
+                                                            "'cpu'") + "$"):
+            Checkpoint.load(path, map_location="cuda")
+    assert Checkpoint.load(path, map_location=torch.device("cpu")).step == Checkpoint.load(path).step
 
 
 def test_an_older_checkpoints_run_state_is_brought_up_to_date_in_one_place():

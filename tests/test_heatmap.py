@@ -1,6 +1,9 @@
 """inspection/heatmap.py: the attention maps TensorBoard shows, token labels and colours."""
 
+import re
+
 import numpy as np
+import pytest
 import torch
 
 from inspection.heatmap import (
@@ -33,6 +36,28 @@ def test_a_map_of_a_model_gone_nan_is_still_drawn():
     assert colour_level(np.array([np.nan, 0.25])).tolist() == [0, 128]
     image = render_attention_map(np.full((3, 3), np.nan), ["a", "b", "c"], "nan")
     assert image.ndim == 3 and image.shape[2] == 3
+
+
+def test_weights_and_labels_that_do_not_make_one_map_are_one_line():
+    one_head, labels = np.eye(3), ["a", "b", "c"]
+    for weights, labels_given, message in [
+        (np.ones((2, 3, 3)), labels, "render_attention_map draws one head's weights, (T, T); got shape (2, 3, 3): pick one, "
+                                     "e.g. weights[layer, head] of the model's (L, H, T, T)"),  # was numpy's IndexError
+        (np.ones((3, 4)), labels, "render_attention_map draws one head's weights, (T, T); got shape (3, 4)"),
+        (one_head, ["a", "b"], "labels must be the 3 token strings of the map's rows and columns; got 2 labels: e.g. "
+                               "tokenizer.token_strings(ids)"),  # drawn mislabelled, without a word
+        (one_head, [1, 2, 3], "labels must be the 3 token strings of the map's rows and columns; got labels that are not all "
+                              "strings (token ids?)"),
+        (one_head, None, "labels must be the 3 token strings of the map's rows and columns; got a NoneType"),
+    ]:
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            render_attention_map(weights, labels_given, "title")
+    with pytest.raises(ValueError, match="^title must be a string; got a NoneType$"):
+        render_attention_map(one_head, labels, None)
+    with pytest.raises(ValueError, match="^" + re.escape("render_head_grid draws every head of every layer, weights of shape "
+                                                         "(L, H, T, T); got shape (2, 3, 3): one layer's (H, T, T) is weights[None]")):
+        render_head_grid(np.ones((2, 3, 3)), "title")
+    assert render_attention_map(torch.eye(3), labels, "a tensor too").shape[2] == 3
 
 
 def test_heatmap_colours_each_cell_by_its_weight_and_greys_the_future():

@@ -56,7 +56,9 @@ def test_on_the_circuit_the_induction_head_writes_the_copied_tokens_logit_and_no
     (-13, 3, None, "position -13 is out of range"),
     (0, 65, None, "token=65 is not a token id of this model: ids run from 0 to 64"),
     (0, [3, 65], None, "token=[3, 65] is not a token id of this model"),
-    (0, True, None, "token=True is not a token id of this model"),  # was torch's IndexError about a mask
+    (0, True, None, "token=True is not a token id: an id is a whole number (torch.bool given), e.g. "
+                    "token=tokenizer.encode(' Mia')[0]"),  # was torch's IndexError about a mask
+    (0, 5.0, None, "token=5.0 is not a token id: an id is a whole number (torch.float32 given)"),  # "ids run from 0 to 64"
     (0, [1, 2, 3], None, "token gives 3 token ids for a batch of 2: give one id, or one per row"),
     (0, " Leo", None, "token=' Leo' is text: give its token id, e.g. tokenizer.encode(' Leo')[0] for a text of one token"),
     (0, [3, " Leo"], None, "token=' Leo' is text: give its token id"),

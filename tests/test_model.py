@@ -613,3 +613,17 @@ def test_generate_tokens_refuses_settings_it_cannot_sample_with_in_one_line(sett
     # sample.py checks its own first; a notebook calls generate_tokens with whatever it was given.
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         generate_tokens(tiny_gpt(), torch.zeros(1, 3, dtype=torch.long), **{"max_new_tokens": 2, **settings})
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"num_samples": 0}, "num_samples=0 must be at least 1"),  # said as "idx must be token ids of shape (B, T)"
+    ({"num_samples": 2.0}, "num_samples=2.0 must be a whole number, at least 1"),  # "can't multiply sequence by non-int"
+    ({"seed": 1.5}, "seed=1.5 must be a whole number from 0 to 9223372036854775807"),  # torch's "manual_seed expected a long"
+    ({"seed": -1}, "seed=-1 must be a whole number from 0 to 9223372036854775807"),
+    ({"prompt": None}, "prompt must be a text (a str); got a NoneType: token ids go to generate_tokens"),  # tiktoken's words
+    ({"prompt": [1, 2]}, "prompt must be a text (a str); got a list: token ids go to generate_tokens"),
+    ({"temperature": -1.0}, "temperature=-1.0 must be 0 (greedy)"),  # the settings generate_tokens checks, as there
+])
+def test_generate_text_refuses_what_it_cannot_sample_with_in_one_line(settings, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        generate_text(tiny_gpt(vocab_size=11), DigitTokenizer(), **{"prompt": "314", "max_new_tokens": 2, **settings})
