@@ -13,6 +13,7 @@ from inspection.head_metrics import induction_probe, induction_score
 from inspection.tab_format import REPEATED_N
 from inspection.text_forward import Predictions, TextForward, forward_ids
 from model import GPT
+from model.hooks import is_whole_number
 from user_error import UserError
 
 MAX_N = 128  # GPT-2 small's 144 maps of 257 x 257 weights are 19 MB of float16: the tab's answer stays small
@@ -57,6 +58,9 @@ def repeated_pair(vocab_size: int, start_id: int, eot_id: int, n: int, seed: int
     patches the induction preset's model with it."""
     generator = torch.Generator().manual_seed(seed)
     choices = [i for i in range(vocab_size) if i not in (start_id, eot_id)]
+    if not is_whole_number(n) or not 2 <= n < len(choices):
+        raise ValueError(f"n={n!r} must be a whole number from 2 to {len(choices) - 1}: n distinct tokens and one more "
+                         f"to put in place of the last, from the {len(choices)} that are not special")
     drawn = [choices[i] for i in torch.randperm(len(choices), generator=generator)[: n + 1].tolist()]  # n + 1 distinct
     tokens, other = drawn[:n], drawn[n]
     clean = [start_id, *tokens, *tokens[:-1]]  # (2n,)

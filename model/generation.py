@@ -132,6 +132,11 @@ def generate_tokens(
     """
     model.check_token_ids(idx)
     check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator={generator!r} is no torch.Generator: give torch.Generator().manual_seed(seed), "
+                         "or None for torch's own")
+    if on_token is not None and not callable(on_token):
+        raise ValueError(f"on_token={on_token!r} is not a function: give one of the tokens so far, or None")
     B, T0 = idx.shape
     if decode_step is not None:
         decode_step.check_fits(model, B, temperature, top_k, top_p, use_kv_cache)

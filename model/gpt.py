@@ -375,6 +375,8 @@ class GPT(HookedModel):
         """fwd_hooks that knock out each (layer, head) of heads: its output z is zeroed before
         its layer merges the heads, so the model runs as if the head were not there. Use them
         with hooks(), run_with_hooks() or run_with_cache(); every pair is checked here."""
+        if isinstance(heads, str) or not isinstance(heads, Iterable):
+            raise ValueError(f"heads are (layer, head) pairs of whole numbers, e.g. {{(0, 1)}}; got {heads!r}")
         pairs = list(heads)  # heads may be an iterator: read once
         self.check_heads(pairs)
         heads = {(int(layer), int(head)) for layer, head in pairs}  # a pair given twice is knocked out once

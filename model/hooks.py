@@ -174,8 +174,14 @@ def at_positions(tensor: torch.Tensor, pos_slice: PosSlice, dim: int = -2) -> to
         return tensor.select(dim, operator.index(pos_slice))
     given = pos_slice
     if isinstance(pos_slice, tuple):  # TransformerLens's (start, stop[, step])
+        if not 1 <= len(pos_slice) <= 3:
+            raise ValueError(f"pos_slice={given!r}: a tuple is (start, stop) or (start, stop, step), as slice() takes")
         pos_slice = slice(*pos_slice)
     if isinstance(pos_slice, slice):
+        ends = (pos_slice.start, pos_slice.stop, pos_slice.step)
+        if not all(end is None or is_whole_number(end) for end in ends) or (pos_slice.step is not None and pos_slice.step < 1):
+            raise ValueError(f"pos_slice={given!r}: start, stop and step are whole numbers (or None), the step 1 or more: "
+                             "positions are kept in order")
         if not range(T)[pos_slice]:  # (5, 2), slice(100, 200): an empty stack is a mistake, not an answer
             raise ValueError(f"pos_slice={given!r} keeps none of the {T} positions of this text: give (start, stop) "
                              f"with start before stop, both from {-T} to {T}")

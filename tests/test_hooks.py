@@ -328,6 +328,13 @@ def test_the_parts_of_the_final_stream_through_apply_ln_to_stack_add_up_to_what_
                           (lambda: one.accumulated_resid(pos_slice=(5, 2)), "pos_slice=(5, 2) keeps none of the 9 positions"),
                           (lambda: one.accumulated_resid(pos_slice=slice(100, 200)), "pos_slice=slice(100, 200, None) keeps none"),
                           (lambda: one.accumulated_resid(pos_slice=[]), "pos_slice=[] lists no position: give at least one"),
+                          # A slice or tuple that is no positions: Python's own words, about steps and arguments.
+                          (lambda: one.accumulated_resid(pos_slice=slice(None, None, -1)), "pos_slice=slice(None, None, -1): "
+                           "start, stop and step are whole numbers (or None), the step 1 or more"),
+                          (lambda: one.accumulated_resid(pos_slice=(0, 3, 0)), "pos_slice=(0, 3, 0): start, stop and step"),
+                          (lambda: one.accumulated_resid(pos_slice=("a", "b")), "pos_slice=('a', 'b'): start, stop and step"),
+                          (lambda: one.accumulated_resid(pos_slice=(1, 2, 3, 4)), "pos_slice=(1, 2, 3, 4): a tuple is (start, "
+                           "stop) or (start, stop, step), as slice() takes"),
                           # The model's width too: a stack of 7 dims on a model of 32 was divided without a word.
                           (lambda: one.apply_ln_to_stack(torch.zeros(3, 1, 9, 7)), "a stack of shape (3, 1, 9, 7) does not fit")):
         with pytest.raises(ValueError, match="^" + re.escape(message)):

@@ -558,6 +558,8 @@ def test_hooks_detach_every_function_after_the_block_even_on_error_and_save_noth
     ({(0.0, 1)}, "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (0.0, 1)"),  # 0.0 in range(2) holds
     ([(True, 0)], "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (True, 0)"),
     ([(torch.tensor(1.0), 0)], "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got (tensor(1.), 0)"),
+    (None, "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got None"),  # 'NoneType' object is not iterable
+    ("01", "heads are (layer, head) pairs of whole numbers, e.g. {(0, 1)}; got '01'"),
 ])
 def test_knocking_out_a_layer_or_head_the_model_lacks_is_refused_with_the_valid_range(heads, message):
     model = tiny_gpt()
@@ -608,6 +610,8 @@ def test_knocking_out_the_previous_token_head_destroys_the_copy_and_knocking_out
     ({"temperature": 1e-40}, "temperature=1e-40 is too small to divide float32 logits by; give 0"),  # NaN, token 0
     ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1] (1.0 or None: off)"),
     ({"top_p": 2.0}, "top_p=2.0 must be in (0, 1]"),
+    ({"generator": 0}, "generator=0 is no torch.Generator: give torch.Generator().manual_seed(seed), or None"),  # torch's 9 lines
+    ({"on_token": 5}, "on_token=5 is not a function: give one of the tokens so far, or None"),  # after the first token
 ])
 def test_generate_tokens_refuses_settings_it_cannot_sample_with_in_one_line(settings, message):
     # sample.py checks its own first; a notebook calls generate_tokens with whatever it was given.

@@ -51,6 +51,10 @@ def test_the_repeated_pair_differs_where_the_last_query_copies_from_and_the_indu
     for seed in range(10):  # 6 tokens drawn of the 6 a vocabulary of 8 has besides the start and the end (a Llama's two)
         small_clean, _, _, small_other = repeated_pair(8, start_id=0, eot_id=1, n=5, seed=seed)
         assert sorted({*small_clean[1:], small_other}) == [2, 3, 4, 5, 6, 7]
+    for n in (1, 6, 2.5):  # no copy to make; more tokens than there are to draw (an IndexError); not a number of tokens
+        with pytest.raises(ValueError, match="^" + re.escape(f"n={n!r} must be a whole number from 2 to 5: n distinct tokens "
+                                                             "and one more to put in place of the last, from the 6 that")):
+            repeated_pair(8, start_id=0, eot_id=1, n=n, seed=0)
     restored = patch_heads(model, torch.tensor([clean]), torch.tensor([corrupted]), logit_difference(-1, answer, other))
     expected = torch.zeros(2, 2, dtype=torch.float64)
     expected[INDUCTION_HEAD] = 1.0
