@@ -8,6 +8,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
@@ -159,8 +160,8 @@ def keys_set_by(override: str) -> list[str]:
     sets and each group it chooses (a resumed run compares them one by one with its own)."""
     key, _, name = override.partition("=")
     key = key.lstrip("+~")
-    path = CONFIGS / "experiment" / f"{name}.yaml"
-    if key != "experiment" or not path.is_file():
+    path = preset_file(name) if key == "experiment" else None
+    if path is None:
         return [key]
     preset = OmegaConf.to_container(OmegaConf.load(path))
     groups = [choice.split("/")[-1] for entry in preset.pop("defaults", []) if isinstance(entry, dict) for choice in entry]
@@ -172,6 +173,15 @@ def keys_set_by(override: str) -> list[str]:
         return [leaf for name, value in node.items() for leaf in leaves(value, f"{prefix}.{name}" if prefix else name)]
 
     return [*groups, *leaves(preset, "")]
+
+
+def preset_file(name: str) -> Path | None:
+    """The file of experiment=<name>: the first experiment/<name>.yaml along Hydra's search path, a
+    --config-dir's among its folders, as Hydra found it; configs/ alone outside a command."""
+    folders = [CONFIGS]
+    if HydraConfig.initialized():
+        folders = [Path(source.path) for source in HydraConfig.get().runtime.config_sources if source.schema == "file"]
+    return next((path for folder in folders if (path := folder / "experiment" / f"{name}.yaml").is_file()), None)
 
 
 def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str], text_hashed: bool = False) -> tuple[Any, list[str]]:

@@ -20,7 +20,7 @@ from cli.sweep_check import job_overrides
 from data.corpus import SOURCES
 from data.specs import KIND_KEYS
 from model_io.checkpoint import Checkpoint, upgrade
-from tests.helpers import ROOT, composed_train_config, run_cli, tiny_config
+from tests.helpers import ROOT, assert_one_error_line, composed_train_config, run_cli, tiny_config
 from user_error import UserError
 
 
@@ -185,6 +185,16 @@ def test_a_resumed_run_compares_each_key_a_preset_sets_and_takes_the_ones_it_may
     assert resumed_with(saved_config("experiment=induction", "optim.lr=1e-3"), "experiment=induction", "optim.lr=1e-3") == []
     assert resumed_with(saved_config("experiment=induction", "optim.lr=1e-3", "train.max_steps=50"), "experiment=induction") == [
         "optim.lr 0.001 -> 0.006", "train.max_steps 50 -> 2000"]
+
+
+@pytest.mark.slow  # the shared trained run
+def test_a_preset_from_a_config_dir_given_on_resume_is_compared_key_by_key_too(trained_run, tmp_path):
+    # Presets were read from configs/experiment/ only: one of --config-dir's was dropped without a word.
+    (tmp_path / "extra" / "experiment").mkdir(parents=True)
+    (tmp_path / "extra" / "experiment" / "mine.yaml").write_text("# @package _global_\nmodel:\n  n_layer: 3\n")
+    result = run_cli("train.py", f"resume={trained_run}", "--config-dir", "extra", "experiment=mine", cwd=tmp_path)
+    assert_one_error_line(result, "error: resume: model.n_layer=3 (from experiment=mine) would change the model this run was "
+                                  "trained with (2); start a new run for that instead")
 
 
 def test_a_resumed_run_of_a_text_file_takes_the_same_file_however_spelt_and_another_only_if_its_text_is_checked(
