@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cli.errors import check_keys_under_values
-from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run
+from tests.helpers import ROOT, assert_one_error_line, run_cli, tiny_run, tiny_spec
 from user_error import UserError
 
 LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_embeddings:8192}"  # Llama 3.1's rope scaling
@@ -99,6 +99,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
         (["train.batch_size=1000000000000"], "error: train.batch_size=1000000000000: a micro-step of 1,000,000,000,000 "
                                              "sequences of 128 tokens needs at least 1,304,"),  # 10^7 unchecked: killed, no word
+        (["train.grad_accum_steps=1000000000000"], "error: train.grad_accum_steps=1000000000000: an update draws its "
+         "micro-steps' 16,000,000,000,000 sequences of 128 tokens at once, and their token ids alone take at least "),  # "lower batch_size"
         (["data.cache_dir="], "error: data.cache_dir= is empty; give the folder that keeps the token cache (the default is "
                               ".cache)\n"),  # was the working folder, filled with tokens/
         (["optim.lr=-1"], "error: optim.lr=-1"),
@@ -377,6 +379,18 @@ def test_a_training_step_that_runs_out_of_memory_is_one_line_that_names_the_batc
                                   "sequences of model.block_size=512 tokens; lower train.batch_size (train.grad_accum_steps=N")
     assert result.stderr.endswith(", or use model.attention=sdpa, which never holds every head's (T, T) scores at once\n")
     assert (tmp_path / "run" / "train.log").exists()  # the run had started: its record stays
+
+
+def test_running_out_of_memory_with_many_micro_steps_names_them_too():
+    # An update draws its micro-steps' ids at once: the line said to raise train.grad_accum_steps, the cause.
+    from training.build import ran_out_of_memory
+
+    spec = tiny_spec(**{"train.grad_accum_steps": 1000, "train.batch_size": 4})
+    assert ran_out_of_memory(spec, torch.device("cpu")) == (
+        "memory ran out while training on cpu, with micro-steps of train.batch_size=4 sequences of model.block_size=32 "
+        "tokens, train.grad_accum_steps=1000 of them drawn at once for each update; lower train.batch_size, "
+        "model.block_size or train.grad_accum_steps")
+    assert "train.grad_accum_steps=N adds up N micro-steps" in ran_out_of_memory(tiny_spec(), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])

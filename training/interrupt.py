@@ -1,7 +1,8 @@
 """Ctrl-C and `kill` stop a run cleanly: the loop finishes its step, saves, and says how to
-resume. A second signal stops at once (the last checkpoint on disk is still whole), unless
-it comes within a second of the first: under torchrun one Ctrl-C reaches each process twice,
-from the terminal and relayed by torchrun, and that is still one request to stop cleanly.
+resume (the first signal is answered with a line at once). A second signal stops at once (the
+last checkpoint on disk is still whole), unless it comes within a second of the first: under
+torchrun one Ctrl-C reaches each process twice, from the terminal and relayed by torchrun, and
+that is still one request to stop cleanly.
 
     with StopSignals() as stop:
         ... if stop.requested: save and leave ...
@@ -70,6 +71,7 @@ class StopSignals:
             now = time.monotonic()
             if first_at is None:
                 first_at = now
+                self._say_heard(stops[0])
             elif now - first_at > self.SAME_REQUEST_SECONDS:
                 if left.wait(self.GRACE_SECONDS):
                     break  # the handler ended the run, and its own exit is under way
@@ -77,6 +79,18 @@ class StopSignals:
                       file=sys.stderr, flush=True)
                 os._exit(128 + stops[-1])
         os.close(heard)
+
+    @staticmethod
+    def _say_heard(signum: int) -> None:
+        """The first request's line, said at once from the watcher (an evaluation of many batches, or
+        one long operation, may keep the run from stopping for minutes), by one process of a torchrun
+        run: rank 0. Written to the file descriptor, not through sys.stderr, which the main thread may
+        be writing to."""
+        if os.environ.get("RANK", "0") != "0":
+            return
+        name = signal.Signals(signum).name
+        os.write(2, f"heard {name}: the run saves and stops once the work under way ends (a step, an evaluation, a "
+                    f"sample); {name} again stops at once (files already saved are whole)\n".encode())
 
     @property
     def name(self) -> str:
