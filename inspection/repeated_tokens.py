@@ -42,6 +42,9 @@ def repeated_ids(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> li
     """The start token (tokenizer.bos_id), n random ids (never a special token), the same n again;
     UserError for an n the model cannot read or a seed out of range."""
     most = largest_n(block_size)
+    if most < 2:  # "give 2 to 0 random tokens", for an n the user never sent
+        raise UserError(f"this model's block_size={block_size} is too short for repeated random tokens: the start token "
+                        "and two copies of at least 2 need model.block_size=5 or more")
     if not 2 <= n <= most:
         raise UserError(f"n={n} is out of range: give 2 to {most} random tokens (this model reads at most "
                         f"{block_size} tokens, <eot> and the n tokens twice)")

@@ -45,6 +45,9 @@ def text_ids(tokenizer: Tokenizer, text: str, block_size: int) -> list[int]:
     block_size tokens."""
     if not text.strip():
         raise UserError("the text is empty: type a sentence")
+    if block_size < 2:  # "at most 0 tokens after the <eot>": no text at all fits
+        raise UserError(f"this model's block_size={block_size} leaves no room for a text after the <eot> each one starts "
+                        "with: use a run of model.block_size=2 or more")
     if len(text) > CHARS_PER_TOKEN * block_size:  # tokenizing a megabyte to say it is too long would take long
         raise UserError(f"the text is too long: {len(text):,} characters, and this model reads at most "
                         f"{block_size} tokens (its block_size); shorten it")

@@ -17,11 +17,13 @@ def test_a_job_is_due_every_interval_and_at_the_last_step():
 
 def test_attn_log_at_start_false_draws_no_maps_of_the_untrained_model_and_the_maps_say_the_models_window(tmp_path):
     # (Every's at_start is checked above; this is the option's way from the command line to the job.)
+    # train.sample_tokens=0 is "no samples" too (they were logged, empty, at every sample_interval).
     result = run_cli("train.py", *tiny_run(**{
-        "train.max_steps": 2, "train.eval_interval": 2, "train.attn_log_interval": 2, "train.sample_interval": 0,
-        "train.attn_log_at_start": False, "model.window": 4, "hydra.run.dir": "run"}), cwd=tmp_path)
+        "train.max_steps": 2, "train.eval_interval": 2, "train.attn_log_interval": 2, "train.sample_interval": 1,
+        "train.sample_tokens": 0, "train.attn_log_at_start": False, "model.window": 4, "hydra.run.dir": "run"}), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     events = read_events(tmp_path / "run")
+    assert "sample at step" not in result.stdout and not [tag for tag in events.Tags()["tensors"] if "sample" in tag]
     head_tags = [tag for tag in events.Tags()["scalars"] if tag.startswith("head_")]
     assert head_tags
     assert {event.step for event in events.Images("attention/all_heads")} == {2}

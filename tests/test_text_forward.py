@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from data.tokenizer import CharTokenizer
+from inspection.repeated_tokens import default_n, repeated_ids
 from inspection.text_forward import forward_text, single_token
 from model import GPT
 from tests.helpers import previous_token_copier, tiny_gpt
@@ -116,6 +117,19 @@ def test_an_empty_or_too_long_text_is_refused_saying_the_block_size(text, messag
     with pytest.raises(UserError) as refused:
         forward_text(text_gpt(block_size=8), TOKENIZER, text)
     assert str(refused.value).startswith(message)
+
+
+def test_a_model_of_too_short_a_context_for_any_text_or_copy_says_so_not_that_the_input_is_too_long():
+    # model.block_size=1 trains: the tab said "1 tokens, and this model reads at most 0", and for
+    # repeated tokens "n=0 is out of range: give 2 to 0", an n the user never sent.
+    with pytest.raises(UserError, match="^" + re.escape("this model's block_size=1 leaves no room for a text after the <eot> "
+                                                        "each one starts with: use a run of model.block_size=2 or more") + "$"):
+        forward_text(text_gpt(block_size=1), TOKENIZER, "a")
+    for block_size in (1, 4):
+        with pytest.raises(UserError, match="^" + re.escape(f"this model's block_size={block_size} is too short for repeated "
+                                                            "random tokens: the start token and two copies of at least 2")):
+            repeated_ids(TOKENIZER, default_n(block_size), seed=0, block_size=block_size)
+    assert len(repeated_ids(TOKENIZER, 2, seed=0, block_size=5)) == 5
 
 
 def test_seven_tokens_fit_a_block_size_of_8_with_endoftext_before_them():

@@ -135,7 +135,8 @@ class Samples:
 
     def __init__(self, run: Run, tb: RunLogger) -> None:
         self.run, self.tb = run, tb
-        self.due = Every(run.spec.probes.sample_interval)
+        probes = run.spec.probes
+        self.due = Every(probes.sample_interval if probes.sample_tokens else 0)  # either one 0: no samples
 
     def __call__(self, state: TrainState) -> None:
         with self.run.parallel.whole_model():
