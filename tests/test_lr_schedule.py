@@ -3,7 +3,9 @@ use of it, each update at its own step: tests/test_fit.py.)"""
 
 import pytest
 
-from training.lr_schedule import lr_at
+from cli.run_spec import run_spec
+from tests.helpers import ROOT, composed_train_config
+from training.lr_schedule import lr_at, schedule_note
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
@@ -35,3 +37,24 @@ def test_short_runs_warm_up_in_full_and_still_end_at_min_lr():
     for schedule in ("cosine", "wsd"):
         short = dict(lr=1e-3, min_lr=1e-4, warmup_steps=9, max_steps=10, schedule=schedule, decay_fraction=0.2)
         assert [lr_at(step, **short) for step in (8, 9)] == pytest.approx([1e-3, 1e-4])
+
+
+def test_a_warmup_that_takes_the_schedules_place_is_noted_and_no_preset_has_one():
+    # A warmup as long as the run never decayed, and one eating into wsd's decay squeezed it: no word.
+    settings = {"lr": 3e-3, "min_lr": 3e-4, "schedule": "wsd", "decay_fraction": 0.2}
+    assert schedule_note(warmup_steps=5, max_steps=3, **settings) == (
+        "optim.warmup_steps=5 is more than train.max_steps=3: the learning rate never reaches optim.lr=0.003; lower "
+        "optim.warmup_steps for so short a run")
+    assert schedule_note(warmup_steps=4, max_steps=4, **settings) == (
+        "optim.warmup_steps=4 is all of train.max_steps=4: the learning rate rises to the end and never decays to "
+        "optim.min_lr=0.0003; lower optim.warmup_steps")
+    assert schedule_note(warmup_steps=90, max_steps=100, **settings) == (
+        "optim.warmup_steps=90 leaves the decay 9 of train.max_steps=100's steps, not the 20 of optim.decay_fraction=0.2; "
+        "lower optim.warmup_steps")
+    assert lr_at(90, warmup_steps=90, max_steps=100, **settings) == 3e-3 and lr_at(99, warmup_steps=90, max_steps=100, **settings) == 3e-4
+    assert schedule_note(warmup_steps=79, max_steps=100, **settings) is None  # the decay's 20 steps whole: 79 to 99
+    assert schedule_note(warmup_steps=90, max_steps=100, **{**settings, "schedule": "cosine"}) is None  # all after warmup decays
+    for preset in [None, *sorted(path.stem for path in (ROOT / "configs" / "experiment").glob("*.yaml"))]:
+        spec = run_spec(composed_train_config([f"experiment={preset}"] if preset else []))
+        assert schedule_note(spec.optim.lr, spec.optim.min_lr, spec.optim.warmup_steps, spec.loop.max_steps,
+                             spec.optim.schedule, spec.optim.decay_fraction) is None, preset

@@ -20,6 +20,7 @@ from runtime.devices import Machine, check_compiler, is_out_of_memory, memory_by
 from runtime.precision import Precision
 from runtime.ranks import Ranks, dist_backend, leave_it_to_local_rank_zero, lost_contact, said_once_per_machine
 from training.data_parallel import Replicated, wrap
+from training.lr_schedule import schedule_note
 from training.optimizer import Optimizers, build_optimizer
 from training.specs import RunSpec, StepSpec
 from training.state import RunState, TrainState, restore_rng_states
@@ -251,9 +252,10 @@ def describe(run: Run) -> None:
                  "scratch: its steps have a fixed size whatever the gradient, too big for weights that are already good; "
                  "the fine-tuning presets use AdamW (experiment=finetune_gpt2 or experiment=finetune_smollm2, "
                  "with init_from=<yours>), or give optim.name=adamw optim.lr=3e-5")
-    if 0 < spec.loop.max_steps < spec.optim.warmup_steps:
-        log.info(f"note: optim.warmup_steps={spec.optim.warmup_steps} is more than train.max_steps={spec.loop.max_steps}: "
-                 f"the learning rate never reaches optim.lr={spec.optim.lr:g}; lower optim.warmup_steps for so short a run")
+    optim = spec.optim
+    if note := schedule_note(optim.lr, optim.min_lr, optim.warmup_steps, spec.loop.max_steps, optim.schedule,
+                             optim.decay_fraction):
+        log.info(f"note: {note}")
     log.info(f"run dir: {run.shown_dir}")
     if spec.device.compile:
         log.info("train.compile=true: the first training step and the first evaluation compile first")
