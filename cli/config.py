@@ -22,6 +22,7 @@ from model_io.run_files import LOG_SPACED
 from user_error import UserError, as_typed, require
 
 SEEDS = 2**32  # train.seed seeds numpy too, whose seeds are 0 .. 2**32 - 1
+FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: under it float32 loses precision, then all of it
 
 
 def validate_train_config(cfg: Any, new_model: bool = True) -> None:
@@ -31,6 +32,9 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
     optim, train = cfg.optim, cfg.train
     validate_model_config(cfg.model, new_model)
     require(0 < optim.lr < math.inf, f"optim.lr={optim.lr} must be a number greater than 0, e.g. optim.lr=1e-3")
+    for key, example in (("lr", "optim.lr=1e-3"), ("grad_clip", "optim.grad_clip=1.0, or 0 for none")):  # denormals
+        require(not 0 < optim[key] < FLOAT32_TINY, f"optim.{key}={optim[key]} is under float32's smallest normal number "
+                f"({FLOAT32_TINY:.3g}): float32 holds it as 0, or with a few bits of precision; give one such as {example}")
     require(0 < optim.decay_fraction <= 1, f"optim.decay_fraction={optim.decay_fraction} must be in (0, 1], e.g. 0.2")
     require(0 <= optim.min_lr <= optim.lr, f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr}")
     require(optim.weight_decay >= 0, f"optim.weight_decay={optim.weight_decay} must be 0 or more")

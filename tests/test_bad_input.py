@@ -104,6 +104,10 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["data.cache_dir="], "error: data.cache_dir= is empty; give the folder that keeps the token cache (the default is "
                               ".cache)\n"),  # was the working folder, filled with tokens/
         (["optim.lr=-1"], "error: optim.lr=-1"),
+        (["optim.lr=1e-320"], "error: optim.lr=1e-320 is under float32's smallest normal number (1.18e-38): float32 holds it "
+                              "as 0, or with a few bits of precision; give one such as optim.lr=1e-3\n"),  # trained nothing
+        (["optim.grad_clip=1e-40"], "error: optim.grad_clip=1e-40 is under float32's smallest normal number (1.18e-38): "
+                                    "float32 holds it as 0, or with a few bits"),
         (["model.dropout=1.5"], "error: model.dropout=1.5 must be in [0, 1)"),
         (["data=text"], "error: data=text needs a corpus"),
         (["data=text", "data.path=nowhere.txt"], "error: data.path=nowhere.txt does not exist"),
