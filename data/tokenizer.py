@@ -121,7 +121,7 @@ class CharTokenizer:
         except KeyError:
             unknown = sorted(set(text) - self.char_to_id.keys())
             raise UserError(
-                f"the text has characters the model never saw in training: {''.join(unknown)!r}; "
+                f"the text has characters the model never saw in training: {', '.join(map(repr, unknown))}; "
                 f"use only characters from its vocabulary: {''.join(self.chars)!r}"
             ) from None
 

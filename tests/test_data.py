@@ -97,12 +97,14 @@ def test_char_tokenizer_round_trips_and_rebuilds_from_its_state():
 
 def test_char_tokenizer_names_characters_it_never_saw():
     tokenizer = CharTokenizer.from_text("abc ")
-    with pytest.raises(UserError, match=r"never saw in training: 'xz'"):
+    with pytest.raises(UserError, match=r"never saw in training: 'x', 'z'; use only"):  # each apart: 'xz' read as one
         tokenizer.encode("a xz")
+    with pytest.raises(UserError, match=re.escape("never saw in training: '0', '\\\\'; use only")):  # was '0\\\\'
+        tokenizer.encode("a0\\")
     # encode_batch's table from code point to id: a character past its last entry ('z' > 'c'), or inside
     # it but not in the vocabulary ('b' of "ac "), is named too, not read as a neighbour's id.
     assert [ids.tolist() for ids in tokenizer.encode_batch(["cab", " "])] == [tokenizer.encode("cab"), [0]]  # sorted: " " first
-    for vocabulary, text, unknown in (("abc ", "a xz", "xz"), ("ac ", "cab", "b")):
+    for vocabulary, text, unknown in (("abc ", "a xz", "x', 'z"), ("ac ", "cab", "b")):
         with pytest.raises(UserError, match=f"never saw in training: '{unknown}'"):
             CharTokenizer.from_text(vocabulary).encode_batch([text])
 
