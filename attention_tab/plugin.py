@@ -49,6 +49,7 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import numpy as np
 from tensorboard import errors, plugin_util
@@ -367,6 +368,11 @@ def post_form(request: wrappers.Request, route: str, fields: str) -> Mapping[str
             body.decode("utf-8")
         except UnicodeDecodeError as error:
             raise errors.InvalidArgumentError(f"the form's byte {error.start} is not UTF-8: percent-encode the text as "
+                                              "UTF-8 (%C3%A9 for é), as a browser's form does") from None
+        try:  # werkzeug keeps the escapes of percent-encoded bytes that are not UTF-8: %FF%FE read as that text
+            parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError:
+            raise errors.InvalidArgumentError("the form's percent-encoded bytes are not UTF-8: percent-encode the text as "
                                               "UTF-8 (%C3%A9 for é), as a browser's form does") from None
     return request.form
 

@@ -298,7 +298,9 @@ def test_a_text_posted_as_json_or_as_bytes_that_are_not_utf_8_gets_a_400_that_sa
     for body, content_type, says in ((json.dumps({"run": name, "text": "Hi"}).encode(), "application/json",
                                       "send the text as a POST form, not application/json: run, text, knocked_out"),
                                      (f"run={name}&text=caf\xe9".encode("latin-1"), "application/x-www-form-urlencoded",
-                                      f"the form's byte {len(name) + 13} is not UTF-8: percent-encode the text as UTF-8")):
+                                      f"the form's byte {len(name) + 13} is not UTF-8: percent-encode the text as UTF-8"),
+                                     (f"run={name}&text=%ff%fe".encode(), "application/x-www-form-urlencoded",  # read as "%FF%FE"
+                                      "the form's percent-encoded bytes are not UTF-8: percent-encode the text as UTF-8")):
         request = urllib.request.Request(f"{base}{PLUGIN}/text", data=body, headers={"Content-Type": content_type})
         try:
             urllib.request.urlopen(request)
