@@ -72,6 +72,11 @@ def sample(cfg: DictConfig) -> None:
         if not cfg.compile:
             lay_out_for_decoding(model)  # float32's one-row matmuls read faster from (in, out) there
         move_to_huge_pages(model)  # each token reads every weight: on 2 MiB pages, with fewer address lookups
+    prompt_tokens = 1 + len(tokenizer.encode(prompt_as_typed(cfg.prompt)))  # the start token first
+    block_size = model.config.block_size
+    if prompt_tokens > block_size and not model.generates_past_block_size:
+        print(f"note: the prompt is {prompt_tokens:,} tokens with its start token, and the model reads at most "
+              f"{block_size} (its model.block_size): it continues from the prompt's last {block_size}", file=sys.stderr, flush=True)
     if compiles:
         print("compile=true: compiling the decode step first (seconds; longer the first time on this machine, "
               "before Inductor has cached its kernels)", file=sys.stderr, flush=True)

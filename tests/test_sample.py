@@ -172,6 +172,15 @@ def test_the_prompt_is_the_text_as_typed_even_where_hydra_reads_a_number_or_a_bo
     assert (result.returncode, result.stdout) == (0, text + "\n"), result.stderr
 
 
+def test_a_prompt_longer_than_the_model_reads_is_noted_and_printed_whole(tmp_path):
+    # The model continued from the last block_size tokens without a word.
+    checkpoint, _ = small_checkpoint(tmp_path, text="Once upon a time.")  # block_size 8
+    result = run_cli("sample.py", f"run={checkpoint}", "prompt=Once upon a time", "max_new_tokens=3", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("Once upon a time")  # the whole prompt, then what follows
+    assert result.stderr == ("note: the prompt is 17 tokens with its start token, and the model reads at most 8 (its "
+                             "model.block_size): it continues from the prompt's last 8\n")
+
+
 def test_a_sweep_prints_each_jobs_text_under_its_name_and_a_bad_job_says_its_error_there(tmp_path):
     checkpoint, _ = small_checkpoint(tmp_path, text="Once upon hirt.")
     args = [f"run={checkpoint}", "prompt=On", "max_new_tokens=12", "temperature=1"]
