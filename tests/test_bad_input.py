@@ -8,6 +8,7 @@ import resource
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -332,18 +333,23 @@ def test_bad_sampling_input_gets_one_clear_line_and_no_traceback(trained_run, tm
     assert sorted(p.name for p in trained_run.rglob("*")) == before  # nothing written into the run dir
 
 
+def run_with_memory(gib: int, script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """script run with args, its address space held to gib GiB: a machine with that much memory left."""
+    def small_machine() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (gib * 2**30, gib * 2**30))
+
+    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          preexec_fn=small_machine)
+
+
 @pytest.mark.slow  # the shared trained run
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the address-space limit stops CUDA's own start "
                     "first, with a warning of its own (sample.py's line for a GPU's out of memory was seen on an H200)")
 def test_more_samples_at_once_than_memory_holds_is_one_line(trained_run, tmp_path):
     # Under the 100 million tokens sample.py takes at once, but 20 million rows of one batch: its
     # first forward asks for gigabytes. The address space held to 6 GB stands for a smaller machine.
-    def small_machine() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
-
-    result = subprocess.run([sys.executable, str(ROOT / "sample.py"), f"run={trained_run}", "device=cpu",
-                             "num_samples=20000000", "max_new_tokens=5"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, preexec_fn=small_machine)
+    result = run_with_memory(6, "sample.py", f"run={trained_run}", "device=cpu", "num_samples=20000000", "max_new_tokens=5",
+                             cwd=tmp_path)
     assert_one_error_line(result, "error: num_samples=20000000 continuations of max_new_tokens=5 tokens, sampled together "
                                   "as one batch, need more memory than this machine has; ask for fewer num_samples")
 
@@ -354,12 +360,8 @@ def test_more_samples_at_once_than_memory_holds_is_one_line(trained_run, tmp_pat
 def test_a_model_whose_weights_the_memory_left_cannot_hold_is_one_line(tmp_path):
     # 6.4 GB of weights: within what the check before building allows on a machine of 13 GB or
     # more, but not within the 2 GB of address space that stands for the memory left here.
-    def small_machine() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
-
     args = tiny_run(**{"tokenizer": "char", "model.n_layer": 2, "model.n_embd": 8192, "model.n_head": 64, "hydra.run.dir": "run"})
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, preexec_fn=small_machine)
+    result = run_with_memory(2, "train.py", *args, cwd=tmp_path)
     assert_one_error_line(result, "error: model.n_layer=2, model.n_embd=8192: ")
     assert "make" in result.stderr and "smaller" in result.stderr  # the check's line or the build's, by the machine
     assert not (tmp_path / "run").exists()
@@ -372,13 +374,9 @@ def test_a_training_step_that_runs_out_of_memory_is_one_line_that_names_the_batc
     # Every head's (T, T) scores of the explicit attention, 4,096 x 16 x 512 x 512 float32 (69 GB), past
     # the 2 GB of address space that stands for the memory here, while the check before the run counts
     # the logits only (4,096 x 512 tokens x 8 bytes for each of the char vocabulary's ~60: about 1 GB).
-    def small_machine() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
-
     args = tiny_run(**{"tokenizer": "char", "model.attention": "manual", "model.n_head": 16, "model.n_embd": 64,
                        "model.block_size": 512, "train.batch_size": 4096, "hydra.run.dir": "run"})
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, preexec_fn=small_machine)
+    result = run_with_memory(2, "train.py", *args, cwd=tmp_path)
     assert_one_error_line(result, "error: memory ran out while training on cpu, with micro-steps of train.batch_size=4096 "
                                   "sequences of model.block_size=512 tokens; lower train.batch_size (train.grad_accum_steps=N")
     assert result.stderr.endswith(", or use model.attention=sdpa, which never holds every head's (T, T) scores at once\n")
