@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, eval_mode
+from model.hooks import is_whole_number
 
 
 @torch.no_grad()
@@ -50,7 +51,7 @@ def lens_summary(model: GPT, idx: torch.Tensor, k: int = 5) -> LensSummary:
     if idx.shape[0] != 1:
         raise ValueError(f"lens_summary reads one sequence, idx of shape (1, T); got {tuple(idx.shape)}: "
                          "give one row, idx[i:i + 1], or logit_lens for the whole batch")
-    if type(k) is not int or k < 1:
+    if not is_whole_number(k) or k < 1:
         raise ValueError(f"k={k!r} must be a whole number of at least 1: how many of the likeliest tokens to keep, e.g. 5")
     next_ids = idx[0, 1:]  # (T - 1,)
     log_probs, ranks, top_ids, top_probs = [], [], [], []

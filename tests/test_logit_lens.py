@@ -3,6 +3,7 @@ the bit; after layer l it is what a model cut after layer l would say."""
 
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,3 +69,5 @@ def test_the_summary_of_anything_but_one_row_of_ids_is_one_line():
     for k in (0, 2.5, "5"):  # 0 once gave empty lists, and the others an error from inside torch
         with pytest.raises(ValueError, match=re.escape(f"k={k!r} must be a whole number of at least 1")):
             lens_summary(model, TOKENS[:1], k=k)
+    for k in (np.int64(3), torch.tensor(3)):  # whole numbers, as a layer or head number may be (refused once)
+        assert lens_summary(model, TOKENS[:1], k=k).top_ids.shape[-1] == 3
