@@ -32,6 +32,8 @@ FAST_TESTS := not slow and not browser and not distributed and not compile
 # (worksteal), so that both end together rather than one waiting on the other's slow tests.
 XDIST := -n auto --dist worksteal
 RUN ?= latest
+# RUN=~/... as zsh passes it on, unexpanded, taken as the shell would take it
+RUN_PATH = $(patsubst ~/%,$(HOME)/%,$(RUN))
 INDUCTION_RUNS ?=
 NOTEBOOK ?= look_inside
 # The notebook's file, from its name (name_swap), its file name or its path (notebooks/name_swap.ipynb).
@@ -89,8 +91,8 @@ test-fast: setup
 	$(PY) -m pytest $(XDIST) -m "$(FAST_TESTS)" $(ARGS)
 
 sample: setup
-	@test "$(RUN)" = latest -o -e "$(RUN)" || { echo "error: RUN=$(RUN) does not exist; give make sample RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
-	$(PY) sample.py run=$(RUN) $(ARGS)
+	@test "$(RUN)" = latest -o -e "$(RUN_PATH)" || { echo "error: RUN=$(RUN) does not exist; give make sample RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
+	$(PY) sample.py run=$(RUN_PATH) $(ARGS)
 
 tensorboard: setup
 	@test -d outputs -o -d multirun || echo "note: no runs yet under outputs/ or multirun/ (make train makes one); TensorBoard shows them as they come" >&2
@@ -101,12 +103,12 @@ bench: setup
 
 docs: setup browser
 	@test -n "$(RUN)" || { echo "error: RUN= is empty; give make docs RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
-	@test "$(RUN)" = latest -o -e "$(RUN)" || { echo "error: RUN=$(RUN) does not exist; give make docs RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
-	$(PY) docs/figures.py $(RUN)
+	@test "$(RUN)" = latest -o -e "$(RUN_PATH)" || { echo "error: RUN=$(RUN) does not exist; give make docs RUN=<run dir>, or leave RUN out for the newest run" >&2; exit 2; }
+	$(PY) docs/figures.py $(RUN_PATH)
 	$(PY) docs/questions.py
-	$(PY) docs/attention_tab.py $(RUN)
+	$(PY) docs/attention_tab.py $(RUN_PATH)
 	$(PY) docs/induction_figures.py $(INDUCTION_RUNS)
-	$(PY) docs/tools.py $(RUN) $(INDUCTION_RUNS)
+	$(PY) docs/tools.py $(RUN_PATH) $(INDUCTION_RUNS)
 
 notebook: setup
 	@test -f "$(NOTEBOOK_FILE)" || { echo "error: NOTEBOOK=$(NOTEBOOK) is not a notebook here: pick one of" \

@@ -32,7 +32,7 @@ from cli.errors import compile_failure, exit_on_user_error, run_cli
 from cli.sweep_check import said_as_its_job, sweep_job
 from model import GPT
 from model.decode_step import INDUCTOR_OPTIONS
-from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_decoding, terminal_text
+from model.generation import EOT_SHOWN, Tokenizer, generate_text, lay_out_for_decoding, prompt_ids, terminal_text
 from model_io.checkpoint import Checkpoint
 from model_io.run_files import KEPT, checkpoint_and_note
 from runtime.devices import Machine, check_compiler, is_out_of_memory, pick_device
@@ -72,7 +72,7 @@ def sample(cfg: DictConfig) -> None:
         if not cfg.compile:
             lay_out_for_decoding(model)  # float32's one-row matmuls read faster from (in, out) there
         move_to_huge_pages(model)  # each token reads every weight: on 2 MiB pages, with fewer address lookups
-    prompt_tokens = 1 + len(tokenizer.encode(prompt_as_typed(cfg.prompt)))  # the start token first
+    prompt_tokens = len(prompt_ids(tokenizer, prompt_as_typed(cfg.prompt)))
     block_size = model.config.block_size
     if prompt_tokens > block_size and not model.generates_past_block_size:
         print(f"note: the prompt is {prompt_tokens:,} tokens with its start token, and the model reads at most "

@@ -131,7 +131,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
         except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
             if not is_out_of_memory(error):
                 raise
-            raise UserError(ran_out_of_memory(spec, ranks.device)) from None
+            raise UserError(ran_out_of_memory(spec, ranks.device, error)) from None
         report(run, figures)
         return figures.best_val_loss
     finally:

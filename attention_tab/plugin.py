@@ -365,12 +365,12 @@ def post_form(request: wrappers.Request, route: str, fields: str) -> Mapping[str
     if request.mimetype == FORM_TYPES[0]:
         body = request.get_data(cache=True)  # cached: the form below is parsed from it
         try:
-            body.decode("utf-8")
+            text = body.decode("utf-8")
         except UnicodeDecodeError as error:
             raise errors.InvalidArgumentError(f"the form's byte {error.start} is not UTF-8: percent-encode the text as "
                                               "UTF-8 (%C3%A9 for é), as a browser's form does") from None
         try:  # werkzeug keeps the escapes of percent-encoded bytes that are not UTF-8: %FF%FE read as that text
-            parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict")
+            parse_qsl(text, keep_blank_values=True, errors="strict")
         except UnicodeDecodeError:
             raise errors.InvalidArgumentError("the form's percent-encoded bytes are not UTF-8: percent-encode the text as "
                                               "UTF-8 (%C3%A9 for é), as a browser's form does") from None

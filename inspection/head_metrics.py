@@ -24,6 +24,8 @@ from collections.abc import Collection
 
 import torch
 
+from model.hooks import is_whole_number
+
 METRICS = ("entropy", "distance", "previous_token", "induction")
 
 
@@ -46,7 +48,7 @@ def head_metrics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def induction_probe(vocab_size: int, n: int, seed: int = 0, avoid: Collection[int] = ()) -> list[int]:
     """n random ids (none of `avoid`: the special tokens, data.tokenizer.special_ids), then the same n again."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if not is_whole_number(n) or n < 1:
         raise ValueError(f"n={n!r} must be a whole number of at least 1: the probe is n random ids, then the same n again")
     generator = torch.Generator().manual_seed(seed)
     choices = torch.tensor([i for i in range(vocab_size) if i not in avoid], dtype=torch.long)

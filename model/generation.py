@@ -136,7 +136,7 @@ def generate_tokens(
         raise ValueError(f"generator={generator!r} is no torch.Generator: give torch.Generator().manual_seed(seed), "
                          "or None for torch's own")
     if on_token is not None and not callable(on_token):
-        raise ValueError(f"on_token={on_token!r} is not a function: give one of the tokens so far, or None")
+        raise ValueError(f"on_token={on_token!r} is not a function: give a function of the tokens so far, or None")
     B, T0 = idx.shape
     if decode_step is not None:
         decode_step.check_fits(model, B, temperature, top_k, top_p, use_kv_cache)
@@ -184,6 +184,13 @@ def eager_step(model: GPT, tokens: torch.Tensor, start: int, end: int, caches: C
     return next_logits, caches
 
 
+def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """What generate_text feeds the model first: the start token (<|endoftext|>, or Llama's
+    <|begin_of_text|>), where every training document starts, so that the model knows it is at the
+    beginning; then the prompt's ids."""
+    return [tokenizer.bos_id, *tokenizer.encode(prompt)]
+
+
 def generate_text(
     model: GPT,
     tokenizer: Tokenizer,
@@ -211,11 +218,8 @@ def generate_text(
         if problem := sampling_problem(setting, value):
             raise ValueError(problem)
     device = next(model.parameters()).device
-    # Start where every training document starts, after the start token (<|endoftext|>, or
-    # Llama's <|begin_of_text|>), so the model knows it is at the beginning; that token is not
-    # part of the output.
-    context = [tokenizer.bos_id]
-    ids = context + tokenizer.encode(prompt)
+    ids = prompt_ids(tokenizer, prompt)
+    context = ids[:1]  # the start token, not part of the output
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T0)
     generator = torch.Generator(device=device).manual_seed(seed)
     # Only steps after the first one run compiled: with one new token there is nothing to compile for.

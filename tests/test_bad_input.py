@@ -377,8 +377,9 @@ def test_a_training_step_that_runs_out_of_memory_is_one_line_that_names_the_batc
     args = tiny_run(**{"tokenizer": "char", "model.attention": "manual", "model.n_head": 16, "model.n_embd": 64,
                        "model.block_size": 512, "train.batch_size": 4096, "hydra.run.dir": "run"})
     result = run_with_memory(2, "train.py", *args, cwd=tmp_path)
-    assert_one_error_line(result, "error: memory ran out while training on cpu, with micro-steps of train.batch_size=4096 "
-                                  "sequences of model.block_size=512 tokens; lower train.batch_size (train.grad_accum_steps=N")
+    assert_one_error_line(result, "error: memory ran out while training on cpu (one allocation asked for ")
+    assert " GB), with micro-steps of train.batch_size=4096 sequences of model.block_size=512 tokens; lower train.batch_size " \
+           "(train.grad_accum_steps=N" in result.stderr
     assert result.stderr.endswith(", or use model.attention=sdpa, which never holds every head's (T, T) scores at once\n")
     assert (tmp_path / "run" / "train.log").exists()  # the run had started: its record stays
 
@@ -388,6 +389,12 @@ def test_running_out_of_memory_with_many_micro_steps_names_them_too():
     from training.build import ran_out_of_memory
 
     spec = tiny_spec(**{"train.grad_accum_steps": 1000, "train.batch_size": 4})
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                       "68719476736 bytes. Error code 12 (Cannot allocate memory)")
+    gpu = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB")
+    assert "on cpu (one allocation asked for 68.7 GB), with" in ran_out_of_memory(spec, torch.device("cpu"), cpu)
+    assert ran_out_of_memory(spec, torch.device("cuda"), gpu).startswith(
+        "the GPU's memory ran out while training on cuda (one allocation asked for 2.00 GiB), with micro-steps")
     assert ran_out_of_memory(spec, torch.device("cpu")) == (
         "memory ran out while training on cpu, with micro-steps of train.batch_size=4 sequences of model.block_size=32 "
         "tokens, train.grad_accum_steps=1000 of them drawn at once for each update; lower train.batch_size, "

@@ -1,5 +1,6 @@
 """The pictures `make docs` draws from a run (docs/figures.py)."""
 
+import os
 import re
 import subprocess
 
@@ -52,3 +53,11 @@ def test_make_docs_names_the_run_as_it_was_typed_before_it_draws_anything(given,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and not result.stdout
     assert result.stderr.splitlines()[0] == f"error: {said}; give make docs RUN=<run dir>, or leave RUN out for the newest run"
+
+
+def test_make_sample_finds_a_run_under_home_as_typed_with_a_tilde(tmp_path):
+    # zsh passes RUN=~/... on unexpanded, and the scripts expand it: the check must find the run as they do.
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "sample", "RUN=~/runs/a", "ARGS=max_new_tokens=nope"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+    assert "error: max_new_tokens=nope must be a whole number" in result.stderr, result.stderr  # past make's check: sample.py's own

@@ -54,6 +54,8 @@ def test_a_warmup_that_takes_the_schedules_place_is_noted_and_no_preset_has_one(
     assert lr_at(90, warmup_steps=90, max_steps=100, **settings) == 3e-3 and lr_at(99, warmup_steps=90, max_steps=100, **settings) == 3e-4
     assert schedule_note(warmup_steps=79, max_steps=100, **settings) is None  # the decay's 20 steps whole: 79 to 99
     assert schedule_note(warmup_steps=90, max_steps=100, **{**settings, "schedule": "cosine"}) is None  # all after warmup decays
+    for warmup, max_steps in ((0, 100), (0, 3)):  # a decay of all the steps it can have is no shorter than asked
+        assert schedule_note(warmup_steps=warmup, max_steps=max_steps, **{**settings, "decay_fraction": 1.0}) is None
     for preset in [None, *sorted(path.stem for path in (ROOT / "configs" / "experiment").glob("*.yaml"))]:
         spec = run_spec(composed_train_config([f"experiment={preset}"] if preset else []))
         assert schedule_note(spec.optim.lr, spec.optim.min_lr, spec.optim.warmup_steps, spec.loop.max_steps,

@@ -611,7 +611,7 @@ def test_knocking_out_the_previous_token_head_destroys_the_copy_and_knocking_out
     ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1] (1.0 or None: off)"),
     ({"top_p": 2.0}, "top_p=2.0 must be in (0, 1]"),
     ({"generator": 0}, "generator=0 is no torch.Generator: give torch.Generator().manual_seed(seed), or None"),  # torch's 9 lines
-    ({"on_token": 5}, "on_token=5 is not a function: give one of the tokens so far, or None"),  # after the first token
+    ({"on_token": 5}, "on_token=5 is not a function: give a function of the tokens so far, or None"),  # after the first token
 ])
 def test_generate_tokens_refuses_settings_it_cannot_sample_with_in_one_line(settings, message):
     # sample.py checks its own first; a notebook calls generate_tokens with whatever it was given.

@@ -173,7 +173,7 @@ def heard_line(name: str) -> str:
     """What the first request to stop is answered with at once, even inside one long operation
     (an evaluation of a huge train.eval_iters went on without a word)."""
     return (f"heard {name}: the run saves and stops once the work under way ends (a step, an evaluation, a sample); "
-            f"{name} again stops at once (files already saved are whole)\n")
+            f"{name} again, a second or more later, stops at once (files already saved are whole)\n")
 
 
 def test_a_second_signal_stops_at_once_even_inside_one_long_operation(tmp_path):

@@ -3,6 +3,7 @@
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from training.step import TrainStep
 from user_error import UserError
 
 log = logging.getLogger("train")
+# What the lines of too big a batch say to do instead
+GRAD_ACCUM_HINT = "train.grad_accum_steps=N adds up N micro-steps into one update: as big a batch in less memory"
 
 
 @dataclass
@@ -117,47 +120,48 @@ def check_model_fits(shape: GPTConfig, vocab_size: int, device: torch.device, in
 
 
 def check_batch_fits(step: StepSpec, vocab_size: int, device: torch.device) -> None:
-    """Refuses, on a CPU, a batch whose least memory passes this machine's (in each of its
-    processes): the kernel would end the run without a word at its first evaluation
-    (train.batch_size=100000 on 24 GB). A lower bound: a micro-step's logits and their gradient, in
-    float32, and the token ids of the update's micro-steps, which it draws at once (for each token the
-    int64 window drawn, its offset, and the input and target cut from it, every rank drawing all
-    ranks' rows: data/batches.py get_batch, TrainStep.rank_share); the blocks' activations come on top. (On a GPU, running out of memory is an error that train.py words:
-    ran_out_of_memory.)"""
+    """Refuses, on a CPU, a batch whose least memory passes this machine's (its processes' together):
+    the kernel would end the run without a word at its first evaluation (train.batch_size=100000 on
+    24 GB). Two lower bounds, each of a moment every step comes to: a micro-step's logits and their
+    gradient, in float32; and, while an update's micro-steps are drawn at once, each token's int64
+    window, its offset, and the input and target cut from it (every rank drawing all ranks' rows:
+    data/batches.py get_batch, TrainStep.rank_share). The blocks' activations come on top. (On a GPU,
+    running out of memory is an error that train.py words: ran_out_of_memory.)"""
     memory = memory_bytes()
     if memory is None or device.type != "cpu":
         return
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's, on this machine
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    drawn = step.grad_accum_steps * int(os.environ.get("WORLD_SIZE", "1")) * step.batch_size  # sequences an update draws
     logits = step.batch_size * step.block_size * vocab_size * 4 * 2 * processes
-    ids = step.grad_accum_steps * ranks * step.batch_size * step.block_size * 8 * 4 * processes
-    if logits + ids <= memory:
+    ids = drawn * step.block_size * 8 * 4 * processes
+    if max(logits, ids) <= memory:
         return
-    each = f", in each of {processes} processes" if processes > 1 else ""
+    together = f" by the {processes} processes on this machine together" if processes > 1 else ""
     if ids > logits:  # the micro-steps, not one of them
-        raise UserError(f"train.grad_accum_steps={step.grad_accum_steps}: an update draws its micro-steps' "
-                        f"{step.grad_accum_steps * ranks * step.batch_size:,} sequences of {step.block_size:,} tokens at "
-                        f"once, and their token ids alone take at least {ids / 1e9:,.1f} GB{each}, more than this "
-                        f"machine's {memory / 1e9:.1f} GB of memory; lower train.grad_accum_steps")
+        raise UserError(f"train.grad_accum_steps={step.grad_accum_steps}: an update draws its micro-steps' {drawn:,} "
+                        f"sequences of {step.block_size:,} tokens at once, and their token ids alone take at least "
+                        f"{ids / 1e9:,.1f} GB{together}, more than this machine's {memory / 1e9:.1f} GB of memory; lower "
+                        "train.grad_accum_steps")
     raise UserError(f"train.batch_size={step.batch_size}: a micro-step of {step.batch_size:,} sequences of "
-                    f"{step.block_size:,} tokens needs at least {logits / 1e9:,.1f} GB for its logits and their "
-                    f"gradients alone ({vocab_size:,} a token, in float32{each}), more than this machine's "
+                    f"{step.block_size:,} tokens needs at least {logits / 1e9:,.1f} GB{together} for its logits and their "
+                    f"gradients alone ({vocab_size:,} a token, in float32), more than this machine's "
                     f"{memory / 1e9:.1f} GB of memory; lower train.batch_size ({GRAD_ACCUM_HINT})")
 
 
-GRAD_ACCUM_HINT = "train.grad_accum_steps=N adds up N micro-steps into one update: as big a batch in less memory"
-
-
-def ran_out_of_memory(spec: RunSpec, device: torch.device) -> str:
-    """The line for a run whose training or evaluation found too little memory on its device."""
+def ran_out_of_memory(spec: RunSpec, device: torch.device, error: BaseException | None = None) -> str:
+    """The line for a run whose training or evaluation found too little memory on its device, with
+    what the allocation that failed asked for where torch's error says it."""
     where = "the GPU's memory" if device.type == "cuda" else "memory"
+    said = re.search(r"tried to allocate (?:(\d+) bytes|([\d.]+ \w+))", str(error or ""), re.IGNORECASE)  # a CPU's, a GPU's
+    asked = "" if said is None else f" (one allocation asked for {int(said[1]) / 1e9:,.1f} GB)" if said[1] else \
+        f" (one allocation asked for {said[2]})"
     step = spec.step
     if step.grad_accum_steps > 1:  # an update draws its micro-steps' ids at once: many of them are the cause too
         accum = f", train.grad_accum_steps={step.grad_accum_steps} of them drawn at once for each update"
         lower = "train.batch_size, model.block_size or train.grad_accum_steps"
     else:
         accum, lower = "", f"train.batch_size ({GRAD_ACCUM_HINT}) or model.block_size"
-    line = (f"{where} ran out while training on {device}, with micro-steps of train.batch_size={step.batch_size} "
+    line = (f"{where} ran out while training on {device}{asked}, with micro-steps of train.batch_size={step.batch_size} "
             f"sequences of model.block_size={step.block_size} tokens{accum}; lower {lower}")
     if spec.model.attention == "manual":
         line += ", or use model.attention=sdpa, which never holds every head's (T, T) scores at once"

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import suppress
 from types import FrameType
 
 
@@ -89,8 +90,10 @@ class StopSignals:
         if os.environ.get("RANK", "0") != "0":
             return
         name = signal.Signals(signum).name
-        os.write(2, f"heard {name}: the run saves and stops once the work under way ends (a step, an evaluation, a "
-                    f"sample); {name} again stops at once (files already saved are whole)\n".encode())
+        line = (f"heard {name}: the run saves and stops once the work under way ends (a step, an evaluation, a sample); "
+                f"{name} again, a second or more later, stops at once (files already saved are whole)\n")
+        with suppress(OSError):  # a console gone (a closed pipe) must not end the watcher, which the second signal needs
+            os.write(2, (("\n" if os.isatty(2) else "") + line).encode())  # on a terminal, below the progress bar's line
 
     @property
     def name(self) -> str:

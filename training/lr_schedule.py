@@ -43,7 +43,7 @@ def schedule_note(lr: float, min_lr: float, warmup_steps: int, max_steps: int, s
     if max_steps == warmup_steps:
         return (f"optim.warmup_steps={warmup_steps} is all of train.max_steps={max_steps}: the learning rate rises to the "
                 f"end and never decays to optim.min_lr={min_lr:g}; lower optim.warmup_steps")
-    asked = round(decay_fraction * max_steps)
+    asked = min(round(decay_fraction * max_steps), max_steps - 1)  # lr_at's decay: all the steps after the first, at most
     if schedule == "wsd" and max_steps - 1 - warmup_steps < asked:
         return (f"optim.warmup_steps={warmup_steps} leaves the decay {max_steps - 1 - warmup_steps} of train.max_steps="
                 f"{max_steps}'s steps, not the {asked} of optim.decay_fraction={decay_fraction:g}; lower optim.warmup_steps")
