@@ -132,11 +132,7 @@ def generate_tokens(
     """
     model.check_token_ids(idx)
     check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator={generator!r} is no torch.Generator: give torch.Generator().manual_seed(seed), "
-                         "or None for torch's own")
-    if on_token is not None and not callable(on_token):
-        raise ValueError(f"on_token={on_token!r} is not a function: give a function of the tokens so far, or None")
+    check_generator_and_on_token(generator, on_token)
     B, T0 = idx.shape
     if decode_step is not None:
         decode_step.check_fits(model, B, temperature, top_k, top_p, use_kv_cache)
@@ -182,6 +178,16 @@ def eager_step(model: GPT, tokens: torch.Tensor, start: int, end: int, caches: C
     if not torch.isfinite(next_logits).all():
         raise FloatingPointError(DIVERGED)
     return next_logits, caches
+
+
+def check_generator_and_on_token(generator: object, on_token: object) -> None:
+    """ValueError, in one line, for a generator or on_token of generate_tokens that is not one
+    (torch's own words came from inside rand(), or after the first token)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator={generator!r} is no torch.Generator: give torch.Generator().manual_seed(seed), "
+                         "or None for torch's own")
+    if on_token is not None and not callable(on_token):
+        raise ValueError(f"on_token={on_token!r} is not a function: give a function of the tokens so far, or None")
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
