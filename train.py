@@ -56,6 +56,7 @@ from runtime.ranks import (
     env_world_size,
     leave_process_group,
     lost_contact,
+    lost_contact_said,
     restart_count,
     said_once_per_machine,
 )
@@ -74,36 +75,36 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> float:
     if env_rank() > 0:
         logging.getLogger().setLevel(logging.ERROR)  # errors only: rank 0 logs for all
-    with exit_on_user_error(), said_as_its_job(HydraConfig.get(), cfg.resume):
-        try:
-            stopped = None
+    try:
+        with exit_on_user_error(), said_as_its_job(HydraConfig.get(), cfg.resume):
+            ended = None  # a stop or an error said in one line, raised again below without its traceback
             try:
-                best_val_loss = train(cfg, HydraConfig.get())
+                return train(cfg, HydraConfig.get())
             except SystemExit as stop:  # stopped by a signal, the run saved (training/fit.py)
-                stopped = SystemExit(stop.code)  # the same exit, without the traceback
-            # DistributedDataParallel holds the process group from inside reference cycles, and
-            # DTensor's caches hold FSDP's device mesh, which holds it: free both now (the stop's
-            # traceback, which held the loop's frames, is gone), so that leaving the group ends the
-            # group's threads before the process exits. Left to the exit, they now and then kept a
-            # rank of a stopped torchrun run alive until torchrun killed it 30 s later. (A run that
-            # failed leaves them to the exit: the other ranks then see the connection drop and say so.)
-            # One process has no group to free.
-            if env_world_size() > 1:
-                forget_dtensor_shardings()
-                gc.collect()
-            if stopped is not None:
-                raise stopped
-            return best_val_loss
-        except RuntimeError as error:
-            if (reason := compile_failure(error)) is not None:  # only train.compile=true gets here
-                raise UserError(f"train.compile=true: torch.compile could not build the model ({reason}); "
-                                "run with train.compile=false") from None
-            if not lost_contact(error):
-                raise
-            raise UserError(f"rank {env_rank()} lost contact with the other processes: one of them stopped "
-                            "(its own message says why)") from None
-        finally:
-            leave_process_group()
+                ended = SystemExit(stop.code)
+            except UserError as error:  # e.g. a checkpoint that this process alone could not save
+                ended = UserError(str(error))
+            except RuntimeError as error:
+                if (reason := compile_failure(error)) is not None:  # only train.compile=true gets here
+                    raise UserError(f"train.compile=true: torch.compile could not build the model ({reason}); "
+                                    "run with train.compile=false") from None
+                if not lost_contact(error):
+                    raise
+                lost_contact_said(env_rank())
+            raise ended
+    finally:
+        # DistributedDataParallel holds the process group from inside reference cycles, and DTensor's
+        # caches hold FSDP's device mesh, which holds it: free both, once the process has said how it
+        # ended, so that leaving the group ends its threads and connections now. Left to the exit,
+        # the threads now and then kept a rank of a stopped run alive until torchrun killed it 30 s
+        # later; and the others, waiting for a rank that failed, heard of it only as it exited, which
+        # is when torchrun stops them: too late to say why. The loop's frames, which hold the group
+        # too, must be gone, as they are with a stop or an error raised again above (an error with a
+        # traceback keeps them to the exit). One process has no group.
+        if env_world_size() > 1:
+            forget_dtensor_shardings()
+            gc.collect()
+        leave_process_group()
 
 
 def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:

@@ -172,9 +172,12 @@ def save_file(checkpoint: dict[str, Any], path: Path) -> None:
             try:
                 torch.save(checkpoint, writer)
             except RuntimeError:
-                if writer.error is None:
+                # torch's C++ writer holds the writer, where the error's frames must not stay: they hold the
+                # callers' objects (a torchrun run's process group), and the collector cannot free them from there
+                error, writer.error = writer.error, None
+                if error is None:
                     raise
-                raise writer.error from None
+                raise error from None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -178,19 +179,38 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     the cause. (Were this one to exit first, torchrun could stop local rank 0 before it spoke.)"""
     if os.environ.get("LOCAL_RANK", "0") in ("", "0") or os.environ.get("WORLD_SIZE", "1") in ("", "1"):
         return  # the first process on its machine, or not started by torchrun
-    # torchrun stops us with SIGTERM: leave through the callers' finally blocks, which take back
-    # the empty run dir Hydra made for this process too. (A process that torchrun stops before it
-    # gets here, still checking its config, leaves that folder, empty.)
+    # (A process that torchrun stops before it gets here, still checking its config, leaves the
+    # empty run dir Hydra made for it.)
+    wait_for_torchrun_to_stop_this_process(seconds=60)
+    print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
+    sys.exit(2)
+
+
+def lost_contact_said(rank: int) -> NoReturn:
+    """A rank whose collective failed because another rank stopped says so, then waits for torchrun
+    to stop it: torchrun names the first process to exit as the run's cause, which must be the one
+    that failed (its own line says why). Where no stop comes, as when that one was on another
+    machine, whose torchrun ends the run, it exits after LOST_CONTACT_WAIT_SECONDS."""
+    print(f"error: rank {rank} lost contact with the other processes: one of them stopped (its own message says why)",
+          file=sys.stderr, flush=True)
+    wait_for_torchrun_to_stop_this_process(LOST_CONTACT_WAIT_SECONDS)
+    sys.exit(2)
+
+
+LOST_CONTACT_WAIT_SECONDS = 10.0
+
+
+def wait_for_torchrun_to_stop_this_process(seconds: float) -> None:
+    """Sleeps until torchrun's SIGTERM, which leaves through the callers' finally blocks (they take
+    back the empty run dir Hydra made for this process), or until `seconds` have passed."""
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + seconds
         # Python runs a signal's handler between bytecodes: one that lands just before a sleep starts
         # waits for that sleep to end, so short ones (0.1 s, not 60).
         while time.monotonic() < deadline:
             time.sleep(0.1)
     except KeyboardInterrupt:
-        sys.exit(130)  # Ctrl-C reaches every process: local rank 0 says what went wrong
+        sys.exit(130)  # Ctrl-C reaches every process: the one that failed says what went wrong
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
-    sys.exit(2)

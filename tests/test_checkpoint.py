@@ -3,10 +3,14 @@ file whole, reach the disk first; broken files get clear errors, an older run st
 to date; and loading a model for sampling, the tab or an export needs the weights, the shape and
 the tokenizer, never the loop or the config schema."""
 
+import gc
 import os
 import re
+import resource
+import signal
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -153,3 +157,30 @@ def test_a_save_into_a_folder_that_is_gone_says_so_rather_than_to_free_disk_spac
         save_file({"model": {}}, tmp_path / "gone" / "ckpt_last.pt")  # (the full disk's line: tests/test_resume.py)
     assert str(refused.value) == ("could not save gone/ckpt_last.pt (No such file or directory); no ckpt_last.pt was written. "
                                   "Check that gone is still there and this user may write in it, and resume")
+
+
+def test_a_save_that_fails_leaves_nothing_of_its_callers_frames_alive(tmp_path):
+    # torch's C++ writer holds the file's writer: had the writer kept the write's OSError, whose
+    # frames hold the callers' objects, the collector could not free them. A torchrun rank that
+    # failed to save then kept its process group's connections open to its exit, and the rank
+    # waiting for it heard of it only then, as torchrun stopped it (tests/test_distributed.py).
+    class Caller:
+        pass
+
+    def save_from(caller: Caller) -> None:  # a frame that holds the caller, as the loop's frames hold the group
+        save_file({"model": {"w": torch.zeros(100_000)}}, tmp_path / "ckpt_last.pt")
+
+    said, caller, previous = "", Caller(), (signal.signal(signal.SIGXFSZ, signal.SIG_IGN), resource.getrlimit(resource.RLIMIT_FSIZE))
+    alive = weakref.ref(caller)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, previous[1][1]))  # a file may grow to 10 kB: writes then fail with EFBIG
+    try:
+        save_from(caller)
+    except UserError as error:
+        said = str(error)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous[1])
+        signal.signal(signal.SIGXFSZ, previous[0])
+    assert said.startswith("could not save ") and "(File too large); no ckpt_last.pt was written" in said
+    del caller
+    gc.collect()
+    assert alive() is None

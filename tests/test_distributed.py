@@ -20,6 +20,7 @@ from runtime.devices import cpu_multiplies_bf16
 from tests.helpers import (
     QUICK,
     ROOT,
+    THEN_NAME_GLOO_THREADS,
     TWO_RANKS,
     curves,
     gloo_threads_left,
@@ -166,12 +167,24 @@ def test_the_evaluation_gives_the_same_losses_on_any_number_of_processes(two_nod
 
 def test_a_rank_that_fails_ends_the_whole_run_with_its_error(tmp_path):
     # Rank 0 alone writes checkpoints, so a file size limit fails rank 0 alone, at its first
-    # save (step 10); rank 1 is left waiting for it. The run must end, not hang, and say why.
+    # save (step 10); rank 1 is left waiting for it. The run must end, not hang, and say why:
+    # rank 0 first, then rank 1, which must hear of it as rank 0 leaves the group, its threads
+    # ended, not as it exits, when torchrun stops rank 1 (CI once saw rank 1 stopped before it
+    # spoke); rank 1 then waits for that stop, so that torchrun names rank 0 as the cause.
+    wrapper = tmp_path / "then_name_gloo_threads.py"
+    wrapper.write_text(THEN_NAME_GLOO_THREADS)
     result = torchrun(2, *tiny_run(QUICK_ON_CPU, **{"hydra.run.dir": "run"}), cwd=tmp_path, timeout=180,
-                      preexec_fn=limit_file_size(150_000))
+                      preexec_fn=limit_file_size(150_000), script=(str(wrapper), str(ROOT / "train.py")))
     assert result.returncode != 0
-    assert "error: could not save run/ckpt_best.pt (File too large)" in result.stderr
-    assert "rank 1 lost contact with the other processes: one of them stopped" in result.stderr, result.stderr
+    assert ("0", "[]") in gloo_threads_left(result.stdout), result.stdout
+    said = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert said == ["error: could not save run/ckpt_best.pt (File too large); no ckpt_best.pt was written. "
+                    "Free some disk space and resume",
+                    "error: rank 1 lost contact with the other processes: one of them stopped (its own message says why)"
+                    ], result.stderr
+    root_cause = result.stderr.partition("Root Cause (first observed failure):")[2]
+    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 2" in root_cause, result.stderr
+    assert "rank      : 1 (local_rank: 1)\n  exitcode  : 143" in result.stderr  # stopped by torchrun as it waited
     assert "[rank" not in result.stderr  # no rank died of an uncaught exception (torch prefixes their tracebacks)
     assert not (tmp_path / "run" / "ckpt_best.pt").exists()
 
