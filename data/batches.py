@@ -1,6 +1,8 @@
 """Windows of token ids read from a split: random training batches, the probe text, and the check that
 each split holds a window."""
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -10,23 +12,42 @@ from user_error import UserError
 
 
 def get_batch(
-    tokens: np.ndarray, batch_size: int, block_size: int, rng: np.random.Generator
+    tokens: np.ndarray, batch_size: int, block_size: int, rng: np.random.Generator, vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x and y, both (batch_size, block_size) int64: y[b, t] is the token after x[b, t]."""
+    """x and y, both (batch_size, block_size) int64: y[b, t] is the token after x[b, t]. With
+    vocab_size, an id past the vocabulary is refused here, where the ids' file can be named: the
+    model would fail on it as a traceback, or a GPU's kernel as a device-side assert."""
     starts = rng.integers(0, len(tokens) - block_size, size=batch_size)  # (B,)
     offsets = starts[:, None] + np.arange(block_size + 1)  # (B, T + 1)
     windows = torch.from_numpy(tokens[offsets].astype(np.int64))  # (B, T + 1)
+    if vocab_size is not None and (top := int(windows.max())) >= vocab_size:
+        raise UserError(damaged_ids_line(tokens, top, vocab_size))
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T), (B, T)
+
+
+def damaged_ids_line(tokens: np.ndarray, top: int, vocab_size: int) -> str:
+    """The line for token ids of which one is past the vocabulary: a token cache file damaged after
+    it was written (its entry's check reads the ids at both ends of each file alone)."""
+    file = getattr(tokens, "filename", None)  # a memory-mapped cache file's path
+    if file is None:
+        return f"the token ids hold {top}, past the vocabulary's {vocab_size} ids (0 to {vocab_size - 1})"
+    entry = Path(file).parent
+    return (f"the token cache's {Path(file).name} in {entry} holds id {top}, past the vocabulary's {vocab_size} ids: "
+            f"the file is damaged; delete {entry} and run again (the ids are made again from the corpus)")
 
 
 def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
     """The first n ids of the first document that starts in tokens, after its start token
-    (or of tokens itself, when no document starts near the start)."""
+    (or of tokens itself, when no document starts near the start); an id past the tokenizer's
+    vocabulary is refused as get_batch refuses it."""
     head = tokens[:50_000]
     starts = np.flatnonzero(head == tokenizer.bos_id)
     start = int(starts[0]) + 1 if len(starts) else 0
     start = min(start, max(len(tokens) - n, 0))  # keep n ids when the split is short
-    return [int(t) for t in tokens[start : start + n]]
+    ids = [int(t) for t in tokens[start : start + n]]
+    if ids and (top := max(ids)) >= tokenizer.vocab_size:
+        raise UserError(damaged_ids_line(tokens, top, tokenizer.vocab_size))
+    return ids
 
 
 def check_splits_fit(data: TokenData, block_size: int) -> None:

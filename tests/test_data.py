@@ -252,3 +252,27 @@ def test_a_split_too_short_for_a_window_is_refused_with_a_block_size_that_fits_b
     fits = int(message.rsplit("under ", 1)[1]) - 1 if "under" in message else None
     if fits is not None:  # the block_size it suggests is one both splits hold
         check_splits_fit(data, fits)
+
+
+def test_an_id_past_the_vocabulary_in_a_token_cache_file_is_one_line_that_names_the_entry_to_delete(tmp_path):
+    # The entry's check as it is read covers the ids at both ends of each file alone: a file damaged
+    # in the middle reaches the batches, where the model would fail on it as a traceback.
+    entry = tmp_path / "tokens" / "0123abcd"
+    entry.mkdir(parents=True)
+    ids = np.arange(1000, dtype=np.uint16) % 50
+    ids[500:] = 60_000
+    ids.tofile(entry / "train.bin")
+    tokens = np.memmap(entry / "train.bin", dtype=np.uint16, mode="r")
+    with pytest.raises(UserError) as refused:
+        get_batch(tokens, batch_size=4, block_size=600, rng=np.random.default_rng(0), vocab_size=50)
+    assert str(refused.value) == (f"the token cache's train.bin in {entry} holds id 60000, past the vocabulary's 50 ids: "
+                                  f"the file is damaged; delete {entry} and run again (the ids are made again from the corpus)")
+    x, _ = get_batch(tokens[:500], batch_size=4, block_size=100, rng=np.random.default_rng(0), vocab_size=50)
+    assert int(x.max()) < 50  # ids within it pass
+    with pytest.raises(UserError, match=r"^the token ids hold 60000, past the vocabulary's 50 ids \(0 to 49\)$"):
+        get_batch(np.array(ids), batch_size=4, block_size=600, rng=np.random.default_rng(0), vocab_size=50)
+    tokenizer = CharTokenizer("".join(chr(ord("a") + i) for i in range(49)))  # 50 ids with its start token
+    assert tokenizer.vocab_size == 50
+    assert len(probe_ids(tokens[:500], tokenizer, 400)) == 400  # within it
+    with pytest.raises(UserError, match=rf"^the token cache's train\.bin in {entry} holds id 60000, "):
+        probe_ids(tokens, tokenizer, 1000)

@@ -19,6 +19,7 @@ from training.evaluation import evaluate
 from training.fit import fit
 from training.lr_schedule import lr_at
 from training.state import TrainState
+from user_error import UserError
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +146,16 @@ def test_the_parameters_counted_from_one_layer_are_those_of_the_whole_model(opti
     # train.py's memory check counts a model from one of a single layer, built on the meta device.
     shape = GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, **options)
     assert parameter_count(shape, vocab_size=65) == build_model(shape, 65).num_parameters()
+
+
+def test_a_token_cache_file_damaged_under_a_run_stops_it_with_the_line_that_names_the_entry(tmp_path):
+    # Damaged after its entry was read (and checked at its ends): past the probe text's ids (which
+    # probe_ids checks: tests/test_data.py), so that the evaluation's batches refuse it.
+    cfg = tiny_config(**{"data.cache_dir": tmp_path / "cache", "train.max_steps": 2})
+    spec = run_spec(cfg)
+    ranks, precision, data, model = build_data_and_model(spec)
+    [entry] = (tmp_path / "cache" / "tokens").iterdir()
+    damaged = np.memmap(entry / "val.bin", dtype=data.val.dtype, mode="r+")
+    damaged[100:] = data.tokenizer.vocab_size
+    with pytest.raises(UserError, match=rf"^the token cache's val\.bin in {entry} holds id {data.tokenizer.vocab_size}, "):
+        fit(build_run(spec, plain_config(cfg), tmp_path / "run", ranks, precision, data, model), TrainState())

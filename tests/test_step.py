@@ -27,6 +27,13 @@ def tiny_step(tmp_path, skip_nonfinite=False, accum=1, batch_size=4, grad_clip=1
                      last_checkpoint=tmp_path / "ckpt_last.pt")
 
 
+def test_a_step_refuses_a_batch_with_an_id_past_the_models_vocabulary(tmp_path):
+    step = tiny_step(tmp_path)
+    step.tokens = np.full(2000, 50, dtype=np.uint16)  # the model's vocabulary is 0 to 49
+    with pytest.raises(UserError, match=r"^the token ids hold 50, past the vocabulary's 50 ids \(0 to 49\)$"):
+        step(0, 1e-3, np.random.default_rng(7))
+
+
 def test_a_step_trains_on_the_batch_its_rng_draws_and_reports_that_batchs_loss(tmp_path):
     step = tiny_step(tmp_path)
     x, y = get_batch(step.tokens, 4, 16, np.random.default_rng(7))  # the batch the step will draw

@@ -133,7 +133,7 @@ class TrainStep:
         takes its own batch_size rows for each micro-step. So 2 ranks x batch b, or 2
         micro-steps x b, see exactly the sequences one batch of 2b would."""
         A, W, B, T = self.accum, self.ranks.world_size, self.batch_size, self.block_size
-        x, y = get_batch(self.tokens, A * W * B, T, batch_rng)  # (A*W*B, T) each
+        x, y = get_batch(self.tokens, A * W * B, T, batch_rng, self.model.config.vocab_size)  # (A*W*B, T) each
         x, y = x.view(A, W, B, T)[:, self.ranks.rank], y.view(A, W, B, T)[:, self.ranks.rank]  # (A, B, T) each
         return to_device(x, self.ranks.device), to_device(y, self.ranks.device)
 
