@@ -186,6 +186,9 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     sys.exit(2)
 
 
+LOST_CONTACT_WAIT_SECONDS = 10.0
+
+
 def lost_contact_said(rank: int) -> NoReturn:
     """A rank whose collective failed because another rank stopped says so, then waits for torchrun
     to stop it: torchrun names the first process to exit as the run's cause, which must be the one
@@ -196,8 +199,6 @@ def lost_contact_said(rank: int) -> NoReturn:
     wait_for_torchrun_to_stop_this_process(LOST_CONTACT_WAIT_SECONDS)
     sys.exit(2)
 
-
-LOST_CONTACT_WAIT_SECONDS = 10.0
 
 
 def wait_for_torchrun_to_stop_this_process(seconds: float) -> None:
