@@ -117,6 +117,12 @@ class BatchesSeen(torch.nn.Module):
         return torch.zeros(*x.shape, self.vocab_size), torch.tensor(0.0)
 
 
+def tokenizer_of(vocab_size: int) -> CharTokenizer:
+    """A char tokenizer of vocab_size ids (its characters and the start token): the evaluation refuses
+    ids past the vocabulary, and these tests tell windows apart by ids up to a million."""
+    return CharTokenizer([chr(i) for i in range(0x20, 0x20 + vocab_size + 0x800) if not 0xD800 <= i <= 0xDFFF][:vocab_size - 1])
+
+
 def evaluated_windows(data: TokenData, block_size: int, splits: tuple[str, ...] = ("train", "val"), seed: int = 1337):
     model = BatchesSeen()
     evaluated = evaluate(model, data, batch_size=4, block_size=block_size, eval_iters=5, ranks=ONE_PROCESS,
@@ -126,7 +132,7 @@ def evaluated_windows(data: TokenData, block_size: int, splits: tuple[str, ...] 
 
 def test_the_evaluation_windows_are_the_same_each_time_and_none_is_one_the_first_steps_train_on():
     tokens = np.arange(1_000_000, dtype=np.uint32)  # every window is told apart by its first id
-    data = TokenData(CharTokenizer("ab"), train=tokens, val=tokens)
+    data = TokenData(tokenizer_of(len(tokens)), train=tokens, val=tokens)
     windows, _ = evaluated_windows(data, 16, splits=("train",))
     assert torch.equal(evaluated_windows(data, 16, splits=("train",))[0], windows)  # fixed: the curve shows the model change
     # What the first 5 steps train on: training/build.py's batch_rng, np.random.default_rng(train.seed), 4 rows a step.
@@ -136,7 +142,7 @@ def test_the_evaluation_windows_are_the_same_each_time_and_none_is_one_the_first
 
 
 def test_the_in_context_score_needs_a_window_of_3_tokens():
-    data = TokenData(CharTokenizer("ab"), train=np.arange(100, dtype=np.uint16), val=np.arange(100, dtype=np.uint16))
+    data = TokenData(tokenizer_of(100), train=np.arange(100, dtype=np.uint16), val=np.arange(100, dtype=np.uint16))
     assert evaluated_windows(data, 3)[1].in_context == 0.0  # early and late at chance alike
     assert evaluated_windows(data, 2)[1].in_context is None
 

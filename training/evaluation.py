@@ -34,7 +34,6 @@ def in_context_positions(block_size: int) -> tuple[slice, slice]:
 def evaluate(
     model: torch.nn.Module, data: TokenData, batch_size: int, block_size: int, eval_iters: int, ranks: Ranks,
     precision: Precision, seed: int, splits: tuple[str, ...] = ("train", "val"), lockstep: bool = False,
-    vocab_size: int | None = None,
 ) -> Evaluated:
     """Mean loss over eval_iters batches of each split in splits, and on val the in-context score.
     The batches are the same at every evaluation (a fixed seed), so the curve shows the model
@@ -42,8 +41,8 @@ def evaluate(
     ranks) and add up their sums, so the result does not depend on how many processes there are.
     A split left out of splits still has its batches drawn (not run), so the other split's
     batches stay the same. lockstep (FSDP, where each forward is a collective): every rank runs
-    as many forwards, a rank short of batches repeating its last, unused. vocab_size: an id at or
-    past it is refused, naming its file (a damaged token cache); None leaves the ids unchecked."""
+    as many forwards, a rank short of batches repeating its last, unused. An id past the tokenizer's
+    vocabulary is refused, naming its file (a damaged token cache)."""
     rng = np.random.default_rng(seed + 1)
     early, late = in_context_positions(block_size)
     scores_in_context = "val" in splits and block_size >= 3  # (shorter windows have no early and late apart)
@@ -52,7 +51,7 @@ def evaluate(
         for split, tokens in (("train", data.train), ("val", data.val)):
             total = 0.0
             for i in range(eval_iters):
-                x, y = get_batch(tokens, batch_size, block_size, rng, vocab_size)  # every rank draws every batch: the rng stays in step
+                x, y = get_batch(tokens, batch_size, block_size, rng, data.tokenizer.vocab_size)  # every rank draws every batch: the rng stays in step
                 if split in splits and i % ranks.world_size == ranks.rank:
                     x, y = x.to(ranks.device), y.to(ranks.device)  # (B, T), (B, T)
                     with precision.autocast():

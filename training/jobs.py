@@ -54,8 +54,7 @@ class Evaluation:
         run, loop, step = self.run, self.run.spec.loop, self.run.spec.step
         splits = ("train", "val") if loop.eval_train else ("val",)
         evaluated = evaluate(run.eval_model, run.data, step.batch_size, step.block_size, loop.eval_iters,
-                             run.ranks, run.precision, loop.seed, splits, lockstep=run.parallel.collective_forwards,
-                             vocab_size=run.data.tokenizer.vocab_size)
+                             run.ranks, run.precision, loop.seed, splits, lockstep=run.parallel.collective_forwards)
         losses = evaluated.losses
         self.tb.scalars(state.step, {loss_tag(split): loss for split, loss in losses.items()})
         if evaluated.in_context is not None:
