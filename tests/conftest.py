@@ -4,6 +4,7 @@ import functools
 import gc
 import os
 import pickle
+import re
 import shutil
 import socket
 import threading
@@ -26,6 +27,20 @@ from inspection.recall_probe import RecallProbe
 from tests.helpers import Finished, LogdirBuilder, QuietHandler, run_cli, tiny_run, two_ranks_left_alone
 
 T = TypeVar("T")
+
+
+def forget_makes_command_line() -> None:
+    """Under `make test ARGS=...` make puts the variables of its command line in the suite's
+    environment and lists them in MAKEFLAGS for every make started below it: a test that runs
+    `make sample` would take the suite's ARGS (or RUN) as its own. Each such test says its own."""
+    _, separator, assignments = os.environ.get("MAKEFLAGS", "").partition("-- ")
+    for name in re.findall(r"(?:^|(?<!\\) )(\w+)=", assignments) if separator else []:
+        os.environ.pop(name, None)  # the spaces inside a value come escaped: "ARGS=-k\ a"
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
+        os.environ.pop(name, None)
+
+
+forget_makes_command_line()
 
 # No garbage collection while pytest imports the test files (transformers, TensorBoard, Selenium
 # and the rest), then the objects made so far frozen, as the commands do (runtime/startup.py):
