@@ -301,8 +301,9 @@ def test_a_process_killed_under_torchrun_restarts_from_the_last_checkpoint_and_e
                                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 120
-            while "step 7/30" not in output_file.read_text() and time.monotonic() < deadline:
+            while "step 7/30" not in output_file.read_text() and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)
+            assert "step 7/30" in output_file.read_text(), output_file.read_text()  # the run got there, alive
             os.kill(process_of_rank(process.pid, 1), signal.SIGKILL)
             process.wait(timeout=180)
         finally:
