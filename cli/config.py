@@ -240,30 +240,50 @@ MODEL_DEFAULTS = CONFIGS / "model" / "gpt.yaml"
 
 def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
     """A new run with init_from: cfg's model group becomes the shape of the weights and its
-    tokenizer theirs (in place). A model value asked for (on the command line, or by a preset
-    where it differs from configs/model/gpt.yaml) that contradicts the weights, or any tokenizer
-    choice, is refused. Returns the weights' folder and notes for the log (a cropped context)."""
+    tokenizer theirs (in place). A model value asked for (on the command line, by the experiment
+    preset, or by a config where it differs from configs/model/gpt.yaml) that contradicts the
+    weights, or any tokenizer choice, is refused. Returns the weights' folder and notes for the log (a cropped context)."""
     folder = resolve_pretrained(cfg.init_from)
     typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
     tokenizer_choice = next((typed[key] for key in typed if key == "tokenizer" or key.startswith("tokenizer.")), None)
     require(tokenizer_choice is None, f"init_from={cfg.init_from} brings its own tokenizer (from {folder}); "
                                       f"drop {tokenizer_choice}")
     defaults = OmegaConf.load(MODEL_DEFAULTS)
+    preset = typed.get("experiment", "").split("=", 1)[-1]
+    preset_values = preset_model_values(preset) if preset else {}
 
     def asked(key: str) -> bool:
-        return f"model.{key}" in typed or plain(cfg.model[key]) != defaults[key]
+        return f"model.{key}" in typed or key in preset_values or plain(cfg.model[key]) != defaults[key]
 
     block_size = cfg.model.block_size if asked("block_size") else None
     shape, notes = gpt_config_from_hf(folder, block_size=block_size, dropout=cfg.model.dropout)
     for key in SHAPE_FROM_WEIGHTS:
         weights_value = getattr(shape, key)
-        require(not asked(key) or plain(cfg.model[key]) == weights_value,
-                f"model.{key}={as_typed(plain(cfg.model[key]))} contradicts the weights of init_from={cfg.init_from}, "
-                f"which have model.{key}={as_typed(weights_value)}; drop it: the shape comes from the weights")
+        if asked(key) and plain(cfg.model[key]) != weights_value:
+            given = f"model.{key}={as_typed(plain(cfg.model[key]))}"
+            weights = f"the weights of init_from={cfg.init_from}, which have model.{key}={as_typed(weights_value)}"
+            if f"model.{key}" not in typed and key in preset_values:  # a value the user did not type: say whence
+                raise UserError(f"{given}, set by experiment={preset}, contradicts {weights}; leave experiment={preset} "
+                                "out: with init_from the shape comes from the weights")
+            raise UserError(f"{given} contradicts {weights}; drop it: the shape comes from the weights")
         cfg.model[key] = weights_value
     cfg.model.block_size = shape.block_size
     cfg.tokenizer = {"kind": "pretrained", "path": str(folder), "files_sha256": tokenizer_files_sha256(folder)}
     return folder, notes
+
+
+def preset_model_values(preset: str) -> dict[str, Any]:
+    """The model values configs/experiment/<preset>.yaml sets, the presets it extends included
+    (mistral_shape extends llama_shape); {} for a preset from elsewhere."""
+    path = CONFIGS / "experiment" / f"{preset}.yaml"
+    if not path.is_file():
+        return {}
+    own = OmegaConf.load(path)
+    values: dict[str, Any] = {}
+    for extended in own.get("defaults", []):
+        if isinstance(extended, str) and "/" not in extended and extended != "_self_":  # another preset of the group
+            values.update(preset_model_values(extended))
+    return {**values, **plain(own.get("model", {}))}
 
 
 def tokenizer_files_sha256(folder: Path) -> str:

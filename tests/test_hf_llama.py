@@ -490,3 +490,25 @@ def test_a_shape_value_that_contradicts_a_llamas_weights_is_one_line(llama_folde
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert f"model.n_kv_head=4 contradicts the weights of init_from={llama_folder}, which have model.n_kv_head=2" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("preset, refused", [
+    # qwen3_shape's QK-norm is also the default model's: a preset's value counts as asked for all the same.
+    (["experiment=qwen3_shape"], "model.qk_norm=true, set by experiment=qwen3_shape, contradicts the weights of "
+                                 "init_from={folder}, which have model.qk_norm=false; leave experiment=qwen3_shape out"),
+    (["experiment=mistral_shape"], "model.window=64, set by experiment=mistral_shape, contradicts the weights of "
+                                   "init_from={folder}, which have model.window=null; leave experiment=mistral_shape out"),
+    (["experiment=llama_shape"], None),  # the weights' own shape
+    (["experiment=qwen3_shape", "model.qk_norm=false"], None),  # a typed value wins over the preset's
+])
+def test_a_shape_preset_beside_init_from_is_checked_against_the_weights_and_named(
+        llama_folder: Path, tmp_path: Path, preset: list[str], refused: str | None) -> None:
+    result = run_cli("train.py", *preset, f"init_from={llama_folder}", "train.max_steps=0", "data.n_chars=20000",
+                     "hydra.run.dir=run", cwd=tmp_path)
+    if refused is None:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert not Checkpoint.load(tmp_path / "run" / "ckpt_last.pt").config["model"]["qk_norm"]  # Llama's, as the weights
+    else:
+        assert result.returncode == 2 and result.stderr.strip() == f"error: {refused.format(folder=llama_folder)}: " \
+            "with init_from the shape comes from the weights"
+        assert not (tmp_path / "run").exists()
