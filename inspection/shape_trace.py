@@ -104,7 +104,7 @@ def trace_shapes(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[s
         f"attention path {c.attention!r}, traced through 'manual' to show every step):",
         f"  B={B} sequences, T={T} tokens, C={c.n_embd} channels, H={c.n_head} heads of D={c.head_size} dims"
         + (f" sharing K={c.kv_heads} key/value heads" if c.kv_heads != c.n_head else "")
-        + f", {c.n_layer} blocks, vocab {c.vocab_size}",
+        + f", {c.n_layer} block{'s' if c.n_layer != 1 else ''}, vocab {c.vocab_size}",
         "",
     ]
     shown_module, summarised = None, False

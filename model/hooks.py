@@ -393,8 +393,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                                f"({short!r}, {n_layer - 1})")
             layer = operator.index(layer)  # an int, numpy's or torch's too
             if not -n_layer <= layer < n_layer:  # as a list's index: -1 is the last layer, -n_layer the first
-                raise KeyError(f"layer {layer} of {key!r} is not in this model: its {n_layer} layers are 0 to "
-                               f"{n_layer - 1} (or -{n_layer} to -1 from the end)")
+                layers = "its one layer is 0 (or -1)" if n_layer == 1 else \
+                    f"its {n_layer} layers are 0 to {n_layer - 1} (or -{n_layer} to -1 from the end)"
+                raise KeyError(f"layer {layer} of {key!r} is not in this model: {layers}")
             layer = layer % n_layer
             prefixes = ("", "attn.", "mlp.", "ln1.", "ln2.") if part is None else (BLOCK_PARTS[part],)
             candidates = [f"blocks.{layer}.{prefix}hook_{short}" for prefix in prefixes]

@@ -249,6 +249,9 @@ def test_a_cache_refuses_a_layer_the_model_lacks_counting_from_either_end():
         with pytest.raises(KeyError, match=re.escape(f"layer {layer} of ('pattern', {layer}) is not in this model: its 2 "
                                                      "layers are 0 to 1 (or -2 to -1 from the end)")):
             cache["pattern", layer]
+    _, cache = tiny_gpt(n_layer=1).run_with_cache(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(KeyError, match=re.escape("layer 1 of ('pattern', 1) is not in this model: its one layer is 0 (or -1)")):
+        cache["pattern", 1]
 
 
 def test_a_stack_takes_the_layers_before_the_one_given_and_refuses_others_in_one_line():

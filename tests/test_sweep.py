@@ -99,8 +99,8 @@ def test_a_sweep_over_config_files_by_glob_runs_each_of_them(tmp_path):
     tiny = tiny_run(**{"hydra.sweep.dir": "sweep", "model.n_layer": None, "debug": "shapes"})
     result = run_cli("train.py", "-m", "--config-dir", str(tmp_path / "mine"), "experiment=glob(my_*)", *tiny, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert [line for line in result.stdout.splitlines() if line.endswith(" blocks, vocab 1103")] == [
-        "  B=2 sequences, T=32 tokens, C=32 channels, H=2 heads of D=16 dims, 1 blocks, vocab 1103",
+    assert [line for line in result.stdout.splitlines() if line.endswith(", vocab 1103")] == [
+        "  B=2 sequences, T=32 tokens, C=32 channels, H=2 heads of D=16 dims, 1 block, vocab 1103",
         "  B=2 sequences, T=32 tokens, C=32 channels, H=2 heads of D=16 dims, 2 blocks, vocab 1103"]  # each file's model
 
 
