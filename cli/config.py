@@ -272,18 +272,22 @@ def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
     return folder, notes
 
 
-def preset_model_values(preset: str) -> dict[str, Any]:
-    """The model values configs/experiment/<preset>.yaml sets, the presets it extends included
-    (mistral_shape extends llama_shape); {} for a preset from elsewhere."""
-    path = CONFIGS / "experiment" / f"{preset}.yaml"
+def preset_model_values(preset: str, folder: Path = CONFIGS / "experiment") -> dict[str, Any]:
+    """The model values folder/<preset>.yaml sets, the presets it extends included (mistral_shape
+    extends llama_shape), in Hydra's order: its own values where _self_ stands in its defaults list,
+    else last. {} for a preset from elsewhere."""
+    path = folder / f"{preset}.yaml"
     if not path.is_file():
         return {}
     own = OmegaConf.load(path)
+    defaults = list(own.get("defaults", []))
     values: dict[str, Any] = {}
-    for extended in own.get("defaults", []):
-        if isinstance(extended, str) and "/" not in extended and extended != "_self_":  # another preset of the group
-            values.update(preset_model_values(extended))
-    return {**values, **plain(own.get("model", {}))}
+    for entry in defaults if "_self_" in defaults else [*defaults, "_self_"]:
+        if entry == "_self_":
+            values.update(plain(own.get("model", {})))
+        elif isinstance(entry, str) and "/" not in entry:  # another preset of the group
+            values.update(preset_model_values(entry, folder))
+    return values
 
 
 def tokenizer_files_sha256(folder: Path) -> str:

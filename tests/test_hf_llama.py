@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from tokenizers import ByteLevelBPETokenizer
@@ -27,7 +28,7 @@ from transformers import (
 )
 
 import cli.schema  # noqa: F401  (stores the schemas that configs/train.yaml extends)
-from cli.config import composed_train_config
+from cli.config import composed_train_config, preset_model_values
 from data.stories import generate_stories
 from data.tokenizer import EOT, CharTokenizer
 from inspection.logit_attribution import logit_attribution
@@ -274,6 +275,7 @@ def test_a_config_whose_vocab_size_is_not_the_embeddings_rows_is_one_line_as_tra
     ("llama", {"rope_parameters": None, "rope_theta": "abc"}, 'rope_theta="abc": the rotary base must be a positive number'),
     ("llama", {"num_key_value_heads": 0}, "num_key_value_heads=0: it must divide num_attention_heads=4"),
     ("llama", {"head_dim": 0}, "head_dim=0: rotary positions turn pairs of dims: it must be even"),
+    ("llama", {"head_dim": 7}, "head_dim=7: rotary positions turn pairs of dims: it must be even"),
     ("llama", {"tie_word_embeddings": "false"}, 'tie_word_embeddings="false": it must be true or false'),
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING, "factor": "8"}},
      'rope_parameters.factor="8": it must be a positive number'),
@@ -295,7 +297,7 @@ def test_a_config_whose_vocab_size_is_not_the_embeddings_rows_is_one_line_as_tra
     ("llama", {"rope_parameters": {"rope_theta": 5e5, **LLAMA3_SCALING, "high_freq_factor": 1.0}},
      "rope_parameters.high_freq_factor=1.0: it must be greater than low_freq_factor=1.0"),
 ], ids=["dynamic rope", "yarn rope (before transformers 5)", "attention_bias", "gelu", "sliding from layer 1",
-        "sliding layer", "sliding layers, no window", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "tie text", "factor text",
+        "sliding layer", "sliding layers, no window", "qwen2", "eps null", "theta text", "no kv heads", "head_dim 0", "head_dim odd", "tie text", "factor text",
         "sliding, no max_window_layers", "window 0", "sliding text", "mistral window 0", "mistral window text", "ministral's mix",
         "ministral, no window",
         "top-level original context null", "scaling bands overlap"])
@@ -405,6 +407,7 @@ def test_a_llama_qwen3_or_mistral_shaped_run_exports_to_transformers_and_reads_b
         assert (hf["sliding_window"], theirs.config.sliding_window) == (model.config.window, model.config.window)
         if hf_class is Qwen3ForCausalLM:
             assert set(theirs.config.layer_types) == {"sliding_attention"}
+            assert hf["max_window_layers"] == 0  # a reader of the years before layer_types slides from this layer on
     assert (theirs.config.bos_token_id, theirs.config.eos_token_id) == (tokenizer.bos_id, tokenizer.eot_id)
     idx = torch.tensor([[tokenizer.bos_id, *tokenizer.encode("Once upon a time")]])  # (1, T)
     assert max_logit_gap(model, theirs, idx) < TOLERANCE
@@ -467,6 +470,16 @@ def test_a_key_left_out_whose_default_does_not_fit_is_named_as_left_out(tmp_path
         "divide num_attention_heads=4; set num_key_value_heads there")
 
 
+def test_a_llama_that_leaves_its_key_value_heads_out_has_one_per_query_head_as_transformers_reads_it(tmp_path: Path) -> None:
+    LlamaConfig(**SMALL, num_key_value_heads=2).save_pretrained(tmp_path)  # 4 query heads
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({key: value for key, value in json.loads(path.read_text()).items()
+                                if key != "num_key_value_heads"}))
+    assert LlamaConfig.from_pretrained(tmp_path).num_key_value_heads == 4
+    shape, _ = gpt_config_from_hf(tmp_path)
+    assert (shape.n_head, shape.kv_heads) == (4, 4)
+
+
 def test_the_smollm2_preset_fine_tunes_a_llama_folder_and_keeps_its_shape(llama_folder: Path, tmp_path: Path) -> None:
     preset = composed_train_config(["experiment=finetune_smollm2"])
     assert OmegaConf.missing_keys(preset) == set() and preset.init_from == "HuggingFaceTB/SmolLM2-135M"
@@ -490,6 +503,21 @@ def test_a_shape_value_that_contradicts_a_llamas_weights_is_one_line(llama_folde
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert f"model.n_kv_head=4 contradicts the weights of init_from={llama_folder}, which have model.n_kv_head=2" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.filterwarnings("ignore:In 'last'. Defaults list is missing `_self_`")  # Hydra's, for a primary config without it
+def test_a_presets_model_values_take_those_of_the_presets_it_extends_in_hydras_order(tmp_path: Path) -> None:
+    assert preset_model_values("mistral_shape") == {**preset_model_values("llama_shape"), "window": 64}
+    assert preset_model_values("finetune_gpt2") == {"block_size": 256, "dropout": 0.0} and preset_model_values("mine") == {}
+    (tmp_path / "base.yaml").write_text("model:\n  n_kv_head: 2\n  pos: rope\n")
+    (tmp_path / "last.yaml").write_text("defaults:\n  - base\nmodel:\n  n_kv_head: 4\n")  # _self_ last, as Hydra puts it
+    (tmp_path / "first.yaml").write_text("defaults:\n  - _self_\n  - base\nmodel:\n  n_kv_head: 4\n  window: 8\n")
+    assert preset_model_values("last", tmp_path) == {"n_kv_head": 4, "pos": "rope"}
+    assert preset_model_values("first", tmp_path) == {"n_kv_head": 2, "window": 8, "pos": "rope"}
+    # As Hydra itself reads them (a primary config's defaults name the files beside it, as a preset's do).
+    with initialize_config_dir(str(tmp_path), version_base="1.3"):
+        for name in ("last", "first"):
+            assert OmegaConf.to_container(compose(name).model) == preset_model_values(name, tmp_path)
 
 
 @pytest.mark.parametrize("preset, refused", [

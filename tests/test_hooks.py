@@ -84,6 +84,7 @@ def test_a_function_that_hands_back_a_tensor_changes_what_the_forward_computes_a
         seen = []
         model.run_with_hooks(idx, fwd_hooks=[(lambda name: name.endswith("hook_pattern"), lambda x, hook: seen.append(hook.layer()))])
     assert seen == [0, 1] and not model.has_hooks()
+    assert model.hook_dict["hook_embed"].layer() is None and model.hook_dict["ln_final.hook_normalized"].layer() is None
 
 
 def test_functions_are_detached_after_run_with_hooks_even_when_one_raises():

@@ -99,6 +99,7 @@ def test_training_from_the_weights_with_the_default_muon_says_which_optimizer_fi
 
 @pytest.mark.parametrize("args, message", [
     (["tokenizer=char"], "brings its own tokenizer (from {folder}); drop tokenizer=char"),
+    (["tokenizer.vocab_size=512"], "brings its own tokenizer (from {folder}); drop tokenizer.vocab_size=512"),
     (["model.n_layer=3"], "model.n_layer=3 contradicts the weights of init_from={folder}, which have model.n_layer=2"),
     (["model.pos=rope"], "model.pos=rope contradicts the weights"),
     (["model.qk_norm=true"], "model.qk_norm=true contradicts the weights of init_from={folder}, which have model.qk_norm=false"),

@@ -73,6 +73,15 @@ def test_a_bad_request_is_one_line_naming_the_value(position, token, other, mess
     assert "\n" not in str(caught.value)
 
 
+def test_the_first_position_counted_from_the_end_is_position_0_and_a_batch_takes_one_id_or_one_per_row():
+    model, ids = tiny_gpt(), torch.cat([TOKENS, TOKENS[:1]])  # (3, 12)
+    first, from_the_end = (logit_attribution(model, ids, position, 3).total() for position in (0, -12))
+    assert torch.equal(first, from_the_end)
+    assert torch.equal(logit_attribution(model, ids, 0, [3, 3, 3]).total(), first)
+    with pytest.raises(UserError, match=re.escape("token gives 2 token ids for a batch of 3: give one id, or one per row")):
+        logit_attribution(model, ids, 0, [3, 4])
+
+
 def test_ids_with_no_tokens_or_no_batch_are_the_models_own_one_line():
     with pytest.raises(ValueError, match=re.escape("idx must be token ids of shape (B, T) with T >= 1; got shape (2, 0)")):
         logit_attribution(tiny_gpt(), TOKENS[:, :0], -1, 3)
