@@ -181,6 +181,7 @@ def test_with_a_window_the_kv_cache_is_a_ring_whose_bytes_stop_growing_after_w_t
     assert caches.layers[0].is_ring and caches.layers[0].slots == 6 and caches.length == 40
     assert set(sizes) == {2 * 2 * 6 * 8 * 4}  # keys and values, B = 1, K = 2 heads, W = 6 slots, D = 8, float32
     assert KVCache(32).slots == 32 and not KVCache(32).is_ring
+    assert KVCache(8, window=16).slots == 8  # a window wider than the longest text: no slot that no token fills
 
 
 @pytest.mark.parametrize("attention", PATHS)

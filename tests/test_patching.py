@@ -82,8 +82,12 @@ def test_patches_batched_together_give_what_each_gives_run_alone(monkeypatch):
     corrupted[0, 4], corrupted[1, 2] = (corrupted[0, 4] + 9) % 65, (corrupted[1, 2] + 9) % 65  # each row from its own place
     metric = logit_difference(-1, 3, 5)
     monkeypatch.setattr(patching, "LOGIT_BUDGET", 3 * 2 * 10 * 65)  # 3 patches a batch: batches of 3, 3, ... and a rest
+    rows = []  # the rows of each forward: at most 3 patched copies of the batch of 2
+    forget = model.hook_dict["hook_embed"].add_hook(lambda embedding, hook: rows.append(embedding.shape[0]))
     heads = patch_heads(model, clean, corrupted, metric).patched  # (L, H)
     residual = patch_residual(model, clean, corrupted, metric).patched  # (L, T)
+    forget()
+    assert max(rows) == 3 * 2
     _, cache = model.run_with_cache(clean)
 
     def alone(name: str, index: tuple, source: torch.Tensor) -> float:
