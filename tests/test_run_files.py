@@ -91,6 +91,7 @@ def test_a_run_is_refused_a_run_dir_whose_checkpoints_it_would_overwrite(tmp_pat
     assert checkpoint_to_resume(str(here), here, restarted=False) == here / "ckpt_last.pt"  # going on where it is
     assert checkpoint_to_resume(str(here / "ckpt_last.pt"), here, restarted=False) == here / "ckpt_last.pt"
     assert checkpoint_to_resume("auto", here, restarted=False) == here / "ckpt_last.pt"
+    assert checkpoint_to_resume(None, here, restarted=True) == here / "ckpt_last.pt"  # a process torchrun restarted
     # Another run's checkpoint, or an earlier point of this one (its best), going on in this dir: refused.
     for resume, source in ((there, "ckpt_last.pt"), (here / "ckpt_best.pt", "ckpt_best.pt")):
         with pytest.raises(UserError, match="^" + re.escape(

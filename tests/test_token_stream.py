@@ -20,7 +20,7 @@ from data import corpus, token_stream
 from data.bpe import GPT2_PATTERN
 from data.corpus import load_documents
 from data.specs import CorpusSpec, TokenizerSpec
-from data.token_cache import is_complete, prepare_tokens
+from data.token_cache import CHECKED_IDS, is_complete, prepare_tokens
 from data.tokenizer import train_bpe_fast
 from tests.helpers import ROOT, encode_documents, pythonpath_with_root, split_documents, stop_while
 from tests.test_hf_tokenizer import save_family
@@ -170,13 +170,22 @@ def test_the_cache_key_changes_with_where_documents_begin_not_only_with_the_text
     assert len({key("ab", "c"), key("a", "bc"), key("abc"), key("ab", "d"), key("ab", "c", val_fraction=0.3)}) == 5
 
 
-def test_a_cache_entry_whose_val_ids_were_cut_short_is_made_again(tmp_path):
+@pytest.mark.parametrize("damage", ["one id short", "one id more", "the last id past the vocabulary"])
+def test_a_cache_entry_whose_val_ids_were_cut_short_grew_or_were_damaged_at_the_end_is_made_again(tmp_path, damage):
     cfg = CorpusSpec(source="stories", seed=1, n_chars=20_000, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
     first = prepare_tokens(cfg, TokenizerSpec("char"))
     train, val = np.array(first.train), np.array(first.val)
     (entry,) = (tmp_path / "cache" / "tokens").iterdir()
-    with open(entry / "val.bin", "r+b") as ids:
-        ids.truncate(len(val) * first.val.itemsize - 2)  # one id short, as a full disk or a copy cut off leaves it
+    assert len(train) > 2 * CHECKED_IDS  # the checks at its two ends read different ids
+    with open(entry / ("train.bin" if damage == "the last id past the vocabulary" else "val.bin"), "r+b") as ids:
+        if damage == "one id short":  # as a full disk or a copy cut off leaves it
+            ids.truncate(len(val) * first.val.itemsize - 2)
+        elif damage == "one id more":  # the memory map would read it as text
+            ids.seek(0, os.SEEK_END)
+            ids.write(val[:1].tobytes())
+        else:
+            ids.seek(-first.train.itemsize, os.SEEK_END)
+            ids.write(np.array([60000], dtype=first.train.dtype).tobytes())
     assert not is_complete(entry)
     again = prepare_tokens(cfg, TokenizerSpec("char"))
     assert is_complete(entry) and np.array_equal(again.train, train) and np.array_equal(again.val, val)
