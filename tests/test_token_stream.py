@@ -170,6 +170,18 @@ def test_the_cache_key_changes_with_where_documents_begin_not_only_with_the_text
     assert len({key("ab", "c"), key("a", "bc"), key("abc"), key("ab", "d"), key("ab", "c", val_fraction=0.3)}) == 5
 
 
+@pytest.mark.parametrize("n_chars", [65_535, 65_536])
+def test_ids_take_two_bytes_while_the_vocabulary_fits_in_them_and_four_after_and_read_back_as_written(tmp_path, n_chars):
+    # n_chars letters, each once, and the end-of-text token: 65,536 ids (0 to 65,535) fit uint16, one more does not.
+    letters = [chr(c) for c in range(0x100, 0xD800)] + [chr(c) for c in range(0xE000, 0x11000)]  # no surrogates
+    (tmp_path / "letters.txt").write_text("".join(letters[:n_chars]), encoding="utf-8")
+    cfg = CorpusSpec(source="text", path=str(tmp_path / "letters.txt"), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    data = prepare_tokens(cfg, TokenizerSpec("char"))
+    ids = np.concatenate([data.train, data.val]).astype(np.int64)
+    assert data.tokenizer.vocab_size == n_chars + 1 and len(np.unique(ids)) == n_chars + 1 and ids.max() == n_chars
+    assert data.train.itemsize == (2 if n_chars + 1 <= 2**16 else 4)
+
+
 @pytest.mark.parametrize("damage", ["one id short", "one id more", "the last id past the vocabulary"])
 def test_a_cache_entry_whose_val_ids_were_cut_short_grew_or_were_damaged_at_the_end_is_made_again(tmp_path, damage):
     cfg = CorpusSpec(source="stories", seed=1, n_chars=20_000, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
