@@ -242,7 +242,8 @@ def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
     """A new run with init_from: cfg's model group becomes the shape of the weights and its
     tokenizer theirs (in place). A model value asked for (on the command line, by the experiment
     preset, or by a config where it differs from configs/model/gpt.yaml) that contradicts the
-    weights, or any tokenizer choice, is refused. Returns the weights' folder and notes for the log (a cropped context)."""
+    weights, or any tokenizer choice, is refused. Returns the weights' folder and notes for the
+    log (a cropped context)."""
     folder = resolve_pretrained(cfg.init_from)
     typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
     tokenizer_choice = next((typed[key] for key in typed if key == "tokenizer" or key.startswith("tokenizer.")), None)

@@ -20,20 +20,22 @@ def get_batch(
     starts = rng.integers(0, len(tokens) - block_size, size=batch_size)  # (B,)
     offsets = starts[:, None] + np.arange(block_size + 1)  # (B, T + 1)
     windows = torch.from_numpy(tokens[offsets].astype(np.int64))  # (B, T + 1)
-    if vocab_size is not None and (top := int(windows.max())) >= vocab_size:
-        raise UserError(damaged_ids_line(tokens, top, vocab_size))
+    if vocab_size is not None:
+        check_in_vocabulary(tokens, int(windows.max()), vocab_size)
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T), (B, T)
 
 
-def damaged_ids_line(tokens: np.ndarray, top: int, vocab_size: int) -> str:
-    """The line for token ids of which one is past the vocabulary: a token cache file damaged after
-    it was written (its entry's check reads the ids at both ends of each file alone)."""
+def check_in_vocabulary(tokens: np.ndarray, top: int, vocab_size: int) -> None:
+    """UserError where top, the largest id read from tokens, is past the vocabulary: a token cache
+    file damaged after it was written (its entry's check reads the ids at both ends of each file alone)."""
+    if top < vocab_size:
+        return
     file = getattr(tokens, "filename", None)  # a memory-mapped cache file's path
     if file is None:
-        return f"the token ids hold {top}, past the vocabulary's {vocab_size} ids (0 to {vocab_size - 1})"
+        raise UserError(f"the token ids hold {top}, past the vocabulary's {vocab_size} ids (0 to {vocab_size - 1})")
     entry = Path(file).parent
-    return (f"the token cache's {Path(file).name} in {entry} holds id {top}, past the vocabulary's {vocab_size} ids: "
-            f"the file is damaged; delete {entry} and run again (the ids are made again from the corpus)")
+    raise UserError(f"the token cache's {Path(file).name} in {entry} holds id {top}, past the vocabulary's {vocab_size} "
+                    f"ids: the file is damaged; delete {entry} and run again (the ids are made again from the corpus)")
 
 
 def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
@@ -45,8 +47,8 @@ def probe_ids(tokens: np.ndarray, tokenizer: Tokenizer, n: int) -> list[int]:
     start = int(starts[0]) + 1 if len(starts) else 0
     start = min(start, max(len(tokens) - n, 0))  # keep n ids when the split is short
     ids = [int(t) for t in tokens[start : start + n]]
-    if ids and (top := max(ids)) >= tokenizer.vocab_size:
-        raise UserError(damaged_ids_line(tokens, top, tokenizer.vocab_size))
+    if ids:
+        check_in_vocabulary(tokens, max(ids), tokenizer.vocab_size)
     return ids
 
 

@@ -200,7 +200,6 @@ def lost_contact_said(rank: int) -> NoReturn:
     sys.exit(2)
 
 
-
 def wait_for_torchrun_to_stop_this_process(seconds: float) -> None:
     """Sleeps until torchrun's SIGTERM, which leaves through the callers' finally blocks (they take
     back the empty run dir Hydra made for this process), or until `seconds` have passed."""
