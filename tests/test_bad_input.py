@@ -86,7 +86,7 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                                           "list the values, e.g. model.n_head=choice(a,b)\n"),  # was the quoting hint
         (["model.n_head.x=1"], "error: model.n_head.x=1: model.n_head holds one value, with no options under it; give "
                                "model.n_head=<value>"),  # OmegaConf's words: "model.n_head={} must be a whole number"
-        (["model.n_layer=10000000"], "error: model.n_layer=10000000, model.n_embd=128: a model of 2,010.2B parameters, whose "
+        (["model.n_layer=10000000", "train.device=cpu"], "error: model.n_layer=10000000, model.n_embd=128: a model of 2,010.2B parameters, whose "
                                      "float32 weights and gradients take 16,081.9 GB, more than this machine's"),  # was killed
         (["model.n_embd=30", "model.n_head=4"], "error: model.n_embd=30 is not divisible by model.n_head=4"),
         (["model.n_kv_head=3"], "error: model.n_kv_head=3 does not divide model.n_head=4: each key/value head serves "
@@ -98,8 +98,8 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
          "model.block_size=128 tokens, and with model.pos=learned generation never looks further back; pick a window "
          "under 128, or null"),
         (["train.batch_size=0"], "error: train.batch_size=0 must be at least 1"),
-        (["train.batch_size=1000000000000"], "error: train.batch_size=1000000000000: a micro-step of 1,000,000,000,000 "
-                                             "sequences of 128 tokens needs at least 1,304,"),  # 10^7 unchecked: killed, no word
+        (["train.batch_size=1000000000000", "train.device=cpu"], "error: train.batch_size=1000000000000: a micro-step of "
+         "1,000,000,000,000 sequences of 128 tokens needs at least 1,304,"),  # 10^7 unchecked: killed, no word
         (["train.grad_accum_steps=1000000000000"], "error: train.grad_accum_steps=1000000000000: an update draws its "
          "micro-steps' 16,000,000,000,000 sequences of 128 tokens at once, and their token ids alone take at least "),  # "lower batch_size"
         (["data.cache_dir="], "error: data.cache_dir= is empty; give the folder that keeps the token cache (the default is "
@@ -400,6 +400,25 @@ def test_running_out_of_memory_with_many_micro_steps_names_them_too():
         "tokens, train.grad_accum_steps=1000 of them drawn at once for each update; lower train.batch_size, "
         "model.block_size or train.grad_accum_steps")
     assert "train.grad_accum_steps=N adds up N micro-steps" in ran_out_of_memory(tiny_spec(), torch.device("cpu"))
+
+
+def test_a_batch_whose_token_ids_pass_this_machines_memory_is_refused_on_a_gpu_too():
+    # A GPU run draws its batches here before they move: with no check, train.batch_size=10^12 on an
+    # H200 machine ended the process without a word. The logits live on the GPU, whose running out
+    # train.py words when it comes (ran_out_of_memory), so they are counted on the CPU alone.
+    from runtime.devices import memory_bytes
+    from training.build import check_batch_fits
+
+    memory, gpu, cpu = memory_bytes(), torch.device("cuda"), torch.device("cpu")  # no GPU is touched
+    too_many = tiny_spec(**{"train.batch_size": memory // (32 * 32) + 1}).step  # 32 tokens of 32 bytes each
+    with pytest.raises(UserError, match=rf"^train.batch_size={too_many.batch_size}: an update draws {too_many.batch_size:,} "
+                                        r"sequences of 32 tokens at once, and their token ids alone take at least [\d,.]+ GB, "
+                                        r"more than this machine's [\d.]+ GB of memory; lower train.batch_size$"):
+        check_batch_fits(too_many, 100, gpu)
+    wide = tiny_spec(**{"train.batch_size": 1000}).step  # 1,000 x 32 tokens' logits of a vocabulary that takes past memory
+    check_batch_fits(wide, memory // (1000 * 32 * 8) + 1, gpu)
+    with pytest.raises(UserError, match=r"^train.batch_size=1000: a micro-step .* for its logits and their gradients"):
+        check_batch_fits(wide, memory // (1000 * 32 * 8) + 1, cpu)
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "export.py"])

@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from PIL import Image
@@ -58,6 +59,7 @@ def test_make_docs_names_the_run_as_it_was_typed_before_it_draws_anything(given,
 def test_make_sample_finds_a_run_under_home_as_typed_with_a_tilde(tmp_path):
     # zsh passes RUN=~/... on unexpanded, and the scripts expand it: the check must find the run as they do.
     (tmp_path / "runs" / "a").mkdir(parents=True)
-    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "sample", "RUN=~/runs/a", "ARGS=max_new_tokens=nope"],
+    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "sample", "RUN=~/runs/a", "ARGS=max_new_tokens=nope",
+                             f"PY={sys.executable}"],  # this interpreter, where no .venv was made (a GPU machine's image)
                             cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
     assert "error: max_new_tokens=nope must be a whole number" in result.stderr, result.stderr  # past make's check: sample.py's own

@@ -120,28 +120,32 @@ def check_model_fits(shape: GPTConfig, vocab_size: int, device: torch.device, in
 
 
 def check_batch_fits(step: StepSpec, vocab_size: int, device: torch.device) -> None:
-    """Refuses, on a CPU, a batch whose least memory passes this machine's (its processes' together):
-    the kernel would end the run without a word at its first evaluation (train.batch_size=100000 on
-    24 GB). Two lower bounds, each of a moment every step comes to: a micro-step's logits and their
-    gradient, in float32; and, while an update's micro-steps are drawn at once, each token's int64
-    window, its offset, and the input and target cut from it (every rank drawing all ranks' rows:
-    data/batches.py get_batch, TrainStep.rank_share). The blocks' activations come on top. (On a GPU,
-    running out of memory is an error that train.py words: ran_out_of_memory.)"""
+    """Refuses a batch whose least memory passes this machine's (its processes' together): the
+    kernel would end the run without a word (train.batch_size=100000 on 24 GB, at its first
+    evaluation). Two lower bounds, each of a moment every step comes to. On every device: while an
+    update's micro-steps are drawn at once, each token's int64 window, its offset, and the input and
+    target cut from it, in this machine's memory (every rank drawing all ranks' rows: data/batches.py
+    get_batch, TrainStep.rank_share; on a GPU too, before they move). On a CPU: a micro-step's
+    logits and their gradient, in float32. The blocks' activations come on top. (A GPU's own memory
+    running out is an error that train.py words: ran_out_of_memory.)"""
     memory = memory_bytes()
-    if memory is None or device.type != "cpu":
+    if memory is None:
         return
+    on_cpu = device.type == "cpu"
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's, on this machine
     drawn = step.grad_accum_steps * int(os.environ.get("WORLD_SIZE", "1")) * step.batch_size  # sequences an update draws
-    logits = step.batch_size * step.block_size * vocab_size * 4 * 2 * processes
+    logits = step.batch_size * step.block_size * vocab_size * 4 * 2 * processes if on_cpu else 0
     ids = drawn * step.block_size * 8 * 4 * processes
     if max(logits, ids) <= memory:
         return
     together = f" by the {processes} processes on this machine together" if processes > 1 else ""
-    if ids > logits:  # the micro-steps, not one of them
-        raise UserError(f"train.grad_accum_steps={step.grad_accum_steps}: an update draws its micro-steps' {drawn:,} "
-                        f"sequences of {step.block_size:,} tokens at once, and their token ids alone take at least "
+    if ids > logits:  # the ids an update draws, not one micro-step's logits
+        lever, drawn_as = ((f"train.grad_accum_steps={step.grad_accum_steps}", "its micro-steps' ")
+                           if step.grad_accum_steps > 1 else (f"train.batch_size={step.batch_size}", ""))
+        raise UserError(f"{lever}: an update draws {drawn_as}{drawn:,} sequences of "
+                        f"{step.block_size:,} tokens at once, and their token ids alone take at least "
                         f"{ids / 1e9:,.1f} GB{together}, more than this machine's {memory / 1e9:.1f} GB of memory; lower "
-                        "train.grad_accum_steps")
+                        f"{lever.split('=')[0]}")
     raise UserError(f"train.batch_size={step.batch_size}: a micro-step of {step.batch_size:,} sequences of "
                     f"{step.block_size:,} tokens needs at least {logits / 1e9:,.1f} GB{together} for its logits and their "
                     f"gradients alone ({vocab_size:,} a token, in float32), more than this machine's "
