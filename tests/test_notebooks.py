@@ -1,8 +1,10 @@
 """The notebooks (notebooks/*.ipynb) run top to bottom in a real Jupyter kernel on a real run,
 as make notebook opens them, and are stored without outputs."""
 
+import io
 import re
 import subprocess
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import matplotlib
@@ -13,7 +15,7 @@ from nbclient import NotebookClient
 
 from inspection.heatmap import render_attention_map
 from inspection.patching import SMALL_GAP
-from tests.helpers import ROOT, tiny_gpt
+from tests.helpers import CIRCUIT_TOKENIZER, ROOT, tiny_gpt
 
 matplotlib.use("Agg")  # pictures drawn off screen: plt.show() then shows nothing
 from matplotlib import pyplot  # noqa: E402  (after the backend is chosen)
@@ -86,3 +88,24 @@ def test_look_insides_attention_by_hand_is_the_modules_with_grouped_queries_and_
     exec(compile(by_hand, "look_inside.ipynb, section 2", "exec"), names)
     assert names["weights"].shape == (14, 14)
     pyplot.close("all")
+
+
+@pytest.mark.parametrize(("n_head", "knocked_out"), [(1, 1), (2, 2), (4, 2)])
+def test_look_insides_knock_outs_on_a_one_layer_run_are_of_different_heads(n_head, knocked_out):
+    # Section 3 picks an induction head and a previous-token head, section 4 knocks each out. With
+    # one layer there is no layer below: the previous-token head is another head of it, and a
+    # model of one head has none (once, both picks were the same head, knocked out twice).
+    notebook = nbformat.read(ROOT / "notebooks" / "look_inside.ipynb", as_version=4)
+    picks, knock_outs = (next(cell.source for cell in notebook.cells if phrase in cell.source)
+                         for phrase in ("induction_score(patterns, n)", "def second_copy_losses"))
+    model = tiny_gpt(vocab_size=CIRCUIT_TOKENIZER.vocab_size, block_size=64, n_layer=1, n_head=n_head).eval()
+    names = {"model": model, "config": model.config, "tokenizer": CIRCUIT_TOKENIZER, "torch": torch, "plt": pyplot,
+             "render_attention_map": render_attention_map}
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        exec(compile(picks, "look_inside.ipynb, section 3", "exec"), names)
+        exec(compile(knock_outs, "look_inside.ipynb, section 4", "exec"), names)
+    pyplot.close("all")
+    heads = re.findall(r"without layer (\d+) head (\d+)", printed.getvalue())
+    assert len(heads) == len(set(heads)) == knocked_out, printed.getvalue()
+    assert ("the best previous-token score beside it" in printed.getvalue()) == (n_head > 1), printed.getvalue()
