@@ -37,7 +37,14 @@ try:  # what make setup installs into .venv: another python gets one line, not a
 except ModuleNotFoundError as missing:
     sys.exit(not_installed(missing, "train.py"))
 
-from cli.config import check_text_still_there, plain_config, pretrained_config, resumed_config, validate_train_config
+from cli.config import (
+    check_text_still_there,
+    plain_config,
+    pretrained_config,
+    resumed_config,
+    validate_new_run_config,
+    validate_train_config,
+)
 from cli.errors import compile_failure, exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from cli.run_spec import run_spec
@@ -160,7 +167,10 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
                                 "needs; resume from a checkpoint train.py saved, as it saved it")
         if cfg.init_from is not None and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
             weights, changes = pretrained_config(cfg, overrides)
-        validate_train_config(cfg, new_model=checkpoint is None)
+        if checkpoint is None:
+            validate_new_run_config(cfg, overrides)
+        else:
+            validate_train_config(cfg, new_model=False)
         spec = run_spec(cfg, weights, text_key)
         if finished(spec, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "

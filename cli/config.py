@@ -75,6 +75,30 @@ def validate_train_config(cfg: Any, new_model: bool = True) -> None:
                 f"data.word_games={cfg.data.word_games} must be 0 (no games) or more: the word games after each paragraph, on average (e.g. 9)")
 
 
+def validate_new_run_config(cfg: Any, overrides: list[str]) -> None:
+    """validate_train_config for a new run from these command-line overrides: a refused model value
+    that the experiment preset set, not the command line, is said as set by that preset (a user
+    who typed experiment=qwen3_shape model.n_head=3 never typed the model.n_kv_head=2 refused)."""
+    try:
+        validate_train_config(cfg)
+    except UserError as error:
+        raise UserError(with_its_preset(str(error), cfg, overrides)) from None
+
+
+def with_its_preset(line: str, cfg: Any, overrides: list[str]) -> str:
+    """line, a check's refusal; where it starts with model.<key>=<value> that the experiment preset
+    on the command line set and the command line did not, with ", set by experiment=<preset>," after it."""
+    typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
+    preset = typed.get("experiment", "").split("=", 1)[-1]
+    key = line.split("=", 1)[0].removeprefix("model.") if line.startswith("model.") else None
+    if not preset or key is None or f"model.{key}" in typed or key not in cfg.model:
+        return line
+    given = f"model.{key}={as_typed(plain(cfg.model[key]))}"
+    if not line.startswith(given) or plain(cfg.model[key]) != preset_model_values(preset).get(key, object()):
+        return line
+    return f"{given}, set by experiment={preset},{line.removeprefix(given)}"
+
+
 def validate_model_config(model: Any, new_model: bool) -> None:
     """validate_train_config's checks of the model's shape and options (cfg.model)."""
     for key in ("n_layer", "n_head", "n_embd", "block_size"):

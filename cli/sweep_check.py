@@ -39,7 +39,7 @@ class SweepCheck(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Before the sweep writes anything: the first job whose config fails a check is one line
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
-        from cli.config import validate_train_config  # here: it imports torch, which a callback's import should not
+        from cli.config import validate_new_run_config  # here: it imports torch, which a callback's import should not
         from cli.errors import exit_on_user_error
         from data.corpus import corpus_files
         from runtime.ranks import env_world_size, said_once_per_machine
@@ -77,7 +77,7 @@ class SweepCheck(Callback):
                 if cfg.resume or cfg.init_from:  # checked with the files they name, when the job starts
                     continue
                 try:
-                    validate_train_config(cfg)
+                    validate_new_run_config(cfg, job)
                     if cfg.data.source == "text":  # the files it would read: one missing is said now, not after the jobs before it
                         corpus_files(cfg.data.path)
                 except UserError as error:

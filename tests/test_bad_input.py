@@ -93,6 +93,12 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
         (["model.n_kv_head=8"], "error: model.n_kv_head=8 is more than model.n_head=4: each key/value head serves "
                                 "n_head // n_kv_head query heads; pick model.n_kv_head from [1, 2, 4]"),
+        (["experiment=qwen3_shape", "model.n_head=3", "model.n_embd=96"], "error: model.n_kv_head=2, set by "
+         "experiment=qwen3_shape, does not divide model.n_head=3: each"),  # a value the user never typed: whence it came
+        (["experiment=qwen3_shape", "model.n_head=3", "model.n_embd=96", "model.n_kv_head=2"], "error: model.n_kv_head=2 "
+         "does not divide model.n_head=3: each"),  # typed: said as typed
+        (["experiment=mistral_shape", "model.pos=learned", "model.block_size=64"], "error: model.window=64, set by "
+         "experiment=mistral_shape, hides nothing: no query sees more than model.block_size=64 tokens"),
         (["model.window=0"], "error: model.window=0 must be at least 1, or null"),
         (["model.pos=learned", "model.window=128"], "error: model.window=128 hides nothing: no query sees more than "
          "model.block_size=128 tokens, and with model.pos=learned generation never looks further back; pick a window "

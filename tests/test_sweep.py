@@ -67,12 +67,14 @@ def test_a_sweep_makes_one_run_dir_per_value_and_a_second_sweep_there_is_refused
     ({"model.n_head": "2,3"}, "error: job #1 of the sweep (model.n_layer=2 model.n_head=3 "),
     ({"train.batch_size": "8,x"}, "error: train.batch_size=x must be a whole number"),
     ({"tokenizer": "char,nope"}, "error: tokenizer=nope is not an option of tokenizer; choose one of: bpe, char, gpt2"),
-], ids=["a value out of range", "a value of the wrong type", "a group's option that is not there"])
+    ({"experiment": "qwen3_shape", "model.n_head": "4,3", "model.n_embd": 96},
+     "experiment=qwen3_shape): model.n_kv_head=2, set by experiment=qwen3_shape, does not divide model.n_head=3: "),
+], ids=["a value out of range", "a value of the wrong type", "a group's option that is not there", "a preset's value"])
 def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path, sweep, message):
     # Checked by cli/sweep_check.py before the first job: otherwise job #0 would train whole first.
     result = run_cli("train.py", "-m", *tiny_run(**sweep, **{"hydra.sweep.dir": "sweep"}), cwd=tmp_path)
     assert_one_error_line(result, message)
-    if "model.n_head" in sweep:
+    if sweep == {"model.n_head": "2,3"}:
         assert result.stderr.rstrip().endswith("is not divisible by model.n_head=3: each head needs n_embd // n_head "
                                                "channels; pick model.n_head from [1, 2, 4, 8, 16, 32] (or set model.head_dim); "
                                                "no job has run")
