@@ -345,16 +345,18 @@ def export_model_type(config: GPTConfig) -> str | None:
 
 
 def export_refusal(config: GPTConfig) -> str:
-    """Why config fits no architecture, shape by shape, and the preset of the nearest (one line)."""
+    """Why config fits no architecture (one line): first the nearest, each option in its way with
+    the reason and its preset, then what the others would need changed, by option alone."""
     blockers = export_blockers(config)
     nearest = min(blockers, key=lambda model_type: len(blockers[model_type]))
-    shapes = " ".join(f"As {ARCHITECTURES[model_type].name} ({ARCHITECTURES[model_type].hf_class}): "
-                      f"{'; '.join(phrases)}." for model_type, phrases in blockers.items())
-    others = ", ".join(f"experiment={architecture.preset}" for model_type, architecture in ARCHITECTURES.items()
-                       if model_type != nearest)
-    return (f"fits none of the architectures transformers loads with no custom code. {shapes} The nearest is "
-            f"{ARCHITECTURES[nearest].name}: train without what is named for it, or from its preset, "
-            f"`.venv/bin/python train.py experiment={ARCHITECTURES[nearest].preset}` (or {others})")
+    architecture = ARCHITECTURES[nearest]
+    others = "; ".join(f"{ARCHITECTURES[model_type].name}: {', '.join(phrase.split(' (')[0] for phrase in phrases)} "
+                       f"(experiment={ARCHITECTURES[model_type].preset})"
+                       for model_type, phrases in blockers.items() if model_type != nearest)
+    return (f"fits none of the architectures transformers loads with no custom code. The nearest is {architecture.name} "
+            f"({architecture.hf_class}), which has no place for {'; '.join(blockers[nearest])}: train without {'them' if len(blockers[nearest]) > 1 else 'it'}, or "
+            f"from its preset, `.venv/bin/python train.py experiment={architecture.preset}`. Against the others: "
+            f"{others}. docs/export.md says why for each")
 
 
 def hf_files_for(model: GPT, bos_id: int, eos_id: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
