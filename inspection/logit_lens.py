@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from data.tokenizer import Tokenizer
+from inspection.logit_attribution import check_position
 from model import GPT, eval_mode
 from model.hooks import is_whole_number
 
@@ -42,6 +44,30 @@ class LensSummary:
     next_rank: torch.Tensor  # (L, T - 1): its rank among all tokens, 1 for the top one
     top_ids: torch.Tensor  # (L, T, k): the k likeliest tokens after each layer, likeliest first
     top_probs: torch.Tensor  # (L, T, k): their probabilities
+    next_ids: torch.Tensor  # (T - 1,): the token that came next at each position, idx[0, 1:]
+
+    def __repr__(self) -> str:
+        """Its shapes, not its numbers (hundreds of them), and how to read them."""
+        L, T, k = self.top_ids.shape
+        return (f"LensSummary({L} layers, {T} tokens, the top {k}: next_log_prob and next_rank {(L, T - 1)}, top_ids and "
+                f"top_probs {(L, T, k)}; .describe(tokenizer, position) says one position in words)")
+
+    def describe(self, tokenizer: Tokenizer, position: int = -1) -> str:
+        """The lens at one position, a line per layer: the top k tokens with their probabilities,
+        and, where the sequence goes on past it, the token that came next, its rank and probability."""
+        L, T, _ = self.top_ids.shape
+        t = check_position(position, T)
+        lines = [f"position {t}:"]
+        for layer in range(L):
+            pieces = tokenizer.token_strings(self.top_ids[layer, t].tolist())
+            top = ", ".join(f"{piece!r} {p:.3f}" for piece, p in zip(pieces, self.top_probs[layer, t].tolist(), strict=True))
+            line = f"  after layer {layer}: {top}"
+            if t < T - 1:  # (the last position's next token is not in the sequence)
+                came = tokenizer.token_strings([int(self.next_ids[t])])[0]
+                line += (f"; next came {came!r}: rank {int(self.next_rank[layer, t])}, "
+                         f"p {self.next_log_prob[layer, t].exp():.3f}")
+            lines.append(line)
+        return "\n".join(lines)
 
 
 def lens_summary(model: GPT, idx: torch.Tensor, k: int = 5) -> LensSummary:
@@ -63,4 +89,5 @@ def lens_summary(model: GPT, idx: torch.Tensor, k: int = 5) -> LensSummary:
         top_log_probs, ids = every.topk(min(k, every.shape[-1]), dim=-1)  # (T, k) each
         top_ids.append(ids)  # (T, k)
         top_probs.append(top_log_probs.exp())  # (T, k)
-    return LensSummary(torch.stack(log_probs), torch.stack(ranks), torch.stack(top_ids), torch.stack(top_probs))  # (L, ...)
+    return LensSummary(torch.stack(log_probs), torch.stack(ranks), torch.stack(top_ids), torch.stack(top_probs),  # (L, ...)
+                       next_ids)

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from inspection.logit_lens import lens_summary, logit_lens
 from model import GPT
-from tests.helpers import ARCHITECTURE_OPTIONS, tiny_gpt
+from tests.helpers import ARCHITECTURE_OPTIONS, CIRCUIT_TOKENIZER, tiny_gpt
+from user_error import UserError
 
 TOKENS = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(4))  # (B, T)
 
@@ -58,6 +59,30 @@ def test_the_summary_gives_each_layers_rank_probability_and_top_tokens_of_the_ne
         assert torch.equal(summary.top_ids[layer], order)
         torch.testing.assert_close(summary.top_probs[layer], lens[layer].gather(1, order).exp())
     assert set(summary.next_rank.flatten().tolist()) != {1}  # not every token is top: ranks are really counted
+
+
+def test_the_summary_says_one_position_in_words_and_shows_its_shapes_not_its_numbers():
+    # Printed, the summary was some 150 lines of tensors, with ids and no tokens.
+    model = perturbed(tiny_gpt(vocab_size=CIRCUIT_TOKENIZER.vocab_size))
+    idx = torch.tensor([CIRCUIT_TOKENIZER.encode("abcab")])  # (1, 5)
+    summary = lens_summary(model, idx, k=3)
+    assert repr(summary) == ("LensSummary(2 layers, 5 tokens, the top 3: next_log_prob and next_rank (2, 4), top_ids and "
+                             "top_probs (2, 5, 3); .describe(tokenizer, position) says one position in words)")
+    lens = logit_lens(model, idx)[:, 0]  # (L, T, V)
+    for position, came in ((1, "c"), (-1, None)):
+        lines = summary.describe(CIRCUIT_TOKENIZER, position).splitlines()
+        assert lines[0] == f"position {position % 5}:" and len(lines) == 3
+        for layer, line in enumerate(lines[1:]):
+            ids = lens[layer, position].argsort(descending=True)[:3].tolist()  # the three likeliest, by sorting
+            top = ", ".join(f"{CIRCUIT_TOKENIZER.token_strings([i])[0]!r} {lens[layer, position, i].exp():.3f}" for i in ids)
+            assert line.startswith(f"  after layer {layer}: {top}")
+            if came is None:  # the last position: nothing in the sequence came after it
+                assert "next came" not in line
+            else:
+                rank = int((lens[layer, position] > lens[layer, position, idx[0, 2]]).sum()) + 1
+                assert line.endswith(f"; next came {came!r}: rank {rank}, p {lens[layer, position, idx[0, 2]].exp():.3f}")
+    with pytest.raises(UserError, match=re.escape("position 5 is out of range: the sequence has 5 tokens")):
+        summary.describe(CIRCUIT_TOKENIZER, 5)
 
 
 def test_the_summary_of_anything_but_one_row_of_ids_is_one_line():
