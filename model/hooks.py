@@ -363,6 +363,14 @@ class HookedModel(nn.Module):
         return logits, ActivationCache(activations, self)  # in the order the forward reached them
 
 
+class CacheKeyError(KeyError):
+    """A cache's key it cannot answer: a KeyError, as a Mapping's is (and TransformerLens's), whose
+    line prints as written; Python shows a plain KeyError's message in quotes, as if it were the key."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ActivationCache(Mapping[str, torch.Tensor]):
     """The activations one forward passed through its hook points, by name.
 
@@ -389,20 +397,20 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         else:
             n_layer = len(self.model.blocks)
             if not is_whole_number(layer):  # True would be layer 1; "1" and 1.0 are no index
-                raise KeyError(f"layer {layer!r} of {key!r} is not a whole number: give it as an int, e.g. "
+                raise CacheKeyError(f"layer {layer!r} of {key!r} is not a whole number: give it as an int, e.g. "
                                f"({short!r}, {n_layer - 1})")
             layer = operator.index(layer)  # an int, numpy's or torch's too
             if not -n_layer <= layer < n_layer:  # as a list's index: -1 is the last layer, -n_layer the first
                 layers = "its one layer is 0 (or -1)" if n_layer == 1 else \
                     f"its {n_layer} layers are 0 to {n_layer - 1} (or -{n_layer} to -1 from the end)"
-                raise KeyError(f"layer {layer} of {key!r} is not in this model: {layers}")
+                raise CacheKeyError(f"layer {layer} of {key!r} is not in this model: {layers}")
             layer = layer % n_layer
             prefixes = ("", "attn.", "mlp.", "ln1.", "ln2.") if part is None else (BLOCK_PARTS[part],)
             candidates = [f"blocks.{layer}.{prefix}hook_{short}" for prefix in prefixes]
         for name in candidates:
             if name in known:
                 return name
-        raise KeyError(f"no hook point for {key!r} in this model: {why_missing(candidates, known)}")
+        raise CacheKeyError(f"no hook point for {key!r} in this model: {why_missing(candidates, known)}")
 
     @staticmethod
     def parts_of(key: object) -> tuple[str, object, str | None]:
@@ -416,12 +424,12 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if isinstance(key, (tuple, list)) and len(key) in (2, 3) and isinstance(key[0], str):
             part = key[2] if len(key) == 3 else None
             if part is not None and not (isinstance(part, str) and part in BLOCK_PARTS):
-                raise KeyError(f"the part of a block in {key!r} is attn, mlp, ln1, ln2 or block (or TransformerLens's "
+                raise CacheKeyError(f"the part of a block in {key!r} is attn, mlp, ln1, ln2 or block (or TransformerLens's "
                                f"a, attention, m, b, blocks): e.g. ('scale', 0, 'ln2')")
             if part is not None and key[1] is None:
-                raise KeyError(f"{key!r} names a part of a block but no layer: give one, e.g. ({key[0]!r}, 0, {part!r})")
+                raise CacheKeyError(f"{key!r} names a part of a block but no layer: give one, e.g. ({key[0]!r}, 0, {part!r})")
             return key[0], key[1], part
-        raise KeyError(f"a cache's key is a name, (name, layer) or (name, layer, part of the block), e.g. "
+        raise CacheKeyError(f"a cache's key is a name, (name, layer) or (name, layer, part of the block), e.g. "
                        f"'blocks.0.ln2.hook_scale', ('scale', 0) or ('scale', 0, 'ln2'); not {key!r}")
 
     def __getitem__(self, key: str | tuple[str, int] | tuple[str, int, str]) -> torch.Tensor:
@@ -429,7 +437,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if name not in self.activations:
             kept = ", ".join(self.activations) if len(self.activations) <= 8 else (
                 f"{len(self.activations)} names, {', '.join(list(self.activations)[:4])}, ...")
-            raise KeyError(f"this cache did not record {name!r}: it holds {kept}. "
+            raise CacheKeyError(f"this cache did not record {name!r}: it holds {kept}. "
                            f"Ask run_with_cache for it: names=[{name!r}, ...], or names=None for every point")
         return self.activations[name]
 

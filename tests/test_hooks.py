@@ -198,6 +198,7 @@ def test_a_transformer_lens_name_this_model_lacks_says_why_and_where_to_look(opt
     with pytest.raises(KeyError) as caught:
         cache[name]
     assert caught.value.args[0].startswith(f"no hook point for {name!r} in this model: {why}")  # as run_with_cache says
+    assert str(caught.value) == caught.value.args[0]  # printed as written: a plain KeyError's shows in quotes
     # Each name is there where the model has what it names (hook_result nowhere: stack_head_results() computes it).
     lacking = {"hook_pos_embed": {"pos": "learned"}, "blocks.1.attn.hook_rot_k": {"pos": "rope"},
                "blocks.0.mlp.hook_pre_linear": {"mlp": "swiglu"}}
