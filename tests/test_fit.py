@@ -13,12 +13,14 @@ from data.tokenizer import CharTokenizer
 from model import GPTConfig
 from model_io.checkpoint import build_model
 from runtime.precision import Precision
-from tests.helpers import ARCHITECTURE_OPTIONS, ONE_PROCESS, read_events, tiny_config
+from tests.helpers import ARCHITECTURE_OPTIONS, ONE_PROCESS, curves, read_events, tiny_config
 from training.build import build_data_and_model, build_run, parameter_count
 from training.evaluation import evaluate
-from training.fit import fit
+from training.fit import StepLog, fit
 from training.lr_schedule import lr_at
 from training.state import TrainState
+from training.step import StepResult
+from training.tensorboard_log import BATCH_LOSS, TOKENS_PER_SEC, RunLogger
 from user_error import UserError
 
 
@@ -165,3 +167,18 @@ def test_a_token_cache_file_damaged_under_a_run_stops_it_with_the_line_that_name
     damaged[100:] = data.tokenizer.vocab_size
     with pytest.raises(UserError, match=rf"^the token cache's val\.bin in {entry} holds id {data.tokenizer.vocab_size}, "):
         fit(build_run(spec, plain_config(cfg), tmp_path / "run", ranks, precision, data, model), TrainState())
+
+
+def test_each_logged_window_has_its_own_mean_loss_and_tokens_per_second_and_the_last_short_one_is_logged(tmp_path):
+    # 10 steps logged every 4: windows end at 4, 8 and 10, the last one short. Each window's
+    # tokens/s is its own steps' (100 tokens a step: 0.5, 1 and 2 s a step), not the run's so far.
+    tb = RunLogger(tmp_path)
+    step_log, state = StepLog(tb, log_interval=4, max_steps=10, tokens_per_step=100), TrainState()
+    for step in range(1, 11):
+        state.add_to_window(float(step))  # the train loss of step `step`, as fit() adds it
+        step_log.record(step, state, StepResult(loss=float(step), grad_norm=1.0, updated=True), lr=0.1,
+                        seconds=0.5 if step <= 4 else 1.0 if step <= 8 else 2.0)
+    tb.close()
+    logged = curves(read_events(tmp_path))
+    assert logged[BATCH_LOSS] == [(4, 2.5), (8, 6.5), (10, 9.5)]
+    assert logged[TOKENS_PER_SEC] == [(4, 200.0), (8, 100.0), (10, 50.0)] and step_log.history == [200.0, 100.0, 50.0]
