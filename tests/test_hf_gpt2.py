@@ -177,7 +177,9 @@ def test_export_blockers_name_every_option_gpt2_cannot_represent() -> None:
     assert [blocker.split(" ")[0] for blocker in export_blockers(random_gpt(mlp="gelu", mlp_hidden=100, norm_eps=1e-6).config)[
         "gpt2"]] == ["model.norm_eps=1e-06", "model.mlp_hidden=100"]
     message = one_line_error(hf_files_for, GPT(default), bos_id=EOT, eos_id=EOT)
-    assert all(blocker in message for blocker in blockers)
+    # Qwen3 is nearer (relu2 and smear in its way): GPT-2's options are named among the others', without why.
+    assert "The nearest is Qwen3" in message and "Against the others: GPT-2: " + ", ".join(
+        blocker.split(" (")[0] for blocker in blockers) + " (experiment=gpt2_shape)" in message
 
 
 def edit_config(folder: Path, **changes) -> None:
