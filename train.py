@@ -59,6 +59,7 @@ from model_io.run_files import AUTO, LAST, checkpoint_to_resume
 from runtime.devices import is_out_of_memory
 from runtime.ranks import (
     Ranks,
+    ended_by_sigterm,
     env_rank,
     env_world_size,
     leave_process_group,
@@ -118,32 +119,33 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     """One training run in Hydra's run dir; returns the best val loss (what a sweeper would minimise).
     The run's record goes into the run dir once the config and the data have passed their checks."""
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    record = RunRecord(run_dir)
-    try:
-        spec, config, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task)
-        if finished(spec, checkpoint):  # resume=auto, or a restart, found nothing left to do
-            return checkpoint.best_val_loss
-        ranks, precision, data, model = build_data_and_model(spec)
-        if checkpoint is not None:
-            check_same_tokenizer(data.tokenizer, checkpoint, cfg.resume)
-        if spec.debug == "shapes":  # the shape walk of this model instead of a run
-            show_shapes(spec, ranks, data, model)
-            return math.nan
-        if ranks.is_main:
-            record.write(cfg, hydra_cfg, resumed=checkpoint is not None)
-        run = build_run(spec, config, run_dir, ranks, precision, data, model)
-        describe(run)
-        state = restore(run, checkpoint) if checkpoint else TrainState()
+    with ended_by_sigterm():  # torchrun stopping this process: the finally below takes back its run dir
+        record = RunRecord(run_dir)
         try:
-            figures = fit(run, state)
-        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
-            if not is_out_of_memory(error):
-                raise
-            raise UserError(ran_out_of_memory(spec, ranks.device, error)) from None
-        report(run, figures)
-        return figures.best_val_loss
-    finally:
-        record.close()
+            spec, config, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task)
+            if finished(spec, checkpoint):  # resume=auto, or a restart, found nothing left to do
+                return checkpoint.best_val_loss
+            ranks, precision, data, model = build_data_and_model(spec)
+            if checkpoint is not None:
+                check_same_tokenizer(data.tokenizer, checkpoint, cfg.resume)
+            if spec.debug == "shapes":  # the shape walk of this model instead of a run
+                show_shapes(spec, ranks, data, model)
+                return math.nan
+            if ranks.is_main:
+                record.write(cfg, hydra_cfg, resumed=checkpoint is not None)
+            run = build_run(spec, config, run_dir, ranks, precision, data, model)
+            describe(run)
+            state = restore(run, checkpoint) if checkpoint else TrainState()
+            try:
+                figures = fit(run, state)
+            except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+                if not is_out_of_memory(error):
+                    raise
+                raise UserError(ran_out_of_memory(spec, ranks.device, error)) from None
+            report(run, figures)
+            return figures.best_val_loss
+        finally:
+            record.close()
 
 
 def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tuple[RunSpec, dict, Checkpoint | None]:

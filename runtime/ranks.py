@@ -179,8 +179,8 @@ def leave_it_to_local_rank_zero(message: str) -> None:
     the cause. (Were this one to exit first, torchrun could stop local rank 0 before it spoke.)"""
     if os.environ.get("LOCAL_RANK", "0") in ("", "0") or os.environ.get("WORLD_SIZE", "1") in ("", "1"):
         return  # the first process on its machine, or not started by torchrun
-    # (A process that torchrun stops before it gets here, still checking its config, leaves the
-    # empty run dir Hydra made for it.)
+    # (One that torchrun stops before it gets here, still checking its config, ends as train.py's
+    # ended_by_sigterm ends it, and takes back its run dir too.)
     wait_for_torchrun_to_stop_this_process(seconds=60)
     print(f"error: {message}", file=sys.stderr, flush=True)  # nobody stopped us: say it after all
     sys.exit(2)
@@ -200,10 +200,28 @@ def lost_contact_said(rank: int) -> NoReturn:
     sys.exit(2)
 
 
+def exit_on_signal(signum: int, frame: object) -> None:
+    """A signal's handler that ends the process as an exception does: through the finally blocks."""
+    sys.exit(128 + signum)
+
+
+@contextmanager
+def ended_by_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM (torchrun stopping this process because another one failed, or `kill`) ends
+    the process through the callers' finally blocks, which take back the empty run dir Hydra made for
+    it; Python's default ends it on the spot and leaves that folder behind. (The training loop's
+    StopSignals, inside, hears SIGTERM as a request to save and stop instead.)"""
+    previous = signal.signal(signal.SIGTERM, exit_on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def wait_for_torchrun_to_stop_this_process(seconds: float) -> None:
     """Sleeps until torchrun's SIGTERM, which leaves through the callers' finally blocks (they take
     back the empty run dir Hydra made for this process), or until `seconds` have passed."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    previous = signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         deadline = time.monotonic() + seconds
         # Python runs a signal's handler between bytecodes: one that lands just before a sleep starts

@@ -4,8 +4,10 @@ runs start in the same second."""
 import logging
 import logging.config
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -191,3 +193,27 @@ def test_a_console_that_cannot_be_written_is_said_once_and_train_log_keeps_every
     assert said == (f"warning: the console's output could not be written ({reason}); the run goes on, and train.log in "
                     f"its run dir keeps every line (Ctrl-C stops it, saving)\n")
     assert (tmp_path / "train.log").read_text().splitlines() == ["step 0", "step 1", "step 2"]
+
+
+def test_sigterm_while_a_run_checks_its_config_ends_it_and_takes_back_its_run_dir(tmp_path):
+    # torchrun stops every other process as soon as one fails: one still checking its config died
+    # on the spot and left behind the empty run dir Hydra had made for it (seen under a loaded suite).
+    before = signal.getsignal(signal.SIGTERM)
+    finished = threading.Event()
+
+    def stop_once_handled() -> None:  # as soon as train() hears SIGTERM, before its checks end
+        while signal.getsignal(signal.SIGTERM) is before and not finished.is_set():
+            time.sleep(0.0005)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=stop_once_handled)
+    sender.start()
+    try:
+        result = run_cli("train.py", *tiny_run(**{"hydra.run.dir": "run"}), cwd=tmp_path)
+    finally:
+        finished.set()
+        sender.join()
+    assert result.returncode == 128 + signal.SIGTERM, result.stdout + result.stderr
+    assert not (tmp_path / "run").exists() and not result.stderr  # nothing left, nothing said: the failed one speaks
+    assert signal.getsignal(signal.SIGTERM) is before
