@@ -84,7 +84,9 @@ def main(cfg: DictConfig) -> float:
     if env_rank() > 0:
         logging.getLogger().setLevel(logging.ERROR)  # errors only: rank 0 logs for all
     try:
-        with exit_on_user_error(), said_as_its_job(HydraConfig.get(), cfg.resume):
+        # ended_by_sigterm: torchrun stopping this process (another one failed) leaves through train()'s
+        # finally, which takes back the empty run dir Hydra made for it.
+        with exit_on_user_error(), said_as_its_job(HydraConfig.get(), cfg.resume), ended_by_sigterm():
             ended = None  # a stop or an error said in one line, raised again below without its traceback
             try:
                 return train(cfg, HydraConfig.get())
@@ -119,33 +121,32 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> float:
     """One training run in Hydra's run dir; returns the best val loss (what a sweeper would minimise).
     The run's record goes into the run dir once the config and the data have passed their checks."""
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    with ended_by_sigterm():  # torchrun stopping this process: the finally below takes back its run dir
-        record = RunRecord(run_dir)
+    record = RunRecord(run_dir)
+    try:
+        spec, config, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task)
+        if finished(spec, checkpoint):  # resume=auto, or a restart, found nothing left to do
+            return checkpoint.best_val_loss
+        ranks, precision, data, model = build_data_and_model(spec)
+        if checkpoint is not None:
+            check_same_tokenizer(data.tokenizer, checkpoint, cfg.resume)
+        if spec.debug == "shapes":  # the shape walk of this model instead of a run
+            show_shapes(spec, ranks, data, model)
+            return math.nan
+        if ranks.is_main:
+            record.write(cfg, hydra_cfg, resumed=checkpoint is not None)
+        run = build_run(spec, config, run_dir, ranks, precision, data, model)
+        describe(run)
+        state = restore(run, checkpoint) if checkpoint else TrainState()
         try:
-            spec, config, checkpoint = checked_config(cfg, run_dir, hydra_cfg.overrides.task)
-            if finished(spec, checkpoint):  # resume=auto, or a restart, found nothing left to do
-                return checkpoint.best_val_loss
-            ranks, precision, data, model = build_data_and_model(spec)
-            if checkpoint is not None:
-                check_same_tokenizer(data.tokenizer, checkpoint, cfg.resume)
-            if spec.debug == "shapes":  # the shape walk of this model instead of a run
-                show_shapes(spec, ranks, data, model)
-                return math.nan
-            if ranks.is_main:
-                record.write(cfg, hydra_cfg, resumed=checkpoint is not None)
-            run = build_run(spec, config, run_dir, ranks, precision, data, model)
-            describe(run)
-            state = restore(run, checkpoint) if checkpoint else TrainState()
-            try:
-                figures = fit(run, state)
-            except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
-                if not is_out_of_memory(error):
-                    raise
-                raise UserError(ran_out_of_memory(spec, ranks.device, error)) from None
-            report(run, figures)
-            return figures.best_val_loss
-        finally:
-            record.close()
+            figures = fit(run, state)
+        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_out_of_memory(error):
+                raise
+            raise UserError(ran_out_of_memory(spec, ranks.device, error)) from None
+        report(run, figures)
+        return figures.best_val_loss
+    finally:
+        record.close()
 
 
 def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tuple[RunSpec, dict, Checkpoint | None]:

@@ -88,8 +88,7 @@ def validate_new_run_config(cfg: Any, overrides: list[str]) -> None:
 def with_its_preset(line: str, cfg: Any, overrides: list[str]) -> str:
     """line, a check's refusal; where it starts with model.<key>=<value> that the experiment preset
     on the command line set and the command line did not, with ", set by experiment=<preset>," after it."""
-    typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
-    preset = typed.get("experiment", "").split("=", 1)[-1]
+    typed, preset = command_line_choices(overrides)
     key = line.split("=", 1)[0].removeprefix("model.") if line.startswith("model.") else None
     if not preset or key is None or f"model.{key}" in typed or key not in cfg.model:
         return line
@@ -269,12 +268,11 @@ def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
     weights, or any tokenizer choice, is refused. Returns the weights' folder and notes for the
     log (a cropped context)."""
     folder = resolve_pretrained(cfg.init_from)
-    typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
+    typed, preset = command_line_choices(overrides)
     tokenizer_choice = next((typed[key] for key in typed if key == "tokenizer" or key.startswith("tokenizer.")), None)
     require(tokenizer_choice is None, f"init_from={cfg.init_from} brings its own tokenizer (from {folder}); "
                                       f"drop {tokenizer_choice}")
     defaults = OmegaConf.load(MODEL_DEFAULTS)
-    preset = typed.get("experiment", "").split("=", 1)[-1]
     preset_values = preset_model_values(preset) if preset else {}
 
     def asked(key: str) -> bool:
@@ -295,6 +293,13 @@ def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
     cfg.model.block_size = shape.block_size
     cfg.tokenizer = {"kind": "pretrained", "path": str(folder), "files_sha256": tokenizer_files_sha256(folder)}
     return folder, notes
+
+
+def command_line_choices(overrides: list[str]) -> tuple[dict[str, str], str]:
+    """The keys the command line set, each with its override as typed (+ and ~ aside), and the
+    experiment preset it named ("" for none)."""
+    typed = {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
+    return typed, typed.get("experiment", "").split("=", 1)[-1]
 
 
 def preset_model_values(preset: str, folder: Path = CONFIGS / "experiment") -> dict[str, Any]:

@@ -398,7 +398,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             n_layer = len(self.model.blocks)
             if not is_whole_number(layer):  # True would be layer 1; "1" and 1.0 are no index
                 raise CacheKeyError(f"layer {layer!r} of {key!r} is not a whole number: give it as an int, e.g. "
-                               f"({short!r}, {n_layer - 1})")
+                                    f"({short!r}, {n_layer - 1})")
             layer = operator.index(layer)  # an int, numpy's or torch's too
             if not -n_layer <= layer < n_layer:  # as a list's index: -1 is the last layer, -n_layer the first
                 layers = "its one layer is 0 (or -1)" if n_layer == 1 else \
@@ -425,12 +425,12 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             part = key[2] if len(key) == 3 else None
             if part is not None and not (isinstance(part, str) and part in BLOCK_PARTS):
                 raise CacheKeyError(f"the part of a block in {key!r} is attn, mlp, ln1, ln2 or block (or TransformerLens's "
-                               f"a, attention, m, b, blocks): e.g. ('scale', 0, 'ln2')")
+                                    f"a, attention, m, b, blocks): e.g. ('scale', 0, 'ln2')")
             if part is not None and key[1] is None:
                 raise CacheKeyError(f"{key!r} names a part of a block but no layer: give one, e.g. ({key[0]!r}, 0, {part!r})")
             return key[0], key[1], part
         raise CacheKeyError(f"a cache's key is a name, (name, layer) or (name, layer, part of the block), e.g. "
-                       f"'blocks.0.ln2.hook_scale', ('scale', 0) or ('scale', 0, 'ln2'); not {key!r}")
+                            f"'blocks.0.ln2.hook_scale', ('scale', 0) or ('scale', 0, 'ln2'); not {key!r}")
 
     def __getitem__(self, key: str | tuple[str, int] | tuple[str, int, str]) -> torch.Tensor:
         name = self.name_of(key)
@@ -438,7 +438,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             kept = ", ".join(self.activations) if len(self.activations) <= 8 else (
                 f"{len(self.activations)} names, {', '.join(list(self.activations)[:4])}, ...")
             raise CacheKeyError(f"this cache did not record {name!r}: it holds {kept}. "
-                           f"Ask run_with_cache for it: names=[{name!r}, ...], or names=None for every point")
+                                f"Ask run_with_cache for it: names=[{name!r}, ...], or names=None for every point")
         return self.activations[name]
 
     def __iter__(self) -> Iterator[str]:

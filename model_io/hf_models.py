@@ -349,12 +349,12 @@ def export_refusal(config: GPTConfig) -> str:
     the reason and its preset, then what the others would need changed, by option alone."""
     blockers = export_blockers(config)
     nearest = min(blockers, key=lambda model_type: len(blockers[model_type]))
-    architecture = ARCHITECTURES[nearest]
+    architecture, them = ARCHITECTURES[nearest], "them" if len(blockers[nearest]) > 1 else "it"
     others = "; ".join(f"{ARCHITECTURES[model_type].name}: {', '.join(phrase.split(' (')[0] for phrase in phrases)} "
                        f"(experiment={ARCHITECTURES[model_type].preset})"
                        for model_type, phrases in blockers.items() if model_type != nearest)
     return (f"fits none of the architectures transformers loads with no custom code. The nearest is {architecture.name} "
-            f"({architecture.hf_class}), which has no place for {'; '.join(blockers[nearest])}: train without {'them' if len(blockers[nearest]) > 1 else 'it'}, or "
+            f"({architecture.hf_class}), which has no place for {'; '.join(blockers[nearest])}: train without {them}, or "
             f"from its preset, `.venv/bin/python train.py experiment={architecture.preset}`. Against the others: "
             f"{others}. docs/export.md says why for each")
 

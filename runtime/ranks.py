@@ -200,18 +200,13 @@ def lost_contact_said(rank: int) -> NoReturn:
     sys.exit(2)
 
 
-def exit_on_signal(signum: int, frame: object) -> None:
-    """A signal's handler that ends the process as an exception does: through the finally blocks."""
-    sys.exit(128 + signum)
-
-
 @contextmanager
 def ended_by_sigterm() -> Iterator[None]:
     """Inside, SIGTERM (torchrun stopping this process because another one failed, or `kill`) ends
     the process through the callers' finally blocks, which take back the empty run dir Hydra made for
     it; Python's default ends it on the spot and leaves that folder behind. (The training loop's
     StopSignals, inside, hears SIGTERM as a request to save and stop instead.)"""
-    previous = signal.signal(signal.SIGTERM, exit_on_signal)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         yield
     finally:
@@ -221,14 +216,12 @@ def ended_by_sigterm() -> Iterator[None]:
 def wait_for_torchrun_to_stop_this_process(seconds: float) -> None:
     """Sleeps until torchrun's SIGTERM, which leaves through the callers' finally blocks (they take
     back the empty run dir Hydra made for this process), or until `seconds` have passed."""
-    previous = signal.signal(signal.SIGTERM, exit_on_signal)
-    try:
-        deadline = time.monotonic() + seconds
-        # Python runs a signal's handler between bytecodes: one that lands just before a sleep starts
-        # waits for that sleep to end, so short ones (0.1 s, not 60).
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        sys.exit(130)  # Ctrl-C reaches every process: the one that failed says what went wrong
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with ended_by_sigterm():
+        try:
+            deadline = time.monotonic() + seconds
+            # Python runs a signal's handler between bytecodes: one that lands just before a sleep starts
+            # waits for that sleep to end, so short ones (0.1 s, not 60).
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            sys.exit(130)  # Ctrl-C reaches every process: the one that failed says what went wrong

@@ -140,12 +140,12 @@ def check_batch_fits(step: StepSpec, vocab_size: int, device: torch.device) -> N
         return
     together = f" by the {processes} processes on this machine together" if processes > 1 else ""
     if ids > logits:  # the ids an update draws, not one micro-step's logits
-        lever, drawn_as = ((f"train.grad_accum_steps={step.grad_accum_steps}", "its micro-steps' ")
-                           if step.grad_accum_steps > 1 else (f"train.batch_size={step.batch_size}", ""))
-        raise UserError(f"{lever}: an update draws {drawn_as}{drawn:,} sequences of "
+        lever, value, drawn_as = (("train.grad_accum_steps", step.grad_accum_steps, "its micro-steps' ")
+                                  if step.grad_accum_steps > 1 else ("train.batch_size", step.batch_size, ""))
+        raise UserError(f"{lever}={value}: an update draws {drawn_as}{drawn:,} sequences of "
                         f"{step.block_size:,} tokens at once, and their token ids alone take at least "
                         f"{ids / 1e9:,.1f} GB{together}, more than this machine's {memory / 1e9:.1f} GB of memory; lower "
-                        f"{lever.split('=')[0]}")
+                        f"{lever}")
     raise UserError(f"train.batch_size={step.batch_size}: a micro-step of {step.batch_size:,} sequences of "
                     f"{step.block_size:,} tokens needs at least {logits / 1e9:,.1f} GB{together} for its logits and their "
                     f"gradients alone ({vocab_size:,} a token, in float32), more than this machine's "
