@@ -39,7 +39,8 @@ class SweepCheck(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Before the sweep writes anything: the first job whose config fails a check is one line
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
-        from cli.config import validate_new_run_config  # here: it imports torch, which a callback's import should not
+        # Here, not at the top: they import torch, which a callback's import should not.
+        from cli.config import pretrained_config, validate_new_run_config
         from cli.errors import exit_on_user_error
         from data.corpus import corpus_files
         from runtime.ranks import env_world_size, said_once_per_machine
@@ -74,9 +75,12 @@ class SweepCheck(Callback):
                                     "or add resume=auto to go on with them; no job has run")
                 if cfg.resume == AUTO and by_number:  # job n goes on with <dir>/n
                     check_same_values(number, job, swept, cfg, sweep_dir / str(number) / LAST)
-                if cfg.resume or cfg.init_from:  # checked with the files they name, when the job starts
+                starts_afresh = cfg.resume == AUTO and by_number and newest_checkpoint(sweep_dir / str(number)) is None
+                if cfg.resume and not starts_afresh:  # goes on from a checkpoint: checked against it when the job starts
                     continue
                 try:
+                    if cfg.init_from:  # the weights' shape and tokenizer, as the job takes them (config.json alone)
+                        pretrained_config(cfg, job)
                     validate_new_run_config(cfg, job)
                     if cfg.data.source == "text":  # the files it would read: one missing is said now, not after the jobs before it
                         corpus_files(cfg.data.path)

@@ -15,7 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from cli.sweep_check import check_same_values, said_as_its_job
-from tests.helpers import ROOT, assert_one_error_line, read_events, run_cli, signal_after_line, tiny_run
+from tests.helpers import (
+    ROOT,
+    assert_one_error_line,
+    read_events,
+    run_cli,
+    signal_after_line,
+    tiny_gpt2_folder,
+    tiny_run,
+)
 from user_error import UserError
 
 pytestmark = pytest.mark.slow  # a multirun of training runs
@@ -69,7 +77,10 @@ def test_a_sweep_makes_one_run_dir_per_value_and_a_second_sweep_there_is_refused
     ({"tokenizer": "char,nope"}, "error: tokenizer=nope is not an option of tokenizer; choose one of: bpe, char, gpt2"),
     ({"experiment": "qwen3_shape", "model.n_head": "4,3", "model.n_embd": 96},
      "experiment=qwen3_shape): model.n_kv_head=2, set by experiment=qwen3_shape, does not divide model.n_head=3: "),
-], ids=["a value out of range", "a value of the wrong type", "a group's option that is not there", "a preset's value"])
+    # resume=auto with no run there yet: each job starts afresh, so it is checked as a new run
+    ({"resume": "auto", "optim.lr": "1e-2,1e-4"}, "optim.min_lr=0.001 must be between 0 and optim.lr=0.0001; no job has run"),
+], ids=["a value out of range", "a value of the wrong type", "a group's option that is not there", "a preset's value",
+        "a value out of range, resume=auto"])
 def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path, sweep, message):
     # Checked by cli/sweep_check.py before the first job: otherwise job #0 would train whole first.
     result = run_cli("train.py", "-m", *tiny_run(**sweep, **{"hydra.sweep.dir": "sweep"}), cwd=tmp_path)
@@ -79,6 +90,20 @@ def test_a_bad_value_in_a_later_job_stops_the_sweep_before_any_job_runs(tmp_path
                                                "channels; pick model.n_head from [1, 2, 4, 8, 16, 32] (or set model.head_dim); "
                                                "no job has run")
     assert not (tmp_path / "sweep").exists()  # not even Hydra's multirun.yaml
+
+
+@pytest.mark.parametrize(("sweep", "message"), [
+    ({"optim.lr": "1e-2,1e-4"}, "optim.lr=0.0001 optim.min_lr=0.001): optim.min_lr=0.001 must be between 0 and optim.lr=0.0001"),
+    ({"model.n_head": "2,4"}, "model.n_head=4 contradicts the weights of init_from=gpt2, which have model.n_head=2; drop it: "
+                              "the shape comes from the weights; no job has run"),
+], ids=["a value out of range", "a shape the weights do not have"])
+def test_a_sweep_from_pretrained_weights_checks_each_job_in_their_shape_before_any_job_runs(tmp_path, sweep, message):
+    # The weights' config.json gives each job its shape in the check, as it does when the job starts.
+    tiny_gpt2_folder(tmp_path / "gpt2")  # 2 layers of 2 heads, 32 wide: tiny_run's shape
+    result = run_cli("train.py", "-m", "init_from=gpt2", *tiny_run(**sweep, **{"hydra.sweep.dir": "sweep"}), cwd=tmp_path)
+    assert_one_error_line(result, "error: job #1 of the sweep (init_from=gpt2 ")
+    assert message in result.stderr and result.stderr.rstrip().endswith("; no job has run")
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_sweep_a_config_file_gives_is_checked_before_any_job_runs(tmp_path):
