@@ -96,8 +96,8 @@ def weights_summary(weights: np.ndarray, labels: list[str], window: int | None =
 def half_tensor(values: np.ndarray) -> TensorProto:
     """values as a float16 TensorProto holding their bytes (tensor_content, which TensorBoard's
     make_ndarray reads back). TensorBoard's make_tensor_proto writes a float16 array one number at
-    a time, in Python: seconds for a 12-layer, 12-head model's maps of 128 tokens (docs/speed.md,
-    The test suite's time)."""
+    a time, in Python: seconds for a 12-layer, 12-head model's maps of 128 tokens, where this
+    takes milliseconds (docs/speed.md, The Attention tab)."""
     shape = TensorShapeProto(dim=[TensorShapeProto.Dim(size=n) for n in values.shape])
     return TensorProto(dtype=DT_HALF, tensor_shape=shape, tensor_content=values.astype("<f2").tobytes())
 
