@@ -19,9 +19,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from cli.errors import path_error_line
+from cli.errors import exit_on_user_error, path_error_line
 from model_io.run_files import AUTO, resolve_resume
-from runtime.ranks import rank_zero_choice
+from runtime.ranks import rank_zero_choice, said_once_per_machine
 from user_error import UserError
 
 
@@ -86,9 +86,19 @@ class NoteGivenRunDir(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         written = OmegaConf.to_container(config.hydra.run)["dir"]  # as written, e.g. runs/${now:%H}: given too
+        with exit_on_user_error(), said_once_per_machine():  # (Hydra makes a callback's exceptions warnings)
+            refuse_empty_folder("hydra.run.dir", written, "the run's files", "a new one under outputs/")
         if not str(written).startswith("${run_dir_for:"):  # the default's folder, run_dir_for notes it
             run_dir = absolute(config.hydra.run.dir)
             EXISTED_BEFORE[run_dir] = deepest_existing(run_dir)
+
+
+def refuse_empty_folder(key: str, written: object, holds: str, default: str) -> None:
+    """UserError for a folder given empty (hydra.run.dir=), which Hydra takes as the folder the
+    command runs in: the project's own folder, as often as not."""
+    if not str(written).strip():
+        raise UserError(f"{key}= is empty, which would put {holds} in the folder the command runs in; give a "
+                        f"folder, or leave {key} out for {default}")
 
 
 # Cached: the folder is claimed once for a composed config, however often Hydra reads the value.

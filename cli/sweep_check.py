@@ -42,6 +42,7 @@ class SweepCheck(Callback):
         # Here, not at the top: they import torch, which a callback's import should not.
         from cli.config import pretrained_config, validate_new_run_config
         from cli.errors import exit_on_user_error
+        from cli.run_dir import refuse_empty_folder
         from data.corpus import corpus_files
         from runtime.ranks import env_world_size, said_once_per_machine
 
@@ -51,6 +52,8 @@ class SweepCheck(Callback):
         with exit_on_user_error(), said_once_per_machine():
             if env_world_size() > 1:
                 raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
+            refuse_empty_folder("hydra.sweep.dir", OmegaConf.to_container(config.hydra.sweep)["dir"], "the sweep's runs",
+                                "a new one under multirun/")
             try:
                 jobs = job_overrides(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
             except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own

@@ -203,6 +203,13 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["experiment=[induction]"], "shakespeare_char_gpu (or leave out experiment=, for none)\n"),
         (["-m", "model=1,2"], "error: model=1,2: model is a group of configs; give one of its options by name, one of: gpt\n"),
         (["hydra.mode=FOO"], "error: hydra.mode=FOO must be one of RUN, MULTIRUN\n"),  # an enum of Hydra's own
+        # Hydra reads an empty folder as the one the command runs in: the run's files would land beside train.py.
+        (["hydra.run.dir=", "train.max_steps=1"], "error: hydra.run.dir= is empty, which would put the run's files in the "
+                                                  "folder the command runs in; give a folder, or leave hydra.run.dir out "
+                                                  "for a new one under outputs/\n"),
+        (["-m", "hydra.sweep.dir=", "train.max_steps=1,2"], "error: hydra.sweep.dir= is empty, which would put the sweep's "
+                                                            "runs in the folder the command runs in; give a folder, or leave "
+                                                            "hydra.sweep.dir out for a new one under multirun/\n"),
         (["hydra/job_logging=nope"], "error: hydra/job_logging=nope is not an option of hydra/job_logging; choose one of: "
                                      "default, disabled, none, stdout, train\n"),
         (["data.n_chars=20000,30000"], "error: data.n_chars=20000,30000: a comma here means a sweep; add -m for one run per "
@@ -228,9 +235,10 @@ def test_bad_training_input_gets_one_clear_line_and_no_traceback(tmp_path, args,
     (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(b"a story " * 1000)[:-40])  # a download cut short
     os.mkfifo(tmp_path / "pipe.txt")
     (tmp_path / "a_folder").mkdir()
+    made = set(tmp_path.iterdir())
     result = run_cli("train.py", *args, cwd=tmp_path)
     assert_one_error_line(result, message)
-    assert not (tmp_path / "outputs").exists()  # a refused run leaves no run dir, not even an empty one
+    assert set(tmp_path.iterdir()) <= made | {tmp_path / ".cache"}  # a refused run leaves no run dir, not even an empty one
     if "data=text" in args:  # a corpus refused while read leaves no token cache entry, whole or half-written
         assert not list(tmp_path.glob(".cache/tokens/*"))
 
