@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from model_io.run_files import AUTO, BEST, LAST, newest_checkpoint
+from model_io.run_files import AUTO, BEST, LAST, checkpoint_to_resume, newest_checkpoint
 from user_error import UserError, as_typed, command_argument
 
 
@@ -40,10 +40,8 @@ class SweepCheck(Callback):
         """Before the sweep writes anything: the first job whose config fails a check is one line
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
         # Here, not at the top: they import torch, which a callback's import should not.
-        from cli.config import pretrained_config, validate_new_run_config
         from cli.errors import exit_on_user_error
         from cli.run_dir import refuse_empty_folder
-        from data.corpus import corpus_files
         from runtime.ranks import env_world_size, said_once_per_machine
 
         loader = GlobalHydra.instance().hydra.config_loader  # the one Hydra's sweeper composes each job with
@@ -78,17 +76,46 @@ class SweepCheck(Callback):
                                     "or add resume=auto to go on with them; no job has run")
                 if cfg.resume == AUTO and by_number:  # job n goes on with <dir>/n
                     check_same_values(number, job, swept, cfg, sweep_dir / str(number) / LAST)
-                starts_afresh = cfg.resume == AUTO and by_number and newest_checkpoint(sweep_dir / str(number)) is None
-                if cfg.resume and not starts_afresh:  # goes on from a checkpoint: checked against it when the job starts
-                    continue
                 try:
-                    if cfg.init_from:  # the weights' shape and tokenizer, as the job takes them (config.json alone)
-                        pretrained_config(cfg, job)
-                    validate_new_run_config(cfg, job)
-                    if cfg.data.source == "text":  # the files it would read: one missing is said now, not after the jobs before it
-                        corpus_files(cfg.data.path)
+                    check_job(cfg, job, sweep_dir / str(number) if by_number else None)
                 except UserError as error:
                     raise UserError(f"job #{number} of the sweep ({' '.join(job)}): {error}; no job has run") from None
+
+
+def check_job(cfg: DictConfig, job: list[str], run_dir: Path | None) -> None:
+    """The checks train.py makes of a job's config as the job starts (cli/config.py), made before
+    the first job runs: UserError for the first that fails. run_dir: the job's own folder, None
+    where hydra.sweep.subdir is not the job's number (a job going on from a checkpoint is then
+    checked when it starts). A text's contents are checked as the job reads them."""
+    from cli.config import (
+        check_text_still_there,
+        pretrained_config,
+        resumed_config,
+        validate_new_run_config,
+        validate_train_config,
+    )
+    from data.corpus import corpus_files
+    from model_io.checkpoint import Checkpoint, read_file, upgrade
+
+    if cfg.resume:
+        if run_dir is None:
+            return
+        source = checkpoint_to_resume(cfg.resume, run_dir, restarted=False)  # None: resume=auto, and no run there yet
+        if source is not None:  # what the job's overrides would change of that run, and its values as resumed
+            saved = read_file(source, "cpu", mmap=True)
+            if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+                return  # not a checkpoint: Checkpoint.load says so as the job starts
+            config = upgrade(Checkpoint(model={}, config=saved["config"], tokenizer={})).config
+            text_hashed = bool((saved.get("run_state") or {}).get("text_key"))
+            resumed, _ = resumed_config(cfg, config, job, text_hashed)
+            check_text_still_there(resumed, config, text_hashed)
+            validate_train_config(resumed, new_model=False)
+            return
+    if cfg.init_from:  # the weights' shape and tokenizer, as the job takes them (config.json alone)
+        pretrained_config(cfg, job)
+    validate_new_run_config(cfg, job)
+    if cfg.data.source == "text":  # the files it would read: one missing is said now, not after the jobs before it
+        corpus_files(cfg.data.path)
 
 
 def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictConfig, last: Path) -> None:
