@@ -261,13 +261,13 @@ SHAPE_FROM_WEIGHTS = tuple(field.name for field in fields(GPTConfig)
 MODEL_DEFAULTS = CONFIGS / "model" / "gpt.yaml"
 
 
-def pretrained_config(cfg: Any, overrides: list[str]) -> tuple[Path, list[str]]:
+def pretrained_config(cfg: Any, overrides: list[str], folder: Path | None = None) -> tuple[Path, list[str]]:
     """A new run with init_from: cfg's model group becomes the shape of the weights and its
     tokenizer theirs (in place). A model value asked for (on the command line, by the experiment
     preset, or by a config where it differs from configs/model/gpt.yaml) that contradicts the
     weights, or any tokenizer choice, is refused. Returns the weights' folder and notes for the
-    log (a cropped context)."""
-    folder = resolve_pretrained(cfg.init_from)
+    log (a cropped context). folder: init_from's, where it is already found (a sweep's check)."""
+    folder = folder or resolve_pretrained(cfg.init_from)
     typed, preset = command_line_choices(overrides)
     tokenizer_choice = next((typed[key] for key in typed if key == "tokenizer" or key.startswith("tokenizer.")), None)
     require(tokenizer_choice is None, f"init_from={cfg.init_from} brings its own tokenizer (from {folder}); "

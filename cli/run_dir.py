@@ -87,18 +87,19 @@ class NoteGivenRunDir(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         written = OmegaConf.to_container(config.hydra.run)["dir"]  # as written, e.g. runs/${now:%H}: given too
         with exit_on_user_error(), said_once_per_machine():  # (Hydra makes a callback's exceptions warnings)
-            refuse_empty_folder("hydra.run.dir", written, "the run's files", "a new one under outputs/")
+            refuse_empty_folder("hydra.run.dir", written, "run", "outputs/")
         if not str(written).startswith("${run_dir_for:"):  # the default's folder, run_dir_for notes it
             run_dir = absolute(config.hydra.run.dir)
             EXISTED_BEFORE[run_dir] = deepest_existing(run_dir)
 
 
-def refuse_empty_folder(key: str, written: object, holds: str, default: str) -> None:
+def refuse_empty_folder(key: str, written: object, kind: str, parent: str) -> None:
     """UserError for a folder given empty (hydra.run.dir=), which Hydra takes as the folder the
-    command runs in: the project's own folder, as often as not."""
+    command runs in: the project's own folder, as often as not. kind: run or sweep; parent: where
+    a new one's folder goes when key is left out."""
     if not str(written).strip():
-        raise UserError(f"{key}= is empty, which would put {holds} in the folder the command runs in; give a "
-                        f"folder, or leave {key} out for {default}")
+        raise UserError(f"{key}= is empty, which would put the {kind}'s files in the folder the command runs in; "
+                        f"give a folder (or, for a new {kind}, leave {key} out: a new one under {parent})")
 
 
 # Cached: the folder is claimed once for a composed config, however often Hydra reads the value.

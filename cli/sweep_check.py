@@ -50,8 +50,7 @@ class SweepCheck(Callback):
         with exit_on_user_error(), said_once_per_machine():
             if env_world_size() > 1:
                 raise UserError("a sweep (-m) cannot run under torchrun; start one torchrun per configuration instead")
-            refuse_empty_folder("hydra.sweep.dir", OmegaConf.to_container(config.hydra.sweep)["dir"], "the sweep's runs",
-                                "a new one under multirun/")
+            refuse_empty_folder("hydra.sweep.dir", OmegaConf.to_container(config.hydra.sweep)["dir"], "sweep", "multirun/")
             try:
                 jobs = job_overrides(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
             except Exception:  # a sweep this cannot expand (a glob over config files): each job checks its own
@@ -64,6 +63,7 @@ class SweepCheck(Callback):
             sweep_dir = Path(config.hydra.sweep.dir)  # the runs of a sweep there before:
             held = sorted({*sweep_dir.glob(f"**/{LAST}"), *sweep_dir.glob(f"**/{BEST}")})
             named = any(override.split("=", 1)[0] == "hydra.sweep.dir" for override in config.hydra.overrides.hydra)
+            resolved: dict[str, Path] = {}  # each init_from's folder
             for number, job in enumerate(jobs):
                 cfg = loader.load_sweep_config(config, job)  # as the sweeper checks each job, before it writes
                 if cfg.resume == AUTO and not named:  # as cli/run_dir.py refuses it a single run
@@ -77,45 +77,56 @@ class SweepCheck(Callback):
                 if cfg.resume == AUTO and by_number:  # job n goes on with <dir>/n
                     check_same_values(number, job, swept, cfg, sweep_dir / str(number) / LAST)
                 try:
-                    check_job(cfg, job, sweep_dir / str(number) if by_number else None)
+                    check_job(cfg, job, sweep_dir / str(number) if by_number else None, resolved)
                 except UserError as error:
                     raise UserError(f"job #{number} of the sweep ({' '.join(job)}): {error}; no job has run") from None
 
 
-def check_job(cfg: DictConfig, job: list[str], run_dir: Path | None) -> None:
+def check_job(cfg: DictConfig, job: list[str], run_dir: Path | None, resolved: dict[str, Path]) -> None:
     """The checks train.py makes of a job's config as the job starts (cli/config.py), made before
     the first job runs: UserError for the first that fails. run_dir: the job's own folder, None
     where hydra.sweep.subdir is not the job's number (a job going on from a checkpoint is then
-    checked when it starts). A text's contents are checked as the job reads them."""
-    from cli.config import (
-        check_text_still_there,
-        pretrained_config,
-        resumed_config,
-        validate_new_run_config,
-        validate_train_config,
-    )
+    checked when it starts). resolved: each init_from's folder, found once for the whole sweep (a
+    Hub id asks the Hub). What only the job's start can tell is said then: a text's contents, a
+    run already at its train.max_steps, a checkpoint that holds no run state."""
+    from cli.config import pretrained_config, validate_new_run_config
     from data.corpus import corpus_files
-    from model_io.checkpoint import Checkpoint, read_file, upgrade
+    from model_io.hf_models import resolve_pretrained
 
     if cfg.resume:
         if run_dir is None:
             return
         source = checkpoint_to_resume(cfg.resume, run_dir, restarted=False)  # None: resume=auto, and no run there yet
-        if source is not None:  # what the job's overrides would change of that run, and its values as resumed
-            saved = read_file(source, "cpu", mmap=True)
-            if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
-                return  # not a checkpoint: Checkpoint.load says so as the job starts
-            config = upgrade(Checkpoint(model={}, config=saved["config"], tokenizer={})).config
-            text_hashed = bool((saved.get("run_state") or {}).get("text_key"))
-            resumed, _ = resumed_config(cfg, config, job, text_hashed)
-            check_text_still_there(resumed, config, text_hashed)
-            validate_train_config(resumed, new_model=False)
+        if source is not None:
+            check_resumed_job(cfg, job, source)
             return
     if cfg.init_from:  # the weights' shape and tokenizer, as the job takes them (config.json alone)
-        pretrained_config(cfg, job)
+        if cfg.init_from not in resolved:
+            resolved[cfg.init_from] = resolve_pretrained(cfg.init_from)
+        pretrained_config(cfg, job, resolved[cfg.init_from])
     validate_new_run_config(cfg, job)
     if cfg.data.source == "text":  # the files it would read: one missing is said now, not after the jobs before it
         corpus_files(cfg.data.path)
+
+
+def check_resumed_job(cfg: DictConfig, job: list[str], source: Path) -> None:
+    """What the job's overrides would change of the run saved in source (the model, tokenizer or
+    data: refused), and its values as resumed."""
+    from cli.config import check_text_still_there, resumed_config, validate_train_config
+    from data.corpus import corpus_files
+    from model_io.checkpoint import Checkpoint, read_file, upgrade
+
+    saved = read_file(source, "cpu", mmap=True)
+    try:
+        config = upgrade(Checkpoint(model={}, config=saved["config"], tokenizer={})).config
+        text_hashed = bool((saved.get("run_state") or {}).get("text_key"))
+    except (AttributeError, KeyError, TypeError):
+        return  # not a checkpoint train.py saved: Checkpoint.load says what is wrong as the job starts
+    resumed, _ = resumed_config(cfg, config, job, text_hashed)
+    check_text_still_there(resumed, config, text_hashed)
+    validate_train_config(resumed, new_model=False)
+    if resumed.data.source == "text" and resumed.data.path != config.get("data", {}).get("path"):  # a text given anew
+        corpus_files(resumed.data.path)
 
 
 def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictConfig, last: Path) -> None:

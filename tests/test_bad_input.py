@@ -205,11 +205,11 @@ LLAMA3 = "{factor:8,low_freq_factor:1,high_freq_factor:4,original_max_position_e
         (["hydra.mode=FOO"], "error: hydra.mode=FOO must be one of RUN, MULTIRUN\n"),  # an enum of Hydra's own
         # Hydra reads an empty folder as the one the command runs in: the run's files would land beside train.py.
         (["hydra.run.dir=", "train.max_steps=1"], "error: hydra.run.dir= is empty, which would put the run's files in the "
-                                                  "folder the command runs in; give a folder, or leave hydra.run.dir out "
-                                                  "for a new one under outputs/\n"),
+                                                  "folder the command runs in; give a folder (or, for a new run, leave "
+                                                  "hydra.run.dir out: a new one under outputs/)\n"),
         (["-m", "hydra.sweep.dir=", "train.max_steps=1,2"], "error: hydra.sweep.dir= is empty, which would put the sweep's "
-                                                            "runs in the folder the command runs in; give a folder, or leave "
-                                                            "hydra.sweep.dir out for a new one under multirun/\n"),
+                                                            "files in the folder the command runs in; give a folder (or, for a new "
+                                                            "sweep, leave hydra.sweep.dir out: a new one under multirun/)\n"),
         (["hydra/job_logging=nope"], "error: hydra/job_logging=nope is not an option of hydra/job_logging; choose one of: "
                                      "default, disabled, none, stdout, train\n"),
         (["data.n_chars=20000,30000"], "error: data.n_chars=20000,30000: a comma here means a sweep; add -m for one run per "

@@ -108,12 +108,15 @@ def test_a_sweep_from_pretrained_weights_checks_each_job_in_their_shape_before_a
 
 def test_a_sweep_that_goes_on_checks_each_job_against_its_run_before_any_job_runs(tmp_path):
     # As each job's resume would refuse it, but before the first job goes on and Hydra rewrites the sweep's record.
-    sweep = {"model.n_head": "1,2", "hydra.sweep.dir": "sweep", "resume": "auto"}
+    (tmp_path / "story.txt").write_text("the cat sat on the mat and the dog sat on the log. " * 400)
+    sweep = {"model.n_head": "1,2", "hydra.sweep.dir": "sweep", "resume": "auto", "data": "text", "data.path": "story.txt",
+             "data.n_chars": None}
     assert run_cli("train.py", "-m", *tiny_run(**sweep, **{"train.max_steps": 2}), cwd=tmp_path).returncode == 0
     record = (tmp_path / "sweep" / "multirun.yaml").read_text()
     for change, message in [({"model.n_layer": 3}, "resume: model.n_layer=3 would change the model this run was trained with (2)"),
-                            ({"optim.min_lr": 1}, "optim.min_lr=1 must be between 0 and optim.lr=0.01")]:
-        again = run_cli("train.py", "-m", *tiny_run(**sweep, **{"train.max_steps": 4, **change}), cwd=tmp_path)
+                            ({"optim.min_lr": 1}, "optim.min_lr=1 must be between 0 and optim.lr=0.01"),
+                            ({"data.path": "moved.txt"}, "moved.txt does not exist")]:  # a text given anew: there, at least
+        again = run_cli("train.py", "-m", *tiny_run(**{**sweep, "train.max_steps": 4, **change}), cwd=tmp_path)
         assert_one_error_line(again, "error: job #0 of the sweep (")
         assert message in again.stderr and again.stderr.rstrip().endswith("; no job has run")
     assert (tmp_path / "sweep" / "multirun.yaml").read_text() == record
