@@ -89,8 +89,13 @@ class NoteGivenRunDir(Callback):
         with exit_on_user_error(), said_once_per_machine():  # (Hydra makes a callback's exceptions warnings)
             refuse_empty_folder("hydra.run.dir", written, "run", "outputs/")
         if not str(written).startswith("${run_dir_for:"):  # the default's folder, run_dir_for notes it
-            run_dir = absolute(config.hydra.run.dir)
-            EXISTED_BEFORE[run_dir] = deepest_existing(run_dir)
+            note_folders_there(config.hydra.run.dir)
+
+
+def note_folders_there(run_dir: str | Path) -> None:
+    """Before Hydra makes run_dir: the deepest of its folders there now (EXISTED_BEFORE), so that a
+    run there that writes nothing takes back the folders made for it, wherever they are."""
+    EXISTED_BEFORE[absolute(run_dir)] = deepest_existing(absolute(run_dir))
 
 
 def refuse_empty_folder(key: str, written: object, kind: str, parent: str) -> None:

@@ -41,7 +41,7 @@ class SweepCheck(Callback):
         and exit status 2. (Hydra turns a callback's exceptions into warnings, but not an exit.)"""
         # Here, not at the top: they import torch, which a callback's import should not.
         from cli.errors import exit_on_user_error
-        from cli.run_dir import refuse_empty_folder
+        from cli.run_dir import note_folders_there, refuse_empty_folder
         from runtime.ranks import env_world_size, said_once_per_machine
 
         loader = GlobalHydra.instance().hydra.config_loader  # the one Hydra's sweeper composes each job with
@@ -63,6 +63,9 @@ class SweepCheck(Callback):
             sweep_dir = Path(config.hydra.sweep.dir)  # the runs of a sweep there before:
             held = sorted({*sweep_dir.glob(f"**/{LAST}"), *sweep_dir.glob(f"**/{BEST}")})
             named = any(override.split("=", 1)[0] == "hydra.sweep.dir" for override in config.hydra.overrides.hydra)
+            if by_number:  # a job refused as it starts takes back its folder, outside the working folder too
+                for number in range(len(jobs)):
+                    note_folders_there(sweep_dir / str(number))
             resolved: dict[str, Path] = {}  # each init_from's folder
             for number, job in enumerate(jobs):
                 cfg = loader.load_sweep_config(config, job)  # as the sweeper checks each job, before it writes

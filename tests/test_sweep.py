@@ -161,17 +161,19 @@ def test_a_missing_text_file_in_a_later_job_stops_the_sweep_before_any_job_runs(
 def test_a_job_that_stops_midway_names_itself_what_ran_and_how_the_sweep_goes_on(tmp_path):
     # A text too short for the second job's block_size is found only as that job reads it: the line
     # once named no job, and said nothing of the one that ran or of the one that never did.
-    (tmp_path / "book.txt").write_text("Once upon a time. " * 200)
+    (tmp_path / "work").mkdir()  # the sweep's folder outside the working folder: ../sweep
+    (tmp_path / "work" / "book.txt").write_text("Once upon a time. " * 200)
     sweep = {"data": "text", "data.path": "book.txt", "data.n_chars": None, "tokenizer": "char", "train.max_steps": 4,
-             "train.eval_interval": 4, "hydra.sweep.dir": "sweep"}
-    result = run_cli("train.py", "-m", *tiny_run(sweep, **{"model.block_size": "16,4000,8"}), cwd=tmp_path)
+             "train.eval_interval": 4, "hydra.sweep.dir": "../sweep"}
+    result = run_cli("train.py", "-m", *tiny_run(sweep, **{"model.block_size": "16,4000,8"}), cwd=tmp_path / "work")
     assert_one_error_line(result, "error: job #1 of the sweep (")
     assert "model.block_size=4000 " in result.stderr and "): model.block_size=4000 needs more than 4000 tokens" in result.stderr
     assert result.stderr.rstrip().endswith("; job #0 ran, the rest did not: fix its values, then run the sweep again "
-                                           "with resume=auto hydra.sweep.dir=sweep (what ran is kept)")
+                                           "with resume=auto hydra.sweep.dir=../sweep (what ran is kept)")
+    assert sorted(path.name for path in (tmp_path / "sweep").iterdir()) == ["0", "multirun.yaml"]  # job #1's folder taken back
     first = (tmp_path / "sweep" / "0" / "ckpt_last.pt").read_bytes()
     # As it says: the sweep goes on, the job that ran kept as it was.
-    again = run_cli("train.py", "-m", *tiny_run(sweep, **{"model.block_size": "16,32,8", "resume": "auto"}), cwd=tmp_path)
+    again = run_cli("train.py", "-m", *tiny_run(sweep, **{"model.block_size": "16,32,8", "resume": "auto"}), cwd=tmp_path / "work")
     assert again.returncode == 0, again.stdout + again.stderr
     assert (tmp_path / "sweep" / "0" / "ckpt_last.pt").read_bytes() == first
     assert [torch.load(tmp_path / "sweep" / job / "ckpt_last.pt", weights_only=True)["config"]["model"]["block_size"]
