@@ -37,14 +37,7 @@ try:  # what make setup installs into .venv: another python gets one line, not a
 except ModuleNotFoundError as missing:
     sys.exit(not_installed(missing, "train.py"))
 
-from cli.config import (
-    check_text_still_there,
-    plain_config,
-    pretrained_config,
-    resumed_config,
-    validate_new_run_config,
-    validate_train_config,
-)
+from cli.config import checked_run_config, plain_config
 from cli.errors import compile_failure, exit_on_user_error, run_cli
 from cli.run_dir import RunRecord
 from cli.run_spec import run_spec
@@ -162,18 +155,11 @@ def checked_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tupl
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds the model alone, without what an exact "
                                 "resume needs (a file of train.keep_checkpoints, or one an older version saved); resume "
                                 "from its run dir (the run's ckpt_last.pt), or sample from it")
-            text_key = RunState.from_dict(checkpoint.run_state).text_key  # checked now, before the run dir is written to
-            cfg, changes = resumed_config(cfg, checkpoint.config, overrides, text_hashed=bool(text_key))
-            check_text_still_there(cfg, checkpoint.config, text_hashed=bool(text_key))
             if checkpoint.optimizer is None:
                 raise UserError(f"resume={cfg.resume}: this checkpoint holds no optimizer state, which an exact resume "
                                 "needs; resume from a checkpoint train.py saved, as it saved it")
-        if cfg.init_from is not None and checkpoint is None:  # a new run from pretrained weights: their shape, their tokenizer
-            weights, changes = pretrained_config(cfg, overrides)
-        if checkpoint is None:
-            validate_new_run_config(cfg, overrides)
-        else:
-            validate_train_config(cfg, new_model=False)
+            text_key = RunState.from_dict(checkpoint.run_state).text_key  # checked now, before the run dir is written to
+        cfg, changes, weights = checked_run_config(cfg, overrides, checkpoint.config if checkpoint else None, bool(text_key))
         spec = run_spec(cfg, weights, text_key)
         if finished(spec, checkpoint) and cfg.resume != AUTO and not restarted:  # resume=<run> asks for more steps
             raise UserError(f"resume={cfg.resume}: the run is already at step {checkpoint.step}, and "

@@ -242,6 +242,25 @@ def resumed_config(cfg: Any, saved: dict[str, Any], overrides: list[str], text_h
     return resumed, changes
 
 
+def checked_run_config(cfg: Any, overrides: list[str], saved: dict[str, Any] | None = None, text_hashed: bool = False,
+                       folder: Path | None = None) -> tuple[Any, list[str], Path | None]:
+    """A run's config as it starts, checked: by train.py, and by a sweep's check of each job before
+    any runs (cli/sweep_check.py). saved: the config of the checkpoint it goes on from, whose values
+    the overrides may change where a resume allows (text_hashed: resumed_config's); None: a new run,
+    in init_from's shape where it has one (folder: init_from's, where it is already found). Returns
+    (the config, its changes for the log, the weights' folder of a new run from init_from or None)."""
+    if saved is not None:
+        resumed, changes = resumed_config(cfg, saved, overrides, text_hashed)
+        check_text_still_there(resumed, saved, text_hashed)
+        validate_train_config(resumed, new_model=False)
+        return resumed, changes, None
+    weights, changes = None, []
+    if cfg.init_from is not None:  # a new run from pretrained weights: their shape, their tokenizer
+        weights, changes = pretrained_config(cfg, overrides, folder)
+    validate_new_run_config(cfg, overrides)
+    return cfg, changes, weights
+
+
 def check_text_still_there(resumed: Any, saved: dict[str, Any], text_hashed: bool) -> None:
     """UserError, in one line, for a resumed run whose text file (data.path, as saved) is no longer where it
     was, saying how to go on: give its new place, where the checkpoint keeps a hash to check the text by. (A

@@ -86,50 +86,47 @@ class SweepCheck(Callback):
 
 
 def check_job(cfg: DictConfig, job: list[str], run_dir: Path | None, resolved: dict[str, Path]) -> None:
-    """The checks train.py makes of a job's config as the job starts (cli/config.py), made before
-    the first job runs: UserError for the first that fails. run_dir: the job's own folder, None
-    where hydra.sweep.subdir is not the job's number (a job going on from a checkpoint is then
+    """The checks train.py makes of a job's config as the job starts (checked_run_config), made
+    before the first job runs: UserError for the first that fails. run_dir: the job's own folder,
+    None where hydra.sweep.subdir is not the job's number (a job going on from a checkpoint is then
     checked when it starts). resolved: each init_from's folder, found once for the whole sweep (a
     Hub id asks the Hub). What only the job's start can tell is said then: a text's contents, a
     run already at its train.max_steps, a checkpoint that holds no run state."""
-    from cli.config import pretrained_config, validate_new_run_config
+    from cli.config import checked_run_config
     from data.corpus import corpus_files
     from model_io.hf_models import resolve_pretrained
 
+    saved, text_hashed, folder = None, False, None
     if cfg.resume:
         if run_dir is None:
             return
-        source = checkpoint_to_resume(cfg.resume, run_dir, restarted=False)  # None: resume=auto, and no run there yet
-        if source is not None:
-            check_resumed_job(cfg, job, source)
-            return
-    if cfg.init_from:  # the weights' shape and tokenizer, as the job takes them (config.json alone)
+        if (source := checkpoint_to_resume(cfg.resume, run_dir, restarted=False)) is not None:  # None: auto, no run yet
+            if (found := saved_config(source)) is None:
+                return
+            saved, text_hashed = found
+    if cfg.init_from and saved is None:  # the weights' shape and tokenizer, as the job takes them (config.json alone)
         if cfg.init_from not in resolved:
             resolved[cfg.init_from] = resolve_pretrained(cfg.init_from)
-        pretrained_config(cfg, job, resolved[cfg.init_from])
-    validate_new_run_config(cfg, job)
-    if cfg.data.source == "text":  # the files it would read: one missing is said now, not after the jobs before it
-        corpus_files(cfg.data.path)
+        folder = resolved[cfg.init_from]
+    checked, _, _ = checked_run_config(cfg, job, saved, text_hashed, folder)
+    # The files it would read: one missing is said now, not after the jobs before it (a resumed run's
+    # own text, where it moved, checked_run_config has said).
+    if checked.data.source == "text" and (saved is None or checked.data.path != saved.get("data", {}).get("path")):
+        corpus_files(checked.data.path)
 
 
-def check_resumed_job(cfg: DictConfig, job: list[str], source: Path) -> None:
-    """What the job's overrides would change of the run saved in source (the model, tokenizer or
-    data: refused), and its values as resumed."""
-    from cli.config import check_text_still_there, resumed_config, validate_train_config
-    from data.corpus import corpus_files
+def saved_config(source: Path) -> tuple[dict[str, Any], bool] | None:
+    """The config of the run saved in source, as Checkpoint.load upgrades it, and whether it keeps
+    its text's hash; None for a file train.py did not save (Checkpoint.load names what is wrong as
+    the job starts). Its weights are mapped, not read."""
     from model_io.checkpoint import Checkpoint, read_file, upgrade
 
     saved = read_file(source, "cpu", mmap=True)
     try:
         config = upgrade(Checkpoint(model={}, config=saved["config"], tokenizer={})).config
-        text_hashed = bool((saved.get("run_state") or {}).get("text_key"))
+        return config, bool((saved.get("run_state") or {}).get("text_key"))
     except (AttributeError, KeyError, TypeError):
-        return  # not a checkpoint train.py saved: Checkpoint.load says what is wrong as the job starts
-    resumed, _ = resumed_config(cfg, config, job, text_hashed)
-    check_text_still_there(resumed, config, text_hashed)
-    validate_train_config(resumed, new_model=False)
-    if resumed.data.source == "text" and resumed.data.path != config.get("data", {}).get("path"):  # a text given anew
-        corpus_files(resumed.data.path)
+        return None
 
 
 def check_same_values(number: int, job: list[str], swept: set[str], cfg: DictConfig, last: Path) -> None:
