@@ -507,6 +507,14 @@ def test_a_new_run_is_refused_a_run_dir_that_holds_a_run(ten_step_run):
     assert {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()} == before
 
 
+def test_a_value_out_of_range_given_on_resume_is_one_line_and_leaves_the_run_as_it_was(ten_step_run):
+    # The values a resume may change are checked as a new run's are, once they are the run's.
+    before = {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()}
+    refused = run_cli("train.py", "resume=run", "optim.min_lr=1", "train.max_steps=20", cwd=ten_step_run.parent)
+    assert_one_error_line(refused, "error: optim.min_lr=1 must be between 0 and optim.lr=0.01")
+    assert {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()} == before
+
+
 def test_resume_refuses_a_new_model_shape_and_says_what_else_changed(ten_step_run):
     before = {path: path.read_bytes() for path in ten_step_run.rglob("*") if path.is_file()}
     refused = run_cli("train.py", "resume=run", "model.n_layer=3", "train.max_steps=20", cwd=ten_step_run.parent)
